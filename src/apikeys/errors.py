@@ -1,0 +1,189 @@
+"""Every exception apikeys raises, in one tree.
+
+```
+APIKeyError                       root of everything apikeys raises
+├── ConfigurationError            bad settings: unknown store scheme, missing extra, bad pepper
+├── InvalidKeyParameters          bad arguments to create / roll (scope, rate limit, expiry)
+├── KeyNotFound                   a management call named an id the store does not hold
+├── InvalidTransition             a state change the key's state forbids (enable a revoked key)
+├── DuplicateKeyId                a store refused an id it already holds
+└── AuthenticationError           a request may not pass; carries `status` and `code`
+    ├── MissingAPIKey             401 missing_api_key
+    ├── MalformedAPIKey           401 malformed_api_key
+    ├── InvalidAPIKey             401 invalid_api_key
+    ├── KeyDisabled               401 key_disabled
+    ├── KeyRevoked                401 key_revoked
+    ├── KeyExpired                401 key_expired
+    ├── InsufficientScope         403 insufficient_scope
+    ├── RateLimited               429 rate_limited
+    └── AuthUnavailable           503 auth_unavailable (fail closed)
+        ├── StoreUnavailable      the key store could not be reached
+        └── LimiterUnavailable    the rate-limit storage could not be reached
+```
+
+`apikeys.problems` is the one place that turns an `AuthenticationError` into an
+`application/problem+json` response. No message here ever includes a secret: errors are
+built from key ids, scope names and numbers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "APIKeyError",
+    "AuthUnavailable",
+    "AuthenticationError",
+    "ConfigurationError",
+    "DuplicateKeyId",
+    "InsufficientScope",
+    "InvalidAPIKey",
+    "InvalidKeyParameters",
+    "InvalidTransition",
+    "KeyDisabled",
+    "KeyExpired",
+    "KeyNotFound",
+    "KeyRevoked",
+    "LimiterUnavailable",
+    "MalformedAPIKey",
+    "MissingAPIKey",
+    "RateLimited",
+    "StoreUnavailable",
+]
+
+
+class APIKeyError(Exception):
+    """Root of every exception raised by apikeys."""
+
+
+class ConfigurationError(APIKeyError):
+    """apikeys was configured with something it cannot use."""
+
+
+class InvalidKeyParameters(APIKeyError, ValueError):
+    """An argument to `KeyManager.create` or `roll` is not acceptable."""
+
+
+class KeyNotFound(APIKeyError, LookupError):
+    """No key with this id exists in the store."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no API key with id {key_id!r}")
+        self.key_id = key_id
+
+
+class InvalidTransition(APIKeyError):
+    """The key's current state does not allow the requested change."""
+
+    def __init__(self, key_id: str, status: str, action: str) -> None:
+        super().__init__(f"cannot {action} API key {key_id!r}: it is {status}")
+        self.key_id = key_id
+        self.status = status
+        self.action = action
+
+
+class DuplicateKeyId(APIKeyError):
+    """The store already holds a key with this id."""
+
+
+class AuthenticationError(APIKeyError):
+    """A request may not pass. Subclasses fix the HTTP status, code and title."""
+
+    status: int = 401
+    code: str = "invalid_api_key"
+    title: str = "Invalid API key"
+    detail: str = "The API key is not valid."
+
+    def __init__(self, detail: str | None = None) -> None:
+        if detail is not None:
+            self.detail = detail
+        super().__init__(self.detail)
+
+
+class MissingAPIKey(AuthenticationError):
+    code = "missing_api_key"
+    title = "Missing API key"
+    detail = "Send the API key in the Authorization header as 'Bearer <key>'."
+
+
+class MalformedAPIKey(AuthenticationError):
+    code = "malformed_api_key"
+    title = "Malformed API key"
+    detail = "The Authorization header is not 'Bearer <key>' with a well-formed API key."
+
+
+class InvalidAPIKey(AuthenticationError):
+    code = "invalid_api_key"
+    title = "Invalid API key"
+    detail = "The API key is not valid."
+
+
+class KeyDisabled(AuthenticationError):
+    code = "key_disabled"
+    title = "API key disabled"
+    detail = "The API key is disabled."
+
+
+class KeyRevoked(AuthenticationError):
+    code = "key_revoked"
+    title = "API key revoked"
+    detail = "The API key was revoked. Create a new key to regain access."
+
+
+class KeyExpired(AuthenticationError):
+    code = "key_expired"
+    title = "API key expired"
+    detail = "The API key has expired."
+
+
+class InsufficientScope(AuthenticationError):
+    status = 403
+    code = "insufficient_scope"
+    title = "Insufficient scope"
+
+    def __init__(self, required_scopes: Sequence[str]) -> None:
+        self.required_scopes = tuple(required_scopes)
+        super().__init__(
+            "The API key lacks the scope this operation requires: "
+            + ", ".join(self.required_scopes)
+            + "."
+        )
+
+
+class RateLimited(AuthenticationError):
+    status = 429
+    code = "rate_limited"
+    title = "Rate limit exceeded"
+
+    def __init__(self, retry_after: int) -> None:
+        self.retry_after = max(1, int(retry_after))
+        super().__init__(
+            f"The API key's rate limit is exhausted; retry in {self.retry_after} seconds."
+        )
+
+
+class AuthUnavailable(AuthenticationError):
+    """The key store or the limiter could not be reached; requests fail closed."""
+
+    status = 503
+    code = "auth_unavailable"
+    title = "Authentication unavailable"
+    detail = "API keys cannot be checked right now. Retry shortly."
+    retry_after = 1
+
+    def __init__(self, original: BaseException | None = None) -> None:
+        self.original = original
+        super().__init__()
+
+    def __str__(self) -> str:
+        if self.original is None:
+            return self.detail
+        return f"{self.detail} ({type(self.original).__name__})"
+
+
+class StoreUnavailable(AuthUnavailable):
+    """The key store raised a connection or timeout error; `original` holds it."""
+
+
+class LimiterUnavailable(AuthUnavailable):
+    """The rate-limit storage raised an error; `original` holds it."""

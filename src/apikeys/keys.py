@@ -1,0 +1,154 @@
+"""The key format: generation, checksum and parsing.
+
+A key reads `{prefix}_{id}_{secret}{checksum}`:
+
+- `prefix`: lowercase letters, digits and `_`, starting with a letter (default `ak`);
+- `id`: 12 base62 characters, random and public (it names the key in lists and logs);
+- `secret`: 32 base62 characters from `secrets`, about 190 bits;
+- `checksum`: 6 base62 characters, zero-padded, of CRC32 over `{prefix}_{id}_{secret}`.
+
+The checksum lets `parse_key` refuse typos and noise without a store lookup, and lets secret
+scanners tell a real key from a random string. Parsing works from the right
+(`rsplit("_", 2)`) so that a prefix may itself contain `_`.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import zlib
+from typing import NamedTuple
+
+from apikeys.errors import InvalidKeyParameters, MalformedAPIKey
+
+__all__ = [
+    "BASE62",
+    "CHECKSUM_LENGTH",
+    "DEFAULT_PREFIX",
+    "ID_LENGTH",
+    "MAX_KEY_LENGTH",
+    "SECRET_LENGTH",
+    "ParsedKey",
+    "checksum",
+    "generate_id",
+    "generate_key",
+    "mask",
+    "parse_key",
+    "validate_prefix",
+]
+
+BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+DEFAULT_PREFIX = "ak"
+ID_LENGTH = 12
+SECRET_LENGTH = 32
+CHECKSUM_LENGTH = 6
+MAX_PREFIX_LENGTH = 32
+# prefix + "_" + id + "_" + secret + checksum
+MAX_KEY_LENGTH = MAX_PREFIX_LENGTH + 1 + ID_LENGTH + 1 + SECRET_LENGTH + CHECKSUM_LENGTH
+
+_PREFIX_RE = re.compile(r"[a-z][a-z0-9_]*")
+_BASE62_SET = frozenset(BASE62)
+_TAIL_LENGTH = SECRET_LENGTH + CHECKSUM_LENGTH
+
+
+class ParsedKey(NamedTuple):
+    """A key split into its parts. Its repr hides the secret."""
+
+    prefix: str
+    id: str
+    secret: str
+
+    def __repr__(self) -> str:
+        return f"ParsedKey(prefix={self.prefix!r}, id={self.id!r}, secret='…')"
+
+    def __str__(self) -> str:
+        return repr(self)
+
+    @property
+    def token(self) -> str:
+        """The full key, checksum included."""
+        body = f"{self.prefix}_{self.id}_{self.secret}"
+        return body + checksum(body)
+
+    @property
+    def masked(self) -> str:
+        """The display form shown in lists: `ak_<id>_…`."""
+        return mask(self.prefix, self.id)
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return `prefix` if it is a valid key prefix, else raise `InvalidKeyParameters`."""
+    if (
+        not isinstance(prefix, str)
+        or len(prefix) > MAX_PREFIX_LENGTH
+        or _PREFIX_RE.fullmatch(prefix) is None
+    ):
+        raise InvalidKeyParameters(
+            "a key prefix is 1 to 32 lowercase letters, digits or '_', starting with a letter"
+        )
+    return prefix
+
+
+def _base62(number: int, width: int) -> str:
+    digits = []
+    while number:
+        number, rest = divmod(number, 62)
+        digits.append(BASE62[rest])
+    return "".join(reversed(digits)).rjust(width, "0")
+
+
+def checksum(body: str) -> str:
+    """The 6-character base62 CRC32 of `body` (`{prefix}_{id}_{secret}`), zero-padded."""
+    return _base62(zlib.crc32(body.encode("ascii")), CHECKSUM_LENGTH)
+
+
+def _random_base62(length: int) -> str:
+    return "".join(secrets.choice(BASE62) for _ in range(length))
+
+
+def generate_id() -> str:
+    """A fresh random key id: 12 base62 characters."""
+    return _random_base62(ID_LENGTH)
+
+
+def generate_key(prefix: str = DEFAULT_PREFIX, key_id: str | None = None) -> ParsedKey:
+    """Generate a new key with a fresh secret (and a fresh id unless one is given)."""
+    validate_prefix(prefix)
+    return ParsedKey(prefix, key_id or generate_id(), _random_base62(SECRET_LENGTH))
+
+
+def mask(prefix: str, key_id: str) -> str:
+    """The masked display form of a key: its prefix and id, never its secret."""
+    return f"{prefix}_{key_id}_…"
+
+
+def _is_base62(text: str) -> bool:
+    return _BASE62_SET.issuperset(text)
+
+
+def parse_key(token: str, prefix: str | None = None) -> ParsedKey:
+    """Split a token into its parts, or raise `MalformedAPIKey`.
+
+    Checks length, alphabet, the prefix (when `prefix` is given) and the checksum; it never
+    touches a store, so garbage is refused for the price of one CRC32.
+    """
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_KEY_LENGTH:
+        raise MalformedAPIKey()
+    parts = token.rsplit("_", 2)
+    if len(parts) != 3:
+        raise MalformedAPIKey()
+    key_prefix, key_id, tail = parts
+    if (
+        len(key_id) != ID_LENGTH
+        or len(tail) != _TAIL_LENGTH
+        or (key_prefix != prefix if prefix is not None else _PREFIX_RE.fullmatch(key_prefix) is None)
+        or not _is_base62(key_id)
+        or not _is_base62(tail)
+    ):
+        raise MalformedAPIKey()
+    secret = tail[:SECRET_LENGTH]
+    if not secrets.compare_digest(
+        checksum(f"{key_prefix}_{key_id}_{secret}"), tail[SECRET_LENGTH:]
+    ):
+        raise MalformedAPIKey()
+    return ParsedKey(key_prefix, key_id, secret)

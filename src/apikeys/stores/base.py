@@ -1,0 +1,144 @@
+"""The `KeyStore` interface every backend implements, and the URL registry.
+
+A store keeps `StoredKey`s (a `KeyRecord` and the hash of its secret) and answers the one
+question of the hot path, `get(key_id)`, in a single round trip. Everything that decides
+validity lives in `KeyManager`; a store only keeps state and changes it atomically.
+
+Every method that talks to a server turns connection failures and timeouts into
+`StoreUnavailable(original)`, so that the middleware can fail closed with 503.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from apikeys.errors import ConfigurationError
+from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+
+__all__ = ["KeyStore", "register_store", "store_from_url"]
+
+
+class KeyStore(abc.ABC):
+    """Where keys live. Implementations: memory, SQL (SQLite, PostgreSQL) and Redis.
+
+    Guarantees every implementation gives:
+
+    - *Read your writes, everywhere.* Once a write method returns, every later `get` in any
+      process sharing the store sees it. A store may not serve `get` from a cache that a
+      write elsewhere could leave stale.
+    - *Atomic changes.* `set_state`, `shorten_expiry`, `replace_hash` and `add_usage` are
+      each atomic: concurrent callers, in any process, never lose or interleave updates.
+    - *Fail closed.* Connection errors and timeouts raise `StoreUnavailable`.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ()
+    """URL schemes this store serves, e.g. `("redis", "rediss")`."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_url(cls, url: str, **options: Any) -> KeyStore:
+        """Build the store from a URL with one of `schemes`."""
+
+    async def setup(self) -> None:  # noqa: B027 - optional hook with a sensible default
+        """Prepare the backend (create tables, load scripts). Idempotent; may be skipped."""
+
+    @abc.abstractmethod
+    async def insert(self, stored: StoredKey) -> None:
+        """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries)."""
+
+    @abc.abstractmethod
+    async def get(self, key_id: str) -> StoredKey | None:
+        """The key with this id, or None. The verification hot path: one round trip."""
+
+    @abc.abstractmethod
+    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        """The records of one workspace (or all), oldest first (by `created_at`, then id)."""
+
+    @abc.abstractmethod
+    async def set_state(
+        self,
+        key_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+    ) -> KeyRecord:
+        """Atomically move a key to `state` if its current state is in `allowed_from`.
+
+        A key already in `state` is left as it is. Moving to `revoked` sets `revoked_at` to
+        `at`. Returns the record as it is afterwards: the caller compares its `state` with
+        the one it asked for to learn whether the change was allowed. Raises `KeyNotFound`.
+        """
+
+    @abc.abstractmethod
+    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+        """Atomically set `expires_at` to the earlier of its value and `expires_at`.
+
+        A revoked key is left unchanged. Returns the record afterwards; raises `KeyNotFound`.
+        """
+
+    @abc.abstractmethod
+    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+        """Swap the stored hash if it still equals `old_hash` (compare and set)."""
+
+    @abc.abstractmethod
+    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+        """Add request counts and raise `last_used_at`, atomically for the whole batch.
+
+        Counts are added with atomic increments (never read-modify-write), `last_used_at`
+        only moves forward, and unknown ids are ignored. If this raises, nothing of the batch
+        was applied, so the caller may retry it whole.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook with a sensible default
+        """Release connections. The store is not used afterwards."""
+
+
+# scheme -> "module:Class", imported on first use so optional extras stay optional.
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "memory": ("apikeys.stores.memory:MemoryStore", ""),
+    "sqlite": ("apikeys.stores.sql:SQLStore", "sql"),
+    "sqlite+aiosqlite": ("apikeys.stores.sql:SQLStore", "sql"),
+    "postgresql": ("apikeys.stores.sql:SQLStore", "postgres"),
+    "postgres": ("apikeys.stores.sql:SQLStore", "postgres"),
+    "postgresql+asyncpg": ("apikeys.stores.sql:SQLStore", "postgres"),
+    "redis": ("apikeys.stores.redis:RedisStore", "redis"),
+    "rediss": ("apikeys.stores.redis:RedisStore", "redis"),
+}
+
+
+def register_store(scheme: str, target: str, extra: str = "") -> None:
+    """Make `store_from_url` build `target` (`"package.module:Class"`) for `scheme`."""
+    _REGISTRY[scheme] = (target, extra)
+
+
+def store_from_url(url: str, **options: Any) -> KeyStore:
+    """Build a store from a URL: `memory://`, `sqlite:///path`, `postgresql://…`, `redis://…`.
+
+    Raises `ConfigurationError` for an unknown scheme, or when the extra the scheme needs is
+    not installed (the message gives the exact `pip install` line).
+    """
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    try:
+        target, extra = _REGISTRY[scheme]
+    except KeyError:
+        known = ", ".join(sorted(f"{s}://" for s in _REGISTRY))
+        raise ConfigurationError(
+            f"unknown key store scheme {scheme + '://' if scheme else url!r}; known: {known}"
+        ) from None
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" Install it with: pip install 'apikeys[{extra}]'" if extra else ""
+        raise ConfigurationError(
+            f"the {scheme}:// key store needs a package that is not installed "
+            f"({exc.name}).{hint}"
+        ) from exc
+    store_class: type[KeyStore] = getattr(module, class_name)
+    return store_class.from_url(url, **options)

@@ -1,0 +1,103 @@
+"""The in-memory store: a dict by key id, for tests, demos and single-process apps."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from apikeys.errors import DuplicateKeyId, KeyNotFound
+from apikeys.stores.base import KeyStore
+from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(KeyStore):
+    """Keys in a dict, O(1) by id, with a per-workspace index for listing.
+
+    Every method runs without awaiting anything, so each is atomic on its event loop. The
+    store lives and dies with its process: share a SQL or Redis store between workers.
+    """
+
+    schemes = ("memory",)
+
+    def __init__(self) -> None:
+        self._keys: dict[str, StoredKey] = {}
+        # workspace -> ids in insertion order (a dict used as an ordered set)
+        self._by_workspace: dict[str, dict[str, None]] = {}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> MemoryStore:
+        return cls(**options)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(keys={len(self._keys)})"
+
+    async def insert(self, stored: StoredKey) -> None:
+        key_id = stored.record.id
+        if key_id in self._keys:
+            raise DuplicateKeyId(key_id)
+        self._keys[key_id] = stored
+        self._by_workspace.setdefault(stored.record.workspace, {})[key_id] = None
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        return self._keys.get(key_id)
+
+    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        if workspace is None:
+            records = [stored.record for stored in self._keys.values()]
+        else:
+            ids = self._by_workspace.get(workspace, {})
+            records = [self._keys[key_id].record for key_id in ids]
+        records.sort(key=lambda record: (record.created_at, record.id))
+        return records
+
+    def _require(self, key_id: str) -> StoredKey:
+        try:
+            return self._keys[key_id]
+        except KeyError:
+            raise KeyNotFound(key_id) from None
+
+    def _put_record(self, stored: StoredKey, record: KeyRecord) -> KeyRecord:
+        self._keys[record.id] = replace(stored, record=record)
+        return record
+
+    async def set_state(
+        self,
+        key_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+    ) -> KeyRecord:
+        stored = self._require(key_id)
+        record = stored.record
+        if record.state == state or record.state not in allowed_from:
+            return record
+        revoked_at = at if state == REVOKED else record.revoked_at
+        return self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
+
+    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+        stored = self._require(key_id)
+        record = stored.record
+        if record.state == REVOKED or (
+            record.expires_at is not None and record.expires_at <= expires_at
+        ):
+            return record
+        return self._put_record(stored, replace(record, expires_at=expires_at))
+
+    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+        stored = self._keys.get(key_id)
+        if stored is None or stored.secret_hash != old_hash:
+            return False
+        self._keys[key_id] = replace(stored, secret_hash=new_hash)
+        return True
+
+    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+        for key_id, delta in usage.items():
+            stored = self._keys.get(key_id)
+            if stored is not None:
+                record = stored.record.with_usage(delta.count, delta.last_used_at)
+                self._keys[key_id] = replace(stored, record=record)

@@ -1,0 +1,159 @@
+"""The records apikeys hands out and stores, and the ASGI type aliases."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+__all__ = [
+    "ACTIVE",
+    "DISABLED",
+    "EXPIRED",
+    "REVOKED",
+    "Access",
+    "CreatedKey",
+    "KeyRecord",
+    "Status",
+    "StoredKey",
+    "UsageDelta",
+    "isoformat",
+    "utcnow",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+Access = Literal["full", "restricted"]
+Status = Literal["active", "disabled", "revoked", "expired"]
+StoredState = Literal["active", "disabled", "revoked"]
+
+ACTIVE: StoredState = "active"
+DISABLED: StoredState = "disabled"
+REVOKED: StoredState = "revoked"
+EXPIRED: Status = "expired"
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+def isoformat(moment: datetime | None) -> str | None:
+    """UTC ISO 8601 ending in `Z` (`2026-01-31T12:00:00.123456Z`), or None."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What apikeys knows about a key, never its secret.
+
+    `state` is what the store holds (`active`, `disabled` or `revoked`); `status` adds the
+    derived `expired` for a key whose `expires_at` has passed.
+    """
+
+    id: str
+    name: str
+    workspace: str
+    prefix: str
+    """The masked display form, `ak_<id>_…`."""
+    access: Access
+    scopes: tuple[str, ...]
+    state: StoredState
+    rate_limit: str | None
+    created_at: datetime
+    expires_at: datetime | None = None
+    last_used_at: datetime | None = None
+    request_count: int = 0
+    revoked_at: datetime | None = None
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix the key's token starts with (`ak`)."""
+        return self.prefix[: -len(self.id) - 3]
+
+    @property
+    def masked(self) -> str:
+        """The masked display form, `ak_<id>_…` (the same as `prefix`)."""
+        return self.prefix
+
+    def status_at(self, now: datetime) -> Status:
+        """The key's status at `now`: revoked and disabled win over expired."""
+        if self.state != ACTIVE:
+            return self.state
+        if self.expires_at is not None and self.expires_at <= now:
+            return EXPIRED
+        return ACTIVE
+
+    @property
+    def status(self) -> Status:
+        """The key's status now: `active`, `disabled`, `revoked` or `expired`."""
+        return self.status_at(utcnow())
+
+    @property
+    def full_access(self) -> bool:
+        return self.access == "full"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready data, with the field names of the contract."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "workspace": self.workspace,
+            "prefix": self.prefix,
+            "access": self.access,
+            "scopes": list(self.scopes),
+            "status": self.status,
+            "rate_limit": self.rate_limit,
+            "created_at": isoformat(self.created_at),
+            "expires_at": isoformat(self.expires_at),
+            "last_used_at": isoformat(self.last_used_at),
+            "request_count": self.request_count,
+            "revoked_at": isoformat(self.revoked_at),
+        }
+
+    def with_usage(self, count: int, last_used_at: datetime | None) -> KeyRecord:
+        """This record with `count` more requests and a later `last_used_at`, if any."""
+        if not count:
+            return self
+        latest = self.last_used_at
+        if last_used_at is not None and (latest is None or last_used_at > latest):
+            latest = last_used_at
+        return replace(self, request_count=self.request_count + count, last_used_at=latest)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A record with the stored hash of its secret: what a `KeyStore` keeps."""
+
+    record: KeyRecord
+    secret_hash: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDelta:
+    """Requests counted in one process since the last flush, for one key."""
+
+    count: int
+    last_used_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    """What `KeyManager.create` and `roll` return: the key, once, and its record."""
+
+    key: str = field(repr=False)
+    record: KeyRecord
+
+    def __repr__(self) -> str:
+        return f"CreatedKey(key='{self.record.prefix}', record={self.record!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """`key` followed by the record's fields (the CLI's `--json` output)."""
+        return {"key": self.key, **self.record.to_dict()}

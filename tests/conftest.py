@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from apikeys import store_from_url
+from apikeys.stores import KeyStore
+from tests import services
+
+# One table of stores for every test that takes the `store` fixture (or `store_url`): each
+# behaviour runs on memory, SQLite, PostgreSQL and Redis alike.
+STORES = [
+    pytest.param("memory", id="memory"),
+    pytest.param("sqlite", marks=pytest.mark.sqlite, id="sqlite"),
+    pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
+    pytest.param("redis", marks=pytest.mark.redis, id="redis"),
+]
+
+
+async def _create_database(admin_url: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+async def _drop_database(admin_url: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL database of the suite's own, created for the session and dropped after."""
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    name = f"apikeys_test_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_create_database(services.POSTGRES_URL, name))
+    base = services.POSTGRES_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        asyncio.run(_drop_database(services.POSTGRES_URL, name))
+
+
+@pytest.fixture
+def redis_url() -> str:
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    return services.REDIS_URL
+
+
+@pytest.fixture
+def redis_key_prefix() -> str:
+    """A key prefix of the test's own, so Redis tests never see each other's keys."""
+    return f"apikeys-test-{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL for a fresh, empty store of each kind in the table."""
+    if store_kind == "memory":
+        return "memory://"
+    if store_kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'keys.db'}"
+    if store_kind == "postgres":
+        # Each test gets its own table name inside the session's database.
+        base: str = request.getfixturevalue("postgres_url")
+        return base
+    if store_kind == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    raise AssertionError(store_kind)
+
+
+@pytest.fixture
+def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """Extra keyword arguments that isolate one test's data on a shared server."""
+    if store_kind == "redis":
+        return {"key_prefix": str(request.getfixturevalue("redis_key_prefix"))}
+    if store_kind == "postgres":
+        return {"table_name": f"apikeys_keys_{uuid.uuid4().hex[:10]}"}
+    return {}
+
+
+@pytest.fixture
+async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[KeyStore]:
+    key_store = store_from_url(store_url, **store_options)
+    await key_store.setup()
+    try:
+        yield key_store
+    finally:
+        await key_store.aclose()
