@@ -1,7 +1,82 @@
-"""apikeys: production-grade API keys for any ASGI application."""
+"""apikeys: production-grade API keys for any ASGI application.
+
+Issue, hash, scope, rate-limit, disable, roll and revoke API keys, with a pure ASGI
+middleware for Starlette, FastAPI or any ASGI app, on memory, SQLite, PostgreSQL or Redis.
+"""
 
 from __future__ import annotations
 
-from apikeys.stores import KeyStore, MemoryStore, store_from_url
+from apikeys.errors import (
+    APIKeyError,
+    AuthenticationError,
+    AuthUnavailable,
+    ConfigurationError,
+    DuplicateKeyId,
+    InsufficientScope,
+    InvalidAPIKey,
+    InvalidKeyParameters,
+    InvalidTransition,
+    KeyDisabled,
+    KeyExpired,
+    KeyNotFound,
+    KeyRevoked,
+    LimiterUnavailable,
+    MalformedAPIKey,
+    MissingAPIKey,
+    RateLimited,
+    StoreUnavailable,
+)
+from apikeys.hashing import Hasher, slow_context
+from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.manager import KeyManager, check_usable
+from apikeys.middleware import APIKeyAuth, APIKeyMiddleware, APIKeyUser, ScopeTable
+from apikeys.ratelimit import RateDecision, RateLimiter
+from apikeys.scopes import GrantedScopes
+from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
+from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
-__all__ = ["KeyStore", "MemoryStore", "store_from_url"]
+__version__ = "0.1.0"
+
+__all__ = [
+    "APIKeyAuth",
+    "APIKeyError",
+    "APIKeyMiddleware",
+    "APIKeyUser",
+    "AuthUnavailable",
+    "AuthenticationError",
+    "ConfigurationError",
+    "CreatedKey",
+    "DuplicateKeyId",
+    "GrantedScopes",
+    "Hasher",
+    "InsufficientScope",
+    "InvalidAPIKey",
+    "InvalidKeyParameters",
+    "InvalidTransition",
+    "KeyDisabled",
+    "KeyExpired",
+    "KeyManager",
+    "KeyNotFound",
+    "KeyRecord",
+    "KeyRevoked",
+    "KeyStore",
+    "LimiterUnavailable",
+    "MalformedAPIKey",
+    "MemoryStore",
+    "MissingAPIKey",
+    "ParsedKey",
+    "RateDecision",
+    "RateLimited",
+    "RateLimiter",
+    "ScopeTable",
+    "StoreUnavailable",
+    "StoredKey",
+    "UsageDelta",
+    "__version__",
+    "check_usable",
+    "generate_key",
+    "parse_key",
+    "register_store",
+    "slow_context",
+    "store_from_url",
+]

@@ -141,7 +141,9 @@ def parse_key(token: str, prefix: str | None = None) -> ParsedKey:
     if (
         len(key_id) != ID_LENGTH
         or len(tail) != _TAIL_LENGTH
-        or (key_prefix != prefix if prefix is not None else _PREFIX_RE.fullmatch(key_prefix) is None)
+        or (
+            key_prefix != prefix if prefix is not None else _PREFIX_RE.fullmatch(key_prefix) is None
+        )
         or not _is_base62(key_id)
         or not _is_base62(tail)
     ):

@@ -137,8 +137,7 @@ def store_from_url(url: str, **options: Any) -> KeyStore:
     except ImportError as exc:
         hint = f" Install it with: pip install 'apikeys[{extra}]'" if extra else ""
         raise ConfigurationError(
-            f"the {scheme}:// key store needs a package that is not installed "
-            f"({exc.name}).{hint}"
+            f"the {scheme}:// key store needs a package that is not installed ({exc.name}).{hint}"
         ) from exc
     store_class: type[KeyStore] = getattr(module, class_name)
     return store_class.from_url(url, **options)

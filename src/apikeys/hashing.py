@@ -1,0 +1,225 @@
+"""How secrets are hashed at rest, and checked.
+
+Why a fast keyed hash is the right default: an API key secret is 32 random base62
+characters, about 190 bits of entropy. Slow password hashes (argon2, bcrypt) exist to make
+guessing *low-entropy human passwords* expensive; nobody can enumerate 2**190 candidates,
+fast hash or not. So the default is HMAC-SHA256 keyed with a server-side pepper
+(`APIKEYS_PEPPER`): a stolen database alone does not even let an attacker test a guessed
+key, and verifying costs about a microsecond instead of tens of milliseconds. Without a
+pepper the fallback is plain SHA-256, with a logged warning.
+
+Stored hashes describe their scheme, so schemes can change under a running system:
+
+- `hmac-sha256$<pepper id>$<hex>`: keyed with the pepper whose id is named;
+- `sha256$<hex>`: no pepper;
+- anything passlib recognises (`$argon2id$…`, `$2b$…`, `$pbkdf2-sha256$…`): slow schemes,
+  opt-in through a passlib `CryptContext`.
+
+A hash in a scheme that is no longer the preferred one (unpeppered SHA-256 once a pepper is
+set, an old pepper, a deprecated passlib scheme) is replaced on its next successful use.
+Slow schemes run in a worker thread, never on the event loop, and a short-lived cache of
+verified (hash, secret) pairs spares repeat requests the cost. The cache is keyed by the
+stored hash, so a rolled key misses it, and it only ever answers "this secret matches this
+hash": whether the key is usable is read from the store on every request, so revocation is
+never served from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from apikeys.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from passlib.context import CryptContext
+
+__all__ = ["PEPPER_ENV", "Hasher", "Verification", "slow_context"]
+
+logger = logging.getLogger("apikeys")
+
+PEPPER_ENV = "APIKEYS_PEPPER"
+MIN_PEPPER_LENGTH = 16
+_HMAC_SCHEME = "hmac-sha256$"
+_SHA256_SCHEME = "sha256$"
+
+
+class Verification(NamedTuple):
+    """The outcome of checking a secret: did it match, and the hash to store instead."""
+
+    ok: bool
+    new_hash: str | None = None
+
+
+def _pepper_id(pepper: bytes) -> str:
+    # Names the pepper in stored hashes without revealing anything usable about it.
+    return hmac.new(pepper, b"apikeys pepper id", hashlib.sha256).hexdigest()[:8]
+
+
+def slow_context(*schemes: str) -> CryptContext:
+    """A passlib `CryptContext` whose first scheme hashes new keys (default argon2).
+
+    Needs the passlib extra: `pip install 'apikeys[passlib]'`.
+    """
+    try:
+        from passlib.context import CryptContext
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigurationError(
+            "slow hash schemes need libpass. Install it with: pip install 'apikeys[passlib]'"
+        ) from exc
+    chosen = list(schemes or ("argon2",))
+    return CryptContext(schemes=chosen, deprecated="auto")
+
+
+class Hasher:
+    """Hashes secrets for storage and checks secrets against stored hashes.
+
+    `Hasher()` reads the pepper from `APIKEYS_PEPPER`. Pass `pepper=` to set it in code,
+    `old_peppers=` to keep verifying (and migrating) hashes made with retired peppers, and
+    `context=` (a passlib `CryptContext`, see `slow_context`) to hash new keys with a slow
+    scheme instead.
+    """
+
+    def __init__(
+        self,
+        pepper: str | bytes | None = None,
+        *,
+        old_peppers: Sequence[str | bytes] = (),
+        context: CryptContext | None = None,
+        cache_size: int = 10_000,
+        cache_ttl: float = 300.0,
+    ) -> None:
+        if pepper is None:
+            pepper = os.environ.get(PEPPER_ENV) or None
+        self._pepper = self._coerce(pepper) if pepper is not None else None
+        self._peppers: dict[str, hmac.HMAC] = {}
+        for candidate in (self._pepper, *(self._coerce(p) for p in old_peppers)):
+            if candidate is not None:
+                self._peppers[_pepper_id(candidate)] = hmac.new(candidate, None, hashlib.sha256)
+        self._current_id = _pepper_id(self._pepper) if self._pepper is not None else None
+        self._context = context
+        self._cache: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+        self._cache_size = cache_size
+        self._cache_ttl = cache_ttl
+        # Keys the cache by a keyed digest, so a memory dump shows no secret.
+        self._cache_key = hmac.new(os.urandom(32), None, hashlib.sha256)
+        if self._pepper is None and context is None:
+            logger.warning(
+                "apikeys: %s is not set; secrets are hashed with unkeyed SHA-256. "
+                "Set a random pepper of at least %d characters in production.",
+                PEPPER_ENV,
+                MIN_PEPPER_LENGTH,
+            )
+
+    @staticmethod
+    def _coerce(pepper: str | bytes) -> bytes:
+        raw = pepper.encode() if isinstance(pepper, str) else bytes(pepper)
+        if len(raw) < MIN_PEPPER_LENGTH:
+            raise ConfigurationError(
+                f"the pepper must be at least {MIN_PEPPER_LENGTH} bytes; "
+                "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return raw
+
+    def __repr__(self) -> str:
+        return f"Hasher(scheme={self.scheme!r})"
+
+    @property
+    def scheme(self) -> str:
+        """The scheme new hashes are made with."""
+        if self._context is not None:
+            return str(self._context.default_scheme())
+        return "hmac-sha256" if self._pepper is not None else "sha256"
+
+    def hash(self, secret: str) -> str:
+        """Hash a secret for storage, in the preferred scheme."""
+        if self._context is not None:
+            return str(self._context.hash(secret))
+        return self._fast_hash(secret)
+
+    def _fast_hash(self, secret: str) -> str:
+        if self._current_id is not None:
+            mac = self._peppers[self._current_id].copy()
+            mac.update(secret.encode())
+            return f"{_HMAC_SCHEME}{self._current_id}${mac.hexdigest()}"
+        return _SHA256_SCHEME + hashlib.sha256(secret.encode()).hexdigest()
+
+    def is_fast(self, stored: str) -> bool:
+        """True when `stored` is checked in microseconds (no thread needed)."""
+        return stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME))
+
+    def verify(self, secret: str, stored: str) -> Verification:
+        """Check `secret` against `stored` in constant time. May block for slow schemes."""
+        if stored.startswith(_HMAC_SCHEME):
+            pepper_id, _, digest = stored[len(_HMAC_SCHEME) :].partition("$")
+            base = self._peppers.get(pepper_id)
+            if base is None:
+                return Verification(False)
+            mac = base.copy()
+            mac.update(secret.encode())
+            if not hmac.compare_digest(mac.hexdigest(), digest):
+                return Verification(False)
+            if pepper_id != self._current_id or self._context is not None:
+                return Verification(True, self.hash(secret))
+            return Verification(True)
+        if stored.startswith(_SHA256_SCHEME):
+            digest = hashlib.sha256(secret.encode()).hexdigest()
+            if not hmac.compare_digest(digest, stored[len(_SHA256_SCHEME) :]):
+                return Verification(False)
+            if self._pepper is not None or self._context is not None:
+                return Verification(True, self.hash(secret))
+            return Verification(True)
+        return self._verify_slow(secret, stored)
+
+    def _verify_slow(self, secret: str, stored: str) -> Verification:
+        context = self._context
+        if context is None:
+            context = _legacy_context()
+            if context is None or not context.identify(stored):
+                return Verification(False)
+            ok = bool(context.verify(secret, stored))
+            # Slow hashes are not the preferred scheme here: move to the fast one.
+            return Verification(ok, self._fast_hash(secret) if ok else None)
+        if not context.identify(stored):
+            return Verification(False)
+        ok, new_hash = context.verify_and_update(secret, stored)
+        return Verification(bool(ok), new_hash)
+
+    async def averify(self, secret: str, stored: str) -> Verification:
+        """`verify`, but slow schemes run in a worker thread and recent matches are cached."""
+        if self.is_fast(stored):
+            return self.verify(secret, stored)
+        cache_key = self._cache_token(secret, stored)
+        expires = self._cache.get(cache_key)
+        if expires is not None and expires > time.monotonic():
+            self._cache.move_to_end(cache_key)
+            return Verification(True)
+        result = await asyncio.to_thread(self.verify, secret, stored)
+        if result.ok and result.new_hash is None and self._cache_size > 0:
+            self._cache[cache_key] = time.monotonic() + self._cache_ttl
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return result
+
+    def _cache_token(self, secret: str, stored: str) -> tuple[str, bytes]:
+        mac = self._cache_key.copy()
+        mac.update(secret.encode())
+        return stored, mac.digest()
+
+
+@functools.cache
+def _legacy_context() -> CryptContext | None:
+    """A context that can read every slow scheme, for hashes made under an older setup."""
+    try:
+        from passlib.context import CryptContext
+    except ImportError:
+        return None
+    return CryptContext(schemes=["argon2", "bcrypt", "pbkdf2_sha256"])

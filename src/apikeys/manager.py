@@ -1,0 +1,334 @@
+"""`KeyManager`: create, verify, disable, enable, revoke and roll keys.
+
+The manager is the one place that decides whether a key may be used (`check_usable`) and
+the one place that turns a token into a record (`verify`). Stores only keep state.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Self
+
+from apikeys.errors import (
+    DuplicateKeyId,
+    InvalidAPIKey,
+    InvalidKeyParameters,
+    InvalidTransition,
+    KeyDisabled,
+    KeyExpired,
+    KeyNotFound,
+    KeyRevoked,
+)
+from apikeys.hashing import Hasher
+from apikeys.keys import DEFAULT_PREFIX, ParsedKey, generate_key, parse_key, validate_prefix
+from apikeys.ratelimit import parse_rate_limit
+from apikeys.scopes import validate_scopes
+from apikeys.stores.base import KeyStore, store_from_url
+from apikeys.types import (
+    ACTIVE,
+    DISABLED,
+    REVOKED,
+    CreatedKey,
+    KeyRecord,
+    StoredKey,
+    StoredState,
+    utcnow,
+)
+from apikeys.usage import UsageBuffer
+
+__all__ = ["KeyManager", "check_usable"]
+
+logger = logging.getLogger("apikeys")
+
+_MAX_TEXT = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_INSERT_ATTEMPTS = 5
+
+
+def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
+    """Raise the matching error unless `record` may authenticate a request at `now`.
+
+    Revoked wins over disabled, and disabled over expired, so the answer never depends on
+    the time when a person has acted on the key.
+    """
+    state = record.state
+    if state != ACTIVE:
+        raise KeyRevoked() if state == REVOKED else KeyDisabled()
+    if record.expires_at is not None and record.expires_at <= (now or utcnow()):
+        raise KeyExpired()
+
+
+def _text(value: str, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidKeyParameters(f"{field} must be a non-empty string")
+    if len(value) > _MAX_TEXT or _CONTROL.search(value):
+        raise InvalidKeyParameters(
+            f"{field} must be at most {_MAX_TEXT} characters, without control characters"
+        )
+    return value
+
+
+class KeyManager:
+    """Issues and checks API keys held in a `KeyStore`.
+
+    ```python
+    manager = KeyManager(store_from_url("sqlite:///apikeys.db"))
+    created = await manager.create(name="Zapier", workspace="acme", scopes=["contacts:read"])
+    created.key  # the full key: shown here, and never again
+    record = await manager.verify(created.key)
+    ```
+
+    `store` is a `KeyStore` or a store URL. `hasher` defaults to `Hasher()` (HMAC-SHA256
+    keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
+    `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
+    """
+
+    def __init__(
+        self,
+        store: KeyStore | str = "memory://",
+        *,
+        hasher: Hasher | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        usage_flush_interval: float = 1.0,
+    ) -> None:
+        self.store = store_from_url(store) if isinstance(store, str) else store
+        self.hasher = hasher if hasher is not None else Hasher()
+        self.prefix = validate_prefix(prefix)
+        self.usage = UsageBuffer(self.store, usage_flush_interval)
+
+    def __repr__(self) -> str:
+        return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
+
+    async def __aenter__(self) -> Self:
+        await self.store.setup()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Write buffered usage and close the store."""
+        try:
+            await self.usage.aclose()
+        finally:
+            await self.store.aclose()
+
+    async def flush(self) -> None:
+        """Write buffered usage counts to the store now."""
+        await self.usage.flush()
+
+    # -- issuing ---------------------------------------------------------------------------
+
+    async def create(
+        self,
+        *,
+        name: str,
+        workspace: str = "default",
+        scopes: Iterable[str] = (),
+        full_access: bool = False,
+        rate_limit: str | None = None,
+        expires_at: datetime | None = None,
+        expires_in: timedelta | None = None,
+    ) -> CreatedKey:
+        """Create a key. The returned `CreatedKey.key` is the only time the key is shown.
+
+        A key has `full_access` (every scope, including scopes added later) or the given
+        `scopes`; a restricted key without scopes is refused. `rate_limit` overrides the
+        middleware's default (`limits` notation). Expiry is `expires_at` or `expires_in`.
+        """
+        _text(name, "name")
+        _text(workspace, "workspace")
+        scope_tuple = validate_scopes(scopes)
+        if full_access and scope_tuple:
+            raise InvalidKeyParameters("a full-access key takes no scopes")
+        if not full_access and not scope_tuple:
+            raise InvalidKeyParameters(
+                "a restricted key needs at least one scope (or pass full_access=True)"
+            )
+        if rate_limit is not None:
+            parse_rate_limit(rate_limit)
+        now = utcnow()
+        expiry = self._expiry(now, expires_at, expires_in)
+        return await self._issue(
+            name=name,
+            workspace=workspace,
+            access="full" if full_access else "restricted",
+            scopes=scope_tuple,
+            rate_limit=rate_limit,
+            created_at=now,
+            expires_at=expiry,
+        )
+
+    @staticmethod
+    def _expiry(
+        now: datetime, expires_at: datetime | None, expires_in: timedelta | None
+    ) -> datetime | None:
+        if expires_at is not None and expires_in is not None:
+            raise InvalidKeyParameters("pass expires_at or expires_in, not both")
+        if expires_in is not None:
+            if expires_in <= timedelta(0):
+                raise InvalidKeyParameters("expires_in must be positive")
+            return now + expires_in
+        if expires_at is not None:
+            if expires_at.tzinfo is None:
+                raise InvalidKeyParameters("expires_at must be timezone-aware")
+            if expires_at <= now:
+                raise InvalidKeyParameters("expires_at must be in the future")
+        return expires_at
+
+    async def _issue(
+        self,
+        *,
+        name: str,
+        workspace: str,
+        access: str,
+        scopes: tuple[str, ...],
+        rate_limit: str | None,
+        created_at: datetime,
+        expires_at: datetime | None,
+    ) -> CreatedKey:
+        for _ in range(_INSERT_ATTEMPTS):
+            parsed = generate_key(self.prefix)
+            record = KeyRecord(
+                id=parsed.id,
+                name=name,
+                workspace=workspace,
+                prefix=parsed.masked,
+                access="full" if access == "full" else "restricted",
+                scopes=scopes,
+                state=ACTIVE,
+                rate_limit=rate_limit,
+                created_at=created_at,
+                expires_at=expires_at,
+            )
+            try:
+                await self.store.insert(StoredKey(record, self.hasher.hash(parsed.secret)))
+            except DuplicateKeyId:
+                continue
+            return CreatedKey(parsed.token, record)
+        raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def get(self, key_id: str) -> KeyRecord:
+        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`."""
+        stored = await self.store.get(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        return self.usage.apply(stored.record)
+
+    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        """The records of `workspace` (or of all workspaces), oldest first."""
+        return [self.usage.apply(record) for record in await self.store.list(workspace)]
+
+    # -- state changes ---------------------------------------------------------------------
+
+    async def disable(self, key_id: str) -> KeyRecord:
+        """Stop a key from authenticating until `enable`. Refused for a revoked key."""
+        return await self._transition(key_id, DISABLED, (ACTIVE,), "disable")
+
+    async def enable(self, key_id: str) -> KeyRecord:
+        """Let a disabled key authenticate again. Refused for a revoked key."""
+        return await self._transition(key_id, ACTIVE, (DISABLED,), "enable")
+
+    async def revoke(self, key_id: str) -> KeyRecord:
+        """Revoke a key for good: every later request with it gets 401 `key_revoked`."""
+        return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke")
+
+    async def _transition(
+        self,
+        key_id: str,
+        target: StoredState,
+        allowed_from: tuple[StoredState, ...],
+        action: str,
+    ) -> KeyRecord:
+        record = await self.store.set_state(key_id, target, allowed_from=allowed_from, at=utcnow())
+        if record.state != target:
+            raise InvalidTransition(key_id, record.status, action)
+        return self.usage.apply(record)
+
+    async def roll(
+        self,
+        key_id: str,
+        grace: timedelta = timedelta(hours=24),
+        *,
+        expires_in: timedelta | None = None,
+    ) -> CreatedKey:
+        """Replace a key with a new one of the same name, workspace, access, scopes and limit.
+
+        The old key keeps working for `grace`, then expires. The new key keeps the old key's
+        lifetime (if it had one) unless `expires_in` is given. Refused for a revoked key.
+        """
+        if grace < timedelta(0):
+            raise InvalidKeyParameters("grace must not be negative")
+        stored = await self.store.get(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        old = stored.record
+        if old.state == REVOKED:
+            raise InvalidTransition(key_id, REVOKED, "roll")
+        now = utcnow()
+        if expires_in is None and old.expires_at is not None:
+            lifetime = old.expires_at - old.created_at
+            expires_in = lifetime if lifetime > timedelta(0) else None
+        created = await self._issue(
+            name=old.name,
+            workspace=old.workspace,
+            access=old.access,
+            scopes=old.scopes,
+            rate_limit=old.rate_limit,
+            created_at=now,
+            expires_at=self._expiry(now, None, expires_in),
+        )
+        # The new key exists before the old one is cut short: a failure here never leaves
+        # the integration without a working key.
+        await self.store.shorten_expiry(key_id, now + grace)
+        return created
+
+    # -- verification ----------------------------------------------------------------------
+
+    async def verify(self, token: str, *, record_usage: bool = True) -> KeyRecord:
+        """The record of a usable key, or the error of the contract's table.
+
+        Raises `MalformedAPIKey` (before any store access), `InvalidAPIKey`, `KeyDisabled`,
+        `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
+        Counts the request in the key's usage unless `record_usage` is false.
+        """
+        return await self.verify_parsed(parse_key(token, self.prefix), record_usage=record_usage)
+
+    async def verify_parsed(self, parsed: ParsedKey, *, record_usage: bool = True) -> KeyRecord:
+        """`verify` for a token already split by `parse_key`."""
+        stored = await self.store.get(parsed.id)
+        if stored is None:
+            raise InvalidAPIKey()
+        secret_hash = stored.secret_hash
+        hasher = self.hasher
+        if hasher.is_fast(secret_hash):
+            verdict = hasher.verify(parsed.secret, secret_hash)
+        else:
+            verdict = await hasher.averify(parsed.secret, secret_hash)
+        if not verdict.ok:
+            raise InvalidAPIKey()
+        record = stored.record
+        check_usable(record)
+        if verdict.new_hash is not None:
+            await self._rehash(parsed.id, secret_hash, verdict.new_hash)
+        if record_usage:
+            self.usage.record(parsed.id)
+        return record
+
+    async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:
+        try:
+            await self.store.replace_hash(key_id, old_hash, new_hash)
+        except Exception as exc:
+            # The request was verified; migration simply happens on a later one.
+            logger.warning("apikeys: could not re-hash key %s: %s", key_id, type(exc).__name__)

@@ -1,0 +1,96 @@
+"""The one place that turns an `AuthenticationError` into an RFC 9457 problem response.
+
+Bodies are `application/problem+json` with `type`, `title`, `status`, `detail` and a
+machine-readable `code`. Headers follow RFC 6750 (`WWW-Authenticate: Bearer …`) and the
+rate-limit drafts (`Retry-After`). Nothing here can carry a secret: bodies are built from
+the error's class, scope names and numbers only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from apikeys.errors import (
+    AuthenticationError,
+    AuthUnavailable,
+    InsufficientScope,
+    MissingAPIKey,
+    RateLimited,
+)
+from apikeys.types import Send
+
+__all__ = ["PROBLEM_CONTENT_TYPE", "problem_body", "problem_headers", "send_problem"]
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+TYPE_BASE = "urn:apikeys:problem:"
+
+Headers = list[tuple[bytes, bytes]]
+
+
+def problem_body(exc: AuthenticationError) -> dict[str, Any]:
+    """The problem+json document for `exc`."""
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + exc.code,
+        "title": exc.title,
+        "status": exc.status,
+        "detail": exc.detail,
+        "code": exc.code,
+    }
+    if isinstance(exc, InsufficientScope):
+        body["required_scopes"] = list(exc.required_scopes)
+    if isinstance(exc, RateLimited):
+        body["retry_after"] = exc.retry_after
+    return body
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def problem_headers(exc: AuthenticationError, realm: str = "api") -> Headers:
+    """`WWW-Authenticate` for 401 and 403, `Retry-After` for 429 and 503."""
+    headers: Headers = [(b"cache-control", b"no-store")]
+    challenge = f'Bearer realm="{_quote(realm)}"'
+    if exc.status == 401:
+        if not isinstance(exc, MissingAPIKey):
+            challenge += ', error="invalid_token"'
+        headers.append((b"www-authenticate", challenge.encode("latin-1")))
+    elif isinstance(exc, InsufficientScope):
+        scope = " ".join(exc.required_scopes)
+        challenge += f', error="insufficient_scope", scope="{_quote(scope)}"'
+        headers.append((b"www-authenticate", challenge.encode("latin-1")))
+    elif isinstance(exc, RateLimited | AuthUnavailable):
+        headers.append((b"retry-after", str(exc.retry_after).encode("latin-1")))
+    return headers
+
+
+def _encode(exc: AuthenticationError, realm: str, extra: Headers) -> tuple[Headers, bytes]:
+    body = json.dumps(problem_body(exc), separators=(",", ":")).encode()
+    headers = [
+        (b"content-type", PROBLEM_CONTENT_TYPE.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *problem_headers(exc, realm),
+        *extra,
+    ]
+    return headers, body
+
+
+# Errors whose response never varies are encoded once per (class, realm).
+_STATIC: dict[tuple[type[AuthenticationError], str], tuple[Headers, bytes]] = {}
+
+
+async def send_problem(
+    send: Send, exc: AuthenticationError, realm: str = "api", extra: Headers | None = None
+) -> None:
+    """Send `exc` as a complete problem+json response on an ASGI `send`."""
+    if extra or isinstance(exc, InsufficientScope | RateLimited) or exc.detail != type(exc).detail:
+        headers, body = _encode(exc, realm, extra or [])
+    else:
+        cache_key = (type(exc), realm)
+        cached = _STATIC.get(cache_key)
+        if cached is None:
+            cached = _STATIC[cache_key] = _encode(exc, realm, [])
+        headers, body = cached
+    await send({"type": "http.response.start", "status": exc.status, "headers": list(headers)})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,423 @@
+"""The Redis store: one hash per key, sorted-set indexes, Lua scripts for every change.
+
+Layout, for the default `key_prefix` of `apikeys:`:
+
+- `apikeys:key:{<id>}`: a hash per key. The `{<id>}` hash tag puts each key in its own
+  cluster slot, so every per-key script names exactly one key and stays cluster-safe.
+- `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at`.
+- `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
+
+Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
+integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
+timezone-aware UTC datetimes. `scopes` is a JSON array; absent fields (`rate_limit`,
+`expires_at`, `last_used_at`, `revoked_at`) mean None.
+
+Atomicity: `set_state`, `shorten_expiry` and `replace_hash` are one Lua script each on the
+key's hash and return the hash as it is afterwards, in one round trip. `add_usage` sends one
+script per key in a single MULTI/EXEC, so on a single node a batch applies whole or not at
+all; each script checks that the hash exists, so unknown ids create nothing.
+
+`insert` first adds the id to both indexes (`ZADD NX`), then creates the hash with a
+create-if-absent script. The indexes live in other slots than the hash, so these are two
+steps, not one transaction. The order means `list` never misses a stored key: a failure
+between the steps, or a refused duplicate, leaves at most an index entry whose hash is
+missing or belongs to another workspace, and `list` skips such entries.
+
+No command is retried automatically: a retried write could apply twice (an increment) or
+report its own success as a conflict. Stale pooled connections (after a Redis restart) are
+detected and replaced when they are taken from the pool, so the next call after Redis comes
+back succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.stores.base import KeyStore
+from apikeys.types import Access, KeyRecord, StoredKey, StoredState, UsageDelta
+
+__all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
+
+DEFAULT_KEY_PREFIX = "apikeys:"
+
+# Connection defaults; any of them can be overridden through `from_url(url, **options)`.
+_DEFAULT_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 2.0,
+    "health_check_interval": 30,
+    # No automatic retries: see the module docstring.
+    "retry": Retry(NoBackoff(), 0),
+}
+
+# Errors that mean "Redis cannot be reached right now". BusyLoadingError (a server still
+# loading its dataset) is a ConnectionError; ReadOnlyError comes from a replica during a
+# failover. Built-in TimeoutError (and asyncio's) is an OSError.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OSError,
+)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+# KEYS[1] = key hash; ARGV = field, value, field, value, ...
+# Returns 1 when created, 0 when the id is taken.
+_INSERT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+
+# KEYS[1] = key hash; ARGV[1] = new state, ARGV[2] = `at` (µs), ARGV[3..] = allowed states.
+# Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
+_SET_STATE = """
+local current = redis.call('HGET', KEYS[1], 'state')
+if not current then
+  return false
+end
+if current ~= ARGV[1] then
+  for i = 3, #ARGV do
+    if ARGV[i] == current then
+      if ARGV[1] == 'revoked' then
+        redis.call('HSET', KEYS[1], 'state', ARGV[1], 'revoked_at', ARGV[2])
+      else
+        redis.call('HSET', KEYS[1], 'state', ARGV[1])
+      end
+      break
+    end
+  end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# KEYS[1] = key hash; ARGV[1] = expires_at (µs).
+# Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
+_SHORTEN_EXPIRY = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return false
+end
+if state ~= 'revoked' then
+  local current = redis.call('HGET', KEYS[1], 'expires_at')
+  if (not current) or tonumber(ARGV[1]) < tonumber(current) then
+    redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
+  end
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# KEYS[1] = key hash; ARGV[1] = old hash, ARGV[2] = new hash. Returns 1 if swapped.
+_REPLACE_HASH = """
+if redis.call('HGET', KEYS[1], 'secret_hash') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'secret_hash', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# KEYS[1] = key hash; ARGV[1] = count, ARGV[2] = last_used_at (µs).
+# Returns 1 if applied, 0 for an unknown id (nothing is created).
+_ADD_USAGE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('HINCRBY', KEYS[1], 'request_count', ARGV[1])
+local current = redis.call('HGET', KEYS[1], 'last_used_at')
+if (not current) or tonumber(ARGV[2]) > tonumber(current) then
+  redis.call('HSET', KEYS[1], 'last_used_at', ARGV[2])
+end
+return 1
+"""
+
+
+@contextmanager
+def _unavailable_as_store_error() -> Iterator[None]:
+    """Turn connection failures and timeouts into `StoreUnavailable(original)`."""
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise StoreUnavailable(exc) from exc
+
+
+def _encode_time(moment: datetime) -> str:
+    """Integer microseconds since the epoch; a naive datetime is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return str((moment - _EPOCH) // _MICROSECOND)
+
+
+def _decode_time(value: str | None) -> datetime | None:
+    if value is None or value == "":
+        return None
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+def _decode_scopes(value: str) -> tuple[str, ...]:
+    if value.startswith("["):
+        return tuple(str(scope) for scope in json.loads(value))
+    return tuple(scope for scope in value.split(",") if scope)
+
+
+def _encode(stored: StoredKey) -> list[str]:
+    """The hash fields of a key, as a flat field/value list."""
+    record = stored.record
+    fields: dict[str, str] = {
+        "id": record.id,
+        "name": record.name,
+        "workspace": record.workspace,
+        "prefix": record.prefix,
+        "access": record.access,
+        "scopes": json.dumps(list(record.scopes), separators=(",", ":")),
+        "state": record.state,
+        "created_at": _encode_time(record.created_at),
+        "request_count": str(record.request_count),
+        "secret_hash": stored.secret_hash,
+    }
+    if record.rate_limit is not None:
+        fields["rate_limit"] = record.rate_limit
+    for name, moment in (
+        ("expires_at", record.expires_at),
+        ("last_used_at", record.last_used_at),
+        ("revoked_at", record.revoked_at),
+    ):
+        if moment is not None:
+            fields[name] = _encode_time(moment)
+    return [item for pair in fields.items() for item in pair]
+
+
+def _decode(fields: Mapping[str, str]) -> StoredKey:
+    created_at = _decode_time(fields["created_at"])
+    assert created_at is not None
+    record = KeyRecord(
+        id=fields["id"],
+        name=fields["name"],
+        workspace=fields["workspace"],
+        prefix=fields["prefix"],
+        access=cast(Access, fields["access"]),
+        scopes=_decode_scopes(fields["scopes"]),
+        state=cast(StoredState, fields["state"]),
+        rate_limit=fields.get("rate_limit"),
+        created_at=created_at,
+        expires_at=_decode_time(fields.get("expires_at")),
+        last_used_at=_decode_time(fields.get("last_used_at")),
+        request_count=int(fields.get("request_count") or 0),
+        revoked_at=_decode_time(fields.get("revoked_at")),
+    )
+    return StoredKey(record=record, secret_hash=fields["secret_hash"])
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    """A flat `[field, value, ...]` script reply as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+class RedisStore(KeyStore):
+    """Keys in Redis (single node, or any server speaking the Redis protocol).
+
+    Build it with `store_from_url("redis://…")` / `RedisStore.from_url`, or hand it a
+    `redis.asyncio.Redis` client created with `decode_responses=True`. The store owns the
+    client: `aclose()` closes it.
+    """
+
+    schemes = ("redis", "rediss")
+
+    def __init__(self, client: Redis, *, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:
+        if "{" in key_prefix or "}" in key_prefix:
+            raise ConfigurationError(
+                "the Redis key_prefix may not contain '{' or '}': the store puts each key's "
+                "id in a {hash tag} of its own"
+            )
+        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ConfigurationError("the Redis client must be created with decode_responses=True")
+        self._client = client
+        self._prefix = key_prefix
+        self._all_index = f"{key_prefix}all"
+        self._insert = client.register_script(_INSERT)
+        self._set_state = client.register_script(_SET_STATE)
+        self._shorten_expiry = client.register_script(_SHORTEN_EXPIRY)
+        self._replace_hash = client.register_script(_REPLACE_HASH)
+        self._add_usage = client.register_script(_ADD_USAGE)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """A store on a new client for `url`.
+
+        `key_prefix` (default `apikeys:`) namespaces every Redis key of the store; any other
+        option goes to `redis.asyncio.Redis.from_url` and overrides the defaults (2 s connect
+        and socket timeouts, a health check after 30 s idle, no automatic retries).
+        `decode_responses` is always on.
+        """
+        key_prefix = str(options.pop("key_prefix", DEFAULT_KEY_PREFIX))
+        client_options = {**_DEFAULT_OPTIONS, **options, "decode_responses": True}
+        client = Redis.from_url(url, **client_options)
+        return cls(client, key_prefix=key_prefix)
+
+    def __repr__(self) -> str:
+        # Built from the host, port and db only: never the URL, which may hold a password.
+        kwargs = self._client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            where = f"path={kwargs['path']!r}"
+        else:
+            where = f"host={kwargs.get('host', 'localhost')!r}, port={kwargs.get('port', 6379)!r}"
+        return f"RedisStore({where}, db={kwargs.get('db', 0)!r}, key_prefix={self._prefix!r})"
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def client(self) -> Redis:
+        """The underlying `redis.asyncio.Redis` client."""
+        return self._client
+
+    def key_name(self, key_id: str) -> str:
+        """The Redis key of the hash that holds key `key_id`."""
+        return f"{self._prefix}key:{{{key_id}}}"
+
+    def workspace_index_name(self, workspace: str) -> str:
+        """The Redis key of the sorted set that indexes `workspace`."""
+        return f"{self._prefix}ws:{workspace}"
+
+    @property
+    def all_index_name(self) -> str:
+        """The Redis key of the sorted set that indexes every key."""
+        return self._all_index
+
+    async def setup(self) -> None:
+        """Load the scripts into the server's cache. Idempotent, and optional: a script the
+        server has lost (restart, `SCRIPT FLUSH`) is loaded again on first use."""
+        with _unavailable_as_store_error():
+            for script in self._scripts():
+                script.sha = str(await self._client.script_load(script.script))
+
+    def _scripts(self) -> tuple[AsyncScript, ...]:
+        return (
+            self._insert,
+            self._set_state,
+            self._shorten_expiry,
+            self._replace_hash,
+            self._add_usage,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def insert(self, stored: StoredKey) -> None:
+        record = stored.record
+        score = int(_encode_time(record.created_at))
+        with _unavailable_as_store_error():
+            # Indexes first, so that a stored key is always listed (see the module docstring).
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
+                pipe.zadd(self._all_index, {record.id: score}, nx=True)
+                await pipe.execute()
+            created = await self._insert(keys=[self.key_name(record.id)], args=_encode(stored))
+        if not created:
+            raise DuplicateKeyId(record.id)
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        with _unavailable_as_store_error():
+            # The hot path: one HGETALL, one round trip.
+            fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
+        if not fields:
+            return None
+        return _decode(fields)
+
+    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        index = self._all_index if workspace is None else self.workspace_index_name(workspace)
+        with _unavailable_as_store_error():
+            ids = cast("list[str]", await self._client.zrange(index, 0, -1))
+            if not ids:
+                return []
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key_id in ids:
+                    pipe.hgetall(self.key_name(key_id))
+                replies: list[dict[str, str]] = await pipe.execute()
+        records = []
+        for fields in replies:
+            # Skip index entries left by a failed insert or a refused duplicate.
+            if not fields or (workspace is not None and fields.get("workspace") != workspace):
+                continue
+            records.append(_decode(fields).record)
+        records.sort(key=lambda record: (record.created_at, record.id))
+        return records
+
+    def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
+        if not reply:
+            raise KeyNotFound(key_id)
+        return _decode(_pairs(cast("list[str]", reply))).record
+
+    async def set_state(
+        self,
+        key_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+    ) -> KeyRecord:
+        with _unavailable_as_store_error():
+            reply = await self._set_state(
+                keys=[self.key_name(key_id)],
+                args=[state, _encode_time(at), *allowed_from],
+            )
+        return self._record_from_reply(key_id, reply)
+
+    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+        with _unavailable_as_store_error():
+            reply = await self._shorten_expiry(
+                keys=[self.key_name(key_id)], args=[_encode_time(expires_at)]
+            )
+        return self._record_from_reply(key_id, reply)
+
+    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+        with _unavailable_as_store_error():
+            swapped = await self._replace_hash(
+                keys=[self.key_name(key_id)], args=[old_hash, new_hash]
+            )
+        return bool(swapped)
+
+    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+        # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
+        batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count]
+        if not batch:
+            return
+        with _unavailable_as_store_error():
+            try:
+                await self._add_usage_batch(batch)
+            except NoScriptError:
+                # Every EVALSHA of the transaction names the same script, so a missing script
+                # failed them all and nothing was applied: load it and send the batch again.
+                self._add_usage.sha = str(await self._client.script_load(self._add_usage.script))
+                await self._add_usage_batch(batch)
+
+    async def _add_usage_batch(self, batch: Sequence[tuple[str, UsageDelta]]) -> None:
+        # EVALSHA directly rather than through the Script object: inside a pipeline that would
+        # cost a SCRIPT EXISTS round trip before every batch.
+        sha = self._add_usage.sha
+        async with self._client.pipeline(transaction=True) as pipe:
+            for key_id, delta in batch:
+                pipe.evalsha(
+                    sha,
+                    1,
+                    self.key_name(key_id),
+                    str(delta.count),
+                    _encode_time(delta.last_used_at),
+                )
+            await pipe.execute()
