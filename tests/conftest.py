@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from apikeys import store_from_url
+from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import services
 
@@ -105,3 +105,27 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
         yield key_store
     finally:
         await key_store.aclose()
+
+
+TEST_PEPPER = "test-pepper-0123456789abcdef"
+
+
+@pytest.fixture
+def hasher() -> Hasher:
+    return Hasher(pepper=TEST_PEPPER)
+
+
+@pytest.fixture
+async def manager(store: KeyStore, hasher: Hasher) -> AsyncIterator[KeyManager]:
+    """A `KeyManager` on each store of the table."""
+    key_manager = KeyManager(store, hasher=hasher, usage_flush_interval=0.05)
+    yield key_manager
+    await key_manager.usage.aclose()
+
+
+@pytest.fixture
+async def memory_manager(hasher: Hasher) -> AsyncIterator[KeyManager]:
+    """A `KeyManager` on a fresh memory store, for tests about the HTTP layer."""
+    key_manager = KeyManager(MemoryStore(), hasher=hasher, usage_flush_interval=0.05)
+    yield key_manager
+    await key_manager.aclose()

@@ -59,6 +59,30 @@ class Verification(NamedTuple):
     new_hash: str | None = None
 
 
+class _HMACKey:
+    """HMAC-SHA256 (RFC 2104) with the padded key's hash states computed once.
+
+    Copying two prepared SHA-256 states costs about half of `hmac.HMAC.copy()`, and this
+    runs on every request.
+    """
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > 64:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha256(bytes(byte ^ 0x36 for byte in key))
+        self._outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in key))
+
+    def hexdigest(self, message: bytes) -> str:
+        inner = self._inner.copy()
+        inner.update(message)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest()
+
+
 def _pepper_id(pepper: bytes) -> str:
     # Names the pepper in stored hashes without revealing anything usable about it.
     return hmac.new(pepper, b"apikeys pepper id", hashlib.sha256).hexdigest()[:8]
@@ -100,10 +124,10 @@ class Hasher:
         if pepper is None:
             pepper = os.environ.get(PEPPER_ENV) or None
         self._pepper = self._coerce(pepper) if pepper is not None else None
-        self._peppers: dict[str, hmac.HMAC] = {}
+        self._peppers: dict[str, _HMACKey] = {}
         for candidate in (self._pepper, *(self._coerce(p) for p in old_peppers)):
             if candidate is not None:
-                self._peppers[_pepper_id(candidate)] = hmac.new(candidate, None, hashlib.sha256)
+                self._peppers[_pepper_id(candidate)] = _HMACKey(candidate)
         self._current_id = _pepper_id(self._pepper) if self._pepper is not None else None
         self._context = context
         self._cache: OrderedDict[tuple[str, bytes], float] = OrderedDict()
@@ -147,9 +171,8 @@ class Hasher:
 
     def _fast_hash(self, secret: str) -> str:
         if self._current_id is not None:
-            mac = self._peppers[self._current_id].copy()
-            mac.update(secret.encode())
-            return f"{_HMAC_SCHEME}{self._current_id}${mac.hexdigest()}"
+            digest = self._peppers[self._current_id].hexdigest(secret.encode())
+            return f"{_HMAC_SCHEME}{self._current_id}${digest}"
         return _SHA256_SCHEME + hashlib.sha256(secret.encode()).hexdigest()
 
     def is_fast(self, stored: str) -> bool:
@@ -163,9 +186,7 @@ class Hasher:
             base = self._peppers.get(pepper_id)
             if base is None:
                 return Verification(False)
-            mac = base.copy()
-            mac.update(secret.encode())
-            if not hmac.compare_digest(mac.hexdigest(), digest):
+            if not hmac.compare_digest(base.hexdigest(secret.encode()), digest):
                 return Verification(False)
             if pepper_id != self._current_id or self._context is not None:
                 return Verification(True, self.hash(secret))

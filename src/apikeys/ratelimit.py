@@ -15,7 +15,7 @@ import time
 from typing import Any, NamedTuple
 
 from limits import RateLimitItem, parse
-from limits.aio.storage import Storage
+from limits.aio.storage import MemoryStorage, Storage
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
@@ -58,6 +58,42 @@ class RateDecision(NamedTuple):
     """Whole seconds until the window resets (at least 1)."""
 
 
+class FixedWindowMemoryStorage(MemoryStorage):
+    """limits' in-process storage, counting fixed windows without a task per request.
+
+    `limits.aio.storage.MemoryStorage.incr` schedules a task that walks every counter on
+    nearly every call, which costs microseconds per request and grows with the number of
+    keys. This `incr` is the same atomic count (nothing in it awaits, so it cannot
+    interleave), and expired counters are swept at most once per `sweep_interval`.
+    """
+
+    def __init__(self, sweep_interval: float = 30.0) -> None:
+        super().__init__()
+        self._sweep_interval = sweep_interval
+        self._next_sweep = time.time() + sweep_interval
+
+    async def incr(self, key: str, expiry: float, amount: int = 1) -> int:
+        now = time.time()
+        counts = self.storage
+        if self.expirations.get(key, 0.0) > now:
+            value = counts[key] + amount
+        else:
+            value = amount
+            self.expirations[key] = now + expiry
+            if now >= self._next_sweep:
+                self._sweep(now)
+        counts[key] = value
+        return value
+
+    def _sweep(self, now: float) -> None:
+        self._next_sweep = now + self._sweep_interval
+        expired = [key for key, end in self.expirations.items() if end <= now]
+        for key in expired:
+            self.storage.pop(key, None)
+            self.expirations.pop(key, None)
+            self.locks.pop(key, None)
+
+
 def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower()
     if scheme in ("memory", "async+memory"):
@@ -94,6 +130,8 @@ class RateLimiter:
     ) -> None:
         self.default = default or os.environ.get(RATE_LIMIT_ENV) or DEFAULT_RATE_LIMIT
         parse_rate_limit(self.default)
+        if storage is None and storage_url.split("://", 1)[0].lower() in ("memory", "async+memory"):
+            storage = FixedWindowMemoryStorage()
         if storage is None:
             uri, options = _storage_uri(storage_url)
             built = storage_from_string(uri, wrap_exceptions=True, **options)
@@ -101,19 +139,22 @@ class RateLimiter:
                 raise ConfigurationError(f"{storage_url!r} is not an asyncio limits storage")
             storage = built
         self.storage = storage
-        self._exact_expiry = "memory" in type(storage).__name__.lower()
+        self._exact_expiry = isinstance(storage, MemoryStorage)
         self._key_prefix = key_prefix
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
+        # (key id, limit) -> (counter key, amount, window seconds)
+        self._plans: dict[tuple[str, str | None], tuple[str, int, int]] = {}
 
     def __repr__(self) -> str:
         return f"RateLimiter(default={self.default!r}, storage={type(self.storage).__name__})"
 
     async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
         """Count one request of `key_id` against `limit` (or the default) and decide."""
-        item = parse_rate_limit(limit or self.default)
-        window = item.get_expiry()
-        counter = f"{self._key_prefix}/{key_id}/{item.amount}/{window}"
+        plan = self._plans.get((key_id, limit))
+        if plan is None:
+            plan = self._plan(key_id, limit)
+        counter, amount, window = plan
         try:
             count = await self.storage.incr(counter, window)
         except (StorageError, OSError) as exc:
@@ -126,14 +167,23 @@ class RateLimiter:
             end = self._window_ends.get(counter, 0.0)
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
-        remaining = item.amount - count
+        remaining = amount - count
         return RateDecision(
             remaining >= 0,
-            item.amount,
+            amount,
             window,
             max(remaining, 0),
             max(1, math.ceil(end - now)),
         )
+
+    def _plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
+        item = parse_rate_limit(limit or self.default)
+        window = item.get_expiry()
+        plan = (f"{self._key_prefix}/{key_id}/{item.amount}/{window}", item.amount, window)
+        if len(self._plans) >= 100_000:
+            self._plans.clear()
+        self._plans[key_id, limit] = plan
+        return plan
 
     async def _fetch_window_end(self, counter: str, now: float) -> float:
         try:

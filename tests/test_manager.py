@@ -1,0 +1,393 @@
+"""KeyManager behaviour, run on every store of the table (memory, SQLite, PostgreSQL, Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from apikeys import (
+    InvalidAPIKey,
+    InvalidKeyParameters,
+    InvalidTransition,
+    KeyDisabled,
+    KeyExpired,
+    KeyManager,
+    KeyNotFound,
+    KeyRevoked,
+    MalformedAPIKey,
+)
+from apikeys.hashing import Hasher
+from apikeys.keys import parse_key
+from apikeys.stores import KeyStore
+from apikeys.types import isoformat
+
+KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
+ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def wrong_secret(token: str) -> str:
+    """The same id and prefix with another secret and a valid checksum."""
+    parsed = parse_key(token)
+    secret = ("A" if parsed.secret[0] != "A" else "B") + parsed.secret[1:]
+    return type(parsed)(parsed.prefix, parsed.id, secret).token
+
+
+class TestCreate:
+    async def test_if_created_then_key_is_shown_once_in_contract_format(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="Zapier", workspace="acme", scopes=["contacts:read"])
+        assert KEY_RE.match(created.key)
+        record = created.record
+        assert created.key.startswith(f"ak_{record.id}_")
+        assert record.prefix == f"ak_{record.id}_…"
+        assert (record.name, record.workspace, record.access) == ("Zapier", "acme", "restricted")
+        assert record.scopes == ("contacts:read",)
+        assert record.status == "active"
+        assert record.request_count == 0
+        assert record.last_used_at is None
+        assert record.created_at.tzinfo is not None
+        secret = parse_key(created.key).secret
+        assert secret not in repr(created)
+        assert secret not in repr(record)
+        assert secret not in str(record.to_dict())
+
+    async def test_if_record_read_back_then_it_holds_no_secret_and_contract_fields(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="ops", workspace="acme", full_access=True, rate_limit="10/second"
+        )
+        data = (await manager.get(created.record.id)).to_dict()
+        assert list(data) == [
+            "id",
+            "name",
+            "workspace",
+            "prefix",
+            "access",
+            "scopes",
+            "status",
+            "rate_limit",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "request_count",
+            "revoked_at",
+        ]
+        assert data["access"] == "full"
+        assert data["rate_limit"] == "10/second"
+        assert ISO_Z.match(data["created_at"])
+        assert parse_key(created.key).secret not in str(data)
+        assert created.to_dict()["key"] == created.key
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"scopes": []}, "at least one scope"),
+            ({"scopes": ["contacts"]}, "invalid scope"),
+            ({"scopes": ["Contacts:Read"]}, "invalid scope"),
+            ({"full_access": True, "scopes": ["contacts:read"]}, "takes no scopes"),
+            ({"scopes": ["contacts:read"], "rate_limit": "lots"}, "invalid rate limit"),
+            ({"scopes": ["contacts:read"], "expires_in": timedelta(seconds=-1)}, "positive"),
+            (
+                {"scopes": ["contacts:read"], "expires_at": datetime(2000, 1, 1, tzinfo=UTC)},
+                "future",
+            ),
+            ({"scopes": ["contacts:read"], "expires_at": datetime(2999, 1, 1)}, "timezone"),
+            ({"scopes": ["contacts:read"], "name": ""}, "name"),
+            ({"scopes": ["contacts:read"], "name": "x" * 201}, "name"),
+            ({"scopes": ["contacts:read"], "name": "a\nb"}, "name"),
+            ({"scopes": ["contacts:read"], "workspace": ""}, "workspace"),
+        ],
+    )
+    async def test_if_parameters_bad_then_refused_and_nothing_stored(
+        self, manager: KeyManager, kwargs: dict[str, object], message: str
+    ) -> None:
+        arguments: dict[str, object] = {"name": "n", "workspace": "w", **kwargs}
+        with pytest.raises(InvalidKeyParameters, match=message):
+            await manager.create(**arguments)  # type: ignore[arg-type]
+        assert await manager.list("w") == []
+
+    async def test_if_listed_then_only_that_workspace_oldest_first(
+        self, manager: KeyManager
+    ) -> None:
+        first = await manager.create(name="a", workspace="acme", scopes=["contacts:read"])
+        await manager.create(name="b", workspace="globex", scopes=["contacts:read"])
+        third = await manager.create(name="c", workspace="acme", full_access=True)
+        listed = await manager.list("acme")
+        assert [record.id for record in listed] == [first.record.id, third.record.id]
+        assert await manager.list("nobody") == []
+
+
+class TestVerify:
+    async def test_if_key_valid_then_verify_returns_its_record(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        record = await manager.verify(created.key)
+        assert record.id == created.record.id
+
+    async def test_if_secret_wrong_then_invalid(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        with pytest.raises(InvalidAPIKey):
+            await manager.verify(wrong_secret(created.key))
+
+    async def test_if_id_unknown_then_invalid(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        parsed = parse_key(created.key)
+        unknown = type(parsed)(parsed.prefix, "Z" * 12, parsed.secret).token
+        with pytest.raises(InvalidAPIKey):
+            await manager.verify(unknown)
+
+    async def test_if_garbage_then_malformed(self, manager: KeyManager) -> None:
+        with pytest.raises(MalformedAPIKey):
+            await manager.verify("not a key")
+
+    async def test_if_prefix_differs_from_managers_then_malformed(
+        self, store: KeyStore, hasher: Hasher
+    ) -> None:
+        issuing = KeyManager(store, hasher=hasher, prefix="sk_live")
+        created = await issuing.create(name="n", workspace="w", scopes=["contacts:read"])
+        assert created.key.startswith("sk_live_")
+        assert (await issuing.verify(created.key)).id == created.record.id
+        with pytest.raises(MalformedAPIKey):
+            await KeyManager(store, hasher=hasher).verify(created.key)
+
+    async def test_if_secret_wrong_for_revoked_key_then_invalid_not_revoked(
+        self, manager: KeyManager
+    ) -> None:
+        # A wrong secret learns nothing about the key's state.
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.revoke(created.record.id)
+        with pytest.raises(InvalidAPIKey):
+            await manager.verify(wrong_secret(created.key))
+
+
+class TestTransitions:
+    async def test_if_disabled_then_refused_until_enabled(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        key_id = created.record.id
+        assert (await manager.disable(key_id)).status == "disabled"
+        with pytest.raises(KeyDisabled):
+            await manager.verify(created.key)
+        assert (await manager.disable(key_id)).status == "disabled"  # idempotent
+        assert (await manager.enable(key_id)).status == "active"
+        await manager.verify(created.key)
+
+    async def test_if_revoked_then_next_verify_is_refused(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.verify(created.key)
+        record = await manager.revoke(created.record.id)
+        assert record.status == "revoked"
+        assert record.revoked_at is not None
+        with pytest.raises(KeyRevoked):
+            await manager.verify(created.key)
+
+    async def test_if_revoked_then_it_stays_listed_for_audit(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.revoke(created.record.id)
+        [listed] = await manager.list("w")
+        assert listed.status == "revoked"
+
+    async def test_if_disabled_key_revoked_then_revoked(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.disable(created.record.id)
+        assert (await manager.revoke(created.record.id)).status == "revoked"
+
+    @pytest.mark.parametrize("action", ["enable", "disable", "roll"])
+    async def test_if_revoked_then_revival_is_refused(
+        self, manager: KeyManager, action: str
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        first = await manager.revoke(created.record.id)
+        with pytest.raises(InvalidTransition, match="revoked"):
+            await getattr(manager, action)(created.record.id)
+        again = await manager.revoke(created.record.id)  # idempotent, keeps the first time
+        assert again.revoked_at == first.revoked_at
+        with pytest.raises(KeyRevoked):
+            await manager.verify(created.key)
+
+    @pytest.mark.parametrize("action", ["enable", "disable", "revoke", "roll", "get"])
+    async def test_if_id_unknown_then_key_not_found(self, manager: KeyManager, action: str) -> None:
+        with pytest.raises(KeyNotFound):
+            await getattr(manager, action)("Z" * 12)
+
+    async def test_if_expired_then_refused_as_expired(self, manager: KeyManager) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(seconds=0.3)
+        )
+        await manager.verify(created.key)
+        await asyncio.sleep(0.35)
+        with pytest.raises(KeyExpired):
+            await manager.verify(created.key)
+        assert (await manager.get(created.record.id)).status == "expired"
+
+    async def test_if_expired_key_disabled_then_disabled_wins(self, manager: KeyManager) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(seconds=0.1)
+        )
+        await asyncio.sleep(0.15)
+        await manager.disable(created.record.id)
+        with pytest.raises(KeyDisabled):
+            await manager.verify(created.key)
+
+
+class TestRoll:
+    async def test_if_rolled_then_new_key_has_same_grants_and_old_works_in_grace(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="Zapier", workspace="acme", scopes=["contacts:read"], rate_limit="5/second"
+        )
+        rolled = await manager.roll(created.record.id, grace=timedelta(hours=1))
+        assert rolled.key != created.key
+        new, old = rolled.record, await manager.get(created.record.id)
+        assert (new.name, new.workspace, new.access, new.scopes, new.rate_limit) == (
+            "Zapier",
+            "acme",
+            "restricted",
+            ("contacts:read",),
+            "5/second",
+        )
+        assert new.id != old.id
+        assert old.expires_at is not None
+        assert timedelta(minutes=59) < old.expires_at - datetime.now(UTC) <= timedelta(hours=1)
+        await manager.verify(created.key)
+        await manager.verify(rolled.key)
+
+    async def test_if_grace_over_then_old_key_expired(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        rolled = await manager.roll(created.record.id, grace=timedelta(0))
+        with pytest.raises(KeyExpired):
+            await manager.verify(created.key)
+        await manager.verify(rolled.key)
+        assert (await manager.get(created.record.id)).status == "expired"
+
+    async def test_if_rolled_twice_then_grace_never_extends_expiry(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.roll(created.record.id, grace=timedelta(0))
+        await manager.roll(created.record.id, grace=timedelta(days=7))
+        with pytest.raises(KeyExpired):
+            await manager.verify(created.key)
+
+    async def test_if_key_had_a_lifetime_then_rolled_key_keeps_it(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(days=30)
+        )
+        rolled = await manager.roll(created.record.id)
+        assert rolled.record.expires_at is not None
+        lifetime = rolled.record.expires_at - rolled.record.created_at
+        assert abs(lifetime - timedelta(days=30)) < timedelta(seconds=1)
+
+    async def test_if_grace_negative_then_refused(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        with pytest.raises(InvalidKeyParameters):
+            await manager.roll(created.record.id, grace=timedelta(seconds=-1))
+
+
+class TestUsage:
+    async def test_if_many_concurrent_verifies_then_count_is_exact(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await asyncio.gather(*(manager.verify(created.key) for _ in range(300)))
+        await manager.flush()
+        stored = await manager.store.get(created.record.id)
+        assert stored is not None
+        assert stored.record.request_count == 300
+        assert stored.record.last_used_at is not None
+
+    async def test_if_two_managers_share_a_store_then_no_increment_is_lost(
+        self, manager: KeyManager, hasher: Hasher
+    ) -> None:
+        other = KeyManager(manager.store, hasher=hasher, usage_flush_interval=0.01)
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+
+        async def burst(target: KeyManager, count: int) -> None:
+            for _ in range(count):
+                await target.verify(created.key)
+                await asyncio.sleep(0)
+
+        await asyncio.gather(burst(manager, 150), burst(other, 150))
+        await manager.flush()
+        await other.flush()
+        assert (await manager.get(created.record.id)).request_count == 300
+
+    async def test_if_not_flushed_yet_then_get_includes_this_process_counts(
+        self, store: KeyStore, hasher: Hasher
+    ) -> None:
+        lazy = KeyManager(store, hasher=hasher, usage_flush_interval=3600)
+        created = await lazy.create(name="n", workspace="w", scopes=["contacts:read"])
+        for _ in range(3):
+            await lazy.verify(created.key)
+        assert (await lazy.get(created.record.id)).request_count == 3
+        [listed] = await lazy.list("w")
+        assert listed.request_count == 3
+        await lazy.usage.aclose()
+        stored = await store.get(created.record.id)
+        assert stored is not None
+        assert stored.record.request_count == 3
+
+    async def test_if_flushed_in_background_then_visible_within_two_seconds(
+        self, manager: KeyManager, hasher: Hasher
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        before = datetime.now(UTC)
+        await manager.verify(created.key)
+        observer = KeyManager(manager.store, hasher=hasher)
+        for _ in range(40):
+            record = await observer.get(created.record.id)
+            if record.request_count == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert record.request_count == 1
+        assert record.last_used_at is not None
+        assert record.last_used_at >= before - timedelta(seconds=1)
+        assert isoformat(record.last_used_at).endswith("Z")  # type: ignore[union-attr]
+
+    async def test_if_verify_without_recording_then_count_unchanged(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.verify(created.key, record_usage=False)
+        await manager.flush()
+        assert (await manager.get(created.record.id)).request_count == 0
+
+    async def test_if_refused_then_not_counted(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.disable(created.record.id)
+        with pytest.raises(KeyDisabled):
+            await manager.verify(created.key)
+        with pytest.raises(InvalidAPIKey):
+            await manager.verify(wrong_secret(created.key))
+        await manager.flush()
+        assert (await manager.get(created.record.id)).request_count == 0
+
+
+class TestAcrossManagers:
+    async def test_if_revoked_through_one_manager_then_other_refuses_next_request(
+        self, manager: KeyManager, hasher: Hasher
+    ) -> None:
+        other = KeyManager(manager.store, hasher=hasher)
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await other.verify(created.key)
+        await manager.revoke(created.record.id)
+        with pytest.raises(KeyRevoked):
+            await other.verify(created.key)
+
+    async def test_if_disabled_through_one_manager_then_other_refuses_next_request(
+        self, manager: KeyManager, hasher: Hasher
+    ) -> None:
+        other = KeyManager(manager.store, hasher=hasher)
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await other.verify(created.key)
+        await manager.disable(created.record.id)
+        with pytest.raises(KeyDisabled):
+            await other.verify(created.key)
+        await manager.enable(created.record.id)
+        await other.verify(created.key)
