@@ -1,0 +1,477 @@
+"""APIKeyMiddleware over HTTP: every row of the contract's status table, headers, scopes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.authentication import requires
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from apikeys import APIKeyMiddleware, KeyManager, MemoryStore, store_from_url
+from apikeys.hashing import Hasher
+from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.types import StoredKey
+from tests.test_manager import wrong_secret
+
+SCOPES = {
+    "GET /api/v1/contacts": "contacts:read",
+    "POST /api/v1/contacts": "contacts:write",
+    "GET /api/v1/contacts/{id}": "contacts:read",
+    "POST /api/v1/campaigns/{id}/trigger": "campaigns:trigger",
+}
+
+
+async def whoami(request: Request) -> JSONResponse:
+    record = request.scope["apikey"]
+    return JSONResponse(
+        {
+            "id": record.id,
+            "user": request.user.display_name,
+            "authenticated": request.user.is_authenticated,
+            "scopes": list(request.auth.scopes),
+            "path_id": request.path_params.get("id"),
+        }
+    )
+
+
+@requires("contacts:write")
+async def guarded(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("written")
+
+
+async def public(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("public")
+
+
+async def echo_socket(websocket: WebSocket) -> None:
+    await websocket.accept()
+    await websocket.send_text(websocket.scope["apikey"].id)
+    await websocket.close()
+
+
+def build_app(manager: KeyManager, **options: Any) -> APIKeyMiddleware:
+    inner = Starlette(
+        routes=[
+            Route("/api/v1/contacts", whoami, methods=["GET", "POST"]),
+            Route("/api/v1/contacts/{id}", whoami),
+            Route("/api/v1/campaigns/{id}/trigger", whoami, methods=["POST"]),
+            Route("/api/v1/guarded", guarded, methods=["POST"]),
+            Route("/health", public),
+            WebSocketRoute("/api/v1/socket", echo_socket),
+        ]
+    )
+    settings = {"scopes": SCOPES, "protect": "/api/", "rate_limit": "1000/minute", **options}
+    return APIKeyMiddleware(inner, manager=manager, **settings)
+
+
+@pytest.fixture
+def app(memory_manager: KeyManager) -> APIKeyMiddleware:
+    return build_app(memory_manager)
+
+
+@pytest.fixture
+async def client(app: APIKeyMiddleware) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        yield http
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert body["code"] == code
+    assert {"type", "title", "detail"} <= set(body)
+    if status == 401:
+        challenge = response.headers["www-authenticate"]
+        assert challenge.startswith('Bearer realm="api"')
+    return body
+
+
+class TestStatusTable:
+    async def test_if_no_authorization_then_401_missing(self, client: httpx.AsyncClient) -> None:
+        response = await client.get("/api/v1/contacts")
+        assert_problem(response, 401, "missing_api_key")
+        assert response.headers["www-authenticate"] == 'Bearer realm="api"'
+
+    async def test_if_key_in_query_string_then_ignored(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.get("/api/v1/contacts", params={"api_key": created.key})
+        assert_problem(response, 401, "missing_api_key")
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            "",
+            "Bearer",
+            "Bearer ",
+            "Basic dXNlcjpwYXNz",
+            "Token ak_x",
+            "Bearer not-a-key",
+            "Bearer  {key}",
+            "Bearer\t{key}",
+            "{key}",
+            "Bearer {key} extra",
+            "Bearer {key}x",
+            "Bearer " + "a" * 5000,
+        ],
+    )
+    async def test_if_header_malformed_then_401_malformed(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager, value: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.get(
+            "/api/v1/contacts", headers={"Authorization": value.format(key=created.key)}
+        )
+        body = assert_problem(response, 401, "malformed_api_key")
+        assert 'error="invalid_token"' in response.headers["www-authenticate"]
+        assert parse_key(created.key).secret not in json.dumps(body)
+
+    @pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR"])
+    async def test_if_scheme_word_in_any_case_then_accepted(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager, scheme: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.get(
+            "/api/v1/contacts", headers={"Authorization": f"{scheme} {created.key}"}
+        )
+        assert response.status_code == 200
+
+    async def test_if_two_authorization_headers_then_malformed(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        headers = [("Authorization", f"Bearer {created.key}"), ("Authorization", "Bearer x")]
+        response = await client.get("/api/v1/contacts", headers=headers)
+        assert_problem(response, 401, "malformed_api_key")
+
+    async def test_if_secret_wrong_then_401_invalid(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.get("/api/v1/contacts", headers=bearer(wrong_secret(created.key)))
+        assert_problem(response, 401, "invalid_api_key")
+        assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+    async def test_if_id_unknown_then_401_invalid(self, client: httpx.AsyncClient) -> None:
+        token = ParsedKey("ak", "A" * 12, "b" * 32).token
+        response = await client.get("/api/v1/contacts", headers=bearer(token))
+        assert_problem(response, 401, "invalid_api_key")
+
+    @pytest.mark.parametrize(
+        ("action", "code"), [("disable", "key_disabled"), ("revoke", "key_revoked")]
+    )
+    async def test_if_key_not_usable_then_401_with_its_state(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager, action: str, code: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        assert (await client.get("/api/v1/contacts", headers=bearer(created.key))).is_success
+        await getattr(memory_manager, action)(created.record.id)
+        response = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert_problem(response, 401, code)
+        assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+    async def test_if_key_expired_then_401_expired(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await memory_manager.roll(created.record.id, grace=timedelta(0))
+        response = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert_problem(response, 401, "key_expired")
+
+    async def test_if_scope_missing_then_403_listing_required_scopes(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.post("/api/v1/contacts", headers=bearer(created.key))
+        body = assert_problem(response, 403, "insufficient_scope")
+        assert body["required_scopes"] == ["contacts:write"]
+        assert response.headers["www-authenticate"] == (
+            'Bearer realm="api", error="insufficient_scope", scope="contacts:write"'
+        )
+        assert "ratelimit" in response.headers
+
+    async def test_if_path_has_parameters_then_rule_still_applies(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        reader = await memory_manager.create(name="r", workspace="w", scopes=["contacts:read"])
+        response = await client.get("/api/v1/contacts/c_123", headers=bearer(reader.key))
+        assert response.status_code == 200
+        assert response.json()["path_id"] == "c_123"
+        trigger = await client.post("/api/v1/campaigns/7/trigger", headers=bearer(reader.key))
+        assert_problem(trigger, 403, "insufficient_scope")
+
+    async def test_if_rate_limit_exhausted_then_429_with_retry_after_then_admitted(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, rate_limit="2/second")
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            statuses = [
+                (await http.get("/api/v1/contacts", headers=bearer(created.key))).status_code
+                for _ in range(2)
+            ]
+            assert statuses == [200, 200]
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            body = assert_problem(limited, 429, "rate_limited")
+            retry_after = int(limited.headers["retry-after"])
+            assert retry_after >= 1
+            assert body["retry_after"] == retry_after
+            assert limited.headers["ratelimit"] == f'"default";r=0;t={retry_after}'
+            await asyncio.sleep(retry_after + 0.05)
+            again = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            assert again.status_code == 200
+
+    async def test_if_key_has_own_rate_limit_then_it_overrides_default(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], rate_limit="1/minute"
+        )
+        first = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert first.headers["ratelimit-policy"] == '"default";q=1;w=60'
+        second = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert_problem(second, 429, "rate_limited")
+
+    async def test_if_store_unreachable_then_503_fail_closed(self) -> None:
+        pytest.importorskip("redis")
+        manager = KeyManager(store_from_url("redis://127.0.0.1:1/0"))
+        transport = httpx.ASGITransport(app=build_app(manager))
+        token = generate_key().token
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(token))
+        assert_problem(response, 503, "auth_unavailable")
+        assert response.headers["retry-after"] == "1"
+        await manager.store.aclose()
+
+    async def test_if_limiter_unreachable_then_503_fail_closed(
+        self, memory_manager: KeyManager
+    ) -> None:
+        pytest.importorskip("redis")
+        app = build_app(memory_manager, limiter_url="redis://127.0.0.1:1/0")
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert_problem(response, 503, "auth_unavailable")
+        await app.limiter.aclose()
+
+
+class TestAuthenticatedRequests:
+    async def test_if_key_valid_then_app_sees_record_user_and_scopes(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="Zapier", workspace="w", scopes=["contacts:*"])
+        response = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert response.status_code == 200
+        assert response.json() == {
+            "id": created.record.id,
+            "user": "Zapier",
+            "authenticated": True,
+            "scopes": ["contacts:*"],
+            "path_id": None,
+        }
+        assert response.headers["ratelimit-policy"] == '"default";q=1000;w=60'
+        assert response.headers["ratelimit"] == '"default";r=999;t=60'
+
+    async def test_if_starlette_requires_then_wildcard_and_full_access_pass(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        wildcard = await memory_manager.create(name="w", workspace="w", scopes=["contacts:*"])
+        full = await memory_manager.create(name="f", workspace="w", full_access=True)
+        reader = await memory_manager.create(name="r", workspace="w", scopes=["contacts:read"])
+        for created in (wildcard, full):
+            response = await client.post("/api/v1/guarded", headers=bearer(created.key))
+            assert response.status_code == 200, response.text
+        refused = await client.post("/api/v1/guarded", headers=bearer(reader.key))
+        assert refused.status_code == 403
+
+    async def test_if_full_access_then_every_scope_passes_even_new_ones(
+        self, memory_manager: KeyManager
+    ) -> None:
+        full = await memory_manager.create(name="f", workspace="w", full_access=True)
+        app = build_app(memory_manager, scopes={**SCOPES, "GET /api/v2/new": "brand:new"})
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            for method, path in [("POST", "/api/v1/contacts"), ("GET", "/api/v2/new")]:
+                response = await http.request(method, path, headers=bearer(full.key))
+                assert response.status_code != 403
+
+    async def test_if_path_not_protected_then_no_key_needed(
+        self, client: httpx.AsyncClient
+    ) -> None:
+        response = await client.get("/health")
+        assert response.status_code == 200
+        assert "ratelimit" not in response.headers
+
+    async def test_if_revoked_then_very_next_request_is_401(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        for _ in range(3):
+            assert (await client.get("/api/v1/contacts", headers=bearer(created.key))).is_success
+        await memory_manager.revoke(created.record.id)
+        response = await client.get("/api/v1/contacts", headers=bearer(created.key))
+        assert_problem(response, 401, "key_revoked")
+
+    async def test_if_many_concurrent_requests_then_count_exact_including_403_and_429(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, rate_limit="150/minute")
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            responses = await asyncio.gather(
+                *(http.get("/api/v1/contacts", headers=bearer(created.key)) for _ in range(150)),
+                *(http.post("/api/v1/contacts", headers=bearer(created.key)) for _ in range(50)),
+            )
+        statuses = [response.status_code for response in responses]
+        assert statuses.count(200) + statuses.count(403) == 150
+        assert statuses.count(429) == 50
+        await memory_manager.flush()
+        assert (await memory_manager.get(created.record.id)).request_count == 200
+
+
+class TestLifespanAndWebSocket:
+    def test_if_app_shuts_down_then_usage_is_flushed(self, hasher: Any) -> None:
+        store = MemoryStore()
+        manager = KeyManager(store, hasher=hasher, usage_flush_interval=3600)
+        app = build_app(manager)
+        with TestClient(app) as http:
+            created = http.portal.call(
+                lambda: manager.create(name="n", workspace="w", scopes=["contacts:read"])
+            )
+            for _ in range(5):
+                assert http.get("/api/v1/contacts", headers=bearer(created.key)).is_success
+            stored = http.portal.call(store.get, created.record.id)
+            assert stored is not None
+            assert stored.record.request_count == 0  # still buffered
+        final = asyncio.run(store.get(created.record.id))
+        assert final is not None
+        assert final.record.request_count == 5
+
+    def test_if_websocket_under_protect_then_key_required(self, hasher: Any) -> None:
+        manager = KeyManager(MemoryStore(), hasher=hasher)
+        app = build_app(manager)
+        with TestClient(app) as http:
+            created = http.portal.call(
+                lambda: manager.create(name="n", workspace="w", full_access=True)
+            )
+            with http.websocket_connect("/api/v1/socket", headers=bearer(created.key)) as ws:
+                assert ws.receive_text() == created.record.id
+            with (
+                pytest.raises(WebSocketDisconnect),
+                http.websocket_connect("/api/v1/socket") as ws,
+            ):
+                ws.receive_text()
+
+
+class CountingStore(MemoryStore):
+    """A memory store that counts lookups, to prove garbage never reaches a store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        self.gets += 1
+        return await super().get(key_id)
+
+
+header_bytes = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda tail: b"Bearer " + tail, st.binary(max_size=120)),
+    st.builds(
+        lambda text: b"Bearer " + text.encode("utf-8", "surrogatepass"),
+        st.text(max_size=80),
+    ),
+    st.builds(lambda text: text.encode(), st.from_regex(r"ak_[0-9A-Za-z_]{0,60}", fullmatch=True)),
+)
+
+
+class TestHostileHeaders:
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(value=header_bytes)
+    def test_if_header_is_arbitrary_bytes_then_401_without_store_lookup(self, value: bytes) -> None:
+        store = CountingStore()
+        manager = KeyManager(store, hasher=_HASHER)
+        app = build_app(manager)
+        status, body = asyncio.run(_call(app, [(b"authorization", value)]))
+        assert status == 401
+        assert body["code"] in ("malformed_api_key", "missing_api_key")
+        assert store.gets == 0
+
+    @settings(max_examples=100, deadline=None)
+    @given(data=st.data())
+    def test_if_valid_key_damaged_anywhere_then_refused_never_500(self, data: Any) -> None:
+        store = CountingStore()
+        manager = KeyManager(store, hasher=_HASHER)
+        app = build_app(manager)
+
+        async def scenario() -> tuple[int, dict[str, Any]]:
+            created = await manager.create(name="n", workspace="w", full_access=True)
+            key = created.key
+            position = data.draw(st.integers(0, len(key) - 1))
+            replacement = data.draw(
+                st.characters(codec="ascii").filter(lambda c: c != key[position])
+            )
+            damaged = key[:position] + replacement + key[position + 1 :]
+            return await _call(app, [(b"authorization", b"Bearer " + damaged.encode())])
+
+        status, body = asyncio.run(scenario())
+        assert status == 401
+        assert body["code"] == "malformed_api_key"
+
+
+_HASHER = Hasher(pepper="test-pepper-0123456789abcdef")
+
+
+async def _call(
+    app: Callable[..., Any], headers: list[tuple[bytes, bytes]]
+) -> tuple[int, dict[str, Any]]:
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/api/v1/contacts",
+        "raw_path": b"/api/v1/contacts",
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)
+    start, body = messages[0], messages[1]
+    return start["status"], json.loads(body["body"])
