@@ -273,13 +273,13 @@ class TestRoll:
         with pytest.raises(KeyExpired):
             await manager.verify(created.key)
 
-    async def test_if_key_had_a_lifetime_then_rolled_key_keeps_it(
+    async def test_if_rolled_with_expires_in_then_new_key_expires_then(
         self, manager: KeyManager
     ) -> None:
-        created = await manager.create(
-            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(days=30)
-        )
-        rolled = await manager.roll(created.record.id)
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        plain = await manager.roll(created.record.id)
+        assert plain.record.expires_at is None
+        rolled = await manager.roll(plain.record.id, expires_in=timedelta(days=30))
         assert rolled.record.expires_at is not None
         lifetime = rolled.record.expires_at - rolled.record.created_at
         assert abs(lifetime - timedelta(days=30)) < timedelta(seconds=1)

@@ -265,8 +265,8 @@ class KeyManager:
     ) -> CreatedKey:
         """Replace a key with a new one of the same name, workspace, access, scopes and limit.
 
-        The old key keeps working for `grace`, then expires. The new key keeps the old key's
-        lifetime (if it had one) unless `expires_in` is given. Refused for a revoked key.
+        The old key keeps working for `grace`, then expires (an earlier expiry stays). The
+        new key expires after `expires_in`, if given. Refused for a revoked key.
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
@@ -277,9 +277,6 @@ class KeyManager:
         if old.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "roll")
         now = utcnow()
-        if expires_in is None and old.expires_at is not None:
-            lifetime = old.expires_at - old.created_at
-            expires_in = lifetime if lifetime > timedelta(0) else None
         created = await self._issue(
             name=old.name,
             workspace=old.workspace,

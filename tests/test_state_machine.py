@@ -1,0 +1,216 @@
+"""A hypothesis state machine over KeyManager, checked against a plain model, on every store.
+
+Rules create, disable, enable, revoke, roll and verify keys in any order; after every step
+the store's view (statuses, counts) must equal the model's, and every verification must
+give exactly the outcome the model predicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from apikeys import (
+    InvalidAPIKey,
+    InvalidTransition,
+    KeyDisabled,
+    KeyExpired,
+    KeyManager,
+    KeyRevoked,
+    store_from_url,
+)
+from apikeys.errors import APIKeyError
+from apikeys.hashing import Hasher
+from apikeys.stores import KeyStore
+from tests.test_manager import wrong_secret
+
+T = TypeVar("T")
+HASHER = Hasher(pepper="state-machine-pepper-0123456789")
+WORKSPACE = "machine"
+
+
+@dataclass
+class ModelKey:
+    state: str = "active"
+    expired: bool = False
+    uses: int = 0
+
+    @property
+    def status(self) -> str:
+        if self.state != "active":
+            return self.state
+        return "expired" if self.expired else "active"
+
+
+EXPECTED_ERROR: dict[str, type[APIKeyError]] = {
+    "disabled": KeyDisabled,
+    "revoked": KeyRevoked,
+    "expired": KeyExpired,
+}
+
+
+def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBasedStateMachine]:
+    class ManagerMachine(RuleBasedStateMachine):
+        keys = Bundle("keys")
+        tokens = Bundle("tokens")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.runner = asyncio.Runner()
+            self.store = self.run(make_store())
+            self.manager = KeyManager(self.store, hasher=HASHER, usage_flush_interval=3600)
+            self.model: dict[str, ModelKey] = {}
+
+        def run(self, awaitable: Awaitable[T]) -> T:
+            async def wrapper() -> T:
+                return await awaitable
+
+            return self.runner.run(wrapper())
+
+        def teardown(self) -> None:
+            try:
+                self.run(self.manager.aclose())
+            finally:
+                self.runner.close()
+
+        def _add(self, created: Any) -> tuple[str, str]:
+            self.model[created.record.id] = ModelKey()
+            return created.record.id, created.key
+
+        @rule(target=tokens, full=st.booleans())
+        def create(self, full: bool) -> tuple[str, str]:
+            if full:
+                created = self.run(
+                    self.manager.create(name="k", workspace=WORKSPACE, full_access=True)
+                )
+            else:
+                created = self.run(
+                    self.manager.create(name="k", workspace=WORKSPACE, scopes=["contacts:read"])
+                )
+            return self._add(created)
+
+        def _transition(self, action: str, key: tuple[str, str], target: str) -> None:
+            key_id = key[0]
+            entry = self.model[key_id]
+            if entry.state == "revoked" and action != "revoke":
+                with pytest.raises(InvalidTransition):
+                    self.run(getattr(self.manager, action)(key_id))
+                return
+            record = self.run(getattr(self.manager, action)(key_id))
+            entry.state = target
+            assert record.status == entry.status
+
+        @rule(key=tokens)
+        def disable(self, key: tuple[str, str]) -> None:
+            self._transition("disable", key, "disabled")
+
+        @rule(key=tokens)
+        def enable(self, key: tuple[str, str]) -> None:
+            self._transition("enable", key, "active")
+
+        @rule(key=tokens)
+        def revoke(self, key: tuple[str, str]) -> None:
+            self._transition("revoke", key, "revoked")
+
+        @rule(target=tokens, key=tokens, immediate=st.booleans())
+        def roll(self, key: tuple[str, str], immediate: bool) -> tuple[str, str]:
+            key_id = key[0]
+            entry = self.model[key_id]
+            grace = timedelta(0) if immediate else timedelta(hours=1)
+            if entry.state == "revoked":
+                with pytest.raises(InvalidTransition):
+                    self.run(self.manager.roll(key_id, grace=grace))
+                return key  # the bundle gets the old key again: nothing new exists
+            created = self.run(self.manager.roll(key_id, grace=grace))
+            if immediate:
+                entry.expired = True
+            return self._add(created)
+
+        @rule(key=tokens, tamper=st.booleans())
+        def verify(self, key: tuple[str, str], tamper: bool) -> None:
+            key_id, token = key
+            entry = self.model[key_id]
+            if tamper:
+                with pytest.raises(InvalidAPIKey):
+                    self.run(self.manager.verify(wrong_secret(token)))
+                return
+            expected = EXPECTED_ERROR.get(entry.status)
+            if expected is None:
+                assert self.run(self.manager.verify(token)).id == key_id
+                entry.uses += 1
+            else:
+                with pytest.raises(expected):
+                    self.run(self.manager.verify(token))
+
+        @rule()
+        def flush(self) -> None:
+            self.run(self.manager.flush())
+
+        @invariant()
+        def store_matches_model(self) -> None:
+            records = {record.id: record for record in self.run(self.manager.list(WORKSPACE))}
+            assert set(records) == set(self.model)
+            for key_id, entry in self.model.items():
+                assert records[key_id].status == entry.status, key_id
+                assert records[key_id].request_count == entry.uses, key_id
+
+    return ManagerMachine
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite", "postgres", "redis"], indirect=False)
+def test_manager_state_machine_matches_model(
+    store_kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if store_kind == "memory":
+
+        async def make_store() -> KeyStore:
+            return store_from_url("memory://")
+
+        examples = 60
+    else:
+        if store_kind == "sqlite":
+            pytest.importorskip("sqlalchemy")
+            url, options = "", {}
+        elif store_kind == "postgres":
+            url, options = request.getfixturevalue("postgres_url"), {}
+        else:
+            url, options = request.getfixturevalue("redis_url"), {}
+
+        async def make_store() -> KeyStore:
+            unique = uuid.uuid4().hex[:10]
+            if store_kind == "sqlite":
+                store = store_from_url(f"sqlite:///{tmp_path / f'{unique}.db'}")
+            elif store_kind == "postgres":
+                store = store_from_url(url, table_name=f"machine_{unique}", **options)
+            else:
+                store = store_from_url(url, key_prefix=f"apikeys-machine-{unique}:", **options)
+            await store.setup()
+            return store
+
+        examples = 20
+    machine = build_machine(make_store)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
