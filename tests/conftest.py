@@ -97,6 +97,19 @@ def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, 
     return {}
 
 
+async def delete_redis_prefix(url: str, prefix: str) -> None:
+    """Delete every Redis key under `prefix` (what one test left behind)."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        names = [name async for name in client.scan_iter(match=f"{prefix}*", count=500)]
+        if names:
+            await client.delete(*names)
+    finally:
+        await client.aclose()
+
+
 @pytest.fixture
 async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[KeyStore]:
     key_store = store_from_url(store_url, **store_options)
@@ -105,6 +118,8 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
         yield key_store
     finally:
         await key_store.aclose()
+        if "key_prefix" in store_options:
+            await delete_redis_prefix(store_url, store_options["key_prefix"])
 
 
 TEST_PEPPER = "test-pepper-0123456789abcdef"

@@ -8,6 +8,7 @@ give exactly the outcome the model predicts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from apikeys import (
 from apikeys.errors import APIKeyError
 from apikeys.hashing import Hasher
 from apikeys.stores import KeyStore
+from tests.conftest import delete_redis_prefix
 from tests.test_manager import wrong_secret
 
 T = TypeVar("T")
@@ -76,6 +78,9 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             self.store = self.run(make_store())
             self.manager = KeyManager(self.store, hasher=HASHER, usage_flush_interval=3600)
             self.model: dict[str, ModelKey] = {}
+            self.cleanup: Callable[[], Awaitable[None]] | None = getattr(
+                self.store, "test_cleanup", None
+            )
 
         def run(self, awaitable: Awaitable[T]) -> T:
             async def wrapper() -> T:
@@ -86,6 +91,8 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
         def teardown(self) -> None:
             try:
                 self.run(self.manager.aclose())
+                if self.cleanup is not None:
+                    self.run(self.cleanup())
             finally:
                 self.runner.close()
 
@@ -199,7 +206,11 @@ def test_manager_state_machine_matches_model(
             elif store_kind == "postgres":
                 store = store_from_url(url, table_name=f"machine_{unique}", **options)
             else:
-                store = store_from_url(url, key_prefix=f"apikeys-machine-{unique}:", **options)
+                prefix = f"apikeys-machine-{unique}:"
+                store = store_from_url(url, key_prefix=prefix, **options)
+                store.test_cleanup = functools.partial(  # type: ignore[attr-defined]
+                    delete_redis_prefix, url, prefix
+                )
             await store.setup()
             return store
 

@@ -24,9 +24,9 @@ between the steps, or a refused duplicate, leaves at most an index entry whose h
 missing or belongs to another workspace, and `list` skips such entries.
 
 No command is retried automatically: a retried write could apply twice (an increment) or
-report its own success as a conflict. Stale pooled connections (after a Redis restart) are
-detected and replaced when they are taken from the pool, so the next call after Redis comes
-back succeeds.
+report its own success as a conflict. Pooled connections the server has closed (after a
+Redis restart) are detected and replaced when they are taken from the pool, so the next call
+after Redis comes back succeeds.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -60,6 +60,13 @@ _DEFAULT_OPTIONS: dict[str, Any] = {
     "health_check_interval": 30,
     # No automatic retries: see the module docstring.
     "retry": Retry(NoBackoff(), 0),
+    # A bounded pool: a burst waits up to `timeout` seconds for a free connection, then fails
+    # closed with StoreUnavailable, instead of opening connections without limit.
+    "max_connections": 50,
+    "timeout": 2.0,
+    # RESP2: with RESP3, redis-py 8 turns on maintenance notifications, which skip the check
+    # that replaces a pooled connection the server has closed (e.g. after a restart).
+    "protocol": 2,
 }
 
 # Errors that mean "Redis cannot be reached right now". BusyLoadingError (a server still
@@ -223,6 +230,15 @@ def _decode(fields: Mapping[str, str]) -> StoredKey:
     return StoredKey(record=record, secret_hash=fields["secret_hash"])
 
 
+def _check_key_prefix(key_prefix: str) -> str:
+    if "{" in key_prefix or "}" in key_prefix:
+        raise ConfigurationError(
+            "the Redis key_prefix may not contain '{' or '}': the store puts each key's "
+            "id in a {hash tag} of its own"
+        )
+    return key_prefix
+
+
 def _pairs(flat: Sequence[str]) -> dict[str, str]:
     """A flat `[field, value, ...]` script reply as a dict."""
     return dict(zip(flat[::2], flat[1::2], strict=True))
@@ -239,11 +255,7 @@ class RedisStore(KeyStore):
     schemes = ("redis", "rediss")
 
     def __init__(self, client: Redis, *, key_prefix: str = DEFAULT_KEY_PREFIX) -> None:
-        if "{" in key_prefix or "}" in key_prefix:
-            raise ConfigurationError(
-                "the Redis key_prefix may not contain '{' or '}': the store puts each key's "
-                "id in a {hash tag} of its own"
-            )
+        _check_key_prefix(key_prefix)
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigurationError("the Redis client must be created with decode_responses=True")
         self._client = client
@@ -257,17 +269,18 @@ class RedisStore(KeyStore):
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
-        """A store on a new client for `url`.
+        """A store on a new client for `url`, with a connection pool of its own.
 
-        `key_prefix` (default `apikeys:`) namespaces every Redis key of the store; any other
-        option goes to `redis.asyncio.Redis.from_url` and overrides the defaults (2 s connect
-        and socket timeouts, a health check after 30 s idle, no automatic retries).
-        `decode_responses` is always on.
+        `key_prefix` (default `apikeys:`) namespaces every Redis key of the store. Any other
+        option is a connection option of redis-py (as `redis.asyncio.Redis.from_url` takes)
+        and overrides the defaults: 2 s connect and socket timeouts, a health check after
+        30 s idle, no automatic retries, RESP2, and a pool of at most 50 connections that
+        waits up to 2 s (`timeout`) for a free one. `decode_responses` is always on.
         """
-        key_prefix = str(options.pop("key_prefix", DEFAULT_KEY_PREFIX))
+        key_prefix = _check_key_prefix(str(options.pop("key_prefix", DEFAULT_KEY_PREFIX)))
         client_options = {**_DEFAULT_OPTIONS, **options, "decode_responses": True}
-        client = Redis.from_url(url, **client_options)
-        return cls(client, key_prefix=key_prefix)
+        pool = BlockingConnectionPool.from_url(url, **client_options)
+        return cls(Redis.from_pool(pool), key_prefix=key_prefix)
 
     def __repr__(self) -> str:
         # Built from the host, port and db only: never the URL, which may hold a password.
