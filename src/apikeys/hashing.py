@@ -198,7 +198,10 @@ class Hasher:
             if self._pepper is not None or self._context is not None:
                 return Verification(True, self.hash(secret))
             return Verification(True)
-        return self._verify_slow(secret, stored)
+        try:
+            return self._verify_slow(secret, stored)
+        except ValueError:  # looks like a passlib hash, but is not a valid one
+            return Verification(False)
 
     def _verify_slow(self, secret: str, stored: str) -> Verification:
         context = self._context

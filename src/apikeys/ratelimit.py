@@ -14,8 +14,9 @@ import os
 import time
 from typing import Any, NamedTuple
 
-from limits import RateLimitItem, parse
+from limits import RateLimitItem, parse_many
 from limits.aio.storage import MemoryStorage, Storage
+from limits.errors import ConfigurationError as LimitsConfigurationError
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
@@ -37,9 +38,11 @@ DEFAULT_RATE_LIMIT = "100/minute"
 def parse_rate_limit(limit: str) -> RateLimitItem:
     """Parse one limit in `limits` notation (`100/minute`, `3 per 2 seconds`), or raise."""
     try:
-        item = parse(limit) if isinstance(limit, str) and limit.strip() else None
+        items = parse_many(limit) if isinstance(limit, str) and limit.strip() else []
     except ValueError:
-        item = None
+        items = []
+    # One limit per key: "1/second;100/minute" would silently keep only the first.
+    item = items[0] if len(items) == 1 else None
     if item is None or item.amount < 1:
         raise InvalidKeyParameters(
             f"invalid rate limit {limit!r}: write it as '100/minute' or '3 per 2 seconds'"
@@ -95,7 +98,7 @@ class FixedWindowMemoryStorage(MemoryStorage):
 
 
 def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
-    scheme = url.split("://", 1)[0].lower()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("memory", "async+memory"):
         return "async+memory://", {}
     if scheme in ("redis", "rediss", "redis+unix"):
@@ -108,7 +111,8 @@ def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     if scheme.startswith("async+"):
         return url, {}
     raise ConfigurationError(
-        f"unknown limiter storage scheme {scheme + '://'!r}; use memory:// or redis://host:port/db"
+        f"unknown limiter storage {scheme + '://' if scheme else url!r}; "
+        "use memory:// or redis://host:port/db"
     )
 
 
@@ -134,7 +138,12 @@ class RateLimiter:
             storage = FixedWindowMemoryStorage()
         if storage is None:
             uri, options = _storage_uri(storage_url)
-            built = storage_from_string(uri, wrap_exceptions=True, **options)
+            try:
+                built = storage_from_string(uri, wrap_exceptions=True, **options)
+            except LimitsConfigurationError as exc:
+                raise ConfigurationError(
+                    f"cannot use limiter storage {uri.split('://')[0]!r}: {exc}"
+                ) from None
             if not isinstance(built, Storage):
                 raise ConfigurationError(f"{storage_url!r} is not an asyncio limits storage")
             storage = built

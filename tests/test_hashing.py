@@ -1,0 +1,481 @@
+"""How secrets are hashed at rest and checked (CONTRACT §1): peppers, schemes, migration."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import threading
+
+import pytest
+from passlib.context import CryptContext
+
+from apikeys import KeyManager, MemoryStore
+from apikeys.errors import ConfigurationError, InvalidAPIKey, KeyRevoked
+from apikeys.hashing import PEPPER_ENV, Hasher, Verification, slow_context
+from apikeys.keys import ParsedKey, parse_key
+
+PEPPER = "p" * 16 + "-current-pepper-0123456789"
+OLD_PEPPER = "o" * 16 + "-retired-pepper-9876543210"
+SECRET = "Vd2hR8sLk4NwQ1e9TfYb6GcJ0uMiPzXa"
+OTHER_SECRET = "Vd2hR8sLk4NwQ1e9TfYb6GcJ0uMiPzXb"
+
+HMAC_RE = re.compile(r"^hmac-sha256\$([0-9a-f]{8})\$([0-9a-f]{64})$")
+SHA256_RE = re.compile(r"^sha256\$([0-9a-f]{64})$")
+
+
+@pytest.fixture(autouse=True)
+def _no_pepper_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test says which pepper it uses; none inherits one from the environment."""
+    monkeypatch.delenv(PEPPER_ENV, raising=False)
+
+
+def _hmac_hex(pepper: str | bytes, secret: str) -> str:
+    key = pepper.encode() if isinstance(pepper, str) else pepper
+    return hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
+
+
+def _fast_context(*schemes: str, **settings: object) -> CryptContext:
+    """A passlib context with low costs, so the slow schemes stay quick in tests."""
+    return CryptContext(
+        schemes=list(schemes),
+        deprecated="auto",
+        pbkdf2_sha256__rounds=1000,
+        argon2__memory_cost=1024,
+        argon2__time_cost=1,
+        argon2__parallelism=1,
+        bcrypt__rounds=4,
+        **settings,
+    )
+
+
+class RecordingHasher(Hasher):
+    """A Hasher that records the thread of each `verify` call and counts them."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.threads: list[threading.Thread] = []
+
+    def verify(self, secret: str, stored: str) -> Verification:
+        self.threads.append(threading.current_thread())
+        return super().verify(secret, stored)
+
+
+# -- the default scheme: HMAC-SHA256 with a pepper ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pepper",
+    [
+        pytest.param(PEPPER, id="str"),
+        pytest.param(PEPPER.encode(), id="bytes"),
+        pytest.param("x" * 16, id="minimum-length"),
+        pytest.param("y" * 64, id="block-size"),
+        pytest.param("z" * 65, id="longer-than-block"),
+        pytest.param(b"\xff" * 200, id="long-binary"),
+    ],
+)
+def test_if_pepper_set_then_hash_is_hmac_sha256_of_the_secret(pepper: str | bytes) -> None:
+    stored = Hasher(pepper).hash(SECRET)
+    match = HMAC_RE.fullmatch(stored)
+    assert match, stored
+    assert match.group(2) == _hmac_hex(pepper, SECRET)
+
+
+def test_if_pepper_set_then_verify_accepts_the_secret_and_needs_no_update() -> None:
+    hasher = Hasher(PEPPER)
+    assert hasher.verify(SECRET, hasher.hash(SECRET)) == Verification(True, None)
+
+
+def test_if_secret_wrong_then_not_ok() -> None:
+    hasher = Hasher(PEPPER)
+    stored = hasher.hash(SECRET)
+    assert hasher.verify(OTHER_SECRET, stored) == Verification(False, None)
+    assert hasher.verify("", stored).ok is False
+    assert hasher.verify(SECRET.upper(), stored).ok is False
+
+
+def test_if_same_pepper_then_hashers_agree() -> None:
+    first, second = Hasher(PEPPER), Hasher(PEPPER)
+    assert first.hash(SECRET) == second.hash(SECRET)
+    assert second.verify(SECRET, first.hash(SECRET)).ok
+
+
+def test_if_peppers_differ_then_pepper_ids_differ() -> None:
+    first = HMAC_RE.fullmatch(Hasher(PEPPER).hash(SECRET))
+    second = HMAC_RE.fullmatch(Hasher(OLD_PEPPER).hash(SECRET))
+    assert first
+    assert second
+    assert first.group(1) != second.group(1)
+
+
+def test_if_pepper_id_shown_then_it_is_not_the_pepper() -> None:
+    stored = Hasher(PEPPER).hash(SECRET)
+    assert PEPPER not in stored
+    assert PEPPER.encode().hex()[:8] not in stored
+
+
+@pytest.mark.parametrize("pepper", ["", "short", "x" * 15, b"x" * 15])
+def test_if_pepper_shorter_than_16_bytes_then_configuration_error(pepper: str | bytes) -> None:
+    with pytest.raises(ConfigurationError):
+        Hasher(pepper)
+
+
+def test_if_old_pepper_shorter_than_16_bytes_then_configuration_error() -> None:
+    with pytest.raises(ConfigurationError):
+        Hasher(PEPPER, old_peppers=["short"])
+
+
+def test_if_pepper_short_then_error_does_not_echo_it() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Hasher("tiny-pepper-1")
+    assert "tiny-pepper-1" not in str(caught.value)
+
+
+def test_if_pepper_env_set_then_hasher_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PEPPER_ENV, PEPPER)
+    stored = Hasher().hash(SECRET)
+    match = HMAC_RE.fullmatch(stored)
+    assert match, stored
+    assert match.group(2) == _hmac_hex(PEPPER, SECRET)
+    assert Hasher(PEPPER).verify(SECRET, stored) == Verification(True, None)
+
+
+def test_if_pepper_env_too_short_then_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PEPPER_ENV, "short")
+    with pytest.raises(ConfigurationError):
+        Hasher()
+
+
+def test_if_pepper_passed_then_it_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PEPPER_ENV, OLD_PEPPER)
+    match = HMAC_RE.fullmatch(Hasher(PEPPER).hash(SECRET))
+    assert match
+    assert match.group(2) == _hmac_hex(PEPPER, SECRET)
+
+
+# -- no pepper: plain SHA-256 with a warning -------------------------------------------------
+
+
+def test_if_no_pepper_then_hash_is_sha256_and_a_warning_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="apikeys"):
+        hasher = Hasher()
+    stored = hasher.hash(SECRET)
+    assert SHA256_RE.fullmatch(stored), stored
+    assert stored == "sha256$" + hashlib.sha256(SECRET.encode()).hexdigest()
+    warnings = [
+        record
+        for record in caplog.records
+        if record.name == "apikeys" and record.levelno == logging.WARNING
+    ]
+    assert warnings, caplog.text
+    assert PEPPER_ENV in warnings[0].getMessage()
+
+
+def test_if_pepper_env_empty_then_treated_as_unset(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(PEPPER_ENV, "")
+    with caplog.at_level(logging.WARNING, logger="apikeys"):
+        stored = Hasher().hash(SECRET)
+    assert stored.startswith("sha256$")
+    assert any(record.name == "apikeys" for record in caplog.records)
+
+
+def test_if_pepper_set_then_no_warning_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="apikeys"):
+        Hasher(PEPPER)
+    assert not [record for record in caplog.records if record.name == "apikeys"]
+
+
+def test_if_no_pepper_then_verify_accepts_the_secret_and_refuses_others() -> None:
+    hasher = Hasher()
+    stored = hasher.hash(SECRET)
+    assert hasher.verify(SECRET, stored) == Verification(True, None)
+    assert hasher.verify(OTHER_SECRET, stored) == Verification(False, None)
+
+
+# -- migration between fast schemes ----------------------------------------------------------
+
+
+def test_if_hash_made_with_old_pepper_then_verifies_and_migrates_to_current() -> None:
+    old_hash = Hasher(OLD_PEPPER).hash(SECRET)
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    verdict = hasher.verify(SECRET, old_hash)
+    assert verdict.ok
+    assert verdict.new_hash is not None
+    assert verdict.new_hash == Hasher(PEPPER).hash(SECRET)
+    # The migrated hash is current: verifying it asks for no further update.
+    assert hasher.verify(SECRET, verdict.new_hash) == Verification(True, None)
+
+
+def test_if_hash_made_with_old_pepper_then_wrong_secret_is_refused() -> None:
+    old_hash = Hasher(OLD_PEPPER).hash(SECRET)
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    assert hasher.verify(OTHER_SECRET, old_hash) == Verification(False, None)
+
+
+def test_if_old_pepper_not_passed_then_its_hashes_fail() -> None:
+    old_hash = Hasher(OLD_PEPPER).hash(SECRET)
+    assert Hasher(PEPPER).verify(SECRET, old_hash) == Verification(False, None)
+
+
+def test_if_pepper_id_unknown_then_verify_fails() -> None:
+    # The right digest under an id that names no configured pepper is still refused.
+    stored = f"hmac-sha256$deadbeef${_hmac_hex(PEPPER, SECRET)}"
+    assert Hasher(PEPPER).verify(SECRET, stored) == Verification(False, None)
+
+
+def test_if_sha256_hash_and_pepper_set_then_verifies_and_migrates() -> None:
+    plain = Hasher().hash(SECRET)
+    assert plain.startswith("sha256$")
+    verdict = Hasher(PEPPER).verify(SECRET, plain)
+    assert verdict.ok
+    assert verdict.new_hash is not None
+    assert HMAC_RE.fullmatch(verdict.new_hash)
+    assert verdict.new_hash == Hasher(PEPPER).hash(SECRET)
+
+
+def test_if_sha256_hash_and_wrong_secret_then_no_migration() -> None:
+    plain = Hasher().hash(SECRET)
+    assert Hasher(PEPPER).verify(OTHER_SECRET, plain) == Verification(False, None)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["", "garbage", "hmac-sha256$", "hmac-sha256$$", "sha256$", "sha256$zz", "md5$abc"],
+)
+def test_if_stored_hash_is_unrecognised_then_not_ok(stored: str) -> None:
+    assert Hasher(PEPPER).verify(SECRET, stored) == Verification(False, None)
+
+
+# -- slow schemes through passlib -------------------------------------------------------------
+
+
+def test_if_pbkdf2_context_then_new_hashes_are_pbkdf2_and_verify() -> None:
+    hasher = Hasher(context=slow_context("pbkdf2_sha256"))
+    stored = hasher.hash(SECRET)
+    assert stored.startswith("$pbkdf2-sha256$")
+    assert hasher.verify(SECRET, stored) == Verification(True, None)
+    assert hasher.verify(OTHER_SECRET, stored).ok is False
+
+
+def test_if_slow_context_then_no_pepper_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="apikeys"):
+        Hasher(context=slow_context("pbkdf2_sha256"))
+    assert not [record for record in caplog.records if record.name == "apikeys"]
+
+
+def test_if_scheme_deprecated_then_verify_rehashes_to_the_preferred_one() -> None:
+    pbkdf2_hash = Hasher(context=slow_context("pbkdf2_sha256")).hash(SECRET)
+    context = CryptContext(schemes=["argon2", "pbkdf2_sha256"], deprecated="auto")
+    hasher = Hasher(context=context)
+    verdict = hasher.verify(SECRET, pbkdf2_hash)
+    assert verdict.ok
+    assert verdict.new_hash is not None
+    assert verdict.new_hash.startswith("$argon2")
+    assert hasher.verify(SECRET, verdict.new_hash) == Verification(True, None)
+
+
+def test_if_scheme_deprecated_and_secret_wrong_then_no_rehash() -> None:
+    pbkdf2_hash = Hasher(context=_fast_context("pbkdf2_sha256")).hash(SECRET)
+    hasher = Hasher(context=_fast_context("argon2", "pbkdf2_sha256"))
+    assert hasher.verify(OTHER_SECRET, pbkdf2_hash) == Verification(False, None)
+
+
+def test_if_fast_hash_and_slow_context_then_migrates_to_the_slow_scheme() -> None:
+    fast = Hasher(PEPPER).hash(SECRET)
+    hasher = Hasher(PEPPER, context=_fast_context("pbkdf2_sha256"))
+    verdict = hasher.verify(SECRET, fast)
+    assert verdict.ok
+    assert verdict.new_hash is not None
+    assert verdict.new_hash.startswith("$pbkdf2-sha256$")
+
+
+@pytest.mark.parametrize("scheme", ["pbkdf2_sha256", "bcrypt", "argon2"])
+def test_if_slow_hash_and_no_context_then_verifies_and_moves_to_fast_scheme(
+    scheme: str,
+) -> None:
+    slow = Hasher(context=_fast_context(scheme)).hash(SECRET)
+    hasher = Hasher(PEPPER)
+    verdict = hasher.verify(SECRET, slow)
+    assert verdict.ok
+    assert verdict.new_hash == hasher.hash(SECRET)
+    assert hasher.verify(OTHER_SECRET, slow) == Verification(False, None)
+
+
+def test_if_slow_context_then_scheme_names_it() -> None:
+    assert Hasher(context=slow_context("pbkdf2_sha256")).scheme == "pbkdf2_sha256"
+    assert Hasher(PEPPER).scheme == "hmac-sha256"
+    assert Hasher().scheme == "sha256"
+
+
+# -- averify: off the event loop, with a cache ------------------------------------------------
+
+
+async def test_if_slow_hash_then_averify_runs_verify_off_the_event_loop_thread() -> None:
+    loop_thread = threading.current_thread()
+    hasher = RecordingHasher(context=_fast_context("bcrypt"))
+    stored = hasher.hash(SECRET)
+    verdict = await hasher.averify(SECRET, stored)
+    assert verdict == Verification(True, None)
+    assert len(hasher.threads) == 1
+    assert hasher.threads[0] is not loop_thread
+
+
+async def test_if_argon2_hash_then_averify_runs_off_the_event_loop_thread() -> None:
+    loop_thread = threading.current_thread()
+    hasher = RecordingHasher(context=_fast_context("argon2"))
+    stored = hasher.hash(SECRET)
+    assert (await hasher.averify(OTHER_SECRET, stored)).ok is False
+    assert hasher.threads
+    assert all(thread is not loop_thread for thread in hasher.threads)
+
+
+async def test_if_verified_once_then_second_averify_is_served_from_cache() -> None:
+    hasher = RecordingHasher(context=_fast_context("pbkdf2_sha256"))
+    stored = hasher.hash(SECRET)
+    assert await hasher.averify(SECRET, stored) == Verification(True, None)
+    assert await hasher.averify(SECRET, stored) == Verification(True, None)
+    assert len(hasher.threads) == 1
+
+
+async def test_if_stored_hash_changes_then_cache_misses() -> None:
+    # A rolled key (or any new hash of the same secret) is checked again, never cached.
+    hasher = RecordingHasher(context=_fast_context("pbkdf2_sha256"))
+    first, second = hasher.hash(SECRET), hasher.hash(SECRET)
+    assert first != second  # salted
+    assert (await hasher.averify(SECRET, first)).ok
+    assert (await hasher.averify(SECRET, second)).ok
+    assert len(hasher.threads) == 2
+
+
+async def test_if_secret_wrong_then_averify_is_never_cached() -> None:
+    hasher = RecordingHasher(context=_fast_context("pbkdf2_sha256"))
+    stored = hasher.hash(SECRET)
+    assert (await hasher.averify(OTHER_SECRET, stored)).ok is False
+    assert (await hasher.averify(OTHER_SECRET, stored)).ok is False
+    assert len(hasher.threads) == 2
+
+
+async def test_if_right_secret_cached_then_wrong_secret_still_refused() -> None:
+    hasher = RecordingHasher(context=_fast_context("pbkdf2_sha256"))
+    stored = hasher.hash(SECRET)
+    assert (await hasher.averify(SECRET, stored)).ok
+    assert (await hasher.averify(OTHER_SECRET, stored)).ok is False
+    assert (await hasher.averify(SECRET[:-1], stored)).ok is False
+
+
+async def test_if_verify_asks_for_rehash_then_averify_does_not_cache_it() -> None:
+    pbkdf2_hash = Hasher(context=_fast_context("pbkdf2_sha256")).hash(SECRET)
+    hasher = RecordingHasher(context=_fast_context("argon2", "pbkdf2_sha256"))
+    first = await hasher.averify(SECRET, pbkdf2_hash)
+    second = await hasher.averify(SECRET, pbkdf2_hash)
+    assert first.ok
+    assert second.ok
+    assert first.new_hash is not None
+    assert first.new_hash.startswith("$argon2")
+    assert second.new_hash is not None
+    assert second.new_hash.startswith("$argon2")
+    assert len(hasher.threads) == 2
+
+
+async def test_if_cache_size_zero_then_every_averify_verifies() -> None:
+    hasher = RecordingHasher(context=_fast_context("pbkdf2_sha256"), cache_size=0)
+    stored = hasher.hash(SECRET)
+    for _ in range(3):
+        assert (await hasher.averify(SECRET, stored)).ok
+    assert len(hasher.threads) == 3
+
+
+async def test_if_fast_hash_then_averify_gives_the_same_answer_as_verify() -> None:
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    current = hasher.hash(SECRET)
+    old = Hasher(OLD_PEPPER).hash(SECRET)
+    assert await hasher.averify(SECRET, current) == hasher.verify(SECRET, current)
+    assert await hasher.averify(OTHER_SECRET, current) == Verification(False, None)
+    assert await hasher.averify(SECRET, old) == hasher.verify(SECRET, old)
+
+
+# -- never showing the pepper -----------------------------------------------------------------
+
+
+def test_if_hasher_printed_then_pepper_is_hidden() -> None:
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    for text in (repr(hasher), str(hasher), f"{hasher!r}"):
+        assert PEPPER not in text
+        assert OLD_PEPPER not in text
+        assert PEPPER[:16] not in text
+
+
+# -- the manager migrates hashes end to end ---------------------------------------------------
+
+
+async def test_if_key_made_without_pepper_then_peppered_manager_verifies_and_migrates_it() -> None:
+    store = MemoryStore()
+    unpeppered = KeyManager(store, hasher=Hasher())
+    created = await unpeppered.create(name="legacy", scopes=["contacts:read"])
+    key_id = created.record.id
+    before = await store.get(key_id)
+    assert before is not None
+    assert before.secret_hash.startswith("sha256$")
+
+    peppered = KeyManager(store, hasher=Hasher(PEPPER))
+    try:
+        record = await peppered.verify(created.key)
+        assert record.id == key_id
+        after = await store.get(key_id)
+        assert after is not None
+        assert after.secret_hash.startswith("hmac-sha256$")
+        assert after.secret_hash == Hasher(PEPPER).hash(parse_secret(created.key))
+        # The migrated key keeps working, and a wrong secret with its id still fails.
+        assert (await peppered.verify(created.key)).id == key_id
+        with pytest.raises(InvalidAPIKey):
+            await peppered.verify(_other_key(created.key))
+    finally:
+        await peppered.aclose()
+        await unpeppered.aclose()
+
+
+async def test_if_key_made_with_old_pepper_then_manager_migrates_it_to_current() -> None:
+    store = MemoryStore()
+    old = KeyManager(store, hasher=Hasher(OLD_PEPPER))
+    created = await old.create(name="rotated", full_access=True)
+    current = KeyManager(store, hasher=Hasher(PEPPER, old_peppers=[OLD_PEPPER]))
+    try:
+        await current.verify(created.key)
+        after = await store.get(created.record.id)
+        assert after is not None
+        assert after.secret_hash == Hasher(PEPPER).hash(parse_secret(created.key))
+    finally:
+        await current.aclose()
+        await old.aclose()
+
+
+def parse_secret(token: str) -> str:
+    return parse_key(token).secret
+
+
+def _other_key(token: str) -> str:
+    """A well-formed key with the same prefix and id as `token` but another secret."""
+    parsed = parse_key(token)
+    other_secret = parsed.secret[:-1] + ("A" if parsed.secret[-1] != "A" else "B")
+    return ParsedKey(parsed.prefix, parsed.id, other_secret).token
+
+
+async def test_if_slow_hash_cached_then_revocation_still_refuses_the_key() -> None:
+    manager = KeyManager(MemoryStore(), hasher=Hasher(context=_fast_context("pbkdf2_sha256")))
+    try:
+        created = await manager.create(name="slow", scopes=["contacts:read"])
+        await manager.verify(created.key)
+        await manager.verify(created.key)  # now in the verification cache
+        await manager.revoke(created.record.id)
+        with pytest.raises(KeyRevoked):
+            await manager.verify(created.key)
+    finally:
+        await manager.aclose()
