@@ -140,12 +140,14 @@ class RateLimiter:
             uri, options = _storage_uri(storage_url)
             try:
                 built = storage_from_string(uri, wrap_exceptions=True, **options)
-            except LimitsConfigurationError as exc:
+            except LimitsConfigurationError:
+                # limits' message repeats the URL, password included: say it without.
                 raise ConfigurationError(
-                    f"cannot use limiter storage {uri.split('://')[0]!r}: {exc}"
+                    f"limits has no asyncio storage for {uri.split('://')[0]!r}; "
+                    "use memory:// or redis://host:port/db"
                 ) from None
             if not isinstance(built, Storage):
-                raise ConfigurationError(f"{storage_url!r} is not an asyncio limits storage")
+                raise ConfigurationError("the limiter needs an asyncio limits storage")
             storage = built
         self.storage = storage
         self._exact_expiry = isinstance(storage, MemoryStorage)
