@@ -83,6 +83,11 @@ class _HMACKey:
         return outer.hexdigest()
 
 
+# The two answers of the hot path, allocated once.
+_MATCH = Verification(True)
+_NO_MATCH = Verification(False)
+
+
 def _pepper_id(pepper: bytes) -> str:
     # Names the pepper in stored hashes without revealing anything usable about it.
     return hmac.new(pepper, b"apikeys pepper id", hashlib.sha256).hexdigest()[:8]
@@ -184,20 +189,18 @@ class Hasher:
         if stored.startswith(_HMAC_SCHEME):
             pepper_id, _, digest = stored[len(_HMAC_SCHEME) :].partition("$")
             base = self._peppers.get(pepper_id)
-            if base is None:
-                return Verification(False)
-            if not hmac.compare_digest(base.hexdigest(secret.encode()), digest):
-                return Verification(False)
+            if base is None or not hmac.compare_digest(base.hexdigest(secret.encode()), digest):
+                return _NO_MATCH
             if pepper_id != self._current_id or self._context is not None:
                 return Verification(True, self.hash(secret))
-            return Verification(True)
+            return _MATCH
         if stored.startswith(_SHA256_SCHEME):
             digest = hashlib.sha256(secret.encode()).hexdigest()
             if not hmac.compare_digest(digest, stored[len(_SHA256_SCHEME) :]):
-                return Verification(False)
+                return _NO_MATCH
             if self._pepper is not None or self._context is not None:
                 return Verification(True, self.hash(secret))
-            return Verification(True)
+            return _MATCH
         try:
             return self._verify_slow(secret, stored)
         except ValueError:  # looks like a passlib hash, but is not a valid one

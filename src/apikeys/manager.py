@@ -24,7 +24,7 @@ from apikeys.errors import (
     KeyRevoked,
 )
 from apikeys.hashing import Hasher
-from apikeys.keys import DEFAULT_PREFIX, ParsedKey, generate_key, parse_key, validate_prefix
+from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.ratelimit import parse_rate_limit
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import KeyStore, store_from_url
@@ -300,27 +300,24 @@ class KeyManager:
         `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
         Counts the request in the key's usage unless `record_usage` is false.
         """
-        return await self.verify_parsed(parse_key(token, self.prefix), record_usage=record_usage)
-
-    async def verify_parsed(self, parsed: ParsedKey, *, record_usage: bool = True) -> KeyRecord:
-        """`verify` for a token already split by `parse_key`."""
-        stored = await self.store.get(parsed.id)
+        _, key_id, secret = split_key(token, self.prefix)
+        stored = await self.store.get(key_id)
         if stored is None:
             raise InvalidAPIKey()
         secret_hash = stored.secret_hash
         hasher = self.hasher
         if hasher.is_fast(secret_hash):
-            verdict = hasher.verify(parsed.secret, secret_hash)
+            verdict = hasher.verify(secret, secret_hash)
         else:
-            verdict = await hasher.averify(parsed.secret, secret_hash)
+            verdict = await hasher.averify(secret, secret_hash)
         if not verdict.ok:
             raise InvalidAPIKey()
         record = stored.record
         check_usable(record)
         if verdict.new_hash is not None:
-            await self._rehash(parsed.id, secret_hash, verdict.new_hash)
+            await self._rehash(key_id, secret_hash, verdict.new_hash)
         if record_usage:
-            self.usage.record(parsed.id)
+            self.usage.record(key_id)
         return record
 
     async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:

@@ -203,7 +203,7 @@ class APIKeyMiddleware:
                 raise RateLimited(decision.reset_after)
             grants = grants_for(record.scopes, record.access == "full")
             required = self.scopes.required(scope.get("method", "GET"), scope["path"])
-            if required and grants.missing(required):
+            if required and not grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
             await self._refuse(scope, send, exc, rate_headers)

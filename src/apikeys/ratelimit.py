@@ -76,6 +76,10 @@ class FixedWindowMemoryStorage(MemoryStorage):
         self._next_sweep = time.time() + sweep_interval
 
     async def incr(self, key: str, expiry: float, amount: int = 1) -> int:
+        return self.count(key, expiry, amount)
+
+    def count(self, key: str, expiry: float, amount: int = 1) -> int:
+        """`incr` without the coroutine: the limiter's hot path calls this directly."""
         now = time.time()
         counts = self.storage
         if self.expirations.get(key, 0.0) > now:
@@ -151,6 +155,7 @@ class RateLimiter:
             storage = built
         self.storage = storage
         self._exact_expiry = isinstance(storage, MemoryStorage)
+        self._local = storage if isinstance(storage, FixedWindowMemoryStorage) else None
         self._key_prefix = key_prefix
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
@@ -166,10 +171,13 @@ class RateLimiter:
         if plan is None:
             plan = self._plan(key_id, limit)
         counter, amount, window = plan
-        try:
-            count = await self.storage.incr(counter, window)
-        except (StorageError, OSError) as exc:
-            raise LimiterUnavailable(exc) from exc
+        if self._local is not None:
+            count = self._local.count(counter, window)
+        else:
+            try:
+                count = await self.storage.incr(counter, window)
+            except (StorageError, OSError) as exc:
+                raise LimiterUnavailable(exc) from exc
         now = time.monotonic()
         if count == 1:
             end = now + window

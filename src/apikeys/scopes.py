@@ -58,6 +58,15 @@ class GrantedScopes(list[str]):
     def __hash__(self) -> int:  # type: ignore[override]
         return id(self)
 
+    def covers(self, required: Iterable[str]) -> bool:
+        """True when these grants include every scope of `required`."""
+        if self._full:
+            return True
+        for scope in required:  # noqa: SIM110 - a plain loop is the fastest here
+            if scope not in self:
+                return False
+        return True
+
     def missing(self, required: Iterable[str]) -> list[str]:
         """The scopes of `required` that these grants do not cover."""
         if self._full:
