@@ -1,0 +1,650 @@
+"""The `apikeys` command line (contract section 6), on a SQLite store in a temporary folder.
+
+The commands run in-process through click's `CliRunner` (each one calls `asyncio.run`
+itself, so these are plain sync tests); one test runs the installed console script.
+Keys are checked with a `KeyManager` on the same SQLite file, the way the service would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from apikeys import KeyManager
+from apikeys import cli as cli_module
+from apikeys.cli import main
+from apikeys.durations import MAX_DURATION, format_duration, parse_duration
+from apikeys.errors import InvalidAPIKey, KeyDisabled, KeyExpired, KeyRevoked
+from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.types import KeyRecord
+
+pytestmark = pytest.mark.sqlite
+
+PEPPER = "cli-test-pepper-0123456789abcdef"
+KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
+RECORD_FIELDS = {
+    "id",
+    "name",
+    "workspace",
+    "prefix",
+    "access",
+    "scopes",
+    "status",
+    "rate_limit",
+    "created_at",
+    "expires_at",
+    "last_used_at",
+    "request_count",
+    "revoked_at",
+}
+ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
+
+
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI and the test's KeyManager hash with the same pepper, as CLI and service must.
+    monkeypatch.setenv("APIKEYS_PEPPER", PEPPER)
+    monkeypatch.delenv("APIKEYS_STORE_URL", raising=False)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'k.db'}"
+
+
+def run(store_url: str, *args: str, input: str | None = None) -> Result:
+    """`apikeys --store store_url ARGS…`, in-process."""
+    return CliRunner().invoke(main, ["--store", store_url, *args], input=input)
+
+
+def ok(store_url: str, *args: str) -> Result:
+    result = run(store_url, *args)
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
+    return result
+
+
+def create_key(store_url: str, *extra: str, name: str = "Zapier") -> dict[str, Any]:
+    """Create a key with `--json`; the parsed object (`key` plus the record's fields)."""
+    args = extra or ("--scope", "contacts:read")
+    created: dict[str, Any] = json.loads(
+        ok(store_url, "create", "--name", name, *args, "--json").stdout
+    )
+    return created
+
+
+def show(store_url: str, key_id: str) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads(ok(store_url, "show", key_id, "--json").stdout)
+    return record
+
+
+def verify(store_url: str, token: str) -> KeyRecord:
+    """What the service would answer for `token`: its record, or the error."""
+
+    async def check() -> KeyRecord:
+        async with KeyManager(store_url) as manager:
+            return await manager.verify(token, record_usage=False)
+
+    return asyncio.run(check())
+
+
+def refused_with_one_line(result: Result) -> str:
+    assert result.exit_code == 1, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+# -- create ---------------------------------------------------------------------------------
+
+
+def test_create_prints_only_the_key_on_stdout(store_url: str) -> None:
+    result = ok(store_url, "create", "--name", "Zapier", "--scope", "contacts:read")
+
+    key = result.stdout.strip()
+    assert result.stdout == key + "\n"
+    assert KEY_RE.match(key)
+    record = verify(store_url, key)
+    assert record.name == "Zapier"
+    assert record.workspace == "default"
+    assert record.scopes == ("contacts:read",)
+    # The summary names the key by id and masked form, never the key itself.
+    assert record.id in result.stderr
+    assert f"ak_{record.id}_…" in result.stderr
+    assert "once" in result.stderr
+    assert key not in result.stderr
+    assert parse_key(key).secret not in result.stderr
+
+
+def test_create_json_has_the_key_and_every_record_field(store_url: str) -> None:
+    created = create_key(
+        store_url,
+        "--workspace",
+        "acme",
+        "--scope",
+        "contacts:write",
+        "--scope",
+        "campaigns:trigger,contacts:read",
+        "--rate-limit",
+        "10/second",
+        "--expires-in",
+        "30d",
+    )
+
+    assert set(created) == {"key"} | RECORD_FIELDS
+    assert KEY_RE.match(created["key"])
+    assert created["id"] == parse_key(created["key"]).id
+    assert created["prefix"] == f"ak_{created['id']}_…"
+    assert created["workspace"] == "acme"
+    assert created["access"] == "restricted"
+    assert created["scopes"] == ["campaigns:trigger", "contacts:read", "contacts:write"]
+    assert created["status"] == "active"
+    assert created["rate_limit"] == "10/second"
+    assert created["request_count"] == 0
+    assert created["last_used_at"] is None
+    assert created["revoked_at"] is None
+    assert ISO_Z.match(created["created_at"])
+    assert ISO_Z.match(created["expires_at"])
+    lifetime = _utc(created["expires_at"]) - _utc(created["created_at"])
+    assert lifetime == timedelta(days=30)
+
+
+def test_create_full_access(store_url: str) -> None:
+    created = create_key(store_url, "--full-access")
+    assert created["access"] == "full"
+    assert created["scopes"] == []
+    assert created["rate_limit"] is None
+    assert created["expires_at"] is None
+    assert verify(store_url, created["key"]).access == "full"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--name", "x", "--full-access", "--scope", "contacts:read"], "--full-access"),
+        (["--name", "x"], "--scope"),
+        (["--scope", "contacts:read"], "--name"),
+        (["--name", "x", "--full-access", "--expires-in", "30 days"], "duration"),
+        (["--name", "x", "--full-access", "--expires-in", "0s"], "duration"),
+        (["--name", "x", "--full-access", "--expires-in", "-1d"], "duration"),
+        (["--name", "x", "--full-access", "--rate-limit", "lots"], "rate limit"),
+        (["--name", "x", "--full-access", "--rate-limit", "0/minute"], "rate limit"),
+        (["--name", "x", "--scope", "Contacts"], "scope"),
+        (["--name", " ", "--full-access"], "name"),
+    ],
+)
+def test_create_usage_errors_exit_2(store_url: str, args: list[str], message: str) -> None:
+    result = run(store_url, "create", *args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert json.loads(ok(store_url, "list", "--json").stdout) == []
+
+
+# -- list and show --------------------------------------------------------------------------
+
+
+def test_list_and_show_never_show_the_key(store_url: str) -> None:
+    first = create_key(store_url, "--scope", "contacts:read", name="Zapier")
+    second = create_key(store_url, "--full-access", "--workspace", "ops", name="Ops bot")
+    secrets = [first["key"], second["key"], parse_key(first["key"]).secret]
+
+    outputs = [
+        ok(store_url, "list"),
+        ok(store_url, "list", "--json"),
+        ok(store_url, "list", "--workspace", "ops"),
+        ok(store_url, "show", first["id"]),
+        ok(store_url, "show", first["id"], "--json"),
+    ]
+    for result in outputs:
+        for secret in secrets:
+            assert secret not in result.stdout
+            assert secret not in result.stderr
+
+    table = outputs[0].stdout
+    assert "Zapier" in table
+    assert "Ops bot" in table
+    assert f"ak_{first['id']}_…" in table
+    assert "never" in table  # last used
+    listed = json.loads(outputs[1].stdout)
+    assert [item["id"] for item in listed] == [first["id"], second["id"]]
+    assert all(set(item) == RECORD_FIELDS for item in listed)
+    assert first["id"] not in outputs[2].stdout
+    assert second["id"] in outputs[2].stdout
+    assert f"ak_{first['id']}_…" in outputs[3].stdout
+    assert json.loads(outputs[4].stdout) == {k: v for k, v in first.items() if k != "key"}
+
+
+def test_list_empty_workspace(store_url: str) -> None:
+    create_key(store_url)
+    assert json.loads(ok(store_url, "list", "--workspace", "nobody", "--json").stdout) == []
+    assert "No API keys" in ok(store_url, "list", "--workspace", "nobody").stdout
+
+
+def test_list_shows_usage(store_url: str) -> None:
+    created = create_key(store_url)
+
+    async def use() -> None:
+        async with KeyManager(store_url) as manager:
+            for _ in range(3):
+                await manager.verify(created["key"])
+
+    asyncio.run(use())
+    record = show(store_url, created["id"])
+    assert record["request_count"] == 3
+    assert ISO_Z.match(record["last_used_at"])
+    assert ok(store_url, "list").stdout.splitlines()[1].split()[-1] == "3"
+
+
+def test_show_accepts_a_full_key_without_echoing_it(store_url: str) -> None:
+    created = create_key(store_url)
+    result = ok(store_url, "show", created["key"], "--json")
+    assert json.loads(result.stdout)["id"] == created["id"]
+    assert created["key"] not in result.stdout + result.stderr
+
+
+# -- state changes --------------------------------------------------------------------------
+
+
+def test_disable_enable_revoke(store_url: str) -> None:
+    created = create_key(store_url)
+    key_id, key = created["id"], created["key"]
+
+    assert "disabled" in ok(store_url, "disable", key_id).stdout
+    assert show(store_url, key_id)["status"] == "disabled"
+    with pytest.raises(KeyDisabled):
+        verify(store_url, key)
+
+    ok(store_url, "enable", key_id)
+    assert show(store_url, key_id)["status"] == "active"
+    assert verify(store_url, key).id == key_id
+
+    result = ok(store_url, "revoke", key_id, "--yes")
+    assert key_id in result.stdout
+    record = show(store_url, key_id)
+    assert record["status"] == "revoked"
+    assert ISO_Z.match(record["revoked_at"])
+    with pytest.raises(KeyRevoked):
+        verify(store_url, key)
+    # Revoked keys stay listed for audit; revoking again is harmless.
+    assert key_id in ok(store_url, "list").stdout
+    assert "already revoked" in ok(store_url, "revoke", key_id, "--yes").stdout
+
+
+def test_enabling_a_revoked_key_is_refused(store_url: str) -> None:
+    created = create_key(store_url)
+    ok(store_url, "revoke", created["id"], "--yes")
+
+    line = refused_with_one_line(run(store_url, "enable", created["id"]))
+    assert "revoked" in line
+    refused_with_one_line(run(store_url, "disable", created["id"]))
+    assert "revoked" in refused_with_one_line(run(store_url, "roll", created["id"]))
+    assert show(store_url, created["id"])["status"] == "revoked"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["show"], ["disable"], ["enable"], ["revoke", "--yes"], ["roll"], ["show", "--json"]],
+)
+def test_unknown_id_is_refused(store_url: str, command: list[str]) -> None:
+    create_key(store_url)
+    unknown = generate_key().id
+    result = run(store_url, command[0], unknown, *command[1:])
+    line = refused_with_one_line(result)
+    assert line == f"Error: no API key with id {unknown!r}"
+    assert result.stdout == ""
+
+
+def test_a_malformed_id_is_refused_as_unknown(store_url: str) -> None:
+    assert "no API key with id 'nope'" in refused_with_one_line(run(store_url, "show", "nope"))
+    # A mistyped key (bad checksum) is not echoed back.
+    created = create_key(store_url)
+    typo = created["key"][:-1] + ("A" if created["key"][-1] != "A" else "B")
+    line = refused_with_one_line(run(store_url, "show", typo))
+    assert typo not in line
+    assert parse_key(created["key"]).secret not in line
+
+
+def test_revoke_without_yes_is_refused_when_nobody_can_confirm(store_url: str) -> None:
+    created = create_key(store_url)
+    result = run(store_url, "revoke", created["id"])
+    assert result.exit_code == 2
+    assert "--yes" in result.stderr
+    assert show(store_url, created["id"])["status"] == "active"
+
+
+def test_revoke_asks_for_confirmation_on_a_terminal(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_module, "_interactive", lambda: True)
+    created = create_key(store_url)
+
+    declined = run(store_url, "revoke", created["id"], input="n\n")
+    assert declined.exit_code == 1
+    assert created["id"] in declined.stderr  # the prompt names the key
+    assert "Zapier" in declined.stderr
+    assert show(store_url, created["id"])["status"] == "active"
+
+    accepted = run(store_url, "revoke", created["id"], input="y\n")
+    assert accepted.exit_code == 0, accepted.stderr
+    assert show(store_url, created["id"])["status"] == "revoked"
+
+
+# -- roll -----------------------------------------------------------------------------------
+
+
+def test_roll_prints_the_new_key_once_and_the_old_one_keeps_working(store_url: str) -> None:
+    old = create_key(store_url, "--scope", "contacts:read", "--rate-limit", "5/second")
+    before = datetime.now(UTC)
+
+    result = ok(store_url, "roll", old["id"], "--grace", "2h")
+
+    new_key = result.stdout.strip()
+    assert result.stdout == new_key + "\n"
+    assert KEY_RE.match(new_key)
+    assert new_key not in result.stderr
+    assert old["key"] not in result.stdout + result.stderr
+    new = verify(store_url, new_key)
+    assert new.id != old["id"]
+    assert (new.name, new.workspace, new.scopes, new.rate_limit) == (
+        "Zapier",
+        "default",
+        ("contacts:read",),
+        "5/second",
+    )
+    # The old key works through the grace period, and the output says until when.
+    assert verify(store_url, old["key"]).id == old["id"]
+    old_record = show(store_url, old["id"])
+    old_expiry = _utc(old_record["expires_at"])
+    assert before + timedelta(hours=2) <= old_expiry <= datetime.now(UTC) + timedelta(hours=2)
+    assert old_expiry.strftime("%Y-%m-%dT%H:%M:%SZ") in result.stderr
+    assert "2h" in result.stderr
+    # The new key is never shown again.
+    assert new_key not in ok(store_url, "list").stdout
+    assert new_key not in ok(store_url, "show", new.id, "--json").stdout
+
+
+def test_roll_with_zero_grace_cuts_the_old_key_off(store_url: str) -> None:
+    old = create_key(store_url)
+    rolled = json.loads(ok(store_url, "roll", old["id"], "--grace", "0", "--json").stdout)
+
+    assert set(rolled) == {"key", "replaces"} | RECORD_FIELDS
+    assert KEY_RE.match(rolled["key"])
+    assert rolled["replaces"]["id"] == old["id"]
+    assert rolled["replaces"]["status"] == "expired"
+    with pytest.raises(KeyExpired):
+        verify(store_url, old["key"])
+    assert verify(store_url, rolled["key"]).id == rolled["id"]
+
+
+def test_roll_expires_in(store_url: str) -> None:
+    old = create_key(store_url)
+    rolled = json.loads(ok(store_url, "roll", old["id"], "--expires-in", "1w", "--json").stdout)
+    lifetime = _utc(rolled["expires_at"]) - _utc(rolled["created_at"])
+    assert lifetime == timedelta(weeks=1)
+
+
+@pytest.mark.parametrize(
+    "args", [["--grace", "soon"], ["--grace", "-1h"], ["--expires-in", "0"], ["--grace", "1y"]]
+)
+def test_roll_bad_durations_exit_2(store_url: str, args: list[str]) -> None:
+    old = create_key(store_url)
+    result = run(store_url, "roll", old["id"], *args)
+    assert result.exit_code == 2
+    assert "duration" in result.stderr
+    assert len(json.loads(ok(store_url, "list", "--json").stdout)) == 1
+
+
+# -- scan -----------------------------------------------------------------------------------
+
+
+def _tree(root: Path, key: str) -> Path:
+    """A project with `key` in one nested file, and copies where scan must not look."""
+    project = root / "project"
+    (project / "src" / "app" / "config").mkdir(parents=True)
+    (project / "src" / "app" / "config" / "settings.py").write_text(
+        f'"""Settings."""\n\nDEBUG = False\n# the key\nAPI_KEY = "{key}"\n', encoding="utf-8"
+    )
+    (project / "README.md").write_text("Nothing to see here.\n", encoding="utf-8")
+    for skipped in (".git", ".venv", "node_modules", "__pycache__"):
+        (project / skipped).mkdir()
+        (project / skipped / "leak.txt").write_text(f"{key}\n", encoding="utf-8")
+    (project / "src" / "blob.bin").write_bytes(b"\x00\x01binary" + key.encode() + b"\n")
+    return project
+
+
+def _bad_checksum(key: str) -> str:
+    return key[:-1] + ("A" if key[-1] != "A" else "B")
+
+
+def test_scan_finds_a_key_in_a_nested_file(store_url: str, tmp_path: Path) -> None:
+    created = create_key(store_url)
+    project = _tree(tmp_path, created["key"])
+
+    result = run(store_url, "scan", str(project))
+
+    assert result.exit_code == 1, result.stderr
+    settings = project / "src" / "app" / "config" / "settings.py"
+    assert result.stdout == f"{settings}:5: ak_{created['id']}_…\n"
+    assert created["key"] not in result.stdout + result.stderr
+    assert parse_key(created["key"]).secret not in result.stdout + result.stderr
+    # Scanning reports, it does not touch the key.
+    assert show(store_url, created["id"])["status"] == "active"
+
+
+def test_scan_reports_every_occurrence_with_its_line(tmp_path: Path, store_url: str) -> None:
+    key = generate_key().token
+    other = generate_key().token
+    path = tmp_path / "notes.txt"
+    path.write_text(f"{key}\n\n'{other}', x={key};\nnot{key}\n", encoding="utf-8")
+
+    result = run(store_url, "scan", str(path))
+
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"{path}:1: {parse_key(key).masked}",
+        f"{path}:3: {parse_key(other).masked}",
+        f"{path}:3: {parse_key(key).masked}",
+    ]
+
+
+def test_scan_ignores_noise_and_skipped_places(tmp_path: Path, store_url: str) -> None:
+    key = generate_key().token
+    project = tmp_path / "clean"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "noise.py").write_text(
+        f"TOKEN = '{_bad_checksum(key)}'\nHASH = 'ak_short_abc'\n", encoding="utf-8"
+    )
+    for skipped in (".git", "node_modules"):
+        (project / skipped).mkdir()
+        (project / skipped / "config").write_text(key, encoding="utf-8")
+    (project / "image.png").write_bytes(b"\x89PNG\x00\x00" + key.encode())
+
+    result = run(store_url, "scan", str(project))
+
+    assert result.exit_code == 0, result.stdout
+    assert result.stdout == ""
+    assert "No API keys found" in result.stderr
+
+
+def test_scan_other_prefixes(tmp_path: Path, store_url: str) -> None:
+    live = generate_key("sk_live").token
+    path = tmp_path / "env"
+    path.write_text(f"STRIPE_LIKE={live}\nAK={generate_key().token}\n", encoding="utf-8")
+
+    result = run(store_url, "scan", str(path), "--prefix", "sk_live")
+    assert result.exit_code == 1
+    assert result.stdout == f"{path}:1: {parse_key(live).masked}\n"
+    assert run(store_url, "scan", str(path), "--prefix", "BAD").exit_code == 2
+
+
+def test_scan_reads_stdin(store_url: str) -> None:
+    key = generate_key().token
+    result = CliRunner().invoke(main, ["--store", store_url, "scan", "-"], input=f"x\n{key}\n")
+    assert result.exit_code == 1
+    assert result.stdout == f"<stdin>:2: {parse_key(key).masked}\n"
+
+
+def test_scan_missing_path_is_a_usage_error(store_url: str, tmp_path: Path) -> None:
+    assert run(store_url, "scan", str(tmp_path / "missing")).exit_code == 2
+
+
+def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
+    created = create_key(store_url)
+    bystander = create_key(store_url, name="bystander")
+    # A token with a valid checksum and a real id but a made-up secret, and a stranger's key.
+    forged = ParsedKey("ak", bystander["id"], generate_key().secret).token
+    stranger = generate_key().token
+    project = _tree(tmp_path, created["key"])
+    (project / "forged.txt").write_text(f"{forged}\n{stranger}\n", encoding="utf-8")
+
+    result = run(store_url, "scan", str(project), "--revoke")
+
+    assert result.exit_code == 1
+    outcomes = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ":" in line)
+    assert outcomes[f"ak_{created['id']}_…"] == "revoked"
+    assert outcomes[f"ak_{parse_key(stranger).id}_…"] == "unknown id in this store"
+    assert outcomes[f"ak_{bystander['id']}_…"].startswith("not revoked")
+    with pytest.raises(KeyRevoked):
+        verify(store_url, created["key"])
+    # The forged token got nobody's key revoked.
+    assert verify(store_url, bystander["key"]).id == bystander["id"]
+    for secret in (created["key"], forged, stranger):
+        assert secret not in result.stdout + result.stderr
+
+    again = run(store_url, "scan", str(project), "--revoke")
+    assert again.exit_code == 1
+    assert f"ak_{created['id']}_…: already revoked" in again.stdout
+
+
+# -- store selection and failures -----------------------------------------------------------
+
+
+def test_store_url_from_the_environment(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'from-env.db'}"
+    result = CliRunner().invoke(
+        main, ["create", "--name", "env", "--full-access"], env={"APIKEYS_STORE_URL": url}
+    )
+    assert result.exit_code == 0, result.stderr
+    assert verify(url, result.stdout.strip()).name == "env"
+    listed = CliRunner().invoke(main, ["list", "--json"], env={"APIKEYS_STORE_URL": url})
+    assert [item["name"] for item in json.loads(listed.stdout)] == ["env"]
+
+
+def test_an_unreachable_store_is_refused_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'k.db'}"
+    line = refused_with_one_line(run(url, "list"))
+    assert line.startswith("Error: key store unavailable: ")
+
+
+def test_the_store_password_is_never_shown() -> None:
+    pytest.importorskip("asyncpg")
+    url = "postgresql://bob:pa%24%24word-xyz@127.0.0.1:1/keys"
+    line = refused_with_one_line(run(url, "list"))
+    assert "key store unavailable" in line
+    assert "postgresql://bob:***@127.0.0.1:1/keys" in line
+    assert "word-xyz" not in line
+
+
+def test_an_unknown_store_scheme_is_a_usage_error() -> None:
+    result = run("ftp://example.com/keys", "list")
+    assert result.exit_code == 2
+    assert "ftp://" in result.stderr
+
+
+# -- durations ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("90s", timedelta(seconds=90)),
+        ("15m", timedelta(minutes=15)),
+        ("24h", timedelta(hours=24)),
+        ("30d", timedelta(days=30)),
+        ("2w", timedelta(weeks=2)),
+        ("1d12h", timedelta(days=1, hours=12)),
+        (" 7D ", timedelta(days=7)),
+    ],
+)
+def test_parse_duration(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+    assert parse_duration(format_duration(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "30", "d", "1.5h", "-1d", "1h1d", "0s", "0", "1y", "1d 12", "99999999999d"]
+)
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(text)
+
+
+def test_parse_duration_zero_and_bounds() -> None:
+    assert parse_duration("0", allow_zero=True) == timedelta(0)
+    assert parse_duration("0s", allow_zero=True) == timedelta(0)
+    assert parse_duration(f"{MAX_DURATION.days}d") == MAX_DURATION
+    with pytest.raises(ValueError, match="at most"):
+        parse_duration(f"{MAX_DURATION.days + 1}d")
+    assert format_duration(timedelta(days=30)) == "30d"
+    assert format_duration(timedelta(0)) == "0s"
+
+
+# -- the installed console script -----------------------------------------------------------
+
+
+def _console_script() -> str:
+    candidate = Path(sys.executable).parent / ("apikeys.exe" if os.name == "nt" else "apikeys")
+    found = str(candidate) if candidate.exists() else shutil.which("apikeys")
+    if found is None:
+        pytest.skip("the apikeys console script is not installed (pip install -e '.[cli]')")
+    return found
+
+
+def test_the_console_script(tmp_path: Path) -> None:
+    script = _console_script()
+    url = f"sqlite:///{tmp_path / 'script.db'}"
+    env = {**os.environ, "APIKEYS_STORE_URL": url, "APIKEYS_PEPPER": PEPPER}
+
+    def apikeys(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [script, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    created = apikeys("create", "--name", "svc", "--scope", "contacts:read", "--json")
+    assert created.returncode == 0, created.stderr
+    data = json.loads(created.stdout)
+    assert KEY_RE.match(data["key"])
+    assert verify(url, data["key"]).name == "svc"
+
+    listed = apikeys("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [item["id"] for item in json.loads(listed.stdout)] == [data["id"]]
+    assert data["key"] not in listed.stdout
+
+    revoked = apikeys("revoke", data["id"], "--yes")
+    assert revoked.returncode == 0, revoked.stderr
+    refused = apikeys("enable", data["id"])
+    assert refused.returncode == 1
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in refused.stderr
+    assert apikeys("create", "--name", "x").returncode == 2
+    with pytest.raises(KeyRevoked):
+        verify(url, data["key"])
+    with pytest.raises(InvalidAPIKey):
+        verify(url, ParsedKey("ak", data["id"], generate_key().secret).token)
