@@ -1,0 +1,882 @@
+"""The SQL store: SQLite and PostgreSQL through SQLAlchemy 2's async Core (no ORM).
+
+One table holds the keys (`apikeys_keys` by default). It lives on the module's `metadata`,
+so an application that manages its schema with Alembic adds it to its own target metadata::
+
+    from apikeys.stores.sql import metadata as apikeys_metadata
+
+    target_metadata = [app_metadata, apikeys_metadata]
+
+Without Alembic, `await SQLStore.setup()` (or `await create_tables(url)`) creates the table
+and its index if they are missing; it is idempotent. A store whose `setup` was skipped
+creates the table the first time a statement finds it missing (`auto_create=False` turns
+that off: a missing table then raises `ConfigurationError`).
+
+URLs and drivers:
+
+- `sqlite:///path/keys.db` (or `sqlite+aiosqlite://`) runs on aiosqlite. Each connection
+  turns on WAL journal mode and a busy timeout, so several processes can share the file:
+  readers never wait for a writer, and writers wait (up to `busy_timeout`) for each other.
+- `postgresql://`, `postgres://` (or `postgresql+asyncpg://`) run on asyncpg, the fastest
+  async PostgreSQL driver: it speaks the binary protocol and keeps a per-connection cache
+  of prepared statements, so the `get` SELECT is parsed and planned once per connection
+  and then costs one round trip. Connecting times out after `connect_timeout` and every
+  statement after `command_timeout`, so a dead or hung server fails fast instead of
+  holding requests.
+
+The hot path, `get`, is one SELECT by primary key, and by default (`direct_reads`) it runs
+on the bare driver, past SQLAlchemy's execution and result layers, which cost more than the
+query itself: on SQLite, through one long-lived aiosqlite connection in autocommit mode (one
+thread hop instead of several); on PostgreSQL, with asyncpg's `fetchrow` on a connection
+from the engine's pool, outside any transaction (no BEGIN/ROLLBACK round trips). Neither
+caches anything: each SELECT reads the latest committed state, so a write by any process is
+visible to the next `get`. Every write goes through SQLAlchemy Core.
+
+Failure handling: connection errors, timeouts, a locked SQLite file (after the busy timeout)
+and a full pool raise `StoreUnavailable(original)`. Rather than a pre-ping on every checkout
+(three round trips with asyncpg outside a transaction), the pool is invalidated when a
+connection turns out dead and a statement that failed that way, before any commit, is
+retried once on a fresh connection. So after a database restart the next call succeeds
+without restarting the application. Pass `pool_pre_ping=True` to ping on checkout instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, cast
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.util import greenlet_spawn
+
+from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.stores.base import KeyStore
+from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
+
+if TYPE_CHECKING:
+    import aiosqlite
+
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "SQLStore",
+    "UTCDateTime",
+    "async_url",
+    "create_tables",
+    "keys_table",
+    "metadata",
+]
+
+DEFAULT_TABLE_NAME: Final = "apikeys_keys"
+
+metadata = sa.MetaData()
+"""The metadata apikeys' tables live on: add it to your Alembic `target_metadata`."""
+
+_T = TypeVar("_T")
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend.
+
+    PostgreSQL stores `timestamptz`. SQLite has no timezone support, so the value is stored
+    as naive UTC text (`YYYY-MM-DD HH:MM:SS.ffffff`, which sorts in time order) and comes
+    back with `tzinfo=UTC`. A naive datetime given to the store is taken to be in UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        if value.tzinfo is UTC:
+            return value
+        return value.astimezone(UTC)
+
+
+class _Scopes(sa.types.TypeDecorator[tuple[str, ...]]):
+    """A tuple of scope names, stored as a JSON array in a text column."""
+
+    impl = sa.Text()
+    cache_ok = True
+
+    def process_bind_param(self, value: Sequence[str] | None, dialect: sa.Dialect) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(list(value), separators=(",", ":"))
+
+    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> tuple[str, ...]:
+        return _load_scopes(value)
+
+
+def _load_scopes(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(json.loads(value))
+
+
+def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
+    """The keys table called `name` on `meta` (the module's `metadata` by default).
+
+    Calling it again with the same name returns the same `Table`.
+    """
+    meta = metadata if meta is None else meta
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        # Ids sort by code point everywhere (as in the memory store), whatever the
+        # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
+        sa.Column(
+            "id",
+            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
+            primary_key=True,
+        ),
+        sa.Column("name", sa.String(), nullable=False),
+        sa.Column("workspace", sa.String(), nullable=False),
+        sa.Column("prefix", sa.String(), nullable=False),
+        sa.Column("access", sa.String(16), nullable=False),
+        sa.Column("scopes", _Scopes(), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("rate_limit", sa.String(), nullable=True),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("expires_at", UTCDateTime(), nullable=True),
+        sa.Column("last_used_at", UTCDateTime(), nullable=True),
+        sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.Column("revoked_at", UTCDateTime(), nullable=True),
+        sa.Column("secret_hash", sa.Text(), nullable=False),
+        # Listing a workspace, oldest first, reads this index in order.
+        sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
+    )
+
+
+keys = keys_table()
+"""The default keys table, `apikeys_keys`."""
+
+# Column order of every SELECT and RETURNING: the fields of KeyRecord, then the hash.
+_FIELDS: Final = (
+    "id",
+    "name",
+    "workspace",
+    "prefix",
+    "access",
+    "scopes",
+    "state",
+    "rate_limit",
+    "created_at",
+    "expires_at",
+    "last_used_at",
+    "request_count",
+    "revoked_at",
+    "secret_hash",
+)
+
+
+def _record(row: Sequence[Any]) -> KeyRecord:
+    return KeyRecord(
+        id=row[0],
+        name=row[1],
+        workspace=row[2],
+        prefix=row[3],
+        access=row[4],
+        scopes=row[5],
+        state=row[6],
+        rate_limit=row[7],
+        created_at=row[8],
+        expires_at=row[9],
+        last_used_at=row[10],
+        request_count=row[11],
+        revoked_at=row[12],
+    )
+
+
+def _sqlite_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
+    """A `StoredKey` from a row read with the bare driver, without SQLAlchemy's types.
+
+    asyncpg already returns `timestamptz` as aware UTC datetimes; sqlite3 returns the text
+    `UTCDateTime` stored.
+    """
+    time = _sqlite_time if sqlite else _utc
+    record = KeyRecord(
+        id=row[0],
+        name=row[1],
+        workspace=row[2],
+        prefix=row[3],
+        access=row[4],
+        scopes=_load_scopes(row[5]),
+        state=row[6],
+        rate_limit=row[7],
+        created_at=cast(datetime, time(row[8])),
+        expires_at=time(row[9]),
+        last_used_at=time(row[10]),
+        request_count=row[11],
+        revoked_at=time(row[12]),
+    )
+    return StoredKey(record=record, secret_hash=row[13])
+
+
+def _utc(value: Any) -> datetime | None:
+    if value is None or value.tzinfo is UTC:
+        return cast(datetime | None, value)
+    return cast(datetime, value.astimezone(UTC))
+
+
+def _release(connection: PoolProxiedConnection, error: BaseException | None) -> None:
+    """Give a raw pooled connection back; with `error`, discard it instead."""
+    if error is not None:
+        connection.invalidate(error)
+    connection.close()
+
+
+# --- URLs and engines ---------------------------------------------------------------------
+
+_DRIVERS: Final = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+}
+
+
+def async_url(url: str | URL) -> URL:
+    """The URL with its async driver: `sqlite://` → aiosqlite, `postgresql://` → asyncpg.
+
+    A libpq-style `sslmode=` query parameter becomes asyncpg's `ssl=`.
+    """
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except sa_exc.ArgumentError:
+        raise ConfigurationError("not a valid SQL database URL") from None
+    driver = _DRIVERS.get(parsed.drivername.lower())
+    if driver is None:
+        known = ", ".join(f"{scheme}://" for scheme in _DRIVERS)
+        raise ConfigurationError(
+            f"the SQL store does not serve {parsed.drivername}:// URLs; known: {known}"
+        )
+    parsed = parsed.set(drivername=driver)
+    if driver == "postgresql+asyncpg" and "sslmode" in parsed.query:
+        query = dict(parsed.query)
+        sslmode = query.pop("sslmode")
+        query.setdefault("ssl", sslmode)
+        parsed = parsed.set(query=query)
+    return parsed
+
+
+def _is_sqlite_memory(url: URL) -> bool:
+    database = url.database or ""
+    return (
+        database in ("", ":memory:")
+        or "mode=memory" in database
+        or (url.query.get("mode") == "memory")
+    )
+
+
+def _make_engine(
+    url: URL,
+    *,
+    pool_size: int,
+    max_overflow: int,
+    pool_timeout: float,
+    pool_recycle: float,
+    pool_pre_ping: bool,
+    connect_timeout: float,
+    command_timeout: float | None,
+    busy_timeout: float,
+    application_name: str,
+    echo: bool,
+) -> AsyncEngine:
+    if url.get_backend_name() == "sqlite":
+        options: dict[str, Any] = {}
+        if not _is_sqlite_memory(url):
+            options.update(
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_timeout=pool_timeout,
+                pool_recycle=pool_recycle,
+            )
+        engine = create_async_engine(url, echo=echo, **options)
+        busy_ms = int(busy_timeout * 1000)
+
+        @sa.event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+                cursor.execute("PRAGMA journal_mode = WAL")
+            finally:
+                cursor.close()
+
+        return engine
+    server_settings = {"application_name": application_name}
+    return create_async_engine(
+        url,
+        echo=echo,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=pool_timeout,
+        pool_recycle=pool_recycle,
+        pool_pre_ping=pool_pre_ping,
+        connect_args={
+            "timeout": connect_timeout,
+            "command_timeout": command_timeout,
+            "server_settings": server_settings,
+        },
+    )
+
+
+async def create_tables(
+    bind: AsyncEngine | AsyncConnection | str | URL, *, table_name: str = DEFAULT_TABLE_NAME
+) -> None:
+    """Create the keys table (and its index) if missing. Idempotent.
+
+    `bind` is an engine, a connection, or a URL (a short-lived engine is made and disposed).
+    Raises `StoreUnavailable` when the database cannot be reached.
+    """
+    if isinstance(bind, AsyncConnection):
+        await bind.run_sync(_create_table, keys_table(table_name))
+        return
+    # A store on a URL brings the store's connection settings (timeouts, WAL).
+    store = SQLStore(bind, table_name=table_name)
+    try:
+        await store.setup()
+    finally:
+        await store.aclose()
+
+
+def _create_table(connection: sa.Connection, table: sa.Table) -> None:
+    table.create(connection, checkfirst=True)
+
+
+async def _create_table_with(engine: AsyncEngine, table: sa.Table) -> None:
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_create_table, table)
+    except (sa_exc.IntegrityError, sa_exc.ProgrammingError):
+        # Another process created it between our check and our CREATE: check again.
+        async with engine.begin() as conn:
+            await conn.run_sync(_create_table, table)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+# SQLSTATE classes that mean "the server cannot serve us now": connection exception,
+# insufficient resources, operator intervention (shutdown, cancelled statement), system error.
+_UNAVAILABLE_SQLSTATE_CLASSES: Final = ("08", "53", "57", "58")
+
+
+def _asyncpg_unavailable_types() -> tuple[type[BaseException], ...]:
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - the postgres extra is not installed
+        return ()
+    return (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
+
+
+_ASYNCPG_UNAVAILABLE: Final = _asyncpg_unavailable_types()
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means the database cannot be reached or cannot serve us right now."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated or isinstance(
+            exc, sa_exc.OperationalError | sa_exc.InterfaceError
+        ):
+            return True
+        orig = exc.orig
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+        if isinstance(sqlstate, str) and sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES:
+            return True
+        cause = orig.__cause__ if orig is not None else None
+        return cause is not None and _is_unavailable(cause)
+    return isinstance(
+        exc,
+        OSError  # ConnectionError, socket errors, and TimeoutError (= asyncio.TimeoutError)
+        | sa_exc.TimeoutError  # no connection free in the pool within pool_timeout
+        | sa_exc.DisconnectionError
+        | sqlite3.OperationalError  # "database is locked", "unable to open database file"
+        | sqlite3.InterfaceError,
+    ) or (bool(_ASYNCPG_UNAVAILABLE) and isinstance(exc, _ASYNCPG_UNAVAILABLE))
+
+
+class _MissingTable(ConfigurationError):
+    """The keys table does not exist (and the store may not create it)."""
+
+
+def _raise(error: Exception, original: Exception) -> NoReturn:
+    """Raise `error`, translated from `original`, or `original` itself unchained."""
+    if error is original:
+        raise original
+    raise error from original
+
+
+def _is_missing_table(exc: BaseException) -> bool:
+    """Whether `exc` says the table does not exist (PostgreSQL 42P01, SQLite's message)."""
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    if isinstance(orig, sqlite3.OperationalError):
+        return str(orig).startswith("no such table")
+    return "42P01" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None))
+
+
+def _is_duplicate(exc: sa_exc.IntegrityError) -> bool:
+    orig = exc.orig
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if sqlstate is not None:
+        return bool(sqlstate == "23505")  # unique_violation
+    message = str(orig)
+    return "UNIQUE constraint failed" in message or "PRIMARY KEY" in message
+
+
+# --- the store ----------------------------------------------------------------------------
+
+
+class SQLStore(KeyStore):
+    """Keys in one SQL table, on SQLite (aiosqlite) or PostgreSQL (asyncpg).
+
+    Every change is one atomic statement (a compare-and-set `UPDATE … WHERE`, or atomic
+    increments for usage), so processes sharing the database never lose updates, and no
+    read is cached: `get` always sees the last committed write of any process.
+
+    Options (keyword arguments of `from_url` / `store_from_url`):
+
+    - `table_name`: the table to use (default `apikeys_keys`);
+    - `pool_size`, `max_overflow`, `pool_timeout`, `pool_recycle`, `pool_pre_ping`: the
+      connection pool (defaults 10, 10, 5 s, 1800 s, off);
+    - `connect_timeout`, `command_timeout`: PostgreSQL connect and statement timeouts in
+      seconds (default 5 each; `command_timeout=None` disables it);
+    - `busy_timeout`: how long a SQLite writer waits for a lock, in seconds (default 5);
+    - `direct_reads`: run `get` on the bare driver, past SQLAlchemy's execution layer
+      (default on; see the module doc);
+    - `auto_create`: create the table on first use when it is missing, as `setup()` would
+      (default on; off, a missing table raises `ConfigurationError`);
+    - `application_name`: what PostgreSQL shows in `pg_stat_activity` (default `apikeys`);
+    - `echo`: log every statement (SQLAlchemy's `echo`).
+
+    Pass an `AsyncEngine` instead of a URL to share an application's engine; the store then
+    leaves that engine open in `aclose`.
+    """
+
+    schemes = ("sqlite", "sqlite+aiosqlite", "postgresql", "postgres", "postgresql+asyncpg")
+
+    def __init__(
+        self,
+        url: str | URL | AsyncEngine,
+        *,
+        table_name: str = DEFAULT_TABLE_NAME,
+        pool_size: int = 10,
+        max_overflow: int = 10,
+        pool_timeout: float = 5.0,
+        pool_recycle: float = 1800.0,
+        pool_pre_ping: bool = False,
+        connect_timeout: float = 5.0,
+        command_timeout: float | None = 5.0,
+        busy_timeout: float = 5.0,
+        direct_reads: bool = True,
+        auto_create: bool = True,
+        application_name: str = "apikeys",
+        echo: bool = False,
+    ) -> None:
+        if isinstance(url, AsyncEngine):
+            self._engine = url
+            self._owns_engine = False
+        else:
+            self._engine = _make_engine(
+                async_url(url),
+                pool_size=pool_size,
+                max_overflow=max_overflow,
+                pool_timeout=pool_timeout,
+                pool_recycle=pool_recycle,
+                pool_pre_ping=pool_pre_ping,
+                connect_timeout=connect_timeout,
+                command_timeout=command_timeout,
+                busy_timeout=busy_timeout,
+                application_name=application_name,
+                echo=echo,
+            )
+            self._owns_engine = True
+        self._url = self._engine.url
+        self._table = table = keys_table(table_name)
+        self._columns = tuple(table.c[name] for name in _FIELDS)
+        dialect = self._engine.dialect
+        self._returning = bool(dialect.update_returning)
+        self._sqlite = dialect.name == "sqlite"
+        memory = self._sqlite and _is_sqlite_memory(self._url)
+        # An in-memory SQLite database is one shared connection (StaticPool): take turns.
+        self._serial: asyncio.Lock | None = asyncio.Lock() if memory else None
+        # Reads run outside any transaction: one statement, one round trip, no BEGIN.
+        # (SQLite's driver opens no transaction for a SELECT in the first place.)
+        self._read_engine = (
+            self._engine
+            if self._sqlite
+            else self._engine.execution_options(isolation_level="AUTOCOMMIT")
+        )
+        self._get_stmt = sa.select(*self._columns).where(table.c.id == sa.bindparam("key_id"))
+
+        self._busy_timeout = busy_timeout
+        self._auto_create = auto_create
+        self._setup_lock = asyncio.Lock()
+        self._reader: aiosqlite.Connection | None = None
+        self._reader_lock = asyncio.Lock()
+        self._reader_path = self._url.database or ""
+        # The hot path: `get` straight on the driver, with this SQL (see the module doc).
+        self._direct = ""
+        if direct_reads and (self._url.get_driver_name() in ("aiosqlite", "asyncpg")):
+            if not self._sqlite:
+                self._direct = "asyncpg"
+            elif not memory and not self._url.query:
+                self._direct = "aiosqlite"
+        self._direct_sql = str(self._get_stmt.compile(dialect=dialect))
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> SQLStore:
+        return cls(url, **options)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy engine the store writes through."""
+        return self._engine
+
+    @property
+    def table(self) -> sa.Table:
+        """The keys table this store uses."""
+        return self._table
+
+    def __repr__(self) -> str:
+        url = self._url.render_as_string(hide_password=True)
+        return f"SQLStore(url={url!r}, table={self._table.name!r})"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _translate(self, exc: Exception) -> Exception:
+        """The exception to raise for `exc`: `StoreUnavailable`, `_MissingTable` or itself."""
+        if _is_missing_table(exc):
+            return _MissingTable(
+                f"the table {self._table.name!r} does not exist: run `await store.setup()`, "
+                "`create_tables()` or your migrations first"
+            )
+        if _is_unavailable(exc):
+            return StoreUnavailable(exc)
+        return exc
+
+    @asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        if self._serial is None:
+            yield
+            return
+        async with self._serial:
+            yield
+
+    async def _run(
+        self, work: Callable[[AsyncConnection], Awaitable[_T]], *, write: bool = True
+    ) -> _T:
+        """Run `work` on a pooled connection, committing after it when `write`.
+
+        A connection found dead before the commit (a server restart since it was pooled)
+        has invalidated the pool and nothing was applied, so `work` runs once more on a
+        fresh connection. Errors that mean "unavailable" become `StoreUnavailable`.
+        """
+        engine = self._engine if write else self._read_engine
+        reconnected = created = False
+        while True:
+            committing = False
+            try:
+                async with self._turn(), engine.connect() as conn:
+                    try:
+                        result = await work(conn)
+                        if write:
+                            committing = True
+                            await conn.commit()
+                    except (OSError, sqlite3.Error) as exc:
+                        # Timed out or failed mid-statement, outside SQLAlchemy's own error
+                        # handling: the connection's state is unknown, so discard it.
+                        await conn.invalidate(exc)
+                        raise
+                    return result
+            except Exception as exc:
+                if (
+                    isinstance(exc, sa_exc.DBAPIError)
+                    and exc.connection_invalidated
+                    and not (reconnected or committing)
+                ):
+                    reconnected = True
+                    continue
+                error = self._translate(exc)
+                if isinstance(error, _MissingTable) and self._auto_create and not created:
+                    created = True
+                    await self.setup()
+                    continue
+                _raise(error, exc)
+
+    async def _open_reader(self) -> aiosqlite.Connection:
+        import aiosqlite
+
+        async with self._reader_lock:
+            if self._reader is None:
+                reader = await aiosqlite.connect(
+                    self._reader_path, isolation_level=None, timeout=self._busy_timeout
+                )
+                try:
+                    await reader.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                except BaseException:
+                    await reader.close()
+                    raise
+                self._reader = reader
+            return self._reader
+
+    async def _drop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            # It is being discarded, maybe after an error: closing it is all that matters.
+            with contextlib.suppress(Exception):
+                await reader.close()
+
+    async def _sqlite_get(self, key_id: str) -> StoredKey | None:
+        """`get` on the long-lived autocommit aiosqlite connection: one thread hop."""
+        try:
+            reader = self._reader or await self._open_reader()
+            rows = await reader.execute_fetchall(self._direct_sql, (key_id,))
+        except (sqlite3.Error, OSError) as exc:
+            await self._drop_reader()  # start afresh on the next call
+            _raise(self._translate(exc), exc)
+        for row in rows:
+            return _raw_stored(row, sqlite=True)
+        return None
+
+    async def _asyncpg_get(self, key_id: str) -> StoredKey | None:
+        """`get` with asyncpg's own `fetchrow` on a connection from the engine's pool.
+
+        This skips SQLAlchemy's execution and result layers (half the cost of a `get`) but
+        keeps its pool, with its sizing, recycling and optional pre-ping. asyncpg runs the
+        statement outside a transaction, prepared once per connection.
+        """
+        try:
+            connection = await self._engine.raw_connection()
+        except Exception as exc:
+            _raise(self._translate(exc), exc)
+        try:
+            driver_connection: Any = connection.driver_connection
+            row = await driver_connection.fetchrow(self._direct_sql, key_id)
+        except BaseException as exc:
+            unavailable = _is_unavailable(exc)
+            # A dead, timed-out or interrupted connection is discarded, not pooled again.
+            discard = unavailable or not isinstance(exc, Exception)
+            await greenlet_spawn(_release, connection, exc if discard else None)
+            if not isinstance(exc, Exception):
+                raise
+            if unavailable and not isinstance(exc, TimeoutError):
+                # The pooled connection was dead, e.g. the server restarted. SQLAlchemy's
+                # own path invalidates the whole pool when it meets a dead connection and
+                # then retries once on a fresh one.
+                return await self._run(self._sqlalchemy_get(key_id), write=False)
+            _raise(self._translate(exc), exc)
+        await greenlet_spawn(connection.close)
+        return None if row is None else _raw_stored(row, sqlite=False)
+
+    def _sqlalchemy_get(
+        self, key_id: str
+    ) -> Callable[[AsyncConnection], Awaitable[StoredKey | None]]:
+        async def work(conn: AsyncConnection) -> StoredKey | None:
+            row = (await conn.execute(self._get_stmt, {"key_id": key_id})).first()
+            if row is None:
+                return None
+            return StoredKey(record=_record(row), secret_hash=row[13])
+
+        return work
+
+    async def _require(self, conn: AsyncConnection, key_id: str) -> KeyRecord:
+        row = (await conn.execute(self._get_stmt, {"key_id": key_id})).first()
+        if row is None:
+            raise KeyNotFound(key_id)
+        return _record(row)
+
+    async def _update_or_current(self, key_id: str, update: sa.Update | None) -> KeyRecord:
+        """Run a conditional UPDATE of one key; return its record afterwards either way."""
+
+        async def work(conn: AsyncConnection) -> KeyRecord:
+            if update is not None:
+                if self._returning:
+                    row = (await conn.execute(update.returning(*self._columns))).first()
+                    if row is not None:
+                        return _record(row)
+                else:  # pragma: no cover - SQLite < 3.35
+                    await conn.execute(update)
+            return await self._require(conn, key_id)
+
+        return await self._run(work)
+
+    # --- KeyStore ---------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        try:
+            async with self._setup_lock, self._turn():
+                await _create_table_with(self._engine, self._table)
+        except Exception as exc:
+            _raise(self._translate(exc), exc)
+
+    async def insert(self, stored: StoredKey) -> None:
+        record = stored.record
+        values = {
+            "id": record.id,
+            "name": record.name,
+            "workspace": record.workspace,
+            "prefix": record.prefix,
+            "access": record.access,
+            "scopes": record.scopes,
+            "state": record.state,
+            "rate_limit": record.rate_limit,
+            "created_at": record.created_at,
+            "expires_at": record.expires_at,
+            "last_used_at": record.last_used_at,
+            "request_count": record.request_count,
+            "revoked_at": record.revoked_at,
+            "secret_hash": stored.secret_hash,
+        }
+        statement = sa.insert(self._table).values(values)
+
+        async def work(conn: AsyncConnection) -> None:
+            try:
+                await conn.execute(statement)
+            except sa_exc.IntegrityError as exc:
+                if _is_duplicate(exc):
+                    raise DuplicateKeyId(record.id) from None
+                raise
+
+        await self._run(work)
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        try:
+            return await self._get(key_id)
+        except _MissingTable:
+            if not self._auto_create:
+                raise
+        await self.setup()
+        return await self._get(key_id)
+
+    async def _get(self, key_id: str) -> StoredKey | None:
+        if self._direct == "aiosqlite":
+            return await self._sqlite_get(key_id)
+        if self._direct == "asyncpg":
+            return await self._asyncpg_get(key_id)
+        return await self._run(self._sqlalchemy_get(key_id), write=False)
+
+    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        table = self._table
+        statement = sa.select(*self._columns).order_by(table.c.created_at, table.c.id)
+        if workspace is not None:
+            statement = statement.where(table.c.workspace == workspace)
+
+        async def work(conn: AsyncConnection) -> list[KeyRecord]:
+            return [_record(row) for row in await conn.execute(statement)]
+
+        return await self._run(work, write=False)
+
+    async def set_state(
+        self,
+        key_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+    ) -> KeyRecord:
+        table = self._table
+        sources = sorted(set(allowed_from) - {state})
+        update: sa.Update | None = None
+        if sources:
+            values: dict[str, Any] = {"state": state}
+            if state == REVOKED:
+                values["revoked_at"] = at
+            update = (
+                sa.update(table)
+                .where(table.c.id == key_id, table.c.state.in_(sources))
+                .values(values)
+            )
+        return await self._update_or_current(key_id, update)
+
+    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+        table = self._table
+        update = (
+            sa.update(table)
+            .where(
+                table.c.id == key_id,
+                table.c.state != REVOKED,
+                sa.or_(table.c.expires_at.is_(None), table.c.expires_at > expires_at),
+            )
+            .values(expires_at=expires_at)
+        )
+        return await self._update_or_current(key_id, update)
+
+    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+        table = self._table
+        update = (
+            sa.update(table)
+            .where(table.c.id == key_id, table.c.secret_hash == old_hash)
+            .values(secret_hash=new_hash)
+        )
+
+        async def work(conn: AsyncConnection) -> bool:
+            return (await conn.execute(update)).rowcount == 1
+
+        return await self._run(work)
+
+    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+        # Sorted by id, so concurrent batches lock rows in one order and cannot deadlock.
+        params = [
+            {"b_id": key_id, "b_count": delta.count, "b_last": delta.last_used_at}
+            for key_id, delta in sorted(usage.items())
+            if delta.count
+        ]
+        if not params:
+            return
+        table = self._table
+        last = sa.bindparam("b_last", type_=UTCDateTime())
+        statement = (
+            sa.update(table)
+            .where(table.c.id == sa.bindparam("b_id"))
+            .values(
+                request_count=table.c.request_count
+                + sa.bindparam("b_count", type_=sa.BigInteger()),
+                last_used_at=sa.case(
+                    (
+                        sa.or_(table.c.last_used_at.is_(None), table.c.last_used_at < last),
+                        last,
+                    ),
+                    else_=table.c.last_used_at,
+                ),
+            )
+        )
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(statement, params)
+
+        await self._run(work)
+
+    async def aclose(self) -> None:
+        await self._drop_reader()
+        if self._owns_engine:
+            await self._engine.dispose()

@@ -1,0 +1,485 @@
+"""What every `KeyStore` guarantees, checked on each store of the table.
+
+The `store` fixture runs each test on memory, SQLite, PostgreSQL and Redis. The memory store
+is the reference: every other store must answer exactly as it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from apikeys.errors import DuplicateKeyId, KeyNotFound
+from apikeys.keys import generate_id
+from apikeys.stores import KeyStore
+from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+
+T0 = datetime(2026, 1, 31, 12, 0, 0, 123456, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def make_key(
+    key_id: str | None = None,
+    *,
+    digest: str = "hash-1",
+    **fields: Any,
+) -> StoredKey:
+    """A key with every field set to something plain; `fields` override any of them."""
+    key_id = key_id or generate_id()
+    values: dict[str, Any] = {
+        "id": key_id,
+        "name": f"key {key_id}",
+        "workspace": "acme",
+        "prefix": f"ak_{key_id}_…",
+        "access": "restricted",
+        "scopes": ("contacts:read", "contacts:write"),
+        "state": "active",
+        "rate_limit": "100/minute",
+        "created_at": T0,
+    }
+    values.update(fields)
+    return StoredKey(record=KeyRecord(**values), secret_hash=digest)
+
+
+async def inserted(store: KeyStore, key_id: str | None = None, **fields: Any) -> KeyRecord:
+    stored = make_key(key_id, **fields)
+    await store.insert(stored)
+    return stored.record
+
+
+async def record_of(store: KeyStore, key_id: str) -> KeyRecord:
+    stored = await store.get(key_id)
+    assert stored is not None
+    return stored.record
+
+
+def _fields(record: KeyRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in KeyRecord.__dataclass_fields__}
+
+
+def assert_utc(moment: datetime | None) -> None:
+    assert moment is not None
+    assert moment.tzinfo is not None
+    assert moment.utcoffset() == timedelta(0)
+
+
+class TestInsertAndGet:
+    async def test_if_inserted_then_get_returns_every_field_equal(self, store: KeyStore) -> None:
+        stored = make_key(
+            name="Zapier's “prod” key ✓",
+            workspace="acme-eu",
+            access="full",
+            scopes=("orders:read", "reports:*"),
+            state="revoked",
+            rate_limit="10/second",
+            created_at=T0,
+            expires_at=T0 + timedelta(days=30, microseconds=1),
+            last_used_at=T0 + timedelta(seconds=5, microseconds=654321),
+            request_count=2**40 + 7,
+            revoked_at=T0 + timedelta(days=1, microseconds=999999),
+            digest="hmac-sha256$0123456789abcdef",
+        )
+        await store.insert(stored)
+
+        got = await store.get(stored.record.id)
+
+        assert got == stored
+        assert got.secret_hash == stored.secret_hash
+        record = got.record
+        for moment in (record.created_at, record.expires_at, record.last_used_at):
+            assert_utc(moment)
+        assert_utc(record.revoked_at)
+        assert isinstance(record.scopes, tuple)
+
+    async def test_if_optional_fields_are_empty_then_they_come_back_empty(
+        self, store: KeyStore
+    ) -> None:
+        stored = make_key(scopes=(), rate_limit=None)
+        await store.insert(stored)
+
+        got = await store.get(stored.record.id)
+
+        assert got == stored
+        assert got.record.scopes == ()
+        assert got.record.expires_at is None
+        assert got.record.last_used_at is None
+        assert got.record.revoked_at is None
+        assert got.record.request_count == 0
+
+    async def test_if_datetime_is_in_another_timezone_then_the_same_instant_comes_back(
+        self, store: KeyStore
+    ) -> None:
+        plus_two = timezone(timedelta(hours=2))
+        record = await inserted(store, created_at=T0.astimezone(plus_two))
+
+        got = await record_of(store, record.id)
+
+        assert got.created_at == T0
+        assert got.created_at.tzinfo is not None
+
+    async def test_if_id_is_unknown_then_get_returns_none(self, store: KeyStore) -> None:
+        await inserted(store)
+
+        assert await store.get(generate_id()) is None
+
+    async def test_if_id_is_taken_then_insert_raises_duplicate_and_keeps_the_original(
+        self, store: KeyStore
+    ) -> None:
+        original = make_key(digest="first")
+        await store.insert(original)
+
+        with pytest.raises(DuplicateKeyId):
+            await store.insert(make_key(original.record.id, name="other", digest="second"))
+
+        assert await store.get(original.record.id) == original
+        assert len(await store.list()) == 1
+
+
+class TestList:
+    async def test_list_of_a_workspace_is_oldest_first_then_by_id(self, store: KeyStore) -> None:
+        ids = sorted(generate_id() for _ in range(4))
+        # Inserted out of order; ids[1] and ids[2] share a creation time.
+        await inserted(store, ids[2], created_at=T0 + HOUR)
+        await inserted(store, ids[3], created_at=T0)
+        await inserted(store, ids[1], created_at=T0 + HOUR)
+        await inserted(store, ids[0], created_at=T0 + 2 * HOUR)
+
+        records = await store.list("acme")
+
+        assert [record.id for record in records] == [ids[3], ids[1], ids[2], ids[0]]
+
+    async def test_list_of_a_workspace_leaves_out_every_other_workspace(
+        self, store: KeyStore
+    ) -> None:
+        mine = await inserted(store, workspace="acme")
+        await inserted(store, workspace="globex")
+        await inserted(store, workspace="acme-2")
+
+        assert await store.list("acme") == [mine]
+
+    async def test_list_without_workspace_returns_every_key_oldest_first(
+        self, store: KeyStore
+    ) -> None:
+        newer = await inserted(store, workspace="globex", created_at=T0 + HOUR)
+        older = await inserted(store, workspace="acme", created_at=T0)
+
+        assert await store.list() == [older, newer]
+
+    async def test_list_of_an_unknown_workspace_is_empty(self, store: KeyStore) -> None:
+        await inserted(store)
+
+        assert await store.list("nobody") == []
+
+    async def test_list_returns_records_with_their_current_state(self, store: KeyStore) -> None:
+        record = await inserted(store)
+        await store.set_state(record.id, "disabled", allowed_from=("active",), at=T0)
+        await store.add_usage({record.id: UsageDelta(3, T0 + HOUR)})
+
+        [listed] = await store.list("acme")
+
+        assert listed == await record_of(store, record.id)
+        assert (listed.state, listed.request_count) == ("disabled", 3)
+
+
+class TestSetState:
+    async def test_if_current_state_is_allowed_then_set_state_changes_it(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+
+        after = await store.set_state(record.id, "disabled", allowed_from=("active",), at=T0)
+
+        assert after.state == "disabled"
+        assert after.revoked_at is None
+        assert await record_of(store, record.id) == after
+
+    async def test_if_revoked_then_revoked_at_is_the_given_time(self, store: KeyStore) -> None:
+        record = await inserted(store)
+        at = T0 + timedelta(minutes=3, microseconds=42)
+
+        after = await store.set_state(
+            record.id, "revoked", allowed_from=("active", "disabled"), at=at
+        )
+
+        assert (after.state, after.revoked_at) == ("revoked", at)
+        assert_utc(after.revoked_at)
+        assert await record_of(store, record.id) == after
+
+    async def test_set_state_changes_nothing_but_state_and_revoked_at(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, expires_at=T0 + HOUR, request_count=5, last_used_at=T0)
+
+        after = await store.set_state(record.id, "revoked", allowed_from=("active",), at=T0)
+
+        assert after.state == "revoked"
+        assert after.revoked_at == T0
+        assert KeyRecord(**{**_fields(after), "state": "active", "revoked_at": None}) == record
+        stored = await store.get(record.id)
+        assert stored is not None
+        assert stored.secret_hash == "hash-1"
+
+    async def test_if_current_state_is_not_allowed_then_set_state_leaves_the_key_as_it_is(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, state="revoked", revoked_at=T0)
+
+        after = await store.set_state(record.id, "active", allowed_from=("disabled",), at=T0 + HOUR)
+
+        assert after == record
+        assert await record_of(store, record.id) == record
+
+    async def test_if_already_in_the_state_then_set_state_leaves_the_key_as_it_is(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, state="revoked", revoked_at=T0)
+
+        after = await store.set_state(
+            record.id, "revoked", allowed_from=("active", "disabled", "revoked"), at=T0 + HOUR
+        )
+
+        assert after == record
+        assert after.revoked_at == T0
+        assert await record_of(store, record.id) == record
+
+    async def test_if_enabled_again_then_state_is_active_without_revoked_at(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, state="disabled")
+
+        after = await store.set_state(record.id, "active", allowed_from=("disabled",), at=T0)
+
+        assert after.state == "active"
+        assert after.revoked_at is None
+
+    async def test_if_allowed_from_is_empty_then_set_state_changes_nothing(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+
+        after = await store.set_state(record.id, "disabled", allowed_from=(), at=T0)
+
+        assert after == record
+
+    async def test_if_id_is_unknown_then_set_state_raises_key_not_found(
+        self, store: KeyStore
+    ) -> None:
+        await inserted(store)
+
+        with pytest.raises(KeyNotFound):
+            await store.set_state(generate_id(), "revoked", allowed_from=("active",), at=T0)
+
+    async def test_if_revoked_concurrently_then_one_revocation_wins_for_everyone(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        times = [T0 + timedelta(seconds=i) for i in range(20)]
+
+        results = await asyncio.gather(
+            *(
+                store.set_state(record.id, "revoked", allowed_from=("active", "disabled"), at=at)
+                for at in times
+            )
+        )
+
+        final = await record_of(store, record.id)
+        assert final.state == "revoked"
+        assert final.revoked_at in times
+        assert {result.revoked_at for result in results} == {final.revoked_at}
+        assert {result.state for result in results} == {"revoked"}
+
+    async def test_if_disable_and_revoke_race_then_revoked_is_never_undone(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        enable_disable: list[tuple[StoredState, tuple[StoredState, ...]]] = [
+            ("disabled", ("active",)),
+            ("active", ("disabled",)),
+        ] * 10
+        revoke: tuple[StoredState, tuple[StoredState, ...]] = ("revoked", ("active", "disabled"))
+
+        await asyncio.gather(
+            *(
+                store.set_state(record.id, state, allowed_from=allowed, at=T0)
+                for state, allowed in [*enable_disable[:7], revoke, *enable_disable[7:]]
+            )
+        )
+
+        assert (await record_of(store, record.id)).state == "revoked"
+
+
+class TestShortenExpiry:
+    async def test_if_key_has_no_expiry_then_shorten_sets_it(self, store: KeyStore) -> None:
+        record = await inserted(store)
+
+        after = await store.shorten_expiry(record.id, T0 + HOUR)
+
+        assert after.expires_at == T0 + HOUR
+        assert_utc(after.expires_at)
+        assert await record_of(store, record.id) == after
+
+    async def test_if_earlier_then_shorten_moves_the_expiry_earlier(self, store: KeyStore) -> None:
+        record = await inserted(store, expires_at=T0 + 2 * HOUR)
+
+        after = await store.shorten_expiry(record.id, T0 + HOUR)
+
+        assert after.expires_at == T0 + HOUR
+        assert await record_of(store, record.id) == after
+
+    async def test_if_later_then_shorten_keeps_the_earlier_expiry(self, store: KeyStore) -> None:
+        record = await inserted(store, expires_at=T0 + HOUR)
+
+        after = await store.shorten_expiry(record.id, T0 + 2 * HOUR)
+
+        assert after == record
+        assert await record_of(store, record.id) == record
+
+    async def test_if_revoked_then_shorten_leaves_the_key_as_it_is(self, store: KeyStore) -> None:
+        record = await inserted(store, state="revoked", revoked_at=T0, expires_at=T0 + 2 * HOUR)
+
+        after = await store.shorten_expiry(record.id, T0 + HOUR)
+
+        assert after == record
+        assert await record_of(store, record.id) == record
+
+    async def test_if_disabled_then_shorten_still_applies(self, store: KeyStore) -> None:
+        record = await inserted(store, state="disabled")
+
+        after = await store.shorten_expiry(record.id, T0 + HOUR)
+
+        assert (after.state, after.expires_at) == ("disabled", T0 + HOUR)
+
+    async def test_if_shortened_concurrently_then_the_earliest_expiry_wins(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, expires_at=T0 + 100 * HOUR)
+        hours = [17, 5, 42, 3, 99, 8, 3, 61, 12, 4]
+
+        await asyncio.gather(*(store.shorten_expiry(record.id, T0 + h * HOUR) for h in hours))
+
+        assert (await record_of(store, record.id)).expires_at == T0 + 3 * HOUR
+
+    async def test_if_id_is_unknown_then_shorten_raises_key_not_found(
+        self, store: KeyStore
+    ) -> None:
+        with pytest.raises(KeyNotFound):
+            await store.shorten_expiry(generate_id(), T0)
+
+
+class TestReplaceHash:
+    async def test_if_old_hash_matches_then_replace_hash_swaps_it(self, store: KeyStore) -> None:
+        record = await inserted(store, digest="old")
+
+        assert await store.replace_hash(record.id, "old", "new") is True
+
+        stored = await store.get(record.id)
+        assert stored is not None
+        assert stored.secret_hash == "new"
+        assert stored.record == record
+
+    async def test_if_old_hash_differs_then_replace_hash_refuses(self, store: KeyStore) -> None:
+        record = await inserted(store, digest="current")
+
+        assert await store.replace_hash(record.id, "stale", "new") is False
+
+        stored = await store.get(record.id)
+        assert stored is not None
+        assert stored.secret_hash == "current"
+
+    async def test_if_id_is_unknown_then_replace_hash_returns_false(self, store: KeyStore) -> None:
+        assert await store.replace_hash(generate_id(), "old", "new") is False
+
+    async def test_if_two_replace_the_same_hash_at_once_then_exactly_one_wins(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store, digest="old")
+
+        results = await asyncio.gather(
+            *(store.replace_hash(record.id, "old", f"new-{i}") for i in range(10))
+        )
+
+        assert results.count(True) == 1
+        stored = await store.get(record.id)
+        assert stored is not None
+        assert stored.secret_hash == f"new-{results.index(True)}"
+
+
+class TestAddUsage:
+    async def test_add_usage_adds_counts_and_sets_last_used_at(self, store: KeyStore) -> None:
+        first = await inserted(store)
+        second = await inserted(store, request_count=10, last_used_at=T0)
+
+        await store.add_usage(
+            {
+                first.id: UsageDelta(3, T0 + HOUR),
+                second.id: UsageDelta(2, T0 + 2 * HOUR),
+            }
+        )
+
+        one, two = await record_of(store, first.id), await record_of(store, second.id)
+        assert (one.request_count, one.last_used_at) == (3, T0 + HOUR)
+        assert (two.request_count, two.last_used_at) == (12, T0 + 2 * HOUR)
+        assert_utc(one.last_used_at)
+
+    async def test_add_usage_never_moves_last_used_at_back(self, store: KeyStore) -> None:
+        record = await inserted(store, last_used_at=T0 + HOUR, request_count=1)
+
+        await store.add_usage({record.id: UsageDelta(4, T0)})
+
+        after = await record_of(store, record.id)
+        assert (after.request_count, after.last_used_at) == (5, T0 + HOUR)
+
+    async def test_add_usage_ignores_unknown_ids_and_applies_the_rest(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        unknown = generate_id()
+
+        await store.add_usage({unknown: UsageDelta(7, T0), record.id: UsageDelta(1, T0)})
+
+        assert await store.get(unknown) is None
+        assert (await record_of(store, record.id)).request_count == 1
+        assert [listed.id for listed in await store.list()] == [record.id]
+
+    async def test_add_usage_with_an_empty_batch_changes_nothing(self, store: KeyStore) -> None:
+        record = await inserted(store)
+
+        await store.add_usage({})
+
+        assert await record_of(store, record.id) == record
+
+    async def test_add_usage_changes_only_count_and_last_used_at(self, store: KeyStore) -> None:
+        record = await inserted(store, state="revoked", revoked_at=T0, expires_at=T0 + HOUR)
+
+        await store.add_usage({record.id: UsageDelta(2, T0 + HOUR)})
+
+        stored = await store.get(record.id)
+        assert stored is not None
+        assert stored.secret_hash == "hash-1"
+        assert stored.record == KeyRecord(
+            **{**_fields(record), "request_count": 2, "last_used_at": T0 + HOUR}
+        )
+
+    async def test_if_fifty_batches_run_at_once_then_counts_are_exact_and_last_used_is_latest(
+        self, store: KeyStore
+    ) -> None:
+        records = [await inserted(store) for _ in range(5)]
+        batches = [
+            {
+                record.id: UsageDelta(batch + i + 1, T0 + timedelta(seconds=batch * 7 + i))
+                for i, record in enumerate(records)
+                if (batch + i) % 3 != 0  # not every key in every batch
+            }
+            for batch in range(50)
+        ]
+
+        await asyncio.gather(*(store.add_usage(batch) for batch in batches))
+
+        for record in records:
+            deltas = [batch[record.id] for batch in batches if record.id in batch]
+            after = await record_of(store, record.id)
+            assert after.request_count == sum(delta.count for delta in deltas)
+            assert after.last_used_at == max(delta.last_used_at for delta in deltas)

@@ -1,0 +1,47 @@
+"""Every Python sample in the README runs as written."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import httpx
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def test_readme_has_the_samples_this_test_runs() -> None:
+    assert len(BLOCKS) == 2
+
+
+async def test_if_readme_app_served_then_key_from_readme_command_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app.py").write_text(BLOCKS[0])
+    namespace = runpy.run_path(str(tmp_path / "app.py"))
+    manager, app = namespace["manager"], namespace["app"]
+    created = await manager.create(name="me", scopes=["contacts:read"])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.get(
+            "/api/v1/contacts", headers={"Authorization": f"Bearer {created.key}"}
+        )
+        refused = await client.get("/api/v1/contacts")
+    assert response.status_code == 200
+    assert response.json() == {"workspace": "default", "data": []}
+    assert refused.status_code == 401
+    await manager.aclose()
+    assert (tmp_path / "apikeys.db").exists()
+
+
+def test_if_readme_management_sample_runs_then_it_prints_the_states(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    exec(compile(BLOCKS[1], "README.md", "exec"), {"__name__": "__main__"})  # noqa: S102
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"ak_\w{12}_\w{38}", lines[0])
+    assert lines[1] == "['active', 'revoked']"
