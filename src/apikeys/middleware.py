@@ -42,7 +42,14 @@ from apikeys.ratelimit import RateDecision, RateLimiter
 from apikeys.scopes import GrantedScopes, grants_for, validate_scope
 from apikeys.types import ASGIApp, KeyRecord, Message, Receive, Scope, Send
 
-__all__ = ["APIKeyAuth", "APIKeyMiddleware", "APIKeyUser", "ScopeTable"]
+__all__ = [
+    "APIKeyAuth",
+    "APIKeyMiddleware",
+    "APIKeyUser",
+    "ScopeTable",
+    "bearer_token",
+    "rate_limit_headers",
+]
 
 logger = logging.getLogger("apikeys")
 
@@ -143,9 +150,39 @@ class ScopeTable:
         return ()
 
 
+def bearer_token(values: Sequence[bytes]) -> str:
+    """The token of the request's `Authorization` header values, or the matching error.
+
+    No header is `MissingAPIKey`; two headers, another scheme, an oversized or non-ASCII
+    value is `MalformedAPIKey`. The scheme word is case-insensitive, followed by one space.
+    """
+    if not values:
+        raise MissingAPIKey()
+    if len(values) > 1:  # two Authorization headers: refuse, never pick one
+        raise MalformedAPIKey()
+    value = values[0]
+    if len(value) > MAX_AUTHORIZATION_LENGTH or value[:7].lower() != b"bearer ":
+        raise MalformedAPIKey()
+    try:
+        return value[7:].decode("ascii")
+    except UnicodeDecodeError:
+        raise MalformedAPIKey() from None
+
+
 @functools.lru_cache(maxsize=256)
 def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
     return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
+
+
+def rate_limit_headers(decision: RateDecision, policy_name: str = "default") -> Headers:
+    """`RateLimit-Policy` and `RateLimit` (IETF draft) for a limiter decision."""
+    return [
+        _policy_header(policy_name, decision.limit, decision.window),
+        (
+            b"ratelimit",
+            f'"{policy_name}";r={decision.remaining};t={decision.reset_after}'.encode(),
+        ),
+    ]
 
 
 class APIKeyMiddleware:
@@ -230,29 +267,10 @@ class APIKeyMiddleware:
 
     @staticmethod
     def _token(headers: Sequence[tuple[bytes, bytes]]) -> str:
-        value: bytes | None = None
-        for name, header_value in headers:
-            if name == b"authorization":
-                if value is not None:  # two Authorization headers: refuse, never pick one
-                    raise MalformedAPIKey()
-                value = header_value
-        if value is None:
-            raise MissingAPIKey()
-        if len(value) > MAX_AUTHORIZATION_LENGTH or value[:7].lower() != b"bearer ":
-            raise MalformedAPIKey()
-        try:
-            return value[7:].decode("ascii")
-        except UnicodeDecodeError:
-            raise MalformedAPIKey() from None
+        return bearer_token([value for name, value in headers if name == b"authorization"])
 
     def _rate_headers(self, decision: RateDecision) -> Headers:
-        return [
-            _policy_header(self.policy_name, decision.limit, decision.window),
-            (
-                b"ratelimit",
-                f'"{self.policy_name}";r={decision.remaining};t={decision.reset_after}'.encode(),
-            ),
-        ]
+        return rate_limit_headers(decision, self.policy_name)
 
     async def _refuse(
         self,

@@ -20,7 +20,13 @@ from apikeys.errors import (
 )
 from apikeys.types import Send
 
-__all__ = ["PROBLEM_CONTENT_TYPE", "problem_body", "problem_headers", "send_problem"]
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "encode_problem",
+    "problem_body",
+    "problem_headers",
+    "send_problem",
+]
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "urn:apikeys:problem:"
@@ -63,6 +69,13 @@ def problem_headers(exc: AuthenticationError, realm: str = "api") -> Headers:
     elif isinstance(exc, RateLimited | AuthUnavailable):
         headers.append((b"retry-after", str(exc.retry_after).encode("latin-1")))
     return headers
+
+
+def encode_problem(
+    exc: AuthenticationError, realm: str = "api", extra: Headers | None = None
+) -> tuple[Headers, bytes]:
+    """The raw headers and body of the problem response for `exc`."""
+    return _encode(exc, realm, extra or [])
 
 
 def _encode(exc: AuthenticationError, realm: str, extra: Headers) -> tuple[Headers, bytes]:

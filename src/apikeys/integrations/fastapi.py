@@ -1,0 +1,113 @@
+"""apikeys as a FastAPI security dependency.
+
+```python
+from fastapi import FastAPI, Security
+
+from apikeys import KeyManager, KeyRecord
+from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
+
+manager = KeyManager("sqlite:///apikeys.db")
+api_key = APIKeySecurity(manager)
+app = FastAPI()
+install_error_handler(app)
+
+
+@app.get("/api/v1/contacts")
+async def contacts(key: KeyRecord = Security(api_key, scopes=["contacts:read"])):
+    return {"workspace": key.workspace}
+```
+
+The dependency returns the `KeyRecord`, checks the scopes FastAPI collects in
+`SecurityScopes` (with `resource:*` grants and full access), applies the key's rate limit
+when a `limiter` is given (setting `RateLimit` headers on the response), and shows the
+Bearer scheme in FastAPI's OpenAPI. `install_error_handler` makes every refusal the same
+problem+json response `APIKeyMiddleware` sends; without it, refusals still arrive with the
+right status as FastAPI's usual `{"detail": …}` body.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.security import HTTPBearer, SecurityScopes
+
+from apikeys import errors
+from apikeys.manager import KeyManager
+from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token, rate_limit_headers
+from apikeys.problems import encode_problem, problem_body, problem_headers
+from apikeys.ratelimit import RateLimiter
+from apikeys.scopes import grants_for
+from apikeys.types import KeyRecord
+
+__all__ = ["APIKeySecurity", "install_error_handler", "problem_response"]
+
+
+class APIKeySecurity(HTTPBearer):
+    """A `Security` dependency that authenticates the request's API key.
+
+    Use it as `Security(api_key, scopes=[...])`; it returns the request's `KeyRecord` and
+    sets `request.scope["apikey"]`, `request.auth` and `request.user`.
+    """
+
+    def __init__(
+        self,
+        manager: KeyManager,
+        *,
+        limiter: RateLimiter | None = None,
+        scheme_name: str = "APIKey",
+        description: str = "An API key: `Authorization: Bearer ak_…`.",
+        realm: str = "api",
+    ) -> None:
+        super().__init__(bearerFormat="apikeys", scheme_name=scheme_name, description=description)
+        self.manager = manager
+        self.limiter = limiter
+        self.realm = realm
+
+    async def __call__(  # type: ignore[override]
+        self, request: Request, response: Response, security_scopes: SecurityScopes
+    ) -> KeyRecord:
+        try:
+            return await self._authenticate(request, response, security_scopes.scopes)
+        except errors.AuthenticationError as exc:
+            if errors.AuthenticationError in request.app.exception_handlers:
+                raise
+            raise HTTPException(
+                exc.status,
+                detail=problem_body(exc),
+                headers={
+                    name.decode(): value.decode()
+                    for name, value in problem_headers(exc, self.realm)
+                },
+            ) from None
+
+    async def _authenticate(
+        self, request: Request, response: Response, required: list[str]
+    ) -> KeyRecord:
+        values = [value for name, value in request.scope["headers"] if name == b"authorization"]
+        record = await self.manager.verify(bearer_token(values))
+        if self.limiter is not None:
+            decision = await self.limiter.hit(record.id, record.rate_limit)
+            for name, value in rate_limit_headers(decision):
+                response.headers[name.decode()] = value.decode()
+            if not decision.allowed:
+                raise errors.RateLimited(decision.reset_after)
+        grants = grants_for(record.scopes, record.access == "full")
+        if required and not grants.covers(required):
+            raise errors.InsufficientScope(required)
+        request.scope["apikey"] = record
+        request.scope["auth"] = APIKeyAuth(grants)
+        request.scope["user"] = APIKeyUser(record)
+        return record
+
+
+def problem_response(request: Request, exc: Exception) -> Response:
+    """The problem+json response for an apikeys `AuthenticationError`."""
+    error = exc if isinstance(exc, errors.AuthenticationError) else errors.InvalidAPIKey()
+    headers, body = encode_problem(error)
+    result = Response(body, status_code=error.status)
+    result.raw_headers = headers
+    return result
+
+
+def install_error_handler(app: FastAPI) -> None:
+    """Answer every apikeys refusal in `app` with its problem+json response."""
+    app.add_exception_handler(errors.AuthenticationError, problem_response)

@@ -1,0 +1,80 @@
+"""apikeys as a Starlette `AuthenticationBackend`, for apps built on `AuthenticationMiddleware`.
+
+```python
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+
+from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
+
+middleware = [
+    Middleware(AuthenticationMiddleware, backend=APIKeyBackend(manager), on_error=on_auth_error)
+]
+```
+
+A request without an `Authorization` header is anonymous (Starlette's `requires()` then
+answers 403, or redirects); any other failure is answered by `on_auth_error` with the same
+problem+json body `APIKeyMiddleware` sends. Scopes are checked with `requires("contacts:read")`
+and understand `resource:*` grants and full access. For `RateLimit` headers on every response,
+use `APIKeyMiddleware` instead.
+"""
+
+from __future__ import annotations
+
+from starlette.authentication import AuthenticationBackend, AuthenticationError
+from starlette.requests import HTTPConnection
+from starlette.responses import Response
+
+from apikeys import errors
+from apikeys.manager import KeyManager
+from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token
+from apikeys.problems import encode_problem
+from apikeys.ratelimit import RateLimiter
+from apikeys.scopes import grants_for
+
+__all__ = ["APIKeyBackend", "APIKeyRefused", "on_auth_error"]
+
+
+class APIKeyRefused(AuthenticationError):
+    """Starlette's `AuthenticationError`, carrying the apikeys error it stands for."""
+
+    def __init__(self, error: errors.AuthenticationError) -> None:
+        super().__init__(error.code)
+        self.error = error
+
+
+class APIKeyBackend(AuthenticationBackend):
+    """Authenticate `Authorization: Bearer <key>` with a `KeyManager`.
+
+    Pass a `RateLimiter` as `limiter` to apply per-key limits here as well.
+    """
+
+    def __init__(
+        self, manager: KeyManager, *, limiter: RateLimiter | None = None, realm: str = "api"
+    ) -> None:
+        self.manager = manager
+        self.limiter = limiter
+        self.realm = realm
+
+    async def authenticate(self, conn: HTTPConnection) -> tuple[APIKeyAuth, APIKeyUser] | None:
+        values = [value for name, value in conn.scope["headers"] if name == b"authorization"]
+        if not values:
+            return None
+        try:
+            record = await self.manager.verify(bearer_token(values))
+            if self.limiter is not None:
+                decision = await self.limiter.hit(record.id, record.rate_limit)
+                if not decision.allowed:
+                    raise errors.RateLimited(decision.reset_after)
+        except errors.AuthenticationError as exc:
+            raise APIKeyRefused(exc) from None
+        conn.scope["apikey"] = record
+        return APIKeyAuth(grants_for(record.scopes, record.access == "full")), APIKeyUser(record)
+
+
+def on_auth_error(conn: HTTPConnection, exc: Exception) -> Response:
+    """`AuthenticationMiddleware`'s `on_error`: the problem+json response for `exc`."""
+    error = exc.error if isinstance(exc, APIKeyRefused) else errors.InvalidAPIKey()
+    headers, body = encode_problem(error)
+    response = Response(body, status_code=error.status)
+    response.raw_headers = headers
+    return response

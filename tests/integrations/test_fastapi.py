@@ -1,0 +1,126 @@
+"""The FastAPI security dependency: records, SecurityScopes, OpenAPI, problem+json."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI, Security
+
+from apikeys import KeyManager, KeyRecord, RateLimiter
+from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
+
+
+def build(
+    manager: KeyManager, *, handler: bool = True, limiter: RateLimiter | None = None
+) -> FastAPI:
+    api_key = APIKeySecurity(manager, limiter=limiter)
+    app = FastAPI()
+    if handler:
+        install_error_handler(app)
+
+    @app.get("/contacts")
+    async def contacts(
+        key: KeyRecord = Security(api_key, scopes=["contacts:read"]),
+    ) -> dict[str, str]:
+        return {"id": key.id, "workspace": key.workspace}
+
+    @app.post("/contacts")
+    async def add(key: KeyRecord = Security(api_key, scopes=["contacts:write"])) -> dict[str, str]:
+        return {"id": key.id}
+
+    @app.get("/me")
+    async def me(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {"name": key.name}
+
+    return app
+
+
+@pytest.fixture
+async def client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build(memory_manager))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        yield http
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_if_key_has_scope_then_dependency_returns_its_record(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["contacts:*"])
+    response = await client.get("/contacts", headers=bearer(created.key))
+    assert response.status_code == 200
+    assert response.json() == {"id": created.record.id, "workspace": "acme"}
+    assert (await client.post("/contacts", headers=bearer(created.key))).status_code == 200
+
+
+async def test_if_scope_missing_then_403_problem(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["contacts:read"])
+    response = await client.post("/contacts", headers=bearer(created.key))
+    assert response.status_code == 403
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["required_scopes"] == ["contacts:write"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [({}, "missing_api_key"), ({"Authorization": "Bearer nope"}, "malformed_api_key")],
+)
+async def test_if_credentials_bad_then_401_problem(
+    client: httpx.AsyncClient, headers: dict[str, str], code: str
+) -> None:
+    response = await client.get("/me", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["code"] == code
+    assert response.headers["www-authenticate"].startswith('Bearer realm="api"')
+
+
+async def test_if_revoked_then_401_key_revoked(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    assert (await client.get("/me", headers=bearer(created.key))).status_code == 200
+    await memory_manager.revoke(created.record.id)
+    response = await client.get("/me", headers=bearer(created.key))
+    assert response.json()["code"] == "key_revoked"
+
+
+async def test_if_no_error_handler_then_status_and_code_still_right(
+    memory_manager: KeyManager,
+) -> None:
+    transport = httpx.ASGITransport(app=build(memory_manager, handler=False))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/me")
+    assert response.status_code == 401
+    assert response.json()["detail"]["code"] == "missing_api_key"
+    assert response.headers["www-authenticate"] == 'Bearer realm="api"'
+
+
+async def test_if_limiter_given_then_headers_and_429(memory_manager: KeyManager) -> None:
+    app = build(memory_manager, limiter=RateLimiter("2/minute"))
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        first = await http.get("/me", headers=bearer(created.key))
+        assert first.headers["ratelimit"] == '"default";r=1;t=60'
+        await http.get("/me", headers=bearer(created.key))
+        limited = await http.get("/me", headers=bearer(created.key))
+    assert limited.status_code == 429
+    assert int(limited.headers["retry-after"]) >= 1
+
+
+def test_openapi_shows_the_bearer_scheme_and_scopes(memory_manager: KeyManager) -> None:
+    schema = build(memory_manager).openapi()
+    assert schema["components"]["securitySchemes"]["APIKey"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "apikeys",
+        "description": "An API key: `Authorization: Bearer ak_…`.",
+    }
+    assert schema["paths"]["/contacts"]["get"]["security"] == [{"APIKey": ["contacts:read"]}]

@@ -1,0 +1,87 @@
+"""The Starlette AuthenticationBackend: requires() with our scopes, problem+json refusals."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.authentication import requires
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from apikeys import KeyManager, RateLimiter
+from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
+
+
+@requires("contacts:read")
+async def contacts(request: Request) -> JSONResponse:
+    return JSONResponse({"id": request.user.identity, "workspace": request.user.workspace})
+
+
+async def anyone(request: Request) -> JSONResponse:
+    return JSONResponse({"authenticated": request.user.is_authenticated})
+
+
+def build(manager: KeyManager, limiter: RateLimiter | None = None) -> Starlette:
+    backend = APIKeyBackend(manager, limiter=limiter)
+    return Starlette(
+        routes=[Route("/contacts", contacts), Route("/anyone", anyone)],
+        middleware=[Middleware(AuthenticationMiddleware, backend=backend, on_error=on_auth_error)],
+    )
+
+
+@pytest.fixture
+async def client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build(memory_manager))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        yield http
+
+
+async def test_if_key_valid_then_requires_passes_with_wildcards(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    for scopes in (["contacts:read"], ["contacts:*"]):
+        created = await memory_manager.create(name="n", workspace="acme", scopes=scopes)
+        response = await client.get("/contacts", headers={"Authorization": f"Bearer {created.key}"})
+        assert response.json() == {"id": created.record.id, "workspace": "acme"}
+
+
+async def test_if_scope_missing_then_requires_refuses(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["campaigns:read"])
+    response = await client.get("/contacts", headers={"Authorization": f"Bearer {created.key}"})
+    assert response.status_code == 403
+
+
+async def test_if_no_header_then_anonymous(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/anyone")).json() == {"authenticated": False}
+    assert (await client.get("/contacts")).status_code == 403
+
+
+async def test_if_key_revoked_then_problem_401(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    await memory_manager.revoke(created.record.id)
+    response = await client.get("/anyone", headers={"Authorization": f"Bearer {created.key}"})
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "key_revoked"
+    assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+
+async def test_if_limiter_given_then_429_after_limit(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    transport = httpx.ASGITransport(app=build(memory_manager, RateLimiter("1/minute")))
+    headers = {"Authorization": f"Bearer {created.key}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        assert (await http.get("/anyone", headers=headers)).status_code == 200
+        limited = await http.get("/anyone", headers=headers)
+    assert limited.status_code == 429
+    assert limited.json()["code"] == "rate_limited"
