@@ -22,6 +22,7 @@ from apikeys.types import Send
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
+    "TYPE_BASE",
     "encode_problem",
     "problem_body",
     "problem_headers",

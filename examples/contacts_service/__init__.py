@@ -1,0 +1,16 @@
+"""A contacts and campaigns API whose `/api/v1/` endpoints are protected by API keys.
+
+```shell
+python -m uvicorn examples.contacts_service.app:app
+```
+
+- `settings.py`: configuration from the environment.
+- `db.py`: the service's own tables (SQLAlchemy Core) and every query, per workspace.
+- `payload.py`: reading JSON bodies within limits, and validating a new contact.
+- `problems.py`: the service's own errors, as problem+json like the middleware's.
+- `api.py`: the endpoints and the scope each one needs.
+- `openapi.py`: the OpenAPI 3.1 document served at `/api/v1/openapi.json`.
+- `app.py`: puts it together; `app` is what uvicorn serves.
+
+Importing this package has no side effects; only `app` reads the environment.
+"""

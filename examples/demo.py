@@ -1,0 +1,117 @@
+"""The demo: seed a workspace, print a fresh API key, and serve the contacts service.
+
+```shell
+python -m examples.demo              # what `make demo` runs, from the repository root
+python -m examples.demo --no-serve   # seed and print the key only
+```
+
+It uses the service's settings (`APIKEYS_STORE_URL`, `EXAMPLE_DATABASE_URL`, …), whose
+defaults are SQLite files in the current directory. Running it again is safe: the workspace
+and its sample data are created once, and each run prints one new key.
+
+Keys are hashed with a pepper (`APIKEYS_PEPPER`). When it is not set, the demo makes one
+once, keeps it in `.apikeys-demo-pepper` (readable by you only) and exports it before the
+service starts, so demo keys keep working across restarts. Give the `apikeys` command line
+the same pepper: `export APIKEYS_PEPPER="$(cat .apikeys-demo-pepper)"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+from pathlib import Path
+
+from apikeys import KeyManager
+from apikeys.hashing import PEPPER_ENV
+from examples.contacts_service.db import DEMO_CAMPAIGNS, Database
+from examples.contacts_service.payload import validate_contact
+from examples.contacts_service.settings import Settings
+
+PEPPER_FILE = Path(".apikeys-demo-pepper")
+DEMO_KEY_NAME = "demo key"
+SAMPLE_CONTACTS = (
+    {
+        "name": "Ada Lovelace",
+        "phone": "+442071838750",
+        "email": "ada@example.com",
+        "company": "Analytical Engines Ltd",
+    },
+    {
+        "name": "Grace Hopper",
+        "phone": "+12025550143",
+        "email": "grace@example.org",
+        "company": "Compiler Corp",
+    },
+)
+
+
+def ensure_pepper(path: Path = PEPPER_FILE) -> str:
+    """Export a pepper unless one is set; return where it came from."""
+    if os.environ.get(PEPPER_ENV):
+        return f"${PEPPER_ENV}"
+    if path.exists():
+        pepper = path.read_text().strip()
+    else:
+        pepper = secrets.token_urlsafe(32)
+        # Created readable by the owner only; O_EXCL never overwrites a pepper in use.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(pepper + "\n")
+    os.environ[PEPPER_ENV] = pepper
+    return str(path)
+
+
+async def seed(settings: Settings) -> str:
+    """Prepare the workspace and its sample contacts; return a new full-access key."""
+    database = Database(settings.database_url)
+    try:
+        await database.create_tables()
+        await database.ensure_workspace(settings.workspace)
+        for sample in SAMPLE_CONTACTS:
+            if await database.find_contact_by_email(settings.workspace, sample["email"]) is None:
+                await database.add_contact(settings.workspace, validate_contact(sample))
+    finally:
+        await database.aclose()
+    async with KeyManager(settings.store_url) as manager:
+        created = await manager.create(
+            name=DEMO_KEY_NAME, workspace=settings.workspace, full_access=True
+        )
+    return created.key
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
+    parser.add_argument("--no-serve", action="store_true", help="seed and print the key only")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+
+    pepper_source = ensure_pepper()
+    settings = Settings.from_env()
+    key = asyncio.run(seed(settings))
+    base = f"http://{args.host}:{args.port}"
+    campaigns = ", ".join(name for name, _ in DEMO_CAMPAIGNS)
+    print(
+        f"Workspace {settings.workspace!r} is ready, with sample contacts and the campaigns "
+        f"{campaigns}.\n"
+        f"Keys: {settings.store_url} (pepper from {pepper_source}); "
+        f"data: {settings.database_url}.\n\n"
+        f"A new full-access API key {DEMO_KEY_NAME!r}, shown this once:\n\n"
+        f"    {key}\n\n"
+        "Try it:\n\n"
+        f'    curl -H "Authorization: Bearer {key}" {base}/api/v1/contacts\n\n'
+        f"The API's OpenAPI document: {base}/api/v1/openapi.json",
+        flush=True,
+    )
+    if args.no_serve:
+        return
+
+    import uvicorn
+
+    uvicorn.run("examples.contacts_service.app:app", host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()
