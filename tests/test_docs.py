@@ -1,0 +1,337 @@
+"""The documentation in docs/ runs as written, and the site builds with `mkdocs build --strict`.
+
+Conventions for the Markdown pages:
+
+- The ```python blocks of a page run in order, in one namespace, in a temporary working
+  directory (SQLite files land there), with `APIKEYS_PEPPER` set.
+- `<!-- file: NAME -->` on the line before a block: the reader saves the block as NAME, so
+  it is written to NAME in that directory instead of being run; later blocks import it.
+- `<!-- not-run: reason -->` on the line before a block: compiled but not run. Only for
+  samples that need a live server or a package apikeys does not depend on.
+
+Shell blocks are not run, but every `apikeys …` command in them must parse with the real
+command line, and the problem+json bodies of the HTTP error reference must be the ones the
+code sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from apikeys import errors
+from apikeys.cli import main
+from apikeys.keys import MalformedAPIKey, parse_key
+from apikeys.problems import problem_body
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+PEPPER = "docs-pepper-0123456789abcdef"
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_DIRECTIVE = re.compile(r"^<!--\s*(file|not-run):\s*(.+?)\s*-->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    language: str
+    line: int
+    """Line number of the block's first line of code in the page (1-based)."""
+    code: str
+    directive: str | None = None
+    argument: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced blocks of `page`, with the directive comment before each, if any."""
+    found: list[Block] = []
+    lines = page.read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        match = _FENCE.match(lines[index])
+        if match is None:
+            index += 1
+            continue
+        start = index + 1
+        end = start
+        while end < len(lines) and lines[end] != "```":
+            end += 1
+        assert end < len(lines), f"{page}:{index + 1}: unclosed code fence"
+        previous = next((line for line in reversed(lines[:index]) if line.strip()), "")
+        directive = _DIRECTIVE.match(previous.strip())
+        found.append(
+            Block(
+                page=page,
+                language=match.group(1),
+                line=start + 1,
+                code="\n".join(lines[start:end]) + "\n",
+                directive=directive.group(1) if directive else None,
+                argument=directive.group(2) if directive else None,
+            )
+        )
+        index = end + 1
+    return found
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(DOCS))
+
+
+PYTHON_PAGES = [page for page in PAGES if any(b.language == "python" for b in blocks(page))]
+
+
+def test_the_docs_have_pages_and_samples() -> None:
+    assert (DOCS / "index.md") in PAGES
+    assert len(PYTHON_PAGES) >= 10
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_code_fence_is_indented(page: Path) -> None:
+    # An indented fence (in an admonition or a list) would escape the checks below.
+    indented = [
+        number
+        for number, line in enumerate(page.read_text().splitlines(), start=1)
+        if re.match(r"^\s+```", line)
+    ]
+    assert not indented, f"{page_id(page)}: indented code fences on lines {indented}"
+
+
+# -- Python samples ---------------------------------------------------------------------------
+
+
+def _client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+
+
+async def _exercise_index(namespace: dict[str, Any]) -> None:
+    """The home page's app answers 200 with a key that has the scope, 401 without one."""
+    manager, app = namespace["manager"], namespace["app"]
+    created = await manager.create(name="docs", scopes=["contacts:read"])
+    async with _client(app) as client:
+        allowed = await client.get(
+            "/api/v1/contacts", headers={"Authorization": f"Bearer {created.key}"}
+        )
+        refused = await client.get("/api/v1/contacts")
+    await manager.aclose()
+    assert allowed.status_code == 200
+    assert allowed.json() == {"workspace": "default", "data": []}
+    assert refused.status_code == 401
+
+
+# Pages whose apps the page itself does not call: the test calls them after the page ran.
+EXERCISES: dict[str, Callable[[dict[str, Any]], Coroutine[Any, Any, None]]] = {
+    "index.md": _exercise_index,
+}
+
+
+@pytest.fixture
+def docs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary working directory on `sys.path`, the pepper set, no other settings."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("APIKEYS_PEPPER", PEPPER)
+    for name in ("APIKEYS_RATE_LIMIT", "APIKEYS_STORE_URL", "APIKEYS_LIMITER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    before = set(sys.modules)
+    try:
+        yield tmp_path
+    finally:
+        # Forget the modules the page's files defined, so the next page starts afresh.
+        for name in set(sys.modules) - before:
+            module_file = getattr(sys.modules[name], "__file__", None) or ""
+            if module_file.startswith(str(tmp_path)):
+                del sys.modules[name]
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=page_id)
+def test_every_python_sample_runs_as_written(page: Path, docs_env: Path) -> None:
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    for block in blocks(page):
+        if block.language != "python":
+            continue
+        # Padding keeps the page's line numbers in tracebacks.
+        source = "\n" * (block.line - 1) + block.code
+        code = compile(source, str(block.page), "exec")
+        if block.directive == "file":
+            assert block.argument is not None
+            (docs_env / block.argument).write_text(block.code)
+            importlib.invalidate_caches()
+        elif block.directive is None:
+            exec(code, namespace)  # noqa: S102 - running the documentation is the point
+    exercise = EXERCISES.get(page_id(page))
+    if exercise is not None:
+        asyncio.run(exercise(namespace))
+
+
+def test_not_run_samples_are_rare() -> None:
+    skipped = [
+        block.where
+        for page in PAGES
+        for block in blocks(page)
+        if block.language == "python" and block.directive == "not-run"
+    ]
+    assert len(skipped) <= 5, skipped
+
+
+def test_file_samples_are_used_by_a_later_sample() -> None:
+    for page in PAGES:
+        page_blocks = [block for block in blocks(page) if block.language == "python"]
+        for position, block in enumerate(page_blocks):
+            if block.directive != "file":
+                continue
+            assert block.argument is not None
+            module = block.argument.removesuffix(".py")
+            later = "".join(b.code for b in page_blocks[position + 1 :] if b.directive is None)
+            assert f"from {module} import" in later or f"import {module}" in later, (
+                f"{block.where}: nothing on the page runs {block.argument}"
+            )
+
+
+# -- shell samples -----------------------------------------------------------------------------
+
+_SHELL = {"shell", "bash", "console", "sh"}
+_SUBSTITUTION = re.compile(r"\$\((apikeys [^)]*)\)")
+
+
+def apikeys_commands() -> list[tuple[str, str]]:
+    """Every `apikeys …` command line in the shell blocks, with where it is."""
+    commands: list[tuple[str, str]] = []
+    for page in PAGES:
+        for block in blocks(page):
+            if block.language not in _SHELL:
+                continue
+            for offset, raw in enumerate(block.code.splitlines()):
+                line = raw.removeprefix("$ ").strip()
+                where = f"{page_id(page)}:{block.line + offset}"
+                commands.extend((where, found) for found in _SUBSTITUTION.findall(line))
+                for part in re.split(r"\s*(?:;|&&|\|\|?)\s*", line):
+                    if part.startswith("apikeys "):
+                        commands.append((where, part))
+    return commands
+
+
+def _parse(command: str) -> tuple[int, str]:
+    """Parse `command` with the real `apikeys` command line, without running it.
+
+    `--help` is appended: click parses every option first (refusing unknown ones), then
+    answers the eager `--help` and exits 0 before any callback touches a store.
+    """
+    words = shlex.split(command, comments=True)[1:]
+    words = [re.sub(r"^<.*>$", "3xK9pQ2mZ7aB", word) for word in words]
+    result = CliRunner().invoke(main, [*words, "--help"], prog_name="apikeys")
+    return result.exit_code, result.output
+
+
+APIKEYS_COMMANDS = apikeys_commands()
+
+
+def test_the_docs_show_every_command() -> None:
+    shown = {shlex.split(command, comments=True)[1] for _, command in APIKEYS_COMMANDS}
+    assert shown >= set(main.commands), sorted(set(main.commands) - shown)
+
+
+@pytest.mark.parametrize(("where", "command"), APIKEYS_COMMANDS, ids=lambda value: value)
+def test_apikeys_commands_in_the_docs_parse(where: str, command: str) -> None:
+    exit_code, output = _parse(command)
+    assert exit_code == 0, f"{where}: `{command}`:\n{output}"
+
+
+def test_every_option_of_the_command_line_is_documented() -> None:
+    reference = (DOCS / "cli.md").read_text()
+    missing = [
+        f"{name} {option}"
+        for name, command in [("apikeys", main), *main.commands.items()]
+        for param in command.params
+        for option in param.opts
+        if option.startswith("--") and f"`{option}" not in reference
+    ]
+    assert not missing, missing
+
+
+# -- the HTTP error reference -------------------------------------------------------------------
+
+_ERRORS: dict[str, Callable[[dict[str, Any]], errors.AuthenticationError]] = {
+    "missing_api_key": lambda body: errors.MissingAPIKey(),
+    "malformed_api_key": lambda body: errors.MalformedAPIKey(),
+    "invalid_api_key": lambda body: errors.InvalidAPIKey(),
+    "key_disabled": lambda body: errors.KeyDisabled(),
+    "key_revoked": lambda body: errors.KeyRevoked(),
+    "key_expired": lambda body: errors.KeyExpired(),
+    "insufficient_scope": lambda body: errors.InsufficientScope(body["required_scopes"]),
+    "rate_limited": lambda body: errors.RateLimited(body["retry_after"]),
+    "auth_unavailable": lambda body: errors.AuthUnavailable(),
+}
+
+
+def test_every_problem_body_in_the_error_reference_is_the_one_sent() -> None:
+    shown: set[str] = set()
+    for block in blocks(DOCS / "http-errors.md"):
+        if block.language != "json":
+            continue
+        body = json.loads(block.code)
+        assert body == problem_body(_ERRORS[body["code"]](body)), block.where
+        assert body["type"] == f"urn:apikeys:problem:{body['code']}"
+        shown.add(body["code"])
+    assert shown == set(_ERRORS)
+
+
+# -- no real key in the docs --------------------------------------------------------------------
+
+
+def test_no_sample_key_has_a_valid_checksum() -> None:
+    # Sample keys are the right shape with a wrong checksum, so `apikeys scan docs/` stays
+    # quiet and nobody mistakes one for a leak.
+    pattern = re.compile(rb"(?<![0-9A-Za-z])ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{38}(?![0-9A-Za-z])")
+    samples = 0
+    for page in PAGES:
+        for match in pattern.finditer(page.read_bytes()):
+            samples += 1
+            with pytest.raises(MalformedAPIKey):
+                parse_key(match.group().decode())
+    assert samples > 0
+
+
+# -- the site -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        pytest.importorskip(
+            module, reason="the docs extra is not installed: pip install -e '.[docs]'"
+        )
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_clean_env(), "NO_MKDOCS_2_WARNING": "1"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+def _clean_env() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
