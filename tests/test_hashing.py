@@ -479,3 +479,18 @@ async def test_if_slow_hash_cached_then_revocation_still_refuses_the_key() -> No
             await manager.verify(created.key)
     finally:
         await manager.aclose()
+
+
+def test_if_old_peppers_in_environment_then_their_hashes_verify_and_migrate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = Hasher(pepper="the-old-pepper-0123456789")
+    stored = old.hash("s" * 32)
+    monkeypatch.setenv("APIKEYS_PEPPER", "the-new-pepper-0123456789")
+    monkeypatch.setenv(
+        "APIKEYS_OLD_PEPPERS", "unrelated-pepper-0123456789,the-old-pepper-0123456789"
+    )
+    result = Hasher().verify("s" * 32, stored)
+    assert result.ok
+    assert result.new_hash is not None
+    assert result.new_hash == Hasher(pepper="the-new-pepper-0123456789").hash("s" * 32)

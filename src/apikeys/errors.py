@@ -93,6 +93,8 @@ class AuthenticationError(APIKeyError):
     code: str = "invalid_api_key"
     title: str = "Invalid API key"
     detail: str = "The API key is not valid."
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    """Extra response headers that belong with this refusal (e.g. `RateLimit`)."""
 
     def __init__(self, detail: str | None = None) -> None:
         if detail is not None:
@@ -101,42 +103,56 @@ class AuthenticationError(APIKeyError):
 
 
 class MissingAPIKey(AuthenticationError):
+    """No `Authorization` header was sent."""
+
     code = "missing_api_key"
     title = "Missing API key"
     detail = "Send the API key in the Authorization header as 'Bearer <key>'."
 
 
 class MalformedAPIKey(AuthenticationError):
+    """The header is not `Bearer <key>`, or the token is not in the key format."""
+
     code = "malformed_api_key"
     title = "Malformed API key"
     detail = "The Authorization header is not 'Bearer <key>' with a well-formed API key."
 
 
 class InvalidAPIKey(AuthenticationError):
+    """The token is well-formed, but no key has this id, or the secret is wrong."""
+
     code = "invalid_api_key"
     title = "Invalid API key"
     detail = "The API key is not valid."
 
 
 class KeyDisabled(AuthenticationError):
+    """The secret is right, but the key is disabled."""
+
     code = "key_disabled"
     title = "API key disabled"
     detail = "The API key is disabled."
 
 
 class KeyRevoked(AuthenticationError):
+    """The secret is right, but the key was revoked (for good)."""
+
     code = "key_revoked"
     title = "API key revoked"
     detail = "The API key was revoked. Create a new key to regain access."
 
 
 class KeyExpired(AuthenticationError):
+    """The secret is right, but the key's `expires_at` has passed (or its roll grace ended)."""
+
     code = "key_expired"
     title = "API key expired"
     detail = "The API key has expired."
 
 
 class InsufficientScope(AuthenticationError):
+    """The key is usable but lacks a scope the operation requires (`required_scopes`)."""
+
     status = 403
     code = "insufficient_scope"
     title = "Insufficient scope"
@@ -151,6 +167,8 @@ class InsufficientScope(AuthenticationError):
 
 
 class RateLimited(AuthenticationError):
+    """The key's rate limit is exhausted; `retry_after` is the whole seconds to wait."""
+
     status = 429
     code = "rate_limited"
     title = "Rate limit exceeded"

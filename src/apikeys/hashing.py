@@ -42,11 +42,12 @@ from apikeys.errors import ConfigurationError
 if TYPE_CHECKING:
     from passlib.context import CryptContext
 
-__all__ = ["PEPPER_ENV", "Hasher", "Verification", "slow_context"]
+__all__ = ["OLD_PEPPERS_ENV", "PEPPER_ENV", "Hasher", "Verification", "slow_context"]
 
 logger = logging.getLogger("apikeys")
 
 PEPPER_ENV = "APIKEYS_PEPPER"
+OLD_PEPPERS_ENV = "APIKEYS_OLD_PEPPERS"
 MIN_PEPPER_LENGTH = 16
 _HMAC_SCHEME = "hmac-sha256$"
 _SHA256_SCHEME = "sha256$"
@@ -111,7 +112,8 @@ def slow_context(*schemes: str) -> CryptContext:
 class Hasher:
     """Hashes secrets for storage and checks secrets against stored hashes.
 
-    `Hasher()` reads the pepper from `APIKEYS_PEPPER`. Pass `pepper=` to set it in code,
+    `Hasher()` reads the pepper from `APIKEYS_PEPPER` and retired peppers from
+    `APIKEYS_OLD_PEPPERS` (comma-separated). Pass `pepper=` to set it in code,
     `old_peppers=` to keep verifying (and migrating) hashes made with retired peppers, and
     `context=` (a passlib `CryptContext`, see `slow_context`) to hash new keys with a slow
     scheme instead.
@@ -121,13 +123,15 @@ class Hasher:
         self,
         pepper: str | bytes | None = None,
         *,
-        old_peppers: Sequence[str | bytes] = (),
+        old_peppers: Sequence[str | bytes] | None = None,
         context: CryptContext | None = None,
         cache_size: int = 10_000,
         cache_ttl: float = 300.0,
     ) -> None:
         if pepper is None:
             pepper = os.environ.get(PEPPER_ENV) or None
+        if old_peppers is None:
+            old_peppers = [p for p in os.environ.get(OLD_PEPPERS_ENV, "").split(",") if p]
         self._pepper = self._coerce(pepper) if pepper is not None else None
         self._peppers: dict[str, _HMACKey] = {}
         for candidate in (self._pepper, *(self._coerce(p) for p in old_peppers)):

@@ -294,7 +294,7 @@ class KeyManager:
     # -- verification ----------------------------------------------------------------------
 
     async def verify(self, token: str, *, record_usage: bool = True) -> KeyRecord:
-        """The record of a usable key, or the error of the contract's table.
+        """The record of the key `token` names, if it may be used now; else raise.
 
         Raises `MalformedAPIKey` (before any store access), `InvalidAPIKey`, `KeyDisabled`,
         `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.

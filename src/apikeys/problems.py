@@ -85,6 +85,7 @@ def _encode(exc: AuthenticationError, realm: str, extra: Headers) -> tuple[Heade
         (b"content-type", PROBLEM_CONTENT_TYPE.encode()),
         (b"content-length", str(len(body)).encode()),
         *problem_headers(exc, realm),
+        *exc.headers,
         *extra,
     ]
     return headers, body
@@ -98,7 +99,12 @@ async def send_problem(
     send: Send, exc: AuthenticationError, realm: str = "api", extra: Headers | None = None
 ) -> None:
     """Send `exc` as a complete problem+json response on an ASGI `send`."""
-    if extra or isinstance(exc, InsufficientScope | RateLimited) or exc.detail != type(exc).detail:
+    if (
+        extra
+        or exc.headers
+        or isinstance(exc, InsufficientScope | RateLimited)
+        or exc.detail != type(exc).detail
+    ):
         headers, body = _encode(exc, realm, extra or [])
     else:
         cache_key = (type(exc), realm)

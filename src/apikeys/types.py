@@ -98,6 +98,7 @@ class KeyRecord:
 
     @property
     def full_access(self) -> bool:
+        """True for a full-access key, which passes every scope check."""
         return self.access == "full"
 
     def to_dict(self) -> dict[str, Any]:

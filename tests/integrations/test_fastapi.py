@@ -124,3 +124,27 @@ def test_openapi_shows_the_bearer_scheme_and_scopes(memory_manager: KeyManager) 
         "description": "An API key: `Authorization: Bearer ak_…`.",
     }
     assert schema["paths"]["/contacts"]["get"]["security"] == [{"APIKey": ["contacts:read"]}]
+
+
+async def test_if_refused_after_counting_then_ratelimit_headers_are_kept(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["contacts:read"])
+    response = await client.post("/contacts", headers=bearer(created.key))
+    assert response.status_code == 403
+    assert response.headers["ratelimit-policy"] == '"default";q=100;w=60'
+
+
+async def test_if_realm_given_then_challenge_names_it(memory_manager: KeyManager) -> None:
+    app = FastAPI()
+    install_error_handler(app)
+    api_key = APIKeySecurity(memory_manager, realm="contacts")
+
+    @app.get("/me")
+    async def me(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {"name": key.name}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/me")
+    assert response.headers["www-authenticate"] == 'Bearer realm="contacts"'

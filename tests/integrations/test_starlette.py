@@ -85,3 +85,15 @@ async def test_if_limiter_given_then_429_after_limit(memory_manager: KeyManager)
         limited = await http.get("/anyone", headers=headers)
     assert limited.status_code == 429
     assert limited.json()["code"] == "rate_limited"
+
+
+async def test_if_realm_given_then_challenge_names_it(memory_manager: KeyManager) -> None:
+    backend = APIKeyBackend(memory_manager, realm="contacts")
+    app = Starlette(
+        routes=[Route("/anyone", anyone)],
+        middleware=[Middleware(AuthenticationMiddleware, backend=backend, on_error=on_auth_error)],
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/anyone", headers={"Authorization": "Bearer nope"})
+    assert response.headers["www-authenticate"] == 'Bearer realm="contacts", error="invalid_token"'

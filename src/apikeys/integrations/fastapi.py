@@ -19,7 +19,7 @@ async def contacts(key: KeyRecord = Security(api_key, scopes=["contacts:read"]))
 
 The dependency returns the `KeyRecord`, checks the scopes FastAPI collects in
 `SecurityScopes` (with `resource:*` grants and full access), applies the key's rate limit
-when a `limiter` is given (setting `RateLimit` headers on the response), and shows the
+(`limiter` defaults to `RateLimiter()`; `RateLimit` headers go on every response), and shows the
 Bearer scheme in FastAPI's OpenAPI. `install_error_handler` makes every refusal the same
 problem+json response `APIKeyMiddleware` sends; without it, refusals still arrive with the
 right status as FastAPI's usual `{"detail": …}` body.
@@ -59,7 +59,7 @@ class APIKeySecurity(HTTPBearer):
     ) -> None:
         super().__init__(bearerFormat="apikeys", scheme_name=scheme_name, description=description)
         self.manager = manager
-        self.limiter = limiter
+        self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
 
     async def __call__(  # type: ignore[override]
@@ -68,6 +68,7 @@ class APIKeySecurity(HTTPBearer):
         try:
             return await self._authenticate(request, response, security_scopes.scopes)
         except errors.AuthenticationError as exc:
+            request.scope["apikeys.realm"] = self.realm
             if errors.AuthenticationError in request.app.exception_handlers:
                 raise
             raise HTTPException(
@@ -84,15 +85,19 @@ class APIKeySecurity(HTTPBearer):
     ) -> KeyRecord:
         values = [value for name, value in request.scope["headers"] if name == b"authorization"]
         record = await self.manager.verify(bearer_token(values))
-        if self.limiter is not None:
-            decision = await self.limiter.hit(record.id, record.rate_limit)
-            for name, value in rate_limit_headers(decision):
-                response.headers[name.decode()] = value.decode()
-            if not decision.allowed:
-                raise errors.RateLimited(decision.reset_after)
+        decision = await self.limiter.hit(record.id, record.rate_limit)
+        rate_headers = tuple(rate_limit_headers(decision))
+        refusal: errors.AuthenticationError | None = None
+        if not decision.allowed:
+            refusal = errors.RateLimited(decision.reset_after)
         grants = grants_for(record.scopes, record.access == "full")
-        if required and not grants.covers(required):
-            raise errors.InsufficientScope(required)
+        if refusal is None and required and not grants.covers(required):
+            refusal = errors.InsufficientScope(required)
+        if refusal is not None:
+            refusal.headers = rate_headers
+            raise refusal
+        for name, value in rate_headers:
+            response.headers[name.decode()] = value.decode()
         request.scope["apikey"] = record
         request.scope["auth"] = APIKeyAuth(grants)
         request.scope["user"] = APIKeyUser(record)
@@ -102,7 +107,7 @@ class APIKeySecurity(HTTPBearer):
 def problem_response(request: Request, exc: Exception) -> Response:
     """The problem+json response for an apikeys `AuthenticationError`."""
     error = exc if isinstance(exc, errors.AuthenticationError) else errors.InvalidAPIKey()
-    headers, body = encode_problem(error)
+    headers, body = encode_problem(error, request.scope.get("apikeys.realm", "api"))
     result = Response(body, status_code=error.status)
     result.raw_headers = headers
     return result

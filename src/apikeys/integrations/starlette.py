@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from apikeys import errors
 from apikeys.manager import KeyManager
-from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token
+from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token, rate_limit_headers
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.scopes import grants_for
@@ -37,22 +37,24 @@ __all__ = ["APIKeyBackend", "APIKeyRefused", "on_auth_error"]
 class APIKeyRefused(AuthenticationError):
     """Starlette's `AuthenticationError`, carrying the apikeys error it stands for."""
 
-    def __init__(self, error: errors.AuthenticationError) -> None:
+    def __init__(self, error: errors.AuthenticationError, realm: str = "api") -> None:
         super().__init__(error.code)
         self.error = error
+        self.realm = realm
 
 
 class APIKeyBackend(AuthenticationBackend):
     """Authenticate `Authorization: Bearer <key>` with a `KeyManager`.
 
-    Pass a `RateLimiter` as `limiter` to apply per-key limits here as well.
+    Every key's rate limit applies (`limiter` defaults to `RateLimiter()`, in memory with
+    the default limit); pass `RateLimiter(storage_url="redis://…")` to share it.
     """
 
     def __init__(
         self, manager: KeyManager, *, limiter: RateLimiter | None = None, realm: str = "api"
     ) -> None:
         self.manager = manager
-        self.limiter = limiter
+        self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[APIKeyAuth, APIKeyUser] | None:
@@ -61,20 +63,24 @@ class APIKeyBackend(AuthenticationBackend):
             return None
         try:
             record = await self.manager.verify(bearer_token(values))
-            if self.limiter is not None:
-                decision = await self.limiter.hit(record.id, record.rate_limit)
-                if not decision.allowed:
-                    raise errors.RateLimited(decision.reset_after)
+            decision = await self.limiter.hit(record.id, record.rate_limit)
+            if not decision.allowed:
+                limited = errors.RateLimited(decision.reset_after)
+                limited.headers = tuple(rate_limit_headers(decision))
+                raise limited
         except errors.AuthenticationError as exc:
-            raise APIKeyRefused(exc) from None
+            raise APIKeyRefused(exc, self.realm) from None
         conn.scope["apikey"] = record
         return APIKeyAuth(grants_for(record.scopes, record.access == "full")), APIKeyUser(record)
 
 
 def on_auth_error(conn: HTTPConnection, exc: Exception) -> Response:
     """`AuthenticationMiddleware`'s `on_error`: the problem+json response for `exc`."""
-    error = exc.error if isinstance(exc, APIKeyRefused) else errors.InvalidAPIKey()
-    headers, body = encode_problem(error)
+    if isinstance(exc, APIKeyRefused):
+        error, realm = exc.error, exc.realm
+    else:
+        error, realm = errors.InvalidAPIKey(), "api"
+    headers, body = encode_problem(error, realm)
     response = Response(body, status_code=error.status)
     response.raw_headers = headers
     return response
