@@ -13,6 +13,13 @@ Keys are hashed with a pepper (`APIKEYS_PEPPER`). When it is not set, the demo m
 once, keeps it in `.apikeys-demo-pepper` (readable by you only) and exports it before the
 service starts, so demo keys keep working across restarts. Give the `apikeys` command line
 the same pepper: `export APIKEYS_PEPPER="$(cat .apikeys-demo-pepper)"`.
+
+The settings UI (`/settings/integrations/api-keys`) needs a login. Unless
+`EXAMPLE_ADMIN_EMAIL` and `EXAMPLE_ADMIN_PASSWORD` are set, the demo logs you in as
+`admin@acme.example` with a password it generates once and keeps in
+`.example-admin-password` (readable by you only): a fixed, documented demo password would
+let anyone in whenever the demo is reachable from elsewhere. The service signs its session
+cookies with a secret it keeps in `.example-session-secret` (or `EXAMPLE_SESSION_SECRET`).
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ from pathlib import Path
 
 from apikeys import KeyManager
 from apikeys.hashing import PEPPER_ENV
+from examples.contacts_service.auth import ensure_user
 from examples.contacts_service.db import DEMO_CAMPAIGNS, Database
 from examples.contacts_service.payload import validate_contact
 from examples.contacts_service.settings import Settings
+from examples.contacts_service.web import KEYS_PATH
 
 PEPPER_FILE = Path(".apikeys-demo-pepper")
+ADMIN_PASSWORD_FILE = Path(".example-admin-password")
+DEMO_ADMIN_EMAIL = "admin@acme.example"
 DEMO_KEY_NAME = "demo key"
 SAMPLE_CONTACTS = (
     {
@@ -47,24 +58,38 @@ SAMPLE_CONTACTS = (
 )
 
 
+def _secret_file(path: Path, length: int) -> str:
+    """The secret kept in `path`, made (readable by the owner only) the first time."""
+    if path.exists():
+        return path.read_text().strip()
+    secret = secrets.token_urlsafe(length)
+    # Created readable by the owner only; O_EXCL never overwrites a secret in use.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secret + "\n")
+    return secret
+
+
 def ensure_pepper(path: Path = PEPPER_FILE) -> str:
     """Export a pepper unless one is set; return where it came from."""
     if os.environ.get(PEPPER_ENV):
         return f"${PEPPER_ENV}"
-    if path.exists():
-        pepper = path.read_text().strip()
-    else:
-        pepper = secrets.token_urlsafe(32)
-        # Created readable by the owner only; O_EXCL never overwrites a pepper in use.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(pepper + "\n")
-    os.environ[PEPPER_ENV] = pepper
+    os.environ[PEPPER_ENV] = _secret_file(path, 32)
     return str(path)
 
 
+def ensure_admin(path: Path = ADMIN_PASSWORD_FILE) -> str | None:
+    """Export the demo login unless one is set; return its password, or None if not ours."""
+    if os.environ.get("EXAMPLE_ADMIN_EMAIL") or os.environ.get("EXAMPLE_ADMIN_PASSWORD"):
+        return None
+    password = _secret_file(path, 12)
+    os.environ["EXAMPLE_ADMIN_EMAIL"] = DEMO_ADMIN_EMAIL
+    os.environ["EXAMPLE_ADMIN_PASSWORD"] = password
+    return password
+
+
 async def seed(settings: Settings) -> str:
-    """Prepare the workspace and its sample contacts; return a new full-access key."""
+    """Prepare the workspace, its sample contacts and its login; return a new full-access key."""
     database = Database(settings.database_url)
     try:
         await database.create_tables()
@@ -72,6 +97,10 @@ async def seed(settings: Settings) -> str:
         for sample in SAMPLE_CONTACTS:
             if await database.find_contact_by_email(settings.workspace, sample["email"]) is None:
                 await database.add_contact(settings.workspace, validate_contact(sample))
+        if settings.admin_email is not None and settings.admin_password is not None:
+            await ensure_user(
+                database, settings.workspace, settings.admin_email, settings.admin_password
+            )
     finally:
         await database.aclose()
     async with KeyManager(settings.store_url) as manager:
@@ -89,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     pepper_source = ensure_pepper()
+    generated_password = ensure_admin()
     settings = Settings.from_env()
     key = asyncio.run(seed(settings))
     base = f"http://{args.host}:{args.port}"
@@ -102,7 +132,14 @@ def main(argv: list[str] | None = None) -> None:
         f"    {key}\n\n"
         "Try it:\n\n"
         f'    curl -H "Authorization: Bearer {key}" {base}/api/v1/contacts\n\n'
-        f"The API's OpenAPI document: {base}/api/v1/openapi.json",
+        f"The API's OpenAPI document: {base}/api/v1/openapi.json\n\n"
+        f"Manage keys in the browser: {base}{KEYS_PATH}\n"
+        f"    e-mail:   {settings.admin_email}\n"
+        + (
+            f"    password: {generated_password}   (kept in {ADMIN_PASSWORD_FILE})"
+            if generated_password is not None
+            else "    password: the one in $EXAMPLE_ADMIN_PASSWORD"
+        ),
         flush=True,
     )
     if args.no_serve:

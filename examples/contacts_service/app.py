@@ -7,7 +7,9 @@ curl -H "Authorization: Bearer <key>" http://127.0.0.1:8000/api/v1/contacts
 
 Configured by the environment (see `settings.py`). The middleware needs its `KeyManager`
 when it is built, so the manager is made when the app is, from the store URL; the lifespan
-prepares the key store and the service's tables at startup and closes both at shutdown.
+prepares the key store and the service's tables (and the admin user, when
+`EXAMPLE_ADMIN_EMAIL` and `EXAMPLE_ADMIN_PASSWORD` are set) at startup and closes both at
+shutdown. The settings UI (`web.py`) uses the same manager as the middleware.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route
 
 from apikeys import APIKeyMiddleware, KeyManager
-from examples.contacts_service import api
+from examples.contacts_service import api, web
+from examples.contacts_service.auth import (
+    LoginThrottle,
+    SessionCookies,
+    ensure_user,
+    prepare_passwords,
+    session_secret,
+)
 from examples.contacts_service.db import Database
+from examples.contacts_service.onetime import RevealStore
 from examples.contacts_service.openapi import openapi_json
-from examples.contacts_service.problems import exception_handlers
+from examples.contacts_service.problems import exception_handlers, logger
 from examples.contacts_service.settings import Settings
 
 __all__ = ["app", "create_app"]
@@ -41,6 +51,16 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
             await manager.store.setup()
             await database.create_tables()
             await database.ensure_workspace(settings.workspace)
+            await prepare_passwords()
+            if settings.admin_email is not None and settings.admin_password is not None:
+                await ensure_user(
+                    database, settings.workspace, settings.admin_email, settings.admin_password
+                )
+                logger.info(
+                    "settings UI: %s can log in to workspace %r",
+                    settings.admin_email,
+                    settings.workspace,
+                )
             app.state.database = database
             yield
         finally:
@@ -51,11 +71,18 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
         *api.routes(),
         # Outside the protected prefixes: readable without a key.
         Route("/api/v1/openapi.json", openapi_json, methods=["GET"]),
-        # The settings UI (/login, /settings/integrations/api-keys) will join here.
+        # The settings UI: /login, /logout, /settings/integrations/api-keys/…, /static/…
+        *web.routes(),
     ]
     app = Starlette(
         routes=routes,
         middleware=[
+            # Sessions for the web pages only; the API reads keys, never cookies.
+            Middleware(
+                SessionCookies,
+                secret_key=session_secret(settings),
+                always_secure=settings.secure_cookies,
+            ),
             Middleware(
                 APIKeyMiddleware,
                 manager=manager,
@@ -63,13 +90,14 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
                 protect=api.protected_prefixes(),
                 rate_limit=settings.rate_limit,
                 limiter_url=settings.limiter_url,
-            )
+            ),
         ],
-        exception_handlers=exception_handlers,
+        exception_handlers=web.exception_handlers(exception_handlers),
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.manager = manager
+    app.state.ui = web.UI(settings, manager, RevealStore(), LoginThrottle())
     return app
 
 

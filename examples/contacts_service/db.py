@@ -1,4 +1,5 @@
-"""The service's data: workspaces, contacts, campaigns and campaign runs.
+"""The service's data: workspaces, contacts, campaigns, campaign runs, and the settings
+UI's users and their sessions.
 
 SQLAlchemy 2 Core on its own `MetaData`, async, on SQLite (aiosqlite) or PostgreSQL
 (asyncpg). Every query that reads or writes a workspace's data takes the workspace as an
@@ -29,6 +30,8 @@ __all__ = [
     "campaigns",
     "contacts",
     "metadata",
+    "sessions",
+    "users",
     "workspaces",
 ]
 
@@ -74,6 +77,30 @@ campaign_runs = sa.Table(
     sa.Column("workspace", sa.String(200), sa.ForeignKey("workspaces.id"), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("workspace", sa.String(200), sa.ForeignKey("workspaces.id"), nullable=False),
+    # Stored lower-cased: the login form finds a user whatever case was typed.
+    sa.Column("email", sa.String(320), nullable=False, unique=True),
+    # A passlib hash string (`$argon2id$…`); the password itself is never stored.
+    sa.Column("password_hash", sa.String(255), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+)
+
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    # SHA-256 of the session token: the database alone cannot be used to log in.
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user_id", sa.String(32), sa.ForeignKey("users.id"), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("expires_at", UTCDateTime(), nullable=False),
+    sa.Index("ix_sessions_user", "user_id"),
 )
 
 DEMO_CAMPAIGNS: tuple[tuple[str, str], ...] = (
@@ -278,3 +305,70 @@ class Database:
                 )
             )
         return run_id
+
+    # -- users and sessions (the settings UI) ----------------------------------------------
+
+    async def get_user_by_email(self, email: str) -> sa.RowMapping | None:
+        """The user with this (lower-cased) e-mail address, or None."""
+        statement = sa.select(users).where(users.c.email == email)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(statement)).first()
+        return None if row is None else row._mapping
+
+    async def save_user(self, workspace: str, email: str, password_hash: str) -> str:
+        """Create the user, or move it to `workspace` with a new hash; return its id.
+
+        Its sessions end when its hash changes: a new password logs everyone out.
+        """
+        now = utcnow()
+        statement = (
+            self._insert(users)
+            .values(
+                id=new_id("u_"),
+                workspace=workspace,
+                email=email,
+                password_hash=password_hash,
+                created_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing(index_elements=["email"])
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(statement)
+            row = (await conn.execute(sa.select(users).where(users.c.email == email))).one()
+            user_id: str = row.id
+            if row.password_hash != password_hash:
+                await conn.execute(sa.delete(sessions).where(sessions.c.user_id == user_id))
+            if row.password_hash != password_hash or row.workspace != workspace:
+                await conn.execute(
+                    sa.update(users)
+                    .where(users.c.id == user_id)
+                    .values(workspace=workspace, password_hash=password_hash, updated_at=now)
+                )
+        return user_id
+
+    async def create_session(self, session_hash: str, user_id: str, expires_at: datetime) -> None:
+        """Store a new session (by its token's hash); sessions past their time are dropped."""
+        now = utcnow()
+        async with self.engine.begin() as conn:
+            await conn.execute(sa.delete(sessions).where(sessions.c.expires_at <= now))
+            await conn.execute(
+                sa.insert(sessions).values(
+                    id=session_hash, user_id=user_id, created_at=now, expires_at=expires_at
+                )
+            )
+
+    async def session_user(self, session_hash: str) -> sa.RowMapping | None:
+        """The user of an unexpired session: `id`, `email`, `workspace`; or None."""
+        statement = (
+            sa.select(users.c.id, users.c.email, users.c.workspace)
+            .join(sessions, sessions.c.user_id == users.c.id)
+            .where(sessions.c.id == session_hash, sessions.c.expires_at > utcnow())
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(statement)).first()
+        return None if row is None else row._mapping
+
+    async def delete_session(self, session_hash: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(sa.delete(sessions).where(sessions.c.id == session_hash))

@@ -16,7 +16,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,9 +38,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from apikeys import Hasher, KeyManager, parse_key, store_from_url
+from tests.examples.conftest import PEPPER, REPO, service_env, start_service, stop_service
 
-REPO = Path(__file__).resolve().parents[2]
-PEPPER = "contacts-service-test-pepper-0123456789"
 PROBLEM = "application/problem+json"
 OPERATIONS = {
     ("GET", "/api/v1/contacts"): "contacts:read",
@@ -51,12 +49,6 @@ OPERATIONS = {
     ("POST", "/api/v1/campaigns/{campaign_id}/trigger"): "campaigns:trigger",
 }
 ALL_SCOPES = sorted(set(OPERATIONS.values()))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _sqlite_path(url: str) -> Path:
@@ -118,77 +110,18 @@ class Service:
         return int(row[0])
 
 
-def _start(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "examples.contacts_service.app:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the service exited with {process.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{base_url}/api/v1/openapi.json", timeout=1).status_code == 200:
-                return process, base_url
-        time.sleep(0.1)
-    process.kill()
-    pytest.fail(f"the service did not start within 30 seconds:\n{log.read_text()}")
-
-
-def _stop(process: subprocess.Popen[bytes], log: Path) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    output = log.read_text()
-    # Every refusal is an answer, never a crash: no traceback may reach the server's log.
-    assert "Traceback" not in output, output
-    assert "Application shutdown complete" in output, output
-
-
-def _service_env(**overrides: str) -> dict[str, str]:
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("APIKEYS_", "EXAMPLE_"))
-    }
-    env.update(
-        APIKEYS_PEPPER=PEPPER,
-        APIKEYS_LIMITER_URL="memory://",
-        # High enough for the schemathesis run; tests of 429 give their key its own limit.
-        APIKEYS_RATE_LIMIT="100000/minute",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(overrides)
-    return env
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("contacts-service")
     store_url = f"sqlite:///{tmp / 'apikeys.db'}"
     database_url = f"sqlite:///{tmp / 'example.db'}"
-    env = _service_env(APIKEYS_STORE_URL=store_url, EXAMPLE_DATABASE_URL=database_url)
+    env = service_env(APIKEYS_STORE_URL=store_url, EXAMPLE_DATABASE_URL=database_url)
     log = tmp / "service.log"
-    process, base_url = _start(env, log)
+    process, base_url = start_service(env, log)
     try:
         yield Service(base_url, store_url, database_url, env)
     finally:
-        _stop(process, log)
+        stop_service(process, log)
 
 
 def _workspace() -> str:
@@ -781,9 +714,9 @@ def test_if_demo_run_twice_then_each_run_prints_a_working_key(tmp_path: Path) ->
 def test_if_served_on_postgresql_then_the_api_works_the_same(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    env = _service_env(APIKEYS_STORE_URL=postgres_url, EXAMPLE_DATABASE_URL=postgres_url)
+    env = service_env(APIKEYS_STORE_URL=postgres_url, EXAMPLE_DATABASE_URL=postgres_url)
     log = tmp_path / "service.log"
-    process, base_url = _start(env, log)
+    process, base_url = start_service(env, log)
     try:
         service = Service(base_url, postgres_url, postgres_url, env)
         mine, theirs = _workspace(), _workspace()
@@ -816,4 +749,4 @@ def test_if_served_on_postgresql_then_the_api_works_the_same(
             service.revoke(key)
             assert_problem(http.get("/api/v1/contacts"), 401, "key_revoked")
     finally:
-        _stop(process, log)
+        stop_service(process, log)
