@@ -13,8 +13,32 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 
 
+pytest_plugins = ["pytester"]
+
+MYAPP = """
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from apikeys import APIKeyMiddleware
+
+
+async def contacts(request):
+    return JSONResponse({"data": []})
+
+
+def create_app(manager):
+    return APIKeyMiddleware(
+        Starlette(routes=[Route("/api/v1/contacts", contacts)]),
+        manager=manager,
+        scopes={"GET /api/v1/contacts": "contacts:read"},
+        protect="/api/",
+    )
+"""
+
+
 def test_readme_has_the_samples_this_test_runs() -> None:
-    assert len(BLOCKS) == 2
+    assert len(BLOCKS) == 3
 
 
 async def test_if_readme_app_served_then_key_from_readme_command_works(
@@ -45,3 +69,12 @@ def test_if_readme_management_sample_runs_then_it_prints_the_states(
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"ak_\w{12}_\w{38}", lines[0])
     assert lines[1] == "['active', 'revoked']"
+
+
+def test_if_readme_testing_sample_runs_with_the_plugin_then_it_passes(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(myapp=MYAPP, test_readme_sample=BLOCKS[2])
+    pytester.makeini("[pytest]\nasyncio_mode = auto\n")
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
