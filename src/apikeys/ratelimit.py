@@ -111,6 +111,9 @@ def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
             "implementation": "redispy",
             "socket_connect_timeout": 2,
             "socket_timeout": 2,
+            # RESP2, as RedisStore uses: with redis-py 8's RESP3 defaults the pool keeps
+            # connections Redis has closed, and the first request on each after an outage fails.
+            "protocol": 2,
         }
     if scheme.startswith("async+"):
         return url, {}
