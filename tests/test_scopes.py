@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -316,3 +317,22 @@ async def test_if_no_key_then_middleware_refuses_before_the_endpoint(
     response = await client.get("/api/contacts")
     assert response.status_code == 401
     assert response.json()["code"] == "missing_api_key"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda granted: granted.append("admin:all"),
+        lambda granted: granted.extend(["admin:all"]),
+        lambda granted: granted.insert(0, "admin:all"),
+        lambda granted: granted.clear(),
+        lambda granted: granted.__setitem__(0, "admin:all"),
+        lambda granted: granted.__iadd__(["admin:all"]),
+    ],
+)
+def test_if_app_tries_to_change_granted_scopes_then_refused(change: Any) -> None:
+    # grants_for shares one object between requests: a change would leak into others.
+    granted = grants_for(("contacts:read",), False)
+    with pytest.raises(TypeError):
+        change(granted)
+    assert list(grants_for(("contacts:read",), False)) == ["contacts:read"]

@@ -126,6 +126,22 @@ def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
     # isascii() then isalnum() is exactly [0-9A-Za-z], checked in C.
     if not isinstance(token, str) or len(token) > MAX_KEY_LENGTH or not token.isascii():
         raise MalformedAPIKey()
+    if prefix:
+        # The prefix is known, so every part sits at a fixed offset: slice, don't split.
+        start = len(prefix) + 1
+        key_id = token[start : start + ID_LENGTH]
+        tail = token[start + ID_LENGTH + 1 :]
+        if (
+            len(token) != start + ID_LENGTH + 1 + _TAIL_LENGTH
+            or not token.startswith(prefix)
+            or token[start - 1] != "_"
+            or token[start + ID_LENGTH] != "_"
+            or not key_id.isalnum()
+            or not tail.isalnum()
+            or checksum(token[:-CHECKSUM_LENGTH]) != tail[SECRET_LENGTH:]
+        ):
+            raise MalformedAPIKey()
+        return prefix, key_id, tail[:SECRET_LENGTH]
     parts = token.rsplit("_", 2)
     if len(parts) != 3:
         raise MalformedAPIKey()
@@ -135,7 +151,7 @@ def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
         or len(tail) != _TAIL_LENGTH
         or not key_id.isalnum()
         or not tail.isalnum()
-        or (key_prefix != prefix if prefix else _PREFIX_RE.fullmatch(key_prefix) is None)
+        or _PREFIX_RE.fullmatch(key_prefix) is None
         or checksum(token[:-CHECKSUM_LENGTH]) != tail[SECRET_LENGTH:]
     ):
         raise MalformedAPIKey()

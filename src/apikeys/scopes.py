@@ -58,6 +58,13 @@ class GrantedScopes(list[str]):
     def __hash__(self) -> int:  # type: ignore[override]
         return id(self)
 
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        # Shared between requests (see grants_for): a change would leak into other requests.
+        raise TypeError("a key's granted scopes cannot be changed")
+
+    append = extend = insert = remove = clear = sort = reverse = _refuse
+    pop = __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
     def covers(self, required: Iterable[str]) -> bool:
         """True when these grants include every scope of `required`."""
         if self._full:
