@@ -475,3 +475,110 @@ async def _call(
     await app(scope, receive, send)
     start, body = messages[0], messages[1]
     return start["status"], json.loads(body["body"])
+
+
+class TestMountedApps:
+    async def test_if_mounted_under_a_prefix_then_protect_and_rules_still_apply(
+        self, memory_manager: KeyManager
+    ) -> None:
+        from starlette.routing import Mount
+
+        inner = build_app(
+            memory_manager, protect="/v1/", scopes={"POST /v1/contacts": "contacts:write"}
+        )
+        outer = Starlette(routes=[Mount("/api", app=inner)])
+        reader = await memory_manager.create(name="r", workspace="w", scopes=["campaigns:read"])
+        transport = httpx.ASGITransport(app=outer)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            anonymous = await http.get("/api/v1/contacts")
+            refused = await http.post("/api/v1/contacts", headers=bearer(reader.key))
+        assert_problem(anonymous, 401, "missing_api_key")
+        assert_problem(refused, 403, "insufficient_scope")
+
+    async def test_if_served_with_a_root_path_then_protect_still_applies(
+        self, app: APIKeyMiddleware
+    ) -> None:
+        status, body = await _call_scope(
+            app, {"path": "/svc/api/v1/contacts", "root_path": "/svc", "headers": []}
+        )
+        assert (status, body["code"]) == (401, "missing_api_key")
+
+    async def test_if_root_path_is_only_a_lookalike_prefix_then_path_is_kept(
+        self, app: APIKeyMiddleware
+    ) -> None:
+        status, body = await _call_scope(
+            app, {"path": "/svcx/api/v1/contacts", "root_path": "/svc", "headers": []}
+        )
+        assert status == 404 or body.get("code") == "missing_api_key"
+
+
+class TestShutdown:
+    def test_if_app_does_not_speak_lifespan_then_usage_is_still_flushed(
+        self, hasher: Hasher
+    ) -> None:
+        async def http_only(scope: Any, receive: Any, send: Any) -> None:
+            assert scope["type"] == "http"
+            await PlainTextResponse("ok")(scope, receive, send)
+
+        store = MemoryStore()
+        manager = KeyManager(store, hasher=hasher, usage_flush_interval=3600)
+        app = APIKeyMiddleware(http_only, manager=manager, protect="/")
+        with TestClient(app) as http:
+            created = http.portal.call(
+                lambda: manager.create(name="n", workspace="w", full_access=True)
+            )
+            for _ in range(3):
+                assert http.get("/", headers=bearer(created.key)).status_code == 200
+        stored = asyncio.run(store.get(created.record.id))
+        assert stored is not None
+        assert stored.record.request_count == 3
+
+    async def test_if_app_fails_its_own_startup_then_the_failure_is_not_hidden(
+        self, hasher: Hasher
+    ) -> None:
+        async def failing(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            raise RuntimeError("no database")
+
+        app = APIKeyMiddleware(failing, manager=KeyManager(MemoryStore(), hasher=hasher))
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "lifespan.startup"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        with pytest.raises(RuntimeError, match="no database"):
+            await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+        assert sent == []
+
+
+async def _call_scope(app: Any, overrides: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "query_string": b"",
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+        **overrides,
+    }
+    scope["raw_path"] = scope["path"].encode()
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)
+    body = messages[1].get("body", b"")
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = {}
+    return messages[0]["status"], parsed

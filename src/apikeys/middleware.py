@@ -218,6 +218,7 @@ class APIKeyMiddleware:
         self.protect = (protect,) if isinstance(protect, str) else tuple(protect)
         if not all(prefix.startswith("/") for prefix in self.protect):
             raise ConfigurationError("protect takes path prefixes that start with '/'")
+        self._owns_limiter = limiter is None
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
         self.policy_name = policy_name.replace('"', "")
@@ -225,9 +226,20 @@ class APIKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
         if scope_type == "lifespan":
-            await self.app(scope, self._lifespan_receive(receive), send)
+            await self._lifespan(scope, receive, send)
             return
-        if scope_type not in ("http", "websocket") or not scope["path"].startswith(self.protect):
+        if scope_type not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        # Match on the path the app routes on: mounted apps and servers run with --root-path
+        # put the root path in front of scope["path"] (as Starlette's get_route_path strips).
+        path = scope["path"]
+        root_path = scope.get("root_path")
+        if root_path and path.startswith(root_path):
+            rest = path[len(root_path) :]
+            if not rest or rest[0] == "/":
+                path = rest or "/"
+        if not path.startswith(self.protect):
             await self.app(scope, receive, send)
             return
 
@@ -239,7 +251,7 @@ class APIKeyMiddleware:
             if not decision.allowed:
                 raise RateLimited(decision.reset_after)
             grants = grants_for(record.scopes, record.access == "full")
-            required = self.scopes.required(scope.get("method", "GET"), scope["path"])
+            required = self.scopes.required(scope.get("method", "GET"), path)
             if required and not grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
@@ -285,19 +297,45 @@ class APIKeyMiddleware:
             return
         await send_problem(send, exc, self.realm, extra)
 
-    def _lifespan_receive(self, receive: Receive) -> Receive:
-        manager = self.manager
+    async def _shutdown(self) -> None:
+        try:
+            await self.manager.flush()
+        except Exception as exc:
+            logger.error(
+                "apikeys: could not write usage counts at shutdown: %s", type(exc).__name__
+            )
+        if self._owns_limiter:
+            try:
+                await self.limiter.aclose()
+            except Exception as exc:
+                logger.warning("apikeys: could not close the limiter: %s", type(exc).__name__)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received = False
 
         async def lifespan_receive() -> Message:
+            nonlocal received
+            received = True
             message = await receive()
             if message["type"] == "lifespan.shutdown":
-                try:
-                    await manager.flush()
-                except Exception as exc:
-                    logger.error(
-                        "apikeys: could not write usage counts at shutdown: %s",
-                        type(exc).__name__,
-                    )
+                await self._shutdown()
             return message
 
-        return lifespan_receive
+        try:
+            await self.app(scope, lifespan_receive, send)
+        except Exception:
+            if received:
+                raise  # the app speaks lifespan and failed: that is the server's to report
+            # The app does not speak lifespan at all (it refused the scope before reading
+            # a message): speak it here, so usage is still written on graceful shutdown.
+            await self._own_lifespan(receive, send)
+
+    async def _own_lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
