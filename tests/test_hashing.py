@@ -288,13 +288,37 @@ def test_if_scheme_deprecated_and_secret_wrong_then_no_rehash() -> None:
     assert hasher.verify(OTHER_SECRET, pbkdf2_hash) == Verification(False, None)
 
 
-def test_if_fast_hash_and_slow_context_then_migrates_to_the_slow_scheme() -> None:
+async def test_if_fast_hash_and_slow_context_then_migrates_to_the_slow_scheme() -> None:
     fast = Hasher(PEPPER).hash(SECRET)
     hasher = Hasher(PEPPER, context=_fast_context("pbkdf2_sha256"))
     verdict = hasher.verify(SECRET, fast)
-    assert verdict.ok
-    assert verdict.new_hash is not None
-    assert verdict.new_hash.startswith("$pbkdf2-sha256$")
+    # verify() never runs the slow scheme itself: it flags the hash, ahash() makes the new one.
+    assert verdict == Verification(True, None, stale=True)
+    new_hash = await hasher.ahash(SECRET)
+    assert new_hash.startswith("$pbkdf2-sha256$")
+    assert hasher.verify(SECRET, new_hash).ok
+
+
+async def test_if_slow_scheme_then_create_and_migration_hash_off_the_event_loop() -> None:
+    threads: list[threading.Thread] = []
+
+    class Recording(Hasher):
+        def hash(self, secret: str) -> str:
+            threads.append(threading.current_thread())
+            return super().hash(secret)
+
+    store = MemoryStore()
+    created = await KeyManager(store, hasher=Hasher(PEPPER)).create(
+        name="n", workspace="w", full_access=True
+    )
+    slow = KeyManager(store, hasher=Recording(PEPPER, context=_fast_context("pbkdf2_sha256")))
+    await slow.create(name="m", workspace="w", full_access=True)
+    await slow.verify(created.key)
+    stored = await store.get(created.record.id)
+    assert stored is not None
+    assert stored.secret_hash.startswith("$pbkdf2-sha256$")
+    assert len(threads) == 2
+    assert all(thread is not threading.main_thread() for thread in threads)
 
 
 @pytest.mark.parametrize("scheme", ["pbkdf2_sha256", "bcrypt", "argon2"])

@@ -391,3 +391,24 @@ class TestAcrossManagers:
             await other.verify(created.key)
         await manager.enable(created.record.id)
         await other.verify(created.key)
+
+
+class TestRollRace:
+    async def test_if_revoked_while_rolling_then_roll_refused_and_new_key_revoked(
+        self, store: KeyStore, hasher: Hasher
+    ) -> None:
+        manager = KeyManager(store, hasher=hasher)
+        created = await manager.create(name="n", workspace="w", full_access=True)
+
+        class RevokeDuringIssue(Hasher):
+            """Revokes the old key from 'another process' while the new one is hashed."""
+
+            async def ahash(self, secret: str) -> str:
+                await KeyManager(store, hasher=hasher).revoke(created.record.id)
+                return await super().ahash(secret)
+
+        racing = KeyManager(store, hasher=RevokeDuringIssue(pepper="test-pepper-0123456789abcdef"))
+        with pytest.raises(InvalidTransition, match="revoked"):
+            await racing.roll(created.record.id)
+        # The old key and the one the interrupted roll issued: both revoked, none usable.
+        assert [record.status for record in await manager.list("w")] == ["revoked", "revoked"]

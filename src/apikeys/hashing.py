@@ -54,10 +54,15 @@ _SHA256_SCHEME = "sha256$"
 
 
 class Verification(NamedTuple):
-    """The outcome of checking a secret: did it match, and the hash to store instead."""
+    """The outcome of checking a secret: did it match, and the hash to store instead.
+
+    `stale` says the stored hash should move to a slow scheme: the caller makes that hash
+    with `ahash`, off the event loop, since `verify` must not block for it.
+    """
 
     ok: bool
     new_hash: str | None = None
+    stale: bool = False
 
 
 class _HMACKey:
@@ -86,6 +91,7 @@ class _HMACKey:
 
 # The two answers of the hot path, allocated once.
 _MATCH = Verification(True)
+_MATCH_STALE = Verification(True, stale=True)
 _NO_MATCH = Verification(False)
 
 
@@ -178,6 +184,12 @@ class Hasher:
             return str(self._context.hash(secret))
         return self._fast_hash(secret)
 
+    async def ahash(self, secret: str) -> str:
+        """`hash`, in a worker thread when the preferred scheme is a slow one."""
+        if self._context is None:
+            return self._fast_hash(secret)
+        return await asyncio.to_thread(self.hash, secret)
+
     def _fast_hash(self, secret: str) -> str:
         if self._current_id is not None:
             digest = self._peppers[self._current_id].hexdigest(secret.encode())
@@ -195,15 +207,19 @@ class Hasher:
             base = self._peppers.get(pepper_id)
             if base is None or not hmac.compare_digest(base.hexdigest(secret.encode()), digest):
                 return _NO_MATCH
-            if pepper_id != self._current_id or self._context is not None:
-                return Verification(True, self.hash(secret))
+            if self._context is not None:
+                return _MATCH_STALE
+            if pepper_id != self._current_id:
+                return Verification(True, self._fast_hash(secret))
             return _MATCH
         if stored.startswith(_SHA256_SCHEME):
             digest = hashlib.sha256(secret.encode()).hexdigest()
             if not hmac.compare_digest(digest, stored[len(_SHA256_SCHEME) :]):
                 return _NO_MATCH
-            if self._pepper is not None or self._context is not None:
-                return Verification(True, self.hash(secret))
+            if self._context is not None:
+                return _MATCH_STALE
+            if self._pepper is not None:
+                return Verification(True, self._fast_hash(secret))
             return _MATCH
         try:
             return self._verify_slow(secret, stored)

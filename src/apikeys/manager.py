@@ -211,7 +211,8 @@ class KeyManager:
                 expires_at=expires_at,
             )
             try:
-                await self.store.insert(StoredKey(record, self.hasher.hash(parsed.secret)))
+                secret_hash = await self.hasher.ahash(parsed.secret)
+                await self.store.insert(StoredKey(record, secret_hash))
             except DuplicateKeyId:
                 continue
             return CreatedKey(parsed.token, record)
@@ -288,7 +289,13 @@ class KeyManager:
         )
         # The new key exists before the old one is cut short: a failure here never leaves
         # the integration without a working key.
-        await self.store.shorten_expiry(key_id, now + grace)
+        old = await self.store.shorten_expiry(key_id, now + grace)
+        if old.state == REVOKED:
+            # Revoked elsewhere while the new key was being issued: revocation wins.
+            await self.store.set_state(
+                created.record.id, REVOKED, allowed_from=(ACTIVE, DISABLED), at=utcnow()
+            )
+            raise InvalidTransition(key_id, REVOKED, "roll")
         return created
 
     # -- verification ----------------------------------------------------------------------
@@ -314,8 +321,9 @@ class KeyManager:
             raise InvalidAPIKey()
         record = stored.record
         check_usable(record)
-        if verdict.new_hash is not None:
-            await self._rehash(key_id, secret_hash, verdict.new_hash)
+        if verdict.new_hash is not None or verdict.stale:
+            new_hash = verdict.new_hash or await hasher.ahash(secret)
+            await self._rehash(key_id, secret_hash, new_hash)
         if record_usage:
             self.usage.record(key_id)
         return record
