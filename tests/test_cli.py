@@ -648,3 +648,13 @@ def test_the_console_script(tmp_path: Path) -> None:
         verify(url, data["key"])
     with pytest.raises(InvalidAPIKey):
         verify(url, ParsedKey("ak", data["id"], generate_key().secret).token)
+
+
+@pytest.mark.postgres
+def test_if_store_database_is_missing_then_one_line_without_password(postgres_url: str) -> None:
+    base = postgres_url.rsplit("/", 1)[0].replace("postgres@", "postgres:hunter2-secret@")
+    result = run(f"{base}/apikeys_no_such_database", "list")
+    assert result.exit_code == 1
+    line = refused_with_one_line(result)
+    assert "does not exist" in line
+    assert "hunter2-secret" not in result.output + (result.stderr or "")

@@ -352,3 +352,11 @@ async def test_if_redis_unreachable_then_limiter_unavailable() -> None:
         assert caught.value.original is not None
     finally:
         await limiter.aclose()
+
+
+@pytest.mark.parametrize(
+    "limit", ["1 per 100000000000 years", "1 per 2 years", "10000000000000/second"]
+)
+def test_if_rate_limit_beyond_what_storages_hold_then_refused(limit: str) -> None:
+    with pytest.raises(InvalidKeyParameters, match="at most a year"):
+        parse_rate_limit(limit)

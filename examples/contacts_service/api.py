@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -94,10 +94,12 @@ def _cursor(request: Request) -> tuple[datetime, str] | None:
         raise invalid
     try:
         created_at = datetime.fromisoformat(created)
-    except ValueError:
+        if created_at.tzinfo is None:
+            raise invalid
+        # In range as a time of its own zone, but maybe not once moved to UTC.
+        created_at = created_at.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise invalid from None
-    if created_at.tzinfo is None:
-        raise invalid
     return created_at, row_id
 
 

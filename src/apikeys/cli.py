@@ -270,6 +270,12 @@ def _run(
         raise Refused(_redact(str(exc), url)) from None
     except APIKeyError as exc:
         raise Refused(_redact(str(exc), url) or type(exc).__name__) from None
+    except Exception as exc:
+        # A store error apikeys does not classify (no such database, bad credentials, …):
+        # still one line, never a traceback, never the password.
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = _redact(f"{type(exc).__name__}: {first_line}", url)
+        raise Refused(f"key store error: {_safe_url(url)}: {reason}") from None
 
 
 def _key_id(value: str) -> str:

@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 RATE_LIMIT_ENV = "APIKEYS_RATE_LIMIT"
+# Bounds that every limits storage can hold (Redis refuses absurd expiry times).
+MAX_WINDOW_SECONDS = 366 * 24 * 3600
+MAX_AMOUNT = 10**12
 DEFAULT_RATE_LIMIT = "100/minute"
 
 
@@ -43,9 +46,10 @@ def parse_rate_limit(limit: str) -> RateLimitItem:
         items = []
     # One limit per key: "1/second;100/minute" would silently keep only the first.
     item = items[0] if len(items) == 1 else None
-    if item is None or item.amount < 1:
+    if item is None or not 1 <= item.amount <= MAX_AMOUNT or item.get_expiry() > MAX_WINDOW_SECONDS:
         raise InvalidKeyParameters(
-            f"invalid rate limit {limit!r}: write it as '100/minute' or '3 per 2 seconds'"
+            f"invalid rate limit {limit!r}: write it as '100/minute' or '3 per 2 seconds' "
+            "(one limit, a window of at most a year)"
         )
     return item
 

@@ -428,6 +428,9 @@ def _b64(data: bytes) -> str:
         "cursor=" + _b64(b"{}"),
         "cursor=" + _b64(b'["2026-01-01T00:00:00", "c_x"]'),  # a time without its zone
         "cursor=" + _b64(b'["yesterday", "c_x"]'),
+        # in range in its own zone, out of range once moved to UTC
+        "cursor=" + _b64(b'["0001-01-01T00:00:00+14:00", "c_x"]'),
+        "cursor=" + _b64(b'["9999-12-31T23:59:59-14:00", "c_x"]'),
         "cursor=" + "A" * 600,
         "limt=10",
     ],

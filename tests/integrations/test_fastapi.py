@@ -8,7 +8,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Security
 
-from apikeys import KeyManager, KeyRecord, RateLimiter
+from apikeys import Hasher, KeyManager, KeyRecord, MemoryStore, RateLimiter, generate_key
 from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
 
 
@@ -148,3 +148,16 @@ async def test_if_realm_given_then_challenge_names_it(memory_manager: KeyManager
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
         response = await http.get("/me")
     assert response.headers["www-authenticate"] == 'Bearer realm="contacts"'
+
+
+async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> None:
+    class BrokenStore(MemoryStore):
+        async def get(self, key_id: str) -> None:
+            raise RuntimeError("the store broke in a way nobody foresaw")
+
+    transport = httpx.ASGITransport(app=build(KeyManager(BrokenStore(), hasher=hasher)))
+    token = generate_key().token
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/me", headers=bearer(token))
+    assert response.status_code == 503
+    assert response.json()["code"] == "auth_unavailable"

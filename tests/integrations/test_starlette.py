@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apikeys import KeyManager, RateLimiter
+from apikeys import Hasher, KeyManager, MemoryStore, RateLimiter, generate_key
 from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
 
 
@@ -97,3 +97,17 @@ async def test_if_realm_given_then_challenge_names_it(memory_manager: KeyManager
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
         response = await http.get("/anyone", headers={"Authorization": "Bearer nope"})
     assert response.headers["www-authenticate"] == 'Bearer realm="contacts", error="invalid_token"'
+
+
+async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> None:
+    class BrokenStore(MemoryStore):
+        async def get(self, key_id: str) -> None:
+            raise RuntimeError("the store broke in a way nobody foresaw")
+
+    manager = KeyManager(BrokenStore(), hasher=hasher)
+    transport = httpx.ASGITransport(app=build(manager))
+    token = generate_key().token
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/anyone", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 503
+    assert response.json()["code"] == "auth_unavailable"

@@ -27,6 +27,8 @@ right status as FastAPI's usual `{"detail": …}` body.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.security import HTTPBearer, SecurityScopes
 
@@ -39,6 +41,8 @@ from apikeys.scopes import grants_for
 from apikeys.types import KeyRecord
 
 __all__ = ["APIKeySecurity", "install_error_handler", "problem_response"]
+
+logger = logging.getLogger("apikeys")
 
 
 class APIKeySecurity(HTTPBearer):
@@ -66,7 +70,14 @@ class APIKeySecurity(HTTPBearer):
         self, request: Request, response: Response, security_scopes: SecurityScopes
     ) -> KeyRecord:
         try:
-            return await self._authenticate(request, response, security_scopes.scopes)
+            try:
+                return await self._authenticate(request, response, security_scopes.scopes)
+            except errors.AuthenticationError:
+                raise
+            except Exception:
+                # An unforeseen store or limiter error: fail closed, as the middleware does.
+                logger.exception("apikeys: unexpected error while authenticating; answering 503")
+                raise errors.AuthUnavailable() from None
         except errors.AuthenticationError as exc:
             request.scope["apikeys.realm"] = self.realm
             if errors.AuthenticationError in request.app.exception_handlers:

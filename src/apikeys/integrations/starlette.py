@@ -20,6 +20,8 @@ use `APIKeyMiddleware` instead.
 
 from __future__ import annotations
 
+import logging
+
 from starlette.authentication import AuthenticationBackend, AuthenticationError
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
@@ -32,6 +34,8 @@ from apikeys.ratelimit import RateLimiter
 from apikeys.scopes import grants_for
 
 __all__ = ["APIKeyBackend", "APIKeyRefused", "on_auth_error"]
+
+logger = logging.getLogger("apikeys")
 
 
 class APIKeyRefused(AuthenticationError):
@@ -70,6 +74,10 @@ class APIKeyBackend(AuthenticationBackend):
                 raise limited
         except errors.AuthenticationError as exc:
             raise APIKeyRefused(exc, self.realm) from None
+        except Exception:
+            # An unforeseen store or limiter error: fail closed, as the middleware does.
+            logger.exception("apikeys: unexpected error while authenticating; answering 503")
+            raise APIKeyRefused(errors.AuthUnavailable(), self.realm) from None
         conn.scope["apikey"] = record
         return APIKeyAuth(grants_for(record.scopes, record.access == "full")), APIKeyUser(record)
 
