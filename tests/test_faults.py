@@ -31,23 +31,6 @@ from tests.test_middleware import assert_problem, bearer, build_app
 FLUSH_INTERVAL = 1.0
 VISIBLE_WITHIN = 2.5
 
-# Known bugs in src/, kept visible: each test below fails on them, so it is marked as an
-# expected failure (strict: once fixed, the test passes and the marker must go).
-USAGE_FLUSH_APPLIED_TWICE = (
-    "src bug: a usage batch the server applied but whose answer was lost is put back in the "
-    "buffer and applied again (at least once, not exactly once)"
-)
-CANCELLED_FLUSH_APPLIED_TWICE = (
-    "src bug: UsageBuffer.flush puts its batch back on any BaseException, CancelledError "
-    "included, so KeyManager.aclose() cancelling a background flush the store has already "
-    "applied writes the batch a second time"
-)
-
-
-def known_bug(request: pytest.FixtureRequest, reason: str) -> None:
-    request.applymarker(pytest.mark.xfail(reason=reason, raises=AssertionError, strict=True))
-
-
 KINDS = [
     pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
     pytest.param("redis", marks=pytest.mark.redis, id="redis"),
@@ -268,9 +251,8 @@ async def test_if_store_is_slow_to_answer_then_requests_wait_not_fail(rig: Rig) 
 
 
 async def test_if_usage_flush_loses_its_answer_then_counts_are_not_applied_twice(
-    rig: Rig, target: Target, request: pytest.FixtureRequest
+    rig: Rig, target: Target
 ) -> None:
-    known_bug(request, USAGE_FLUSH_APPLIED_TWICE)
     # The server applies the flush's transaction, then the connection drops before the
     # client hears back: the buffer cannot tell "applied" from "not applied".
     marker = b"COMMIT" if target.kind == "postgres" else b"EXEC"
@@ -282,17 +264,22 @@ async def test_if_usage_flush_loses_its_answer_then_counts_are_not_applied_twice
     rig.proxy.sever()
     with pytest.raises(StoreUnavailable):
         await flush
+    # The batch stays queued under its id; this process still counts it (as well as the
+    # store, until the retry confirms it).
+    assert rig.manager.usage.pending(rig.key_id)[0] == 5
     rig.proxy.restore()
     await rig.manager.flush()
+    assert rig.manager.usage.pending(rig.key_id)[0] == 0
     assert (await rig.count()).request_count == 5
+    assert (await rig.manager.get(rig.key_id)).request_count == 5
 
 
 async def test_if_manager_closes_while_a_usage_flush_is_in_flight_then_counts_are_not_applied_twice(
-    rig: Rig, target: Target, request: pytest.FixtureRequest
+    rig: Rig, target: Target
 ) -> None:
-    # No outage at all: `aclose()` cancels the background flush while its transaction is
-    # applied but unanswered, then writes "what is left", which includes that batch again.
-    known_bug(request, CANCELLED_FLUSH_APPLIED_TWICE)
+    # No outage at all: `aclose()` comes while the background flush's transaction is
+    # applied but unanswered. It must neither cancel that flush and write the batch again
+    # with "what is left", nor lose it.
     marker = b"COMMIT" if target.kind == "postgres" else b"EXEC"
     assert statuses(await rig.calls(5)) == [200] * 5
     rig.proxy.hold_replies_after(marker)
@@ -302,6 +289,7 @@ async def test_if_manager_closes_while_a_usage_flush_is_in_flight_then_counts_ar
     await asyncio.sleep(0.2)
     rig.proxy.resume()
     await asyncio.wait_for(closing, 10)
+    assert rig.manager.usage.pending(rig.key_id)[0] == 0
     assert (await rig.count()).request_count == 5
 
 

@@ -2,8 +2,19 @@
 
 A request costs one dict update. A background task hands the counts to the store every
 `interval` seconds as atomic increments (`KeyStore.add_usage`), so several processes
-sharing a store never lose one another's counts. A batch the store refuses goes back into
-the buffer and is retried with the next one; `flush()` on shutdown writes what is left.
+sharing a store never lose one another's counts.
+
+Delivery is exactly once. Each flush seals the counts gathered so far into a batch with a
+random id (a uuid4 hex) and sends it. A batch whose write failed, or whose outcome is
+unknown (a timeout, a connection lost before the answer, a cancelled flush), is kept as it
+is, with the same id and the same counts, never merged with newer ones, and sent again
+before anything newer. The store skips a batch id it has applied before (for
+`USAGE_BATCH_RETENTION`, 24 hours), so a retry after a lost answer is not counted twice.
+Newer requests go on being counted in the open accumulator meanwhile.
+
+Nothing cancels a write in flight: the store call runs shielded, so a cancelled `flush()`
+leaves its batch queued (with its id) while the write goes on, and `aclose()` waits for the
+background task to finish the flush it is in, then writes what is left.
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
+from collections import deque
 from datetime import UTC, datetime
 
 from apikeys.stores.base import KeyStore
@@ -22,26 +35,62 @@ __all__ = ["UsageBuffer"]
 logger = logging.getLogger("apikeys")
 
 
+class _Batch:
+    """Counts sealed under one id: sent, and if need be sent again, exactly as they are."""
+
+    __slots__ = ("attempt", "id", "usage")
+
+    def __init__(self, usage: dict[str, UsageDelta]) -> None:
+        self.id = uuid.uuid4().hex
+        self.usage = usage
+        # The latest store call for this batch: a retry waits for one still running.
+        self.attempt: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"_Batch(id={self.id!r}, keys={len(self.usage)})"
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark an attempt's outcome as seen (the batch stays queued until one succeeds)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class UsageBuffer:
-    """Per-process buffer of request counts, flushed to a `KeyStore` in the background."""
+    """Per-process buffer of request counts, flushed to a `KeyStore` in the background.
+
+    `pending` and `apply` count every request this process has not yet seen confirmed by
+    the store: the open accumulator, and batches waiting to be sent again or in flight. A
+    batch the store has applied but whose answer has not arrived yet (or was lost, until
+    its retry) is therefore added twice for that moment; no request is ever left out.
+    """
 
     def __init__(self, store: KeyStore, interval: float = 1.0) -> None:
         self.store = store
         self.interval = interval
-        # key id -> [count, last use as a Unix time]
-        self._pending: dict[str, list[float]] = {}
+        # Counted since the last batch was sealed: key id -> [count, last use as Unix time].
+        self._open: dict[str, list[float]] = {}
+        # Sealed batches not yet confirmed written, oldest first. The open accumulator is
+        # sealed only once this is empty, so it holds at most a batch or so.
+        self._queue: deque[_Batch] = deque()
         self._task: asyncio.Task[None] | None = None
-        self._lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        # Serialises flushes; one per event loop (a manager may outlive the loop it ran on).
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._closing = False
 
     def record(self, key_id: str) -> None:
         """Count one request of `key_id`, now. Never awaits, never fails."""
-        entry = self._pending.get(key_id)
+        entry = self._open.get(key_id)
         if entry is None:
-            self._pending[key_id] = [1, time.time()]
+            self._open[key_id] = [1, time.time()]
             self._ensure_task()
         else:
             entry[0] += 1
             entry[1] = time.time()
+
+    def _has_pending(self) -> bool:
+        return bool(self._open or self._queue)
 
     def _ensure_task(self) -> None:
         try:
@@ -50,56 +99,116 @@ class UsageBuffer:
             return
         task = self._task
         if task is None or task.done() or task.get_loop() is not loop:
-            self._task = loop.create_task(self._run())
+            self._wake = wake = asyncio.Event()
+            self._task = loop.create_task(self._run(wake))
 
-    async def _run(self) -> None:
-        while self._pending:
-            await asyncio.sleep(self.interval)
+    async def _run(self, wake: asyncio.Event) -> None:
+        while self._has_pending() and not self._closing:
+            # Sleep `interval`, or less if `aclose()` wakes us: it writes what is left.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.interval)
+            if wake.is_set():  # closing
+                return
             try:
                 await self.flush()
             except Exception as exc:
-                # The counts stay buffered and go out with the next batch.
+                # The batch stays queued, with its id, and goes out first next time.
                 logger.warning("apikeys: usage flush failed, will retry: %s", type(exc).__name__)
 
     def pending(self, key_id: str) -> tuple[int, datetime | None]:
-        """Requests of `key_id` counted here but not yet written to the store."""
-        entry = self._pending.get(key_id)
-        if entry is None:
+        """Requests of `key_id` counted here but not yet confirmed written to the store."""
+        count = 0
+        last: float | None = None
+        entry = self._open.get(key_id)
+        if entry is not None:
+            count, last = int(entry[0]), entry[1]
+        for batch in self._queue:
+            delta = batch.usage.get(key_id)
+            if delta is not None:
+                count += delta.count
+                moment = delta.last_used_at.timestamp()
+                last = moment if last is None else max(last, moment)
+        if not count or last is None:
             return 0, None
-        return int(entry[0]), datetime.fromtimestamp(entry[1], UTC)
+        return count, datetime.fromtimestamp(last, UTC)
 
     def apply(self, record: KeyRecord) -> KeyRecord:
-        """`record` with this process's unflushed usage added."""
+        """`record` with this process's unconfirmed usage added."""
         count, last_used = self.pending(record.id)
         return record.with_usage(count, last_used)
 
     async def flush(self) -> None:
-        """Write the buffered counts now. On failure they stay buffered and this raises."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            batch, self._pending = self._pending, {}
-            if not batch:
+        """Write the buffered counts now: first the batches left by failed writes, oldest
+        first, then the counts gathered since. On failure the batch that failed stays
+        queued as it is, with its id, and this raises; newer counts stay buffered."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        async with self._lock[1]:
+            while self._queue:
+                await self._send(self._queue[0])
+                self._done(self._queue[0])
+            if not self._open:
                 return
-            try:
-                await self.store.add_usage(
-                    {
-                        key_id: UsageDelta(int(count), datetime.fromtimestamp(last, UTC))
-                        for key_id, (count, last) in batch.items()
-                    }
-                )
-            except BaseException:
-                for key_id, (count, last) in batch.items():
-                    entry = self._pending.setdefault(key_id, [0, last])
-                    entry[0] += count
-                    entry[1] = max(entry[1], last)
-                raise
+            sealed, self._open = self._open, {}
+            batch = _Batch(
+                {
+                    key_id: UsageDelta(int(count), datetime.fromtimestamp(last, UTC))
+                    for key_id, (count, last) in sealed.items()
+                }
+            )
+            self._queue.append(batch)
+            await self._send(batch)
+            self._done(batch)
+
+    def _done(self, batch: _Batch) -> None:
+        """Forget `batch`: the store has applied it."""
+        if self._queue and self._queue[0] is batch:
+            self._queue.popleft()
+
+    async def _send(self, batch: _Batch) -> None:
+        """Have the store apply `batch`; return once it has, raise if that is not known.
+
+        The store call runs in a task of its own, shielded: cancelling the caller never
+        interrupts a write half-way, and the batch stays queued. A later send waits for an
+        attempt still running on this loop and, if it succeeded, sends nothing more;
+        otherwise it sends the batch again under the same id, which the store skips if an
+        earlier attempt was applied after all.
+        """
+        loop = asyncio.get_running_loop()
+        attempt = batch.attempt
+        if attempt is not None and attempt.get_loop() is loop:
+            if not attempt.done():
+                await asyncio.wait([attempt])  # never cancels it, even if we are cancelled
+            if not attempt.cancelled() and attempt.exception() is None:
+                return
+        attempt = batch.attempt = loop.create_task(
+            self.store.add_usage(batch.usage, batch_id=batch.id)
+        )
+        attempt.add_done_callback(_retrieve)
+        await asyncio.shield(attempt)
 
     async def aclose(self) -> None:
-        """Stop the background task and write what is left."""
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.flush()
+        """Stop the background task, letting it finish a flush in flight, then write what
+        is left (this raises if the store refuses; the counts stay buffered)."""
+        self._closing = True
+        try:
+            task, self._task = self._task, None
+            if task is not None and not task.done():
+                if task.get_loop() is asyncio.get_running_loop():
+                    if self._wake is not None:
+                        self._wake.set()
+                    # Not cancelled: a write the store may have applied must get its answer.
+                    await asyncio.shield(task)
+                else:
+                    # A task left on another loop, which is not running: it cannot be waited
+                    # for from here. Cancelling it loses nothing: a batch it was writing stays
+                    # queued under its id, and the store skips it if it had been applied.
+                    with contextlib.suppress(RuntimeError):  # that loop is closed
+                        task.cancel()
+            self._wake = None
+            await self.flush()
+        finally:
+            self._closing = False
+            if self._has_pending():
+                self._ensure_task()  # counts recorded while closing, or a failed write

@@ -11,6 +11,7 @@ import asyncio
 import random
 import re
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -123,7 +124,7 @@ async def test_every_redis_key_of_the_store_starts_with_its_prefix(
     store = make_store()
     await store.insert(make_key("k1", workspace="a"))
     await store.insert(make_key("k2", workspace="b"))
-    await store.add_usage({"k1": UsageDelta(1, T0)})
+    await store.add_usage({"k1": UsageDelta(1, T0)}, batch_id="b1")
 
     names = {name async for name in admin.scan_iter(_glob_escape(redis_key_prefix) + "*")}
     assert names == {
@@ -132,6 +133,7 @@ async def test_every_redis_key_of_the_store_starts_with_its_prefix(
         f"{redis_key_prefix}ws:a",
         f"{redis_key_prefix}ws:b",
         f"{redis_key_prefix}all",
+        f"{redis_key_prefix}usage-batch:b1",
     }
 
 
@@ -171,7 +173,10 @@ async def test_datetimes_come_back_as_utc_with_microseconds(make_store: StoreFac
     plus_two = timezone(timedelta(hours=2))
     created = datetime(2026, 5, 6, 9, 8, 7, 654321, tzinfo=plus_two)
     await store.insert(make_key("tz", created_at=created))
-    await store.add_usage({"tz": UsageDelta(1, datetime(2026, 5, 6, 8, 0, 0, 1, tzinfo=UTC))})
+    await store.add_usage(
+        {"tz": UsageDelta(1, datetime(2026, 5, 6, 8, 0, 0, 1, tzinfo=UTC))},
+        batch_id=uuid.uuid4().hex,
+    )
 
     stored = await store.get("tz")
     assert stored is not None
@@ -191,7 +196,7 @@ async def test_two_clients_see_each_others_changes_immediately(make_store: Store
     assert seen is not None
     assert seen.record.state == "disabled"
 
-    await reader.add_usage({"shared": UsageDelta(5, T0)})
+    await reader.add_usage({"shared": UsageDelta(5, T0)}, batch_id=uuid.uuid4().hex)
     seen = await writer.get("shared")
     assert seen is not None
     assert seen.record.request_count == 5
@@ -225,8 +230,8 @@ async def test_add_usage_is_exact_under_concurrent_batches_from_two_clients(
 
     batches = 200
     await asyncio.gather(
-        *(first.add_usage(batch(n)) for n in range(batches)),
-        *(second.add_usage(batch(batches + n)) for n in range(batches)),
+        *(first.add_usage(batch(n), batch_id=uuid.uuid4().hex) for n in range(batches)),
+        *(second.add_usage(batch(batches + n), batch_id=uuid.uuid4().hex) for n in range(batches)),
     )
 
     for i, key_id in enumerate(ids):
@@ -239,8 +244,10 @@ async def test_add_usage_is_exact_under_concurrent_batches_from_two_clients(
 async def test_add_usage_never_moves_last_used_at_back(make_store: StoreFactory) -> None:
     store = make_store()
     await store.insert(make_key("k"))
-    await store.add_usage({"k": UsageDelta(1, T0 + timedelta(seconds=10))})
-    await store.add_usage({"k": UsageDelta(1, T0)})
+    await store.add_usage(
+        {"k": UsageDelta(1, T0 + timedelta(seconds=10))}, batch_id=uuid.uuid4().hex
+    )
+    await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
 
     stored = await store.get("k")
     assert stored is not None
@@ -253,7 +260,9 @@ async def test_add_usage_for_an_unknown_id_creates_no_hash(
 ) -> None:
     store = make_store()
     await store.insert(make_key("known"))
-    await store.add_usage({"ghost": UsageDelta(3, T0), "known": UsageDelta(2, T0)})
+    await store.add_usage(
+        {"ghost": UsageDelta(3, T0), "known": UsageDelta(2, T0)}, batch_id=uuid.uuid4().hex
+    )
 
     assert await admin.exists(store.key_name("ghost")) == 0
     assert await store.get("ghost") is None
@@ -273,7 +282,7 @@ async def test_scripts_survive_script_flush(make_store: StoreFactory, admin: Red
     with pytest.raises(DuplicateKeyId):
         await store.insert(make_key("k"))
     await admin.script_flush()
-    await store.add_usage({"k": UsageDelta(4, T0)})
+    await store.add_usage({"k": UsageDelta(4, T0)}, batch_id=uuid.uuid4().hex)
     await admin.script_flush()
     assert (await store.set_state("k", "disabled", allowed_from={"active"}, at=T0)).state == (
         "disabled"
@@ -360,7 +369,9 @@ async def test_every_method_answers_exactly_as_the_memory_store(
             calls = [store.replace_hash(key_id, old, new) for store in (redis_store, memory)]
         elif op == 4:
             usage = {rng.choice(ids): UsageDelta(rng.randrange(-1, 4), moment()) for _ in range(3)}
-            calls = [store.add_usage(usage) for store in (redis_store, memory)]
+            calls = [
+                store.add_usage(usage, batch_id=uuid.uuid4().hex) for store in (redis_store, memory)
+            ]
         elif op == 5:
             workspace = rng.choice([None, *workspaces])
             calls = [store.list(workspace) for store in (redis_store, memory)]
@@ -385,7 +396,7 @@ async def test_unreachable_server_raises_store_unavailable_quickly(
         lambda: store.set_state("k", "revoked", allowed_from={"active"}, at=T0),
         lambda: store.shorten_expiry("k", T0),
         lambda: store.replace_hash("k", "a", "b"),
-        lambda: store.add_usage({"k": UsageDelta(1, T0)}),
+        lambda: store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex),
     ]
     for call in calls:
         started = time.monotonic()
@@ -481,11 +492,11 @@ async def test_outage_raises_store_unavailable_and_the_next_call_after_it_works(
     with pytest.raises(StoreUnavailable):
         await store.get("k")
     with pytest.raises(StoreUnavailable):
-        await store.add_usage({"k": UsageDelta(1, T0)})
+        await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
 
     await proxy.start()
     assert await store.get("k") is not None
-    await store.add_usage({"k": UsageDelta(1, T0)})
+    await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
     stored = await store.get("k")
     assert stored is not None
     assert stored.record.request_count == 1

@@ -355,7 +355,8 @@ async def test_if_two_engines_add_usage_at_once_then_counts_are_exact(
                 {
                     "k-a": UsageDelta(i, T0 + timedelta(seconds=i)),
                     "k-b": UsageDelta(1, T0 + timedelta(seconds=100 - i)),
-                }
+                },
+                batch_id=uuid.uuid4().hex,
             )
             for i in range(1, 31)
             for store in (one, two)
@@ -368,7 +369,7 @@ async def test_if_two_engines_add_usage_at_once_then_counts_are_exact(
 
 
 CHILD = """
-import asyncio, sys
+import asyncio, sys, uuid
 from datetime import UTC, datetime
 from apikeys.stores.sql import SQLStore
 from apikeys.types import UsageDelta
@@ -382,7 +383,9 @@ async def main(url, action, key_id):
             )
         else:
             for _ in range(100):
-                await store.add_usage({key_id: UsageDelta(1, datetime.now(UTC))})
+                await store.add_usage(
+                    {key_id: UsageDelta(1, datetime.now(UTC))}, batch_id=uuid.uuid4().hex
+                )
     finally:
         await store.aclose()
 
@@ -422,7 +425,7 @@ async def test_if_processes_add_usage_at_once_then_counts_are_exact(
 
     async def here() -> None:
         for _ in range(100):
-            await store.add_usage({"k-busy": UsageDelta(1, T0)})
+            await store.add_usage({"k-busy": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
 
     await asyncio.gather(
         run_child(sqlite_url, "usage", "k-busy"), run_child(sqlite_url, "usage", "k-busy"), here()
@@ -438,7 +441,10 @@ async def test_in_memory_sqlite_store_serves_concurrent_calls(make_store: StoreF
     await store.insert(make_key("k-mem"))
 
     await asyncio.gather(
-        *(store.add_usage({"k-mem": UsageDelta(1, T0)}) for _ in range(20)),
+        *(
+            store.add_usage({"k-mem": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
+            for _ in range(20)
+        ),
         *(store.get("k-mem") for _ in range(20)),
     )
 
@@ -521,7 +527,7 @@ def every_call(store: SQLStore) -> list[Callable[[], Awaitable[Any]]]:
         lambda: store.set_state("k-x", "revoked", allowed_from=("active",), at=T0),
         lambda: store.shorten_expiry("k-x", T0),
         lambda: store.replace_hash("k-x", "a", "b"),
-        lambda: store.add_usage({"k-x": UsageDelta(1, T0)}),
+        lambda: store.add_usage({"k-x": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex),
     ]
 
 
@@ -555,7 +561,10 @@ async def test_if_postgres_never_answers_then_calls_time_out_instead_of_hanging(
         f"postgresql://postgres@127.0.0.1:{silent_server}/apikeys", connect_timeout=0.3
     )
 
-    for call in [store.get("k-x"), store.add_usage({"k-x": UsageDelta(1, T0)})]:
+    for call in [
+        store.get("k-x"),
+        store.add_usage({"k-x": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex),
+    ]:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
             await asyncio.wait_for(call, timeout=10)
@@ -624,7 +633,7 @@ async def test_if_the_server_drops_pooled_connections_then_the_next_calls_succee
         await drop_connections()
         await store.set_state("k-drop", "disabled", allowed_from=("active",), at=T0)
         await drop_connections()
-        await store.add_usage({"k-drop": UsageDelta(2, T0)})
+        await store.add_usage({"k-drop": UsageDelta(2, T0)}, batch_id=uuid.uuid4().hex)
         await drop_connections()
         [listed] = await store.list("acme")
     finally:

@@ -7,6 +7,7 @@ is the reference: every other store must answer exactly as it does.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -14,11 +15,17 @@ import pytest
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.keys import generate_id
-from apikeys.stores import KeyStore
+from apikeys.stores import KeyStore, MemoryStore
+from apikeys.stores.base import USAGE_BATCH_RETENTION
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
 
 T0 = datetime(2026, 1, 31, 12, 0, 0, 123456, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+
+
+def new_batch_id() -> str:
+    """A fresh usage batch id, as `UsageBuffer` draws one per batch."""
+    return uuid.uuid4().hex
 
 
 def make_key(
@@ -176,7 +183,7 @@ class TestList:
     async def test_list_returns_records_with_their_current_state(self, store: KeyStore) -> None:
         record = await inserted(store)
         await store.set_state(record.id, "disabled", allowed_from=("active",), at=T0)
-        await store.add_usage({record.id: UsageDelta(3, T0 + HOUR)})
+        await store.add_usage({record.id: UsageDelta(3, T0 + HOUR)}, batch_id=new_batch_id())
 
         [listed] = await store.list("acme")
 
@@ -416,7 +423,8 @@ class TestAddUsage:
             {
                 first.id: UsageDelta(3, T0 + HOUR),
                 second.id: UsageDelta(2, T0 + 2 * HOUR),
-            }
+            },
+            batch_id=new_batch_id(),
         )
 
         one, two = await record_of(store, first.id), await record_of(store, second.id)
@@ -427,7 +435,7 @@ class TestAddUsage:
     async def test_add_usage_never_moves_last_used_at_back(self, store: KeyStore) -> None:
         record = await inserted(store, last_used_at=T0 + HOUR, request_count=1)
 
-        await store.add_usage({record.id: UsageDelta(4, T0)})
+        await store.add_usage({record.id: UsageDelta(4, T0)}, batch_id=new_batch_id())
 
         after = await record_of(store, record.id)
         assert (after.request_count, after.last_used_at) == (5, T0 + HOUR)
@@ -438,7 +446,9 @@ class TestAddUsage:
         record = await inserted(store)
         unknown = generate_id()
 
-        await store.add_usage({unknown: UsageDelta(7, T0), record.id: UsageDelta(1, T0)})
+        await store.add_usage(
+            {unknown: UsageDelta(7, T0), record.id: UsageDelta(1, T0)}, batch_id=new_batch_id()
+        )
 
         assert await store.get(unknown) is None
         assert (await record_of(store, record.id)).request_count == 1
@@ -447,14 +457,14 @@ class TestAddUsage:
     async def test_add_usage_with_an_empty_batch_changes_nothing(self, store: KeyStore) -> None:
         record = await inserted(store)
 
-        await store.add_usage({})
+        await store.add_usage({}, batch_id=new_batch_id())
 
         assert await record_of(store, record.id) == record
 
     async def test_add_usage_changes_only_count_and_last_used_at(self, store: KeyStore) -> None:
         record = await inserted(store, state="revoked", revoked_at=T0, expires_at=T0 + HOUR)
 
-        await store.add_usage({record.id: UsageDelta(2, T0 + HOUR)})
+        await store.add_usage({record.id: UsageDelta(2, T0 + HOUR)}, batch_id=new_batch_id())
 
         stored = await store.get(record.id)
         assert stored is not None
@@ -476,10 +486,146 @@ class TestAddUsage:
             for batch in range(50)
         ]
 
-        await asyncio.gather(*(store.add_usage(batch) for batch in batches))
+        await asyncio.gather(
+            *(store.add_usage(batch, batch_id=new_batch_id()) for batch in batches)
+        )
 
         for record in records:
             deltas = [batch[record.id] for batch in batches if record.id in batch]
             after = await record_of(store, record.id)
             assert after.request_count == sum(delta.count for delta in deltas)
             assert after.last_used_at == max(delta.last_used_at for delta in deltas)
+
+
+class TestAddUsageBatchIds:
+    """`add_usage` applies each batch id once: a batch sent again (its answer was lost, or
+    its sender was cancelled) is skipped, whatever the store."""
+
+    async def test_if_the_same_batch_id_is_sent_twice_then_it_is_counted_once(
+        self, store: KeyStore
+    ) -> None:
+        first, second = await inserted(store), await inserted(store, request_count=10)
+        batch = {first.id: UsageDelta(3, T0 + HOUR), second.id: UsageDelta(2, T0)}
+        batch_id = new_batch_id()
+
+        await store.add_usage(batch, batch_id=batch_id)
+        await store.add_usage(batch, batch_id=batch_id)
+
+        one, two = await record_of(store, first.id), await record_of(store, second.id)
+        assert (one.request_count, one.last_used_at) == (3, T0 + HOUR)
+        assert (two.request_count, two.last_used_at) == (12, T0)
+
+    async def test_if_a_batch_id_comes_back_with_later_usage_then_nothing_of_it_applies(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        batch_id = new_batch_id()
+        await store.add_usage({record.id: UsageDelta(1, T0)}, batch_id=batch_id)
+
+        await store.add_usage({record.id: UsageDelta(5, T0 + HOUR)}, batch_id=batch_id)
+
+        after = await record_of(store, record.id)
+        assert (after.request_count, after.last_used_at) == (1, T0)
+
+    async def test_if_different_batch_ids_carry_the_same_counts_then_both_count(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        batch = {record.id: UsageDelta(4, T0)}
+
+        await store.add_usage(batch, batch_id=new_batch_id())
+        await store.add_usage(batch, batch_id=new_batch_id())
+
+        assert (await record_of(store, record.id)).request_count == 8
+
+    async def test_if_one_batch_id_is_sent_many_times_at_once_then_it_is_counted_once(
+        self, store: KeyStore
+    ) -> None:
+        records = [await inserted(store) for _ in range(3)]
+        batch = {record.id: UsageDelta(i + 1, T0) for i, record in enumerate(records)}
+        batch_id = new_batch_id()
+
+        await asyncio.gather(*(store.add_usage(batch, batch_id=batch_id) for _ in range(10)))
+
+        for i, record in enumerate(records):
+            assert (await record_of(store, record.id)).request_count == i + 1
+
+    async def test_if_a_batch_id_was_used_for_unknown_ids_only_then_it_is_still_skipped(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        batch_id = new_batch_id()
+        await store.add_usage({generate_id(): UsageDelta(2, T0)}, batch_id=batch_id)
+
+        await store.add_usage({record.id: UsageDelta(2, T0)}, batch_id=batch_id)
+
+        assert (await record_of(store, record.id)).request_count == 0
+
+    async def test_if_batches_and_their_retries_interleave_then_each_counts_once(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        batches = [(new_batch_id(), UsageDelta(n + 1, T0 + n * HOUR)) for n in range(20)]
+
+        await asyncio.gather(
+            *(
+                store.add_usage({record.id: delta}, batch_id=batch_id)
+                for batch_id, delta in batches + batches[::-1] + batches[::3]
+            )
+        )
+
+        after = await record_of(store, record.id)
+        assert after.request_count == sum(delta.count for _, delta in batches)
+        assert after.last_used_at == T0 + 19 * HOUR
+
+
+class TestUsageBatchRetention:
+    """Each store remembers an applied batch id for `USAGE_BATCH_RETENTION`, then forgets it
+    (so what it keeps stays bounded)."""
+
+    async def test_batch_ids_are_kept_for_the_retention_window_then_forgotten(
+        self, store: KeyStore
+    ) -> None:
+        record = await inserted(store)
+        old_id = new_batch_id()
+        await store.add_usage({record.id: UsageDelta(1, T0)}, batch_id=old_id)
+        window = USAGE_BATCH_RETENTION.total_seconds()
+
+        if type(store).__name__ == "RedisStore":
+            from apikeys.stores.redis import RedisStore
+
+            assert isinstance(store, RedisStore)
+            # The marker expires with the window; Redis forgets it by itself.
+            ttl = await store.client.ttl(store.usage_batch_name(old_id))
+            assert window - 60 < ttl <= window
+            return
+        if isinstance(store, MemoryStore):
+            applied = store._applied_batches  # no clock to move otherwise
+            applied[old_id] -= window + 1
+            pruner: KeyStore = store
+        else:
+            import sqlalchemy as sa
+
+            from apikeys.stores.sql import SQLStore
+
+            assert isinstance(store, SQLStore)
+            batches = store.usage_batches
+            async with store.engine.begin() as conn:
+                [applied_at] = (await conn.execute(sa.select(batches.c.applied_at))).scalars()
+                assert abs(applied_at - datetime.now(UTC)) < timedelta(minutes=1)
+                await conn.execute(
+                    sa.update(batches).values(
+                        applied_at=applied_at - USAGE_BATCH_RETENTION - timedelta(seconds=1)
+                    )
+                )
+            # A store prunes on its first batch, then at most once a minute.
+            pruner = SQLStore(store.engine, table_name=store.table.name)
+
+        await pruner.add_usage({record.id: UsageDelta(1, T0)}, batch_id=new_batch_id())
+        await store.add_usage({record.id: UsageDelta(1, T0)}, batch_id=old_id)
+
+        assert (await record_of(store, record.id)).request_count == 3
+        if not isinstance(store, MemoryStore):
+            async with store.engine.connect() as conn:
+                count = (await conn.execute(sa.select(sa.func.count()).select_from(batches))).one()
+            assert count == (2,)

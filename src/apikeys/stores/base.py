@@ -13,14 +13,22 @@ from __future__ import annotations
 import abc
 import importlib
 from collections.abc import Collection, Mapping
-from datetime import datetime
-from typing import Any, ClassVar
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
 
-__all__ = ["KeyStore", "register_store", "store_from_url"]
+__all__ = ["USAGE_BATCH_RETENTION", "KeyStore", "register_store", "store_from_url"]
+
+USAGE_BATCH_RETENTION: Final = timedelta(hours=24)
+"""How long a store remembers the id of a usage batch it applied (see `KeyStore.add_usage`).
+
+A batch sent again within this window is recognised and skipped; one sent again later would
+be applied a second time. `UsageBuffer` retries a batch within seconds or minutes, so the
+window only has to outlast the longest outage a process rides out without restarting.
+"""
 
 
 class KeyStore(abc.ABC):
@@ -33,6 +41,8 @@ class KeyStore(abc.ABC):
       write elsewhere could leave stale.
     - *Atomic changes.* `set_state`, `shorten_expiry`, `replace_hash` and `add_usage` are
       each atomic: concurrent callers, in any process, never lose or interleave updates.
+    - *Idempotent usage batches.* `add_usage` applies each `batch_id` at most once (for
+      `USAGE_BATCH_RETENTION`), so a batch whose outcome is unknown can be retried safely.
     - *Fail closed.* Connection errors and timeouts raise `StoreUnavailable`.
     """
 
@@ -87,12 +97,24 @@ class KeyStore(abc.ABC):
         """Swap the stored hash if it still equals `old_hash` (compare and set)."""
 
     @abc.abstractmethod
-    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+    async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         """Add request counts and raise `last_used_at`, atomically for the whole batch.
 
         Counts are added with atomic increments (never read-modify-write), `last_used_at`
-        only moves forward, and unknown ids are ignored. If this raises, nothing of the batch
-        was applied, so the caller may retry it whole.
+        only moves forward, and unknown ids are ignored.
+
+        Exactly once: `batch_id` (a random id the caller draws once per batch, e.g. a uuid4
+        hex) names the batch. Applying a batch is idempotent: once a batch with this id has
+        been applied, sending it again has no further effect, for at least
+        `USAGE_BATCH_RETENTION` (24 hours) after it was applied, including when the two
+        sends run at the same time. Recording the id is part of the same atomic change as
+        the increments: the batch is applied whole, with its id, or not at all.
+
+        So a caller that does not know whether a batch was applied (it raised, say a
+        timeout or a connection lost before the answer, or the call was cancelled) sends
+        the very same batch again, with the same id and the same counts, and the store
+        applies it only if it had not. A batch with no non-zero count applies nothing and
+        need not record its id.
         """
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a sensible default

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
-from apikeys.stores.base import KeyStore
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
 
 __all__ = ["MemoryStore"]
@@ -19,6 +20,9 @@ class MemoryStore(KeyStore):
 
     Every method runs without awaiting anything, so each is atomic on its event loop. The
     store lives and dies with its process: share a SQL or Redis store between workers.
+
+    The ids of applied usage batches are kept for `USAGE_BATCH_RETENTION` (then forgotten),
+    so a batch sent again within that window is skipped.
     """
 
     schemes = ("memory",)
@@ -27,6 +31,8 @@ class MemoryStore(KeyStore):
         self._keys: dict[str, StoredKey] = {}
         # workspace -> ids in insertion order (a dict used as an ordered set)
         self._by_workspace: dict[str, dict[str, None]] = {}
+        # usage batch id -> when it was applied (time.monotonic()), oldest first
+        self._applied_batches: dict[str, float] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -95,9 +101,25 @@ class MemoryStore(KeyStore):
         self._keys[key_id] = replace(stored, secret_hash=new_hash)
         return True
 
-    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+    async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
+        if not any(delta.count for delta in usage.values()):
+            return
+        now = time.monotonic()
+        self._forget_batches_before(now - USAGE_BATCH_RETENTION.total_seconds())
+        if batch_id in self._applied_batches:
+            return  # applied before: sending it again changes nothing
+        self._applied_batches[batch_id] = now
         for key_id, delta in usage.items():
             stored = self._keys.get(key_id)
             if stored is not None:
                 record = stored.record.with_usage(delta.count, delta.last_used_at)
                 self._keys[key_id] = replace(stored, record=record)
+
+    def _forget_batches_before(self, cutoff: float) -> None:
+        # Insertion order is application order, so the expired ids are at the front.
+        applied = self._applied_batches
+        while applied:
+            oldest = next(iter(applied))
+            if applied[oldest] >= cutoff:
+                break
+            del applied[oldest]

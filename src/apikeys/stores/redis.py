@@ -6,6 +6,8 @@ Layout, for the default `key_prefix` of `apikeys:`:
   cluster slot, so every per-key script names exactly one key and stays cluster-safe.
 - `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at`.
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
+- `apikeys:usage-batch:<batch_id>`: a string per usage batch applied in the last
+  `USAGE_BATCH_RETENTION` (24 hours, its TTL), so that a batch sent again is skipped.
 
 Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
 integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
@@ -16,6 +18,16 @@ Atomicity: `set_state`, `shorten_expiry` and `replace_hash` are one Lua script e
 key's hash and return the hash as it is afterwards, in one round trip. `add_usage` sends one
 script per key in a single MULTI/EXEC, so on a single node a batch applies whole or not at
 all; each script checks that the hash exists, so unknown ids create nothing.
+
+Usage batches apply exactly once. Each send of a batch draws a random nonce, and each script
+of its MULTI/EXEC first looks at the batch's marker key: absent, it sets it to the nonce
+(with the retention TTL) and applies; equal to the nonce (set by an earlier script of the
+same transaction), it applies; anything else means an earlier send of this batch was
+applied, and it changes nothing. Scripts of a transaction run back to back, so a batch sent
+again after a lost EXEC reply, even at the same time as the first send, is counted once. A
+transaction whose scripts all failed (NOSCRIPT) set no marker, so its retry applies. The
+usage scripts name two keys in different slots (the hash and the marker) and the
+transaction spans many keys: exactly-once usage needs a single node, not Redis Cluster.
 
 `insert` first adds the id to both indexes (`ZADD NX`), then creates the hash with a
 create-if-absent script. The indexes live in other slots than the hash, so these are two
@@ -32,6 +44,7 @@ after Redis comes back succeeds.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -46,7 +59,7 @@ from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
-from apikeys.stores.base import KeyStore
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import Access, KeyRecord, StoredKey, StoredState, UsageDelta
 
 __all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
@@ -139,9 +152,16 @@ end
 return 0
 """
 
-# KEYS[1] = key hash; ARGV[1] = count, ARGV[2] = last_used_at (µs).
-# Returns 1 if applied, 0 for an unknown id (nothing is created).
+# KEYS[1] = key hash, KEYS[2] = the batch's marker; ARGV[1] = count, ARGV[2] = last_used_at
+# (µs), ARGV[3] = this send's nonce, ARGV[4] = the marker's TTL in seconds.
+# Returns 1 if applied, 0 for an unknown id (nothing is created) or a batch applied before.
 _ADD_USAGE = """
+local marker = redis.call('GET', KEYS[2])
+if not marker then
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+elseif marker ~= ARGV[3] then
+  return 0
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -308,6 +328,10 @@ class RedisStore(KeyStore):
         """The Redis key of the sorted set that indexes `workspace`."""
         return f"{self._prefix}ws:{workspace}"
 
+    def usage_batch_name(self, batch_id: str) -> str:
+        """The Redis key that marks usage batch `batch_id` as applied."""
+        return f"{self._prefix}usage-batch:{batch_id}"
+
     @property
     def all_index_name(self) -> str:
         """The Redis key of the sorted set that indexes every key."""
@@ -406,31 +430,42 @@ class RedisStore(KeyStore):
             )
         return bool(swapped)
 
-    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+    async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
         batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count]
         if not batch:
             return
+        # One nonce per send: the scripts of this transaction apply only if the marker is
+        # absent or holds it (see the module docstring).
+        nonce = uuid.uuid4().hex
         with _unavailable_as_store_error():
             try:
-                await self._add_usage_batch(batch)
+                await self._add_usage_batch(batch, batch_id, nonce)
             except NoScriptError:
                 # Every EVALSHA of the transaction names the same script, so a missing script
-                # failed them all and nothing was applied: load it and send the batch again.
+                # failed them all and nothing was applied, not even the marker: load it and
+                # send the batch again.
                 self._add_usage.sha = str(await self._client.script_load(self._add_usage.script))
-                await self._add_usage_batch(batch)
+                await self._add_usage_batch(batch, batch_id, nonce)
 
-    async def _add_usage_batch(self, batch: Sequence[tuple[str, UsageDelta]]) -> None:
+    async def _add_usage_batch(
+        self, batch: Sequence[tuple[str, UsageDelta]], batch_id: str, nonce: str
+    ) -> None:
         # EVALSHA directly rather than through the Script object: inside a pipeline that would
         # cost a SCRIPT EXISTS round trip before every batch.
         sha = self._add_usage.sha
+        marker = self.usage_batch_name(batch_id)
+        ttl = str(int(USAGE_BATCH_RETENTION.total_seconds()))
         async with self._client.pipeline(transaction=True) as pipe:
             for key_id, delta in batch:
                 pipe.evalsha(
                     sha,
-                    1,
+                    2,
                     self.key_name(key_id),
+                    marker,
                     str(delta.count),
                     _encode_time(delta.last_used_at),
+                    nonce,
+                    ttl,
                 )
             await pipe.execute()

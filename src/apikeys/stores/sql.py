@@ -1,15 +1,19 @@
 """The SQL store: SQLite and PostgreSQL through SQLAlchemy 2's async Core (no ORM).
 
-One table holds the keys (`apikeys_keys` by default). It lives on the module's `metadata`,
-so an application that manages its schema with Alembic adds it to its own target metadata::
+One table holds the keys (`apikeys_keys` by default); a second one, named after it
+(`apikeys_keys_usage_batches`), holds the ids of the usage batches applied in the last
+`USAGE_BATCH_RETENTION` (24 hours), so that a batch sent again is not counted twice (see
+`add_usage`). Both live on the module's `metadata` (`keys_table(name, meta)` puts both on
+`meta`), so an application that manages its schema with Alembic adds it to its own target
+metadata::
 
     from apikeys.stores.sql import metadata as apikeys_metadata
 
     target_metadata = [app_metadata, apikeys_metadata]
 
-Without Alembic, `await SQLStore.setup()` (or `await create_tables(url)`) creates the table
-and its index if they are missing; it is idempotent. A store whose `setup` was skipped
-creates the table the first time a statement finds it missing (`auto_create=False` turns
+Without Alembic, `await SQLStore.setup()` (or `await create_tables(url)`) creates the tables
+and their indexes if they are missing; it is idempotent. A store whose `setup` was skipped
+creates the tables the first time a statement finds one missing (`auto_create=False` turns
 that off: a missing table then raises `ConfigurationError`).
 
 URLs and drivers:
@@ -45,7 +49,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -59,7 +65,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
-from apikeys.stores.base import KeyStore
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
@@ -73,6 +79,7 @@ __all__ = [
     "create_tables",
     "keys_table",
     "metadata",
+    "usage_batches_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "apikeys_keys"
@@ -81,6 +88,11 @@ metadata = sa.MetaData()
 """The metadata apikeys' tables live on: add it to your Alembic `target_metadata`."""
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("apikeys")
+
+# How often a store deletes the ids of usage batches older than USAGE_BATCH_RETENTION.
+_PRUNE_INTERVAL: Final = 60.0
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
@@ -136,9 +148,12 @@ def _load_scopes(value: str | None) -> tuple[str, ...]:
 def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
     """The keys table called `name` on `meta` (the module's `metadata` by default).
 
-    Calling it again with the same name returns the same `Table`.
+    It also puts the store's second table, `usage_batches_table(name)`, on `meta`, so that
+    migrations generated from `meta` create both. Calling it again with the same name
+    returns the same `Table`.
     """
     meta = metadata if meta is None else meta
+    usage_batches_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -167,6 +182,32 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
         sa.Column("secret_hash", sa.Text(), nullable=False),
         # Listing a workspace, oldest first, reads this index in order.
         sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
+    )
+
+
+def usage_batches_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The table of applied usage batch ids that goes with the keys table `keys_table_name`.
+
+    It is called `<keys_table_name>_usage_batches`: one row per batch `add_usage` applied
+    (its id, at most 64 characters, and when), written in the same transaction as the
+    batch's increments, so a batch sent again is recognised and skipped. Rows older than
+    `USAGE_BATCH_RETENTION` (24 hours) are deleted now and then. Calling it again with the
+    same name returns the same `Table`.
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_usage_batches"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("batch_id", sa.String(64), primary_key=True),
+        sa.Column("applied_at", UTCDateTime(), nullable=False),
+        # Pruning deletes the oldest rows: it reads this index, not the whole table.
+        sa.Index(f"ix_{name}_applied_at", "applied_at"),
     )
 
 
@@ -354,13 +395,13 @@ def _make_engine(
 async def create_tables(
     bind: AsyncEngine | AsyncConnection | str | URL, *, table_name: str = DEFAULT_TABLE_NAME
 ) -> None:
-    """Create the keys table (and its index) if missing. Idempotent.
+    """Create the keys table and its usage batches table (and indexes) if missing. Idempotent.
 
     `bind` is an engine, a connection, or a URL (a short-lived engine is made and disposed).
     Raises `StoreUnavailable` when the database cannot be reached.
     """
     if isinstance(bind, AsyncConnection):
-        await bind.run_sync(_create_table, keys_table(table_name))
+        await bind.run_sync(_create_tables, _store_tables(table_name))
         return
     # A store on a URL brings the store's connection settings (timeouts, WAL).
     store = SQLStore(bind, table_name=table_name)
@@ -370,18 +411,24 @@ async def create_tables(
         await store.aclose()
 
 
-def _create_table(connection: sa.Connection, table: sa.Table) -> None:
-    table.create(connection, checkfirst=True)
+def _store_tables(table_name: str) -> tuple[sa.Table, sa.Table]:
+    """The keys table called `table_name` and its usage batches table, on `metadata`."""
+    return keys_table(table_name), usage_batches_table(table_name)
 
 
-async def _create_table_with(engine: AsyncEngine, table: sa.Table) -> None:
+def _create_tables(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
+    for table in tables:
+        table.create(connection, checkfirst=True)
+
+
+async def _create_tables_with(engine: AsyncEngine, tables: Sequence[sa.Table]) -> None:
     try:
         async with engine.begin() as conn:
-            await conn.run_sync(_create_table, table)
+            await conn.run_sync(_create_tables, tables)
     except (sa_exc.IntegrityError, sa_exc.ProgrammingError):
-        # Another process created it between our check and our CREATE: check again.
+        # Another process created one between our check and our CREATE: check again.
         async with engine.begin() as conn:
-            await conn.run_sync(_create_table, table)
+            await conn.run_sync(_create_tables, tables)
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -521,7 +568,7 @@ class SQLStore(KeyStore):
             )
             self._owns_engine = True
         self._url = self._engine.url
-        self._table = table = keys_table(table_name)
+        self._table, self._batches = table, batches = _store_tables(table_name)
         self._columns = tuple(table.c[name] for name in _FIELDS)
         dialect = self._engine.dialect
         self._returning = bool(dialect.update_returning)
@@ -552,6 +599,24 @@ class SQLStore(KeyStore):
             elif not memory and not self._url.query:
                 self._direct = "aiosqlite"
         self._direct_sql = str(self._get_stmt.compile(dialect=dialect))
+        # `add_usage` records its batch id first; a conflict means "applied before".
+        self._claim_batch: sa.Insert = sa.insert(batches)
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
+            self._claim_batch = postgresql.insert(batches).on_conflict_do_nothing(
+                index_elements=[batches.c.batch_id]
+            )
+        elif dialect.name == "sqlite":
+            from sqlalchemy.dialects import sqlite
+
+            self._claim_batch = sqlite.insert(batches).on_conflict_do_nothing(
+                index_elements=[batches.c.batch_id]
+            )
+        self._prune_batches = sa.delete(batches).where(
+            batches.c.applied_at < sa.bindparam("cutoff", type_=UTCDateTime())
+        )
+        self._next_prune = 0.0  # time.monotonic() of the next prune; the first batch prunes
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLStore:
@@ -567,6 +632,11 @@ class SQLStore(KeyStore):
         """The keys table this store uses."""
         return self._table
 
+    @property
+    def usage_batches(self) -> sa.Table:
+        """The table of applied usage batch ids that goes with `table`."""
+        return self._batches
+
     def __repr__(self) -> str:
         url = self._url.render_as_string(hide_password=True)
         return f"SQLStore(url={url!r}, table={self._table.name!r})"
@@ -577,8 +647,8 @@ class SQLStore(KeyStore):
         """The exception to raise for `exc`: `StoreUnavailable`, `_MissingTable` or itself."""
         if _is_missing_table(exc):
             return _MissingTable(
-                f"the table {self._table.name!r} does not exist: run `await store.setup()`, "
-                "`create_tables()` or your migrations first"
+                f"the table {self._table.name!r} or {self._batches.name!r} does not exist: "
+                "run `await store.setup()`, `create_tables()` or your migrations first"
             )
         if _is_unavailable(exc):
             return StoreUnavailable(exc)
@@ -735,7 +805,7 @@ class SQLStore(KeyStore):
     async def setup(self) -> None:
         try:
             async with self._setup_lock, self._turn():
-                await _create_table_with(self._engine, self._table)
+                await _create_tables_with(self._engine, (self._table, self._batches))
         except Exception as exc:
             _raise(self._translate(exc), exc)
 
@@ -844,7 +914,15 @@ class SQLStore(KeyStore):
 
         return await self._run(work)
 
-    async def add_usage(self, usage: Mapping[str, UsageDelta]) -> None:
+    async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
+        """One transaction: record `batch_id`, then add the increments.
+
+        The batch id goes in first. If it is there already (a row with that primary key,
+        committed by an earlier send, or by a concurrent one that PostgreSQL makes this one
+        wait for), the batch was applied: the transaction is rolled back and nothing else
+        happens. Otherwise the increments follow in the same transaction, so the id is
+        recorded if and only if the batch is applied.
+        """
         # Sorted by id, so concurrent batches lock rows in one order and cannot deadlock.
         params = [
             {"b_id": key_id, "b_count": delta.count, "b_last": delta.last_used_at}
@@ -870,11 +948,42 @@ class SQLStore(KeyStore):
                 ),
             )
         )
+        claim = {"batch_id": batch_id, "applied_at": datetime.now(UTC)}
 
         async def work(conn: AsyncConnection) -> None:
+            try:
+                claimed = (await conn.execute(self._claim_batch, claim)).rowcount != 0
+            except sa_exc.IntegrityError as exc:  # a dialect without ON CONFLICT DO NOTHING
+                if not _is_duplicate(exc):
+                    raise
+                claimed = False
+            if not claimed:
+                await conn.rollback()  # applied before: nothing to do
+                return
             await conn.execute(statement, params)
 
         await self._run(work)
+        await self._maybe_prune_batches()
+
+    async def _maybe_prune_batches(self) -> None:
+        """Delete batch ids older than the retention window, at most once a minute.
+
+        Its own short transaction after the batch's: housekeeping that may fail (it is
+        tried again a minute later) without failing the batch, which is applied already.
+        """
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + _PRUNE_INTERVAL
+        cutoff = datetime.now(UTC) - USAGE_BATCH_RETENTION
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(self._prune_batches, {"cutoff": cutoff})
+
+        try:
+            await self._run(work)
+        except Exception as exc:
+            logger.debug("apikeys: pruning old usage batch ids failed: %s", type(exc).__name__)
 
     async def aclose(self) -> None:
         await self._drop_reader()
