@@ -35,7 +35,7 @@ docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis site benchmarks/.venv benchmarks/results

@@ -104,7 +104,8 @@ class Target:
 
             conn = await asyncpg.connect(self.url)
             try:
-                await conn.execute(f'DROP TABLE IF EXISTS "{self.options["table_name"]}"')
+                table = self.options["table_name"]
+                await conn.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_usage_batches"')
             finally:
                 await conn.close()
         elif self.name == "redis":
