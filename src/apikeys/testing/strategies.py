@@ -55,6 +55,7 @@ from apikeys.keys import (
     parse_key,
     validate_prefix,
 )
+from apikeys.ratelimit import MAX_WINDOW_SECONDS
 
 __all__ = [
     "authorization_headers",
@@ -147,6 +148,15 @@ _OTHER_SCHEMES = (
 _RESOURCES = ("contacts", "campaigns", "invoices", "users", "reports", "billing.v2", "a")
 _ACTIONS = ("read", "write", "delete", "trigger", "admin", "list-all")
 _RATE_UNITS = ("second", "minute", "hour", "day", "month", "year")
+# Seconds of each unit, as limits counts them (a month is 30 days, a year 12 such months).
+_UNIT_SECONDS = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "month": 30 * 86400,
+    "year": 360 * 86400,
+}
 
 
 def _lookalike(char: str) -> str:
@@ -704,6 +714,8 @@ def _rate_limit(draw: st.DrawFn) -> str:
     separator = draw(st.sampled_from(("/", " per ", " / ")))
     if multiple is None:
         return f"{amount}{separator}{unit}"
+    # parse_rate_limit refuses windows over a year (what every limits storage can hold).
+    multiple = min(multiple, MAX_WINDOW_SECONDS // _UNIT_SECONDS[unit])
     return f"{amount}{separator}{multiple} {unit}s"
 
 
@@ -711,6 +723,6 @@ def rate_limits() -> st.SearchStrategy[str]:
     """Rate limits in `limits` notation that `parse_rate_limit` accepts.
 
     `3/second`, `10 per minute`, `100 per 2 minutes`, `5 / 3 hours`: one limit each, an
-    amount of 1 to 10 000, windows from a second to years.
+    amount of 1 to 10 000, windows from a second to a year.
     """
     return _rate_limit()
