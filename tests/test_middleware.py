@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.authentication import requires
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -450,39 +450,13 @@ _HASHER = Hasher(pepper="test-pepper-0123456789abcdef")
 async def _call(
     app: Callable[..., Any], headers: list[tuple[bytes, bytes]]
 ) -> tuple[int, dict[str, Any]]:
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": "/api/v1/contacts",
-        "raw_path": b"/api/v1/contacts",
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 1),
-        "server": ("testserver", 80),
-    }
-    messages: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-
-    await app(scope, receive, send)
-    start, body = messages[0], messages[1]
-    return start["status"], json.loads(body["body"])
+    return await _call_scope(app, {"path": "/api/v1/contacts", "headers": headers})
 
 
 class TestMountedApps:
     async def test_if_mounted_under_a_prefix_then_protect_and_rules_still_apply(
         self, memory_manager: KeyManager
     ) -> None:
-        from starlette.routing import Mount
-
         inner = build_app(
             memory_manager, protect="/v1/", scopes={"POST /v1/contacts": "contacts:write"}
         )
