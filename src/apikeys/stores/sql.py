@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
@@ -591,6 +592,13 @@ class SQLStore(KeyStore):
         self._reader: aiosqlite.Connection | None = None
         self._reader_lock = asyncio.Lock()
         self._reader_path = self._url.database or ""
+        # A file database whose folder is missing: refused before aiosqlite starts a thread
+        # for it (a failed aiosqlite connect leaves its thread reporting to a closed loop).
+        self._sqlite_folder = (
+            os.path.dirname(os.path.abspath(self._reader_path))
+            if self._sqlite and not memory and self._reader_path
+            else ""
+        )
         # The hot path: `get` straight on the driver, with this SQL (see the module doc).
         self._direct = ""
         if direct_reads and (self._url.get_driver_name() in ("aiosqlite", "asyncpg")):
@@ -671,6 +679,7 @@ class SQLStore(KeyStore):
         has invalidated the pool and nothing was applied, so `work` runs once more on a
         fresh connection. Errors that mean "unavailable" become `StoreUnavailable`.
         """
+        self._check_folder()
         engine = self._engine if write else self._read_engine
         reconnected = created = False
         while True:
@@ -703,9 +712,16 @@ class SQLStore(KeyStore):
                     continue
                 _raise(error, exc)
 
+    def _check_folder(self) -> None:
+        if self._sqlite_folder and not os.path.isdir(self._sqlite_folder):
+            raise StoreUnavailable(
+                FileNotFoundError(f"no folder {self._sqlite_folder!r} for the SQLite database")
+            )
+
     async def _open_reader(self) -> aiosqlite.Connection:
         import aiosqlite
 
+        self._check_folder()
         async with self._reader_lock:
             if self._reader is None:
                 reader = await aiosqlite.connect(
@@ -803,6 +819,7 @@ class SQLStore(KeyStore):
     # --- KeyStore ---------------------------------------------------------------------------
 
     async def setup(self) -> None:
+        self._check_folder()
         try:
             async with self._setup_lock, self._turn():
                 await _create_tables_with(self._engine, (self._table, self._batches))
