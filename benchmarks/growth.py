@@ -60,6 +60,7 @@ from benchmarks._common import (  # noqa: E402
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url  # noqa: E402
 from apikeys.keys import generate_key  # noqa: E402
 from apikeys.stores import KeyStore  # noqa: E402
+from apikeys.stores import sql as sql_store  # noqa: E402
 from apikeys.types import StoredKey  # noqa: E402
 
 SAMPLE = 1000
@@ -95,22 +96,8 @@ class Keys:
             yield list(zip(ids[start:end], hashes[start:end], strict=True))
 
 
-COLUMNS = (
-    "id",
-    "name",
-    "workspace",
-    "prefix",
-    "access",
-    "scopes",
-    "state",
-    "rate_limit",
-    "created_at",
-    "expires_at",
-    "last_used_at",
-    "request_count",
-    "revoked_at",
-    "secret_hash",
-)
+# The store's own column order, so bulk rows line up with what it reads back.
+COLUMNS = tuple(column.name for column in sql_store.keys.columns)
 
 
 def _row(key_id: str, secret_hash: str, sqlite: bool) -> tuple[Any, ...]:
