@@ -360,3 +360,23 @@ async def test_if_redis_unreachable_then_limiter_unavailable() -> None:
 def test_if_rate_limit_beyond_what_storages_hold_then_refused(limit: str) -> None:
     with pytest.raises(InvalidKeyParameters, match="at most a year"):
         parse_rate_limit(limit)
+
+
+@pytest.mark.redis
+async def test_if_shared_limit_exhausted_then_a_hit_after_retry_after_is_admitted(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # Contract §4: a request sent after Retry-After seconds is admitted, on Redis as well.
+    first = RateLimiter("2/second", redis_url, key_prefix=redis_prefix)
+    second = RateLimiter("2/second", redis_url, key_prefix=redis_prefix)
+    try:
+        assert (await first.hit("key")).allowed
+        assert (await second.hit("key")).allowed
+        refused = await second.hit("key")
+        assert not refused.allowed
+        assert refused.reset_after >= 1
+        await asyncio.sleep(refused.reset_after)
+        assert (await first.hit("key")).allowed
+    finally:
+        await first.aclose()
+        await second.aclose()
