@@ -55,7 +55,7 @@ from apikeys.keys import (
     parse_key,
     validate_prefix,
 )
-from apikeys.ratelimit import MAX_WINDOW_SECONDS
+from apikeys.ratelimit import MAX_WINDOW_SECONDS, parse_rate_limit
 
 __all__ = [
     "authorization_headers",
@@ -148,15 +148,8 @@ _OTHER_SCHEMES = (
 _RESOURCES = ("contacts", "campaigns", "invoices", "users", "reports", "billing.v2", "a")
 _ACTIONS = ("read", "write", "delete", "trigger", "admin", "list-all")
 _RATE_UNITS = ("second", "minute", "hour", "day", "month", "year")
-# Seconds of each unit, as limits counts them (a month is 30 days, a year 12 such months).
-_UNIT_SECONDS = {
-    "second": 1,
-    "minute": 60,
-    "hour": 3600,
-    "day": 86400,
-    "month": 30 * 86400,
-    "year": 360 * 86400,
-}
+# Seconds of each unit, as limits counts them.
+_UNIT_SECONDS = {unit: parse_rate_limit(f"1/{unit}").get_expiry() for unit in _RATE_UNITS}
 
 
 def _lookalike(char: str) -> str:
