@@ -2,7 +2,7 @@
 
 Every benchmark script starts with the same three lines, which put the repository root on
 `sys.path` in place of `benchmarks/`: run as a script, a file's own folder comes first on
-`sys.path`, and `benchmarks/http.py` would then shadow the standard library's `http`.
+`sys.path`, where a file of the benchmarks could shadow a module of the standard library.
 
 The bench venv (`benchmarks/.venv`, made on first use) holds what the library does not depend
 on: uvicorn with uvloop and httptools, the peer libraries (Django, djangorestframework-api-key,

@@ -69,6 +69,8 @@ from benchmarks._common import (  # noqa: E402
 )
 
 PATH = "/api/v1/contacts"
+# What uvicorn imports in the server processes: this module's build_app.
+APP_TARGET = "benchmarks.http_load:build_app"
 
 # --- the server side: uvicorn imports this module and calls build_app() ----------------------
 
@@ -143,7 +145,7 @@ class Server:
             python,
             "-m",
             "uvicorn",
-            "benchmarks.http:build_app",
+            APP_TARGET,
             "--factory",
             "--app-dir",
             str(ROOT),
