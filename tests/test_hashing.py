@@ -9,6 +9,8 @@ import re
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from passlib.context import CryptContext
 
 from apikeys import KeyManager, MemoryStore
@@ -518,3 +520,52 @@ def test_if_old_peppers_in_environment_then_their_hashes_verify_and_migrate(
     assert result.ok
     assert result.new_hash is not None
     assert result.new_hash == Hasher(pepper="the-new-pepper-0123456789").hash("s" * 32)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        str.upper,
+        lambda digest: digest[:2] + " " + digest[2:],
+        lambda digest: digest[:-1],
+        lambda digest: digest + "0",
+        lambda digest: digest + "\n",
+    ],
+    ids=["uppercase", "space", "short", "long", "newline"],
+)
+def test_if_stored_hmac_hash_altered_then_it_never_matches(damage: object) -> None:
+    # The parsed form of a stored hash is remembered: only the exact text this module
+    # writes may match, as when the hex digests were compared as text.
+    hasher = Hasher(PEPPER)
+    stored = hasher.hash(SECRET)
+    head, _, digest = stored.rpartition("$")
+    altered = f"{head}${damage(digest)}"  # type: ignore[operator]
+    for _ in range(2):  # first parse, then the remembered parse
+        assert hasher.verify(SECRET, altered) == Verification(False, None)
+        assert hasher.verify(SECRET, stored) == Verification(True, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stored=st.text(max_size=120), secret=st.text(max_size=40))
+def test_if_stored_hash_arbitrary_then_verify_refuses_and_answers_the_same_twice(
+    stored: str, secret: str
+) -> None:
+    hasher = Hasher(PEPPER)
+    first = hasher.verify(secret, stored)
+    assert first == hasher.verify(secret, stored)
+    assert first == Verification(False, None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    secret=st.text(
+        alphabet="0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_if_secret_differs_by_anything_then_remembered_hash_refuses_it(secret: str) -> None:
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    for stored in (hasher.hash(SECRET), Hasher(OLD_PEPPER).hash(SECRET)):
+        assert hasher.verify(SECRET, stored).ok
+        assert hasher.verify(secret, stored).ok is (secret == SECRET)

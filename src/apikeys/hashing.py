@@ -81,18 +81,22 @@ class _HMACKey:
         self._inner = hashlib.sha256(bytes(byte ^ 0x36 for byte in key))
         self._outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in key))
 
-    def hexdigest(self, message: bytes) -> str:
+    def digest(self, message: bytes) -> bytes:
         inner = self._inner.copy()
         inner.update(message)
         outer = self._outer.copy()
         outer.update(inner.digest())
-        return outer.hexdigest()
+        return outer.digest()
+
+    def hexdigest(self, message: bytes) -> str:
+        return self.digest(message).hex()
 
 
 # The two answers of the hot path, allocated once.
 _MATCH = Verification(True)
 _MATCH_STALE = Verification(True, stale=True)
 _NO_MATCH = Verification(False)
+_PARSED_LIMIT = 100_000
 
 
 def _pepper_id(pepper: bytes) -> str:
@@ -145,6 +149,10 @@ class Hasher:
                 self._peppers[_pepper_id(candidate)] = _HMACKey(candidate)
         self._current_id = _pepper_id(self._pepper) if self._pepper is not None else None
         self._context = context
+        # stored HMAC hash -> (its pepper's key, the digest as bytes, the answer on a match);
+        # parsed once per stored hash instead of on every request.
+        # (None as the answer: a retired pepper's hash, whose answer carries the new hash.)
+        self._parsed: dict[str, tuple[_HMACKey, bytes, Verification | None] | None] = {}
         self._cache: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self._cache_size = cache_size
         self._cache_ttl = cache_ttl
@@ -202,19 +210,22 @@ class Hasher:
 
     def verify(self, secret: str, stored: str) -> Verification:
         """Check `secret` against `stored` in constant time. May block for slow schemes."""
-        if stored.startswith(_HMAC_SCHEME):
-            pepper_id, _, digest = stored[len(_HMAC_SCHEME) :].partition("$")
-            base = self._peppers.get(pepper_id)
-            if base is None or not hmac.compare_digest(base.hexdigest(secret.encode()), digest):
+        try:
+            parsed = self._parsed[stored]
+        except KeyError:
+            parsed = self._parse_hmac(stored)
+        if parsed is not None:
+            base, digest, on_match = parsed
+            if not hmac.compare_digest(base.digest(secret.encode()), digest):
                 return _NO_MATCH
-            if self._context is not None:
-                return _MATCH_STALE
-            if pepper_id != self._current_id:
+            if on_match is None:
                 return Verification(True, self._fast_hash(secret))
-            return _MATCH
+            return on_match
+        if stored.startswith(_HMAC_SCHEME):  # a pepper this process does not know
+            return _NO_MATCH
         if stored.startswith(_SHA256_SCHEME):
-            digest = hashlib.sha256(secret.encode()).hexdigest()
-            if not hmac.compare_digest(digest, stored[len(_SHA256_SCHEME) :]):
+            plain = hashlib.sha256(secret.encode()).hexdigest()
+            if not hmac.compare_digest(plain, stored[len(_SHA256_SCHEME) :]):
                 return _NO_MATCH
             if self._context is not None:
                 return _MATCH_STALE
@@ -225,6 +236,29 @@ class Hasher:
             return self._verify_slow(secret, stored)
         except ValueError:  # looks like a passlib hash, but is not a valid one
             return Verification(False)
+
+    def _parse_hmac(self, stored: str) -> tuple[_HMACKey, bytes, Verification | None] | None:
+        """`stored` read as an HMAC hash of a known pepper, or None (remembered either way)."""
+        parsed = None
+        if stored.startswith(_HMAC_SCHEME):
+            pepper_id, _, hex_digest = stored[len(_HMAC_SCHEME) :].partition("$")
+            base = self._peppers.get(pepper_id)
+            try:
+                digest = bytes.fromhex(hex_digest)
+            except ValueError:
+                digest = b""
+            # Exactly what this module writes: 64 lowercase hex digits, nothing else.
+            if base is not None and len(digest) == 32 and digest.hex() == hex_digest:
+                on_match: Verification | None = _MATCH
+                if self._context is not None:
+                    on_match = _MATCH_STALE
+                elif pepper_id != self._current_id:
+                    on_match = None
+                parsed = (base, digest, on_match)
+        if len(self._parsed) >= _PARSED_LIMIT:
+            self._parsed.clear()  # parsing again costs a microsecond: a crude bound will do
+        self._parsed[stored] = parsed
+        return parsed
 
     def _verify_slow(self, secret: str, stored: str) -> Verification:
         context = self._context

@@ -92,13 +92,17 @@ def validate_prefix(prefix: str) -> str:
 # Every pair of base62 digits, so a 6-digit checksum takes three lookups.
 _PAIRS = [first + second for first in BASE62 for second in BASE62]
 _PAIR_BASE = 62 * 62
+_PAIR_BASE_SQUARED = _PAIR_BASE * _PAIR_BASE
 
 
 def checksum(body: str) -> str:
     """The 6-character base62 CRC32 of `body` (`{prefix}_{id}_{secret}`), zero-padded."""
-    high, low = divmod(zlib.crc32(body.encode("ascii")), _PAIR_BASE)
-    high, middle = divmod(high, _PAIR_BASE)
-    return _PAIRS[high] + _PAIRS[middle] + _PAIRS[low]
+    value = zlib.crc32(body.encode("ascii"))
+    return (
+        _PAIRS[value // _PAIR_BASE_SQUARED]
+        + _PAIRS[value // _PAIR_BASE % _PAIR_BASE]
+        + _PAIRS[value % _PAIR_BASE]
+    )
 
 
 def _random_base62(length: int) -> str:
@@ -121,27 +125,42 @@ def mask(prefix: str, key_id: str) -> str:
     return f"{prefix}_{key_id}_…"
 
 
+class _KnownPrefix:
+    """Splits tokens of one prefix with one regular expression: every part has a fixed size."""
+
+    __slots__ = ("match", "prefix")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.match = re.compile(
+            f"{re.escape(prefix)}_([0-9A-Za-z]{{{ID_LENGTH}}})_"
+            f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
+        ).fullmatch
+
+    def split(self, token: str) -> tuple[str, str, str]:
+        found = self.match(token) if isinstance(token, str) else None
+        if found is None:
+            raise MalformedAPIKey()
+        key_id, secret, given = found.groups()
+        if checksum(token[:-CHECKSUM_LENGTH]) != given:
+            raise MalformedAPIKey()
+        return self.prefix, key_id, secret
+
+
+_KNOWN: dict[str, _KnownPrefix] = {}
+
+
 def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
     """`parse_key` as a plain tuple `(prefix, id, secret)`: the middleware's hot path."""
-    # isascii() then isalnum() is exactly [0-9A-Za-z], checked in C.
+    if prefix:
+        known = _KNOWN.get(prefix)
+        if known is None:
+            if len(_KNOWN) >= 64:
+                _KNOWN.clear()
+            known = _KNOWN[prefix] = _KnownPrefix(prefix)
+        return known.split(token)
     if not isinstance(token, str) or len(token) > MAX_KEY_LENGTH or not token.isascii():
         raise MalformedAPIKey()
-    if prefix:
-        # The prefix is known, so every part sits at a fixed offset: slice, don't split.
-        start = len(prefix) + 1
-        key_id = token[start : start + ID_LENGTH]
-        tail = token[start + ID_LENGTH + 1 :]
-        if (
-            len(token) != start + ID_LENGTH + 1 + _TAIL_LENGTH
-            or not token.startswith(prefix)
-            or token[start - 1] != "_"
-            or token[start + ID_LENGTH] != "_"
-            or not key_id.isalnum()
-            or not tail.isalnum()
-            or checksum(token[:-CHECKSUM_LENGTH]) != tail[SECRET_LENGTH:]
-        ):
-            raise MalformedAPIKey()
-        return prefix, key_id, tail[:SECRET_LENGTH]
     parts = token.rsplit("_", 2)
     if len(parts) != 3:
         raise MalformedAPIKey()

@@ -222,6 +222,9 @@ class APIKeyMiddleware:
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
         self.policy_name = policy_name.replace('"', "")
+        self._quoted_policy = f'"{self.policy_name}"'.encode()
+        # (limit, window) -> the RateLimit-Policy header, made once
+        self._policies: dict[tuple[int, int], tuple[bytes, bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -245,7 +248,8 @@ class APIKeyMiddleware:
 
         rate_headers: Headers | None = None
         try:
-            record = await self.manager.verify(self._token(scope["headers"]))
+            values = [value for name, value in scope["headers"] if name == b"authorization"]
+            record = await self.manager.verify(bearer_token(values))
             decision = await self.limiter.hit(record.id, record.rate_limit)
             rate_headers = self._rate_headers(decision)
             if not decision.allowed:
@@ -277,12 +281,16 @@ class APIKeyMiddleware:
 
         await self.app(scope, receive, send_with_rate_headers)
 
-    @staticmethod
-    def _token(headers: Sequence[tuple[bytes, bytes]]) -> str:
-        return bearer_token([value for name, value in headers if name == b"authorization"])
-
     def _rate_headers(self, decision: RateDecision) -> Headers:
-        return rate_limit_headers(decision, self.policy_name)
+        # rate_limit_headers(decision, self.policy_name), with the constant parts made once.
+        _, limit, window, remaining, reset_after = decision
+        policy = self._policies.get((limit, window))
+        if policy is None:
+            if len(self._policies) >= 1024:
+                self._policies.clear()
+            policy = self._policies[limit, window] = _policy_header(self.policy_name, limit, window)
+        value = b"%s;r=%d;t=%d" % (self._quoted_policy, remaining, reset_after)
+        return [policy, (b"ratelimit", value)]
 
     async def _refuse(
         self,

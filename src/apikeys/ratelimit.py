@@ -105,6 +105,18 @@ class FixedWindowMemoryStorage(MemoryStorage):
             self.locks.pop(key, None)
 
 
+def _decision(amount: int, window: int, count: int, seconds_left: float) -> RateDecision:
+    remaining = amount - count
+    reset_after = math.ceil(seconds_left)
+    return RateDecision(
+        remaining >= 0,
+        amount,
+        window,
+        remaining if remaining > 0 else 0,
+        reset_after if reset_after > 1 else 1,
+    )
+
+
 def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("memory", "async+memory"):
@@ -174,17 +186,14 @@ class RateLimiter:
 
     async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
         """Count one request of `key_id` against `limit` (or the default) and decide."""
-        plan = self._plans.get((key_id, limit))
-        if plan is None:
-            plan = self._plan(key_id, limit)
-        counter, amount, window = plan
-        if self._local is not None:
-            count = self._local.count(counter, window)
-        else:
-            try:
-                count = await self.storage.incr(counter, window)
-            except (StorageError, OSError) as exc:
-                raise LimiterUnavailable(exc) from exc
+        counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
+        local = self._local
+        if local is not None:
+            return self._decide_local(local, counter, amount, window)
+        try:
+            count = await self.storage.incr(counter, window)
+        except (StorageError, OSError) as exc:
+            raise LimiterUnavailable(exc) from exc
         now = time.monotonic()
         if count == 1:
             end = now + window
@@ -193,14 +202,15 @@ class RateLimiter:
             end = self._window_ends.get(counter, 0.0)
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
-        remaining = amount - count
-        return RateDecision(
-            remaining >= 0,
-            amount,
-            window,
-            max(remaining, 0),
-            max(1, math.ceil(end - now)),
-        )
+        return _decision(amount, window, count, end - now)
+
+    @staticmethod
+    def _decide_local(
+        local: FixedWindowMemoryStorage, counter: str, amount: int, window: int
+    ) -> RateDecision:
+        count = local.count(counter, window)
+        # In-process, the window's end is known exactly: no second look-up, no rounding up.
+        return _decision(amount, window, count, local.expirations[counter] - time.time())
 
     def _plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
         item = parse_rate_limit(limit or self.default)
