@@ -29,6 +29,7 @@ from apikeys.keys import generate_id
 from apikeys.stores import store_from_url
 from apikeys.stores.sql import SQLStore, async_url, create_tables, keys_table, metadata
 from apikeys.types import KeyRecord, StoredKey, UsageDelta
+from tests.tcpproxy import TcpProxy
 
 T0 = datetime(2026, 1, 31, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -485,6 +486,46 @@ async def test_store_on_an_application_engine_leaves_it_open(sqlite_url: str) ->
         async with engine.connect() as conn:
             count = await conn.scalar(sa.text("SELECT count(*) FROM apikeys_keys"))
         assert count == 1
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_reads_keep_their_connections_under_concurrent_load(
+    postgres_url: str, make_store: StoreFactory
+) -> None:
+    # Reads go through a pool that keeps its connections: 64 concurrent gets, again and
+    # again, open at most pool_size connections and cost one round trip each.
+    with TcpProxy.to_url(postgres_url) as proxy:
+        store = make_store(proxy.url(postgres_url), table_name=unique_table(), pool_size=4)
+        await store.setup()
+        await store.insert(make_key("k-load"))
+        await asyncio.gather(*(store.get("k-load") for _ in range(64)))  # the pool fills
+        proxy.reset_counts()
+
+        for _ in range(5):
+            found = await asyncio.gather(*(store.get("k-load") for _ in range(64)))
+            assert all(stored is not None for stored in found)
+
+        assert proxy.connections == 0
+        assert proxy.round_trips == 5 * 64
+
+
+@pytest.mark.postgres
+async def test_store_on_an_application_postgres_engine_reads_and_leaves_it_open(
+    postgres_url: str,
+) -> None:
+    engine = create_async_engine(async_url(postgres_url))
+    try:
+        store = SQLStore(engine, table_name=unique_table())
+        await store.setup()
+        await store.insert(make_key("k-app"))
+        assert (await record_of(store, "k-app")).id == "k-app"
+        assert await store.get("k-none") is None
+        await store.aclose()
+
+        async with engine.connect() as conn:
+            assert await conn.scalar(sa.text("SELECT 1")) == 1
     finally:
         await engine.dispose()
 

@@ -32,7 +32,8 @@ The hot path, `get`, is one SELECT by primary key, and by default (`direct_reads
 on the bare driver, past SQLAlchemy's execution and result layers, which cost more than the
 query itself: on SQLite, through one long-lived aiosqlite connection in autocommit mode (one
 thread hop instead of several); on PostgreSQL, with asyncpg's `fetchrow` on a connection
-from the engine's pool, outside any transaction (no BEGIN/ROLLBACK round trips). Neither
+from a pool of asyncpg's own that keeps its connections (up to `pool_size`), outside any
+transaction (no BEGIN/ROLLBACK round trips, no reset query on release). Neither
 caches anything: each SELECT reads the latest committed state, so a write by any process is
 visible to the next `get`. Every write goes through SQLAlchemy Core.
 
@@ -71,6 +72,7 @@ from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
     import aiosqlite
+    import asyncpg
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
@@ -287,6 +289,12 @@ def _utc(value: Any) -> datetime | None:
     if value is None or value.tzinfo is UTC:
         return cast(datetime | None, value)
     return cast(datetime, value.astimezone(UTC))
+
+
+async def _keep_session(connection: Any) -> None:
+    """The read pool's reset: its connections only ever run the `get` SELECT, outside any
+    transaction, so there is no session state to reset (asyncpg's default reset would cost
+    a round trip on every release)."""
 
 
 def _release(connection: PoolProxiedConnection, error: BaseException | None) -> None:
@@ -515,7 +523,9 @@ class SQLStore(KeyStore):
 
     - `table_name`: the table to use (default `apikeys_keys`);
     - `pool_size`, `max_overflow`, `pool_timeout`, `pool_recycle`, `pool_pre_ping`: the
-      connection pool (defaults 10, 10, 5 s, 1800 s, off);
+      connection pool of writes (defaults 10, 10, 5 s, 1800 s, off). On PostgreSQL, `get`
+      reads through a second pool of up to `pool_size` connections that it keeps open
+      (closing one idle for `pool_recycle`), waiting up to `pool_timeout` for a free one;
     - `connect_timeout`, `command_timeout`: PostgreSQL connect and statement timeouts in
       seconds (default 5 each; `command_timeout=None` disables it);
     - `busy_timeout`: how long a SQLite writer waits for a lock, in seconds (default 5);
@@ -587,6 +597,21 @@ class SQLStore(KeyStore):
         self._get_stmt = sa.select(*self._columns).where(table.c.id == sa.bindparam("key_id"))
 
         self._busy_timeout = busy_timeout
+        self._pool_timeout = pool_timeout
+        # PostgreSQL reads: a pool of asyncpg's own (see `_asyncpg_get`), made on first use
+        # on each event loop, from the engine's connection arguments and these settings.
+        self._read_pool: tuple[asyncio.AbstractEventLoop, asyncpg.Pool] | None = None
+        self._read_pool_lock = asyncio.Lock()
+        self._read_pool_options: dict[str, Any] | None = None
+        if self._owns_engine and not self._sqlite:
+            self._read_pool_options = {
+                "min_size": 0,
+                "max_size": pool_size,
+                "max_inactive_connection_lifetime": pool_recycle,
+                "timeout": connect_timeout,
+                "command_timeout": command_timeout,
+                "server_settings": {"application_name": application_name},
+            }
         self._auto_create = auto_create
         self._setup_lock = asyncio.Lock()
         self._reader: aiosqlite.Connection | None = None
@@ -755,12 +780,76 @@ class SQLStore(KeyStore):
         return None
 
     async def _asyncpg_get(self, key_id: str) -> StoredKey | None:
-        """`get` with asyncpg's own `fetchrow` on a connection from the engine's pool.
+        """`get` with asyncpg's own `fetchrow`, outside any transaction.
 
-        This skips SQLAlchemy's execution and result layers (half the cost of a `get`) but
-        keeps its pool, with its sizing, recycling and optional pre-ping. asyncpg runs the
-        statement outside a transaction, prepared once per connection.
+        This skips SQLAlchemy's execution and result layers (half the cost of a `get`).
+        A store that made its engine reads on a pool of asyncpg's own, which keeps its
+        connections (up to `pool_size`) instead of opening and closing overflow connections
+        under load, and gives a connection back without a reset query: one round trip per
+        `get`. A store given an application's engine borrows that engine's connections.
         """
+        if self._read_pool_options is None:
+            return await self._engine_pool_get(key_id)
+        pool = await self._pg_read_pool()
+        for attempt in (1, 2):
+            acquired = False
+            try:
+                async with pool.acquire(timeout=self._pool_timeout) as connection:
+                    acquired = True
+                    row = await connection.fetchrow(self._direct_sql, key_id)
+            except Exception as exc:
+                if acquired and attempt == 1 and _is_unavailable(exc):
+                    if not isinstance(exc, TimeoutError):
+                        # A pooled connection was dead, e.g. the server restarted: replace
+                        # the pool's connections and try once more on a fresh one.
+                        await pool.expire_connections()
+                        continue
+                _raise(self._translate(exc), exc)
+            return None if row is None else _raw_stored(row, sqlite=False)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _pg_read_pool(self) -> asyncpg.Pool:
+        loop = asyncio.get_running_loop()
+        current = self._read_pool
+        if current is not None and current[0] is loop:
+            return current[1]
+        import asyncpg
+
+        async with self._read_pool_lock:
+            current = self._read_pool
+            if current is not None and current[0] is loop:
+                return current[1]
+            if current is not None:
+                # Left on another event loop, which cannot run its connections any more.
+                with contextlib.suppress(Exception):
+                    current[1].terminate()
+            args, options = self._engine.dialect.create_connect_args(self._url)
+            pool = asyncpg.create_pool(
+                *args, **options, **(self._read_pool_options or {}), reset=_keep_session
+            )
+            # min_size=0: nothing connects here, so this cannot fail for a down server.
+            await pool
+            self._read_pool = (loop, pool)
+            return pool
+
+    async def _close_read_pool(self) -> None:
+        current, self._read_pool = self._read_pool, None
+        if current is None:
+            return
+        loop, pool = current
+        if loop is asyncio.get_running_loop():
+            try:
+                await asyncio.wait_for(pool.close(), timeout=self._pool_timeout)
+                return
+            except Exception as exc:
+                logger.warning(
+                    "apikeys: could not close the PostgreSQL read pool: %s", type(exc).__name__
+                )
+        with contextlib.suppress(Exception):
+            pool.terminate()
+
+    async def _engine_pool_get(self, key_id: str) -> StoredKey | None:
+        """`_asyncpg_get` on a connection from the engine's pool (an application's engine)."""
         try:
             connection = await self._engine.raw_connection()
         except Exception as exc:
@@ -1004,5 +1093,6 @@ class SQLStore(KeyStore):
 
     async def aclose(self) -> None:
         await self._drop_reader()
+        await self._close_read_pool()
         if self._owns_engine:
             await self._engine.dispose()
