@@ -384,3 +384,29 @@ def test_if_one_character_substituted_anywhere_then_malformed(
         parse_key(damaged)
     with pytest.raises(MalformedAPIKey):
         parse_key(damaged, prefix)
+
+
+@given(
+    token=st.one_of(
+        st.text(),
+        valid_tokens(),
+        valid_tokens().map(lambda token: token + "\n"),
+        valid_tokens().map(lambda token: token.replace("_", "-", 1)),
+    ),
+    prefix=st.one_of(prefixes, st.just("ak")),
+)
+@example(token=FIXED, prefix="ak")
+@example(token=FIXED + "\n", prefix="ak")
+def test_if_prefix_known_then_parse_agrees_with_parsing_without_it(token: str, prefix: str) -> None:
+    # Parsing with a known prefix takes a faster path; it must accept exactly the tokens
+    # that the general parser reads as having that prefix.
+    try:
+        general: ParsedKey | None = parse_key(token)
+    except MalformedAPIKey:
+        general = None
+    expected = general if general is not None and general.prefix == prefix else None
+    try:
+        known: ParsedKey | None = parse_key(token, prefix)
+    except MalformedAPIKey:
+        known = None
+    assert known == expected
