@@ -798,12 +798,16 @@ class SQLStore(KeyStore):
                     acquired = True
                     row = await connection.fetchrow(self._direct_sql, key_id)
             except Exception as exc:
-                if acquired and attempt == 1 and _is_unavailable(exc):
-                    if not isinstance(exc, TimeoutError):
-                        # A pooled connection was dead, e.g. the server restarted: replace
-                        # the pool's connections and try once more on a fresh one.
-                        await pool.expire_connections()
-                        continue
+                if (
+                    acquired
+                    and attempt == 1
+                    and _is_unavailable(exc)
+                    and not isinstance(exc, TimeoutError)
+                ):
+                    # A pooled connection was dead, e.g. the server restarted: replace the
+                    # pool's connections and try once more on a fresh one.
+                    await pool.expire_connections()
+                    continue
                 _raise(self._translate(exc), exc)
             return None if row is None else _raw_stored(row, sqlite=False)
         raise AssertionError("unreachable")  # pragma: no cover
