@@ -12,10 +12,9 @@ import random
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from redis.asyncio import Redis
@@ -26,6 +25,7 @@ from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, Stor
 from apikeys.stores import MemoryStore, store_from_url
 from apikeys.stores.redis import RedisStore
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+from tests.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.redis
 
@@ -414,87 +414,27 @@ async def test_repr_hides_the_password(make_store: StoreFactory) -> None:
     assert "db=3" in text
 
 
-class TcpProxy:
-    """A TCP forwarder to Redis that the test can stop and start, to play an outage."""
-
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-        self._writers.clear()
-        self._tasks.clear()
-        self._server = None
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
-        self._writers.update((writer, upstream_writer))
-        for source, sink in ((reader, upstream_writer), (upstream_reader, writer)):
-            task = asyncio.create_task(self._pump(source, sink))
-            self._tasks.add(task)
-
-    @staticmethod
-    async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            sink.close()
-
-
 @pytest.fixture
-async def proxy(redis_url: str) -> AsyncIterator[TcpProxy]:
-    target = urlsplit(redis_url)
-    forwarder = TcpProxy(target.hostname or "127.0.0.1", target.port or 6379)
-    await forwarder.start()
-    try:
+def proxy(redis_url: str) -> Iterator[TcpProxy]:
+    """A TCP proxy to Redis that a test can sever and restore, to play an outage."""
+    with TcpProxy.to_url(redis_url) as forwarder:
         yield forwarder
-    finally:
-        if forwarder.running:
-            await forwarder.stop()
-
-
-def _through(proxy: TcpProxy, redis_url: str) -> str:
-    parts = urlsplit(redis_url)
-    return urlunsplit((parts.scheme, f"127.0.0.1:{proxy.port}", parts.path, parts.query, ""))
 
 
 async def test_outage_raises_store_unavailable_and_the_next_call_after_it_works(
     make_store: StoreFactory, proxy: TcpProxy, redis_url: str
 ) -> None:
-    store = make_store(_through(proxy, redis_url))
+    store = make_store(proxy.url(redis_url))
     await store.insert(make_key("k"))
     assert await store.get("k") is not None
 
-    await proxy.stop()
+    proxy.sever()
     with pytest.raises(StoreUnavailable):
         await store.get("k")
     with pytest.raises(StoreUnavailable):
         await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
 
-    await proxy.start()
+    proxy.restore()
     assert await store.get("k") is not None
     await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
     stored = await store.get("k")
@@ -505,10 +445,10 @@ async def test_outage_raises_store_unavailable_and_the_next_call_after_it_works(
 async def test_pooled_connections_cut_while_idle_are_replaced_without_an_error(
     make_store: StoreFactory, proxy: TcpProxy, redis_url: str
 ) -> None:
-    store = make_store(_through(proxy, redis_url))
+    store = make_store(proxy.url(redis_url))
     await store.insert(make_key("k"))
-    await proxy.stop()  # Redis "restarts" while the store sits idle
-    await proxy.start()
+    proxy.sever()  # Redis "restarts" while the store sits idle
+    proxy.restore()
     await asyncio.sleep(0.05)  # let the client's transport see the close
 
     assert await store.get("k") is not None
