@@ -254,6 +254,17 @@ class TestStatusTable:
         second = await client.get("/api/v1/contacts", headers=bearer(created.key))
         assert_problem(second, 429, "rate_limited")
 
+    async def test_if_policy_named_then_both_headers_carry_the_name_without_quotes(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, policy_name='contacts "api"', rate_limit="2/minute")
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert response.headers["ratelimit-policy"] == '"contacts api";q=2;w=60'
+        assert response.headers["ratelimit"] == '"contacts api";r=1;t=60'
+
     async def test_if_store_unreachable_then_503_fail_closed(self) -> None:
         pytest.importorskip("redis")
         manager = KeyManager(store_from_url("redis://127.0.0.1:1/0"))

@@ -176,13 +176,9 @@ def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
 
 def rate_limit_headers(decision: RateDecision, policy_name: str = "default") -> Headers:
     """`RateLimit-Policy` and `RateLimit` (IETF draft) for a limiter decision."""
-    return [
-        _policy_header(policy_name, decision.limit, decision.window),
-        (
-            b"ratelimit",
-            f'"{policy_name}";r={decision.remaining};t={decision.reset_after}'.encode(),
-        ),
-    ]
+    _, limit, window, remaining, reset_after = decision
+    value = b'"%s";r=%d;t=%d' % (policy_name.encode(), remaining, reset_after)
+    return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
 
 
 class APIKeyMiddleware:
@@ -222,9 +218,6 @@ class APIKeyMiddleware:
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
         self.policy_name = policy_name.replace('"', "")
-        self._quoted_policy = f'"{self.policy_name}"'.encode()
-        # (limit, window) -> the RateLimit-Policy header, made once
-        self._policies: dict[tuple[int, int], tuple[bytes, bytes]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -282,15 +275,7 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send_with_rate_headers)
 
     def _rate_headers(self, decision: RateDecision) -> Headers:
-        # rate_limit_headers(decision, self.policy_name), with the constant parts made once.
-        _, limit, window, remaining, reset_after = decision
-        policy = self._policies.get((limit, window))
-        if policy is None:
-            if len(self._policies) >= 1024:
-                self._policies.clear()
-            policy = self._policies[limit, window] = _policy_header(self.policy_name, limit, window)
-        value = b"%s;r=%d;t=%d" % (self._quoted_policy, remaining, reset_after)
-        return [policy, (b"ratelimit", value)]
+        return rate_limit_headers(decision, self.policy_name)
 
     async def _refuse(
         self,
