@@ -14,9 +14,11 @@ scanners tell a real key from a random string. Parsing works from the right
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import zlib
+from collections.abc import Callable
 from typing import NamedTuple
 
 from apikeys.errors import InvalidKeyParameters, MalformedAPIKey
@@ -125,40 +127,25 @@ def mask(prefix: str, key_id: str) -> str:
     return f"{prefix}_{key_id}_…"
 
 
-class _KnownPrefix:
-    """Splits tokens of one prefix with one regular expression: every part has a fixed size."""
-
-    __slots__ = ("match", "prefix")
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.match = re.compile(
-            f"{re.escape(prefix)}_([0-9A-Za-z]{{{ID_LENGTH}}})_"
-            f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
-        ).fullmatch
-
-    def split(self, token: str) -> tuple[str, str, str]:
-        found = self.match(token) if isinstance(token, str) else None
-        if found is None:
-            raise MalformedAPIKey()
-        key_id, secret, given = found.groups()
-        if checksum(token[:-CHECKSUM_LENGTH]) != given:
-            raise MalformedAPIKey()
-        return self.prefix, key_id, secret
-
-
-_KNOWN: dict[str, _KnownPrefix] = {}
+@functools.lru_cache(maxsize=64)
+def _known_prefix(prefix: str) -> Callable[[str], re.Match[str] | None]:
+    """Matches the tokens of one prefix: every part has a fixed size, so one regex splits."""
+    return re.compile(
+        f"{re.escape(prefix)}_([0-9A-Za-z]{{{ID_LENGTH}}})_"
+        f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
+    ).fullmatch
 
 
 def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
     """`parse_key` as a plain tuple `(prefix, id, secret)`: the middleware's hot path."""
     if prefix:
-        known = _KNOWN.get(prefix)
-        if known is None:
-            if len(_KNOWN) >= 64:
-                _KNOWN.clear()
-            known = _KNOWN[prefix] = _KnownPrefix(prefix)
-        return known.split(token)
+        found = _known_prefix(prefix)(token) if isinstance(token, str) else None
+        if found is None:
+            raise MalformedAPIKey()
+        key_id, secret, given = found.groups()
+        if checksum(token[:-CHECKSUM_LENGTH]) != given:
+            raise MalformedAPIKey()
+        return prefix, key_id, secret
     if not isinstance(token, str) or len(token) > MAX_KEY_LENGTH or not token.isascii():
         raise MalformedAPIKey()
     parts = token.rsplit("_", 2)
