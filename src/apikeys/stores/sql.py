@@ -41,8 +41,10 @@ Failure handling: connection errors, timeouts, a locked SQLite file (after the b
 and a full pool raise `StoreUnavailable(original)`. Rather than a pre-ping on every checkout
 (three round trips with asyncpg outside a transaction), the pool is invalidated when a
 connection turns out dead and a statement that failed that way, before any commit, is
-retried once on a fresh connection. So after a database restart the next call succeeds
-without restarting the application. Pass `pool_pre_ping=True` to ping on checkout instead.
+retried once on a fresh connection (the PostgreSQL read pool then replaces all its
+connections). So after a database restart the next call succeeds without restarting the
+application. Pass `pool_pre_ping=True` to ping the write pool's connections on checkout
+instead; reads never ping (a ping would be a second round trip per request).
 """
 
 from __future__ import annotations
@@ -788,9 +790,10 @@ class SQLStore(KeyStore):
         under load, and gives a connection back without a reset query: one round trip per
         `get`. A store given an application's engine borrows that engine's connections.
         """
-        if self._read_pool_options is None:
+        options = self._read_pool_options
+        if options is None:
             return await self._engine_pool_get(key_id)
-        pool = await self._pg_read_pool()
+        pool = await self._pg_read_pool(options)
         for attempt in (1, 2):
             acquired = False
             try:
@@ -812,7 +815,7 @@ class SQLStore(KeyStore):
             return None if row is None else _raw_stored(row, sqlite=False)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _pg_read_pool(self) -> asyncpg.Pool:
+    async def _pg_read_pool(self, options: dict[str, Any]) -> asyncpg.Pool:
         loop = asyncio.get_running_loop()
         current = self._read_pool
         if current is not None and current[0] is loop:
@@ -827,10 +830,8 @@ class SQLStore(KeyStore):
                 # Left on another event loop, which cannot run its connections any more.
                 with contextlib.suppress(Exception):
                     current[1].terminate()
-            args, options = self._engine.dialect.create_connect_args(self._url)
-            pool = asyncpg.create_pool(
-                *args, **options, **(self._read_pool_options or {}), reset=_keep_session
-            )
+            args, connect = self._engine.dialect.create_connect_args(self._url)
+            pool = asyncpg.create_pool(*args, **connect, **options, reset=_keep_session)
             # min_size=0: nothing connects here, so this cannot fail for a down server.
             await pool
             self._read_pool = (loop, pool)
