@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,50 @@ def python_has(python: Path | str, *modules: str) -> bool:
         [str(python), "-c", code], capture_output=True, check=False, cwd=str(ROOT)
     )
     return result.returncode == 0
+
+
+# --- raw ASGI -----------------------------------------------------------------------------
+
+
+def asgi_caller(
+    app: Any, headers: list[tuple[bytes, bytes]], path: str = "/api/v1/contacts"
+) -> Callable[[], Awaitable[None]]:
+    """One GET of `path` through `app` per call, on raw ASGI (no server, no client library).
+
+    Any answer but a 200 stops the run.
+    """
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 1234),
+        "server": ("127.0.0.1", 8000),
+    }
+    status: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    async def call() -> None:
+        await app(dict(scope), receive, send)
+        answered = status.pop()
+        if answered != 200:
+            raise SystemExit(
+                f"the benchmark request got {answered}: the numbers would mean nothing"
+            )
+
+    return call
 
 
 # --- services -----------------------------------------------------------------------------

@@ -8,18 +8,25 @@ per request of each, the difference and the ratio. Run: `python benchmarks/overh
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import gc
-import os
-import time
-from typing import Any
+import sys
+from pathlib import Path
 
-from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
 
-from apikeys import APIKeyMiddleware, Hasher, KeyManager, MemoryStore
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import gc  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from benchmarks._common import UNLIMITED, asgi_caller  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import PlainTextResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+from apikeys import APIKeyMiddleware, Hasher, KeyManager, MemoryStore  # noqa: E402
 
 
 async def endpoint(request: Any) -> PlainTextResponse:
@@ -34,42 +41,18 @@ def build_apps() -> tuple[Any, Any, KeyManager]:
         manager=manager,
         scopes={"GET /api/v1/contacts": "contacts:read"},
         protect="/api/",
-        rate_limit="1000000000/minute",
+        rate_limit=UNLIMITED,
     )
     return bare, protected, manager
 
 
 async def run_round(app: Any, headers: list[tuple[bytes, bytes]], count: int) -> float:
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": "/api/v1/contacts",
-        "raw_path": b"/api/v1/contacts",
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": ("127.0.0.1", 1234),
-        "server": ("127.0.0.1", 8000),
-    }
-    statuses: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            statuses.append(message["status"])
-
+    """Seconds per request over `count` requests through `app`."""
+    call = asgi_caller(app, headers)
     start = time.perf_counter()
     for _ in range(count):
-        await app(dict(scope), receive, send)
-    elapsed = time.perf_counter() - start
-    if any(status != 200 for status in statuses):
-        raise SystemExit(f"unexpected statuses: {sorted(set(statuses))}")
-    return elapsed / count
+        await call()
+    return (time.perf_counter() - start) / count
 
 
 async def main(rounds: int, per_round: int) -> None:

@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import sys
 import tempfile
 import time
@@ -51,18 +49,22 @@ from apikeys import APIKeyMiddleware, Hasher, KeyManager, RateLimiter, store_fro
 from apikeys.stores import KeyStore
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:] = [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != ROOT / "benchmarks")]
+from benchmarks._common import (  # noqa: E402
+    PEPPER,
+    POSTGRES_URL,
+    REDIS_URL,
+    UNLIMITED,
+    asgi_caller,
+    delete_redis_keys,
+    fmt,
+    reachable,
+)
 from tests.tcpproxy import TcpProxy  # noqa: E402 - the test suite's proxy, from the repo root
 
-POSTGRES_URL = os.environ.get(
-    "APIKEYS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("APIKEYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PEPPER = "benchmark-pepper-0123456789abcdef"
 CONCURRENCY = 50
 POSTGRES_POOL_MAX = 20
 QUOTED_DRF_RATE = 2500.0
-UNLIMITED = "1000000000/minute"
 RUN = uuid.uuid4().hex[:10]
 
 
@@ -70,17 +72,6 @@ def where(url: str) -> str:
     """Host and port of `url`, never its password."""
     parts = urlsplit(url)
     return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-
-
-def reachable(url: str, default_port: int) -> bool:
-    parts = urlsplit(url)
-    try:
-        with socket.create_connection(
-            (parts.hostname or "127.0.0.1", parts.port or default_port), 1
-        ):
-            return True
-    except OSError:
-        return False
 
 
 # --- stores -------------------------------------------------------------------------------
@@ -110,18 +101,6 @@ class Target:
                 await conn.close()
         elif self.name == "redis":
             await delete_redis_keys(f"{self.options['key_prefix']}*")
-
-
-async def delete_redis_keys(pattern: str) -> None:
-    from redis.asyncio import Redis
-
-    client = Redis.from_url(REDIS_URL)
-    try:
-        names = [name async for name in client.scan_iter(match=pattern, count=1000)]
-        if names:
-            await client.delete(*names)
-    finally:
-        await client.aclose()
 
 
 def targets(directory: Path, wanted: list[str]) -> tuple[list[Target], list[str]]:
@@ -197,40 +176,8 @@ def protected(manager: KeyManager, limiter: RateLimiter) -> APIKeyMiddleware:
     )
 
 
-def asgi_caller(app: APIKeyMiddleware, token: str) -> Callable[[], Awaitable[None]]:
-    """One authenticated GET through `app` per call, on raw ASGI (no server, no client)."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": "/api/v1/contacts",
-        "raw_path": b"/api/v1/contacts",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"authorization", f"Bearer {token}".encode())],
-        "client": ("127.0.0.1", 1234),
-        "server": ("127.0.0.1", 8000),
-    }
-    status: list[int] = []
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            status.append(message["status"])
-
-    async def call() -> None:
-        await app(dict(scope), receive, send)
-        answered = status.pop()
-        if answered != 200:
-            raise SystemExit(
-                f"the benchmark request got {answered}: the numbers would mean nothing"
-            )
-
-    return call
+def bearer(token: str) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", f"Bearer {token}".encode())]
 
 
 def limiter_for(kind: str, url: str | None = None) -> RateLimiter:
@@ -284,7 +231,9 @@ async def round_trips(
                 # Flushes an hour apart: the per-request count is the hot path alone.
                 store = target.store(store_proxy.url(target.url))
                 manager = await stack.enter_async_context(managed(store, flush_interval=3600))
-            call = asgi_caller(protected(manager, limiter), token)
+            call = asgi_caller(
+                protected(manager, limiter), [(b"authorization", f"Bearer {token}".encode())]
+            )
             for _ in range(20):  # connections open, statements prepared, scripts loaded
                 await call()
             await manager.flush()
@@ -400,7 +349,9 @@ async def measure(target: Target, seconds: float, count: int) -> dict[str, Any]:
                 result[f"requests_per_s_{kind}_limiter"] = None
                 continue
             limiter = limiter_for(kind)
-            call = asgi_caller(protected(manager, limiter), token)
+            call = asgi_caller(
+                protected(manager, limiter), [(b"authorization", f"Bearer {token}".encode())]
+            )
             result[f"requests_per_s_{kind}_limiter"] = await rate(call, seconds / 2)
             await limiter.aclose()
             trips = await round_trips(target, token, kind, count, manager)
@@ -409,12 +360,6 @@ async def measure(target: Target, seconds: float, count: int) -> dict[str, Any]:
 
 
 # --- report -------------------------------------------------------------------------------
-
-
-def fmt(value: float | None, digits: int = 0) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}"
 
 
 def report(results: list[dict[str, Any]], skipped: list[str]) -> None:
