@@ -2,7 +2,9 @@
 
 - `APIKEYS_STORE_URL`, `APIKEYS_TEST_STORE_OPTIONS` (JSON keyword arguments of the store),
 - `APIKEYS_LIMITER_URL`, `APIKEYS_RATE_LIMIT` (the default per-key limit),
-- `APIKEYS_PEPPER`, `APIKEYS_TEST_FLUSH_INTERVAL` (seconds between usage flushes).
+- `APIKEYS_PEPPER`, `APIKEYS_TEST_FLUSH_INTERVAL` (seconds between usage flushes),
+- `APIKEYS_TEST_CHANNEL_PORT`: the key cache's channel goes to this port of 127.0.0.1 (a TCP
+  proxy a test can cut) instead of the store's own address.
 
 Every response names the process that answered it (`pid`), so a test can tell the workers
 apart.
@@ -18,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apikeys import APIKeyMiddleware, Hasher, KeyManager, store_from_url
+from apikeys import APIKeyMiddleware, Channel, Hasher, KeyManager, KeyStore, store_from_url
 
 SCOPES = {
     "GET /api/v1/contacts": "contacts:read",
@@ -27,19 +29,43 @@ SCOPES = {
 
 
 async def health(request: Request) -> JSONResponse:
-    return JSONResponse({"pid": os.getpid()})
+    cache = MANAGER.cache
+    state = None if cache is None else {"fresh": cache.fresh, "hits": cache.hits}
+    return JSONResponse({"pid": os.getpid(), "cache": state})
 
 
 async def whoami(request: Request) -> JSONResponse:
     return JSONResponse({"pid": os.getpid(), "id": request.scope["apikey"].id})
 
 
-def build() -> APIKeyMiddleware:
+def proxied_channel(store: KeyStore, port: int) -> Channel:
+    """The store's own channel, but connecting to 127.0.0.1:`port`."""
+    from apikeys.channels.postgres import PostgresChannel
+    from apikeys.channels.redis import RedisChannel
+
+    channel = store.channel()
+    if isinstance(channel, RedisChannel):
+        kwargs = {**channel._connection_kwargs, "host": "127.0.0.1", "port": port}
+        return RedisChannel(connection_kwargs=kwargs, key_prefix=store.key_prefix)  # type: ignore[attr-defined]
+    if isinstance(channel, PostgresChannel):
+        return PostgresChannel(
+            (),
+            {**channel._kwargs, "host": "127.0.0.1", "port": port},
+            table_name=channel._table_name,
+            readers_table=channel._readers_table,
+        )
+    raise AssertionError(f"no network channel for {store!r}")
+
+
+def build() -> tuple[APIKeyMiddleware, KeyManager]:
     options = json.loads(os.environ.get("APIKEYS_TEST_STORE_OPTIONS") or "{}")
+    store = store_from_url(os.environ["APIKEYS_STORE_URL"], **options)
+    port = os.environ.get("APIKEYS_TEST_CHANNEL_PORT")
     manager = KeyManager(
-        store_from_url(os.environ["APIKEYS_STORE_URL"], **options),
+        store,
         hasher=Hasher(pepper=os.environ["APIKEYS_PEPPER"]),
         usage_flush_interval=float(os.environ.get("APIKEYS_TEST_FLUSH_INTERVAL") or 1.0),
+        channel=proxied_channel(store, int(port)) if port else None,
     )
     inner = Starlette(
         routes=[
@@ -48,7 +74,7 @@ def build() -> APIKeyMiddleware:
             Route("/api/v1/admin", whoami),
         ]
     )
-    return APIKeyMiddleware(
+    app = APIKeyMiddleware(
         inner,
         manager=manager,
         scopes=SCOPES,
@@ -56,6 +82,7 @@ def build() -> APIKeyMiddleware:
         rate_limit=os.environ.get("APIKEYS_RATE_LIMIT") or "100000/minute",
         limiter_url=os.environ["APIKEYS_LIMITER_URL"],
     )
+    return app, manager
 
 
-app = build()
+app, MANAGER = build()

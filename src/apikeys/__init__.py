@@ -6,6 +6,8 @@ middleware for Starlette, FastAPI or any ASGI app, on memory, SQLite, PostgreSQL
 
 from __future__ import annotations
 
+from apikeys.cache import KeyCache
+from apikeys.channels import Channel, ChannelError
 from apikeys.errors import (
     APIKeyError,
     AuthenticationError,
@@ -44,6 +46,8 @@ __all__ = [
     "APIKeyUser",
     "AuthUnavailable",
     "AuthenticationError",
+    "Channel",
+    "ChannelError",
     "ConfigurationError",
     "CreatedKey",
     "DuplicateKeyId",
@@ -53,6 +57,7 @@ __all__ = [
     "InvalidAPIKey",
     "InvalidKeyParameters",
     "InvalidTransition",
+    "KeyCache",
     "KeyDisabled",
     "KeyExpired",
     "KeyManager",

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
+from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
+from apikeys.channels.base import Channel
 from apikeys.errors import (
+    ConfigurationError,
     DuplicateKeyId,
     InvalidAPIKey,
     InvalidKeyParameters,
@@ -47,6 +50,7 @@ logger = logging.getLogger("apikeys")
 _MAX_TEXT = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _INSERT_ATTEMPTS = 5
+_T = TypeVar("_T")
 
 
 def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
@@ -60,6 +64,20 @@ def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
         raise KeyRevoked() if state == REVOKED else KeyDisabled()
     if record.expires_at is not None and record.expires_at <= (now or utcnow()):
         raise KeyExpired()
+
+
+def _channel(channel: Channel | str) -> Channel:
+    if isinstance(channel, Channel):
+        return channel
+    if channel.split("://", 1)[0].lower() in ("redis", "rediss", "unix"):
+        try:
+            from apikeys.channels.redis import RedisChannel
+        except ImportError as exc:
+            raise ConfigurationError(
+                "the Redis channel needs redis-py. Install it with: pip install 'apikeys[redis]'"
+            ) from exc
+        return RedisChannel(channel, native=False)
+    raise ConfigurationError("channel takes a Channel or a redis:// URL")
 
 
 def _text(value: str, field: str) -> str:
@@ -85,6 +103,14 @@ class KeyManager:
     `store` is a `KeyStore` or a store URL. `hasher` defaults to `Hasher()` (HMAC-SHA256
     keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
     `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
+
+    Records are cached in process (`cache`, on by default for SQLite, PostgreSQL and Redis)
+    and trusted only while the store's invalidation channel proves them fresh, so `verify`
+    needs no store round trip while every change still holds for the very next request in
+    every process (docs/consistency.md). `channel` picks another channel: a `Channel`, or a
+    `redis://` URL for Redis pub/sub in front of any store. `cache_lease` bounds how long a
+    change waits for a process that does not answer (seconds); `cache_size` bounds the
+    records kept. `cache=False` reads the store on every verification.
     """
 
     def __init__(
@@ -94,11 +120,20 @@ class KeyManager:
         hasher: Hasher | None = None,
         prefix: str = DEFAULT_PREFIX,
         usage_flush_interval: float = 1.0,
+        cache: bool = True,
+        channel: Channel | str | None = None,
+        cache_lease: float = DEFAULT_LEASE,
+        cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self.store = store_from_url(store) if isinstance(store, str) else store
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
         self.usage = UsageBuffer(self.store, usage_flush_interval)
+        self.cache: KeyCache | None = None
+        if cache:
+            chosen = _channel(channel) if channel is not None else self.store.channel()
+            if chosen is not None:
+                self.cache = KeyCache(self.store, chosen, lease=cache_lease, max_entries=cache_size)
 
     def __repr__(self) -> str:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
@@ -116,11 +151,15 @@ class KeyManager:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Write buffered usage and close the store."""
+        """Write buffered usage, stop the cache and close the store."""
         try:
             await self.usage.aclose()
         finally:
-            await self.store.aclose()
+            try:
+                if self.cache is not None:
+                    await self.cache.aclose()
+            finally:
+                await self.store.aclose()
 
     async def flush(self) -> None:
         """Write buffered usage counts to the store now."""
@@ -218,6 +257,19 @@ class KeyManager:
             return CreatedKey(parsed.token, record)
         raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
 
+    async def _change(
+        self, key_id: str, apply: Callable[[str | None], Awaitable[_T]], *, wait: bool = True
+    ) -> _T:
+        """Make a change to `key_id` that every process sees on its next request.
+
+        `apply(notice)` changes the store, publishing `notice` in its transaction. With a
+        cache, this returns once every process caching keys has dropped the key (or a lease
+        has passed): see `KeyCache.change`.
+        """
+        if self.cache is None:
+            return await apply(None)
+        return await self.cache.change(key_id, apply, wait=wait)
+
     # -- reading ---------------------------------------------------------------------------
 
     async def get(self, key_id: str) -> KeyRecord:
@@ -252,7 +304,12 @@ class KeyManager:
         allowed_from: tuple[StoredState, ...],
         action: str,
     ) -> KeyRecord:
-        record = await self.store.set_state(key_id, target, allowed_from=allowed_from, at=utcnow())
+        record = await self._change(
+            key_id,
+            lambda notice: self.store.set_state(
+                key_id, target, allowed_from=allowed_from, at=utcnow(), notice=notice
+            ),
+        )
         if record.state != target:
             raise InvalidTransition(key_id, record.status, action)
         return self.usage.apply(record)
@@ -289,11 +346,17 @@ class KeyManager:
         )
         # The new key exists before the old one is cut short: a failure here never leaves
         # the integration without a working key.
-        old = await self.store.shorten_expiry(key_id, now + grace)
+        old = await self._change(
+            key_id, lambda notice: self.store.shorten_expiry(key_id, now + grace, notice=notice)
+        )
         if old.state == REVOKED:
             # Revoked elsewhere while the new key was being issued: revocation wins.
-            await self.store.set_state(
-                created.record.id, REVOKED, allowed_from=(ACTIVE, DISABLED), at=utcnow()
+            new_id = created.record.id
+            await self._change(
+                new_id,
+                lambda notice: self.store.set_state(
+                    new_id, REVOKED, allowed_from=(ACTIVE, DISABLED), at=utcnow(), notice=notice
+                ),
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
         return created
@@ -308,7 +371,11 @@ class KeyManager:
         Counts the request in the key's usage unless `record_usage` is false.
         """
         _, key_id, secret = split_key(token, self.prefix)
-        stored = await self.store.get(key_id)
+        cache = self.cache
+        if cache is None:
+            stored = await self.store.get(key_id)
+        else:
+            stored = cache.get(key_id) or await cache.load(key_id)
         if stored is None:
             raise InvalidAPIKey()
         secret_hash = stored.secret_hash
@@ -330,7 +397,12 @@ class KeyManager:
 
     async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:
         try:
-            await self.store.replace_hash(key_id, old_hash, new_hash)
+            # Announced, not waited for: either hash verifies the same secret.
+            await self._change(
+                key_id,
+                lambda notice: self.store.replace_hash(key_id, old_hash, new_hash, notice=notice),
+                wait=False,
+            )
         except Exception as exc:
             # The request was verified; migration simply happens on a later one.
             logger.warning("apikeys: could not re-hash key %s: %s", key_id, type(exc).__name__)

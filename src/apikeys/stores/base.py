@@ -14,11 +14,14 @@ import abc
 import importlib
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+
+if TYPE_CHECKING:
+    from apikeys.channels.base import Channel
 
 __all__ = ["USAGE_BATCH_RETENTION", "KeyStore", "register_store", "store_from_url"]
 
@@ -44,6 +47,9 @@ class KeyStore(abc.ABC):
     - *Idempotent usage batches.* `add_usage` applies each `batch_id` at most once (for
       `USAGE_BATCH_RETENTION`), so a batch whose outcome is unknown can be retried safely.
     - *Fail closed.* Connection errors and timeouts raise `StoreUnavailable`.
+    - *Notices with changes.* A store with an invalidation channel (`channel()`) publishes
+      the `notice` its change methods are given in the same transaction as the change, so
+      that processes caching keys hear of every change that commits (see `apikeys.cache`).
     """
 
     schemes: ClassVar[tuple[str, ...]] = ()
@@ -53,6 +59,14 @@ class KeyStore(abc.ABC):
     @abc.abstractmethod
     def from_url(cls, url: str, **options: Any) -> KeyStore:
         """Build the store from a URL with one of `schemes`."""
+
+    def channel(self) -> Channel | None:
+        """The store's own invalidation channel, for `KeyCache`; None when it has none.
+
+        Stores shared between processes return one (the memory store, which lives in one
+        process, needs none); `KeyManager` then caches records in process.
+        """
+        return None
 
     async def setup(self) -> None:  # noqa: B027 - optional hook with a sensible default
         """Prepare the backend (create tables, load scripts). Idempotent; may be skipped."""
@@ -77,24 +91,34 @@ class KeyStore(abc.ABC):
         *,
         allowed_from: Collection[StoredState],
         at: datetime,
+        notice: str | None = None,
     ) -> KeyRecord:
         """Atomically move a key to `state` if its current state is in `allowed_from`.
 
         A key already in `state` is left as it is. Moving to `revoked` sets `revoked_at` to
         `at`. Returns the record as it is afterwards: the caller compares its `state` with
         the one it asked for to learn whether the change was allowed. Raises `KeyNotFound`.
+        A `notice` is published with the change (also when nothing changed).
         """
 
     @abc.abstractmethod
-    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+    async def shorten_expiry(
+        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+    ) -> KeyRecord:
         """Atomically set `expires_at` to the earlier of its value and `expires_at`.
 
         A revoked key is left unchanged. Returns the record afterwards; raises `KeyNotFound`.
+        A `notice` is published with the change.
         """
 
     @abc.abstractmethod
-    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
-        """Swap the stored hash if it still equals `old_hash` (compare and set)."""
+    async def replace_hash(
+        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+    ) -> bool:
+        """Swap the stored hash if it still equals `old_hash` (compare and set).
+
+        A `notice` is published with the change.
+        """
 
     @abc.abstractmethod
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:

@@ -77,6 +77,7 @@ class MemoryStore(KeyStore):
         *,
         allowed_from: Collection[StoredState],
         at: datetime,
+        notice: str | None = None,
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
@@ -85,7 +86,9 @@ class MemoryStore(KeyStore):
         revoked_at = at if state == REVOKED else record.revoked_at
         return self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
 
-    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+    async def shorten_expiry(
+        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+    ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
         if record.state == REVOKED or (
@@ -94,7 +97,9 @@ class MemoryStore(KeyStore):
             return record
         return self._put_record(stored, replace(record, expires_at=expires_at))
 
-    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+    async def replace_hash(
+        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+    ) -> bool:
         stored = self._keys.get(key_id)
         if stored is None or stored.secret_hash != old_hash:
             return False

@@ -58,6 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from apikeys.channels.redis import RedisChannel, notices_channel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import Access, KeyRecord, StoredKey, StoredState, UsageDelta
@@ -105,15 +106,27 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 """
 
+# Every change script ends with the same two ARGV: the notice channel and the notice ('' for
+# none), published in the script itself so that no change commits without its notice.
+_PUBLISH = """
+local function publish()
+  if ARGV[#ARGV] ~= '' then
+    redis.call('PUBLISH', ARGV[#ARGV - 1], ARGV[#ARGV])
+  end
+end
+"""
+
 # KEYS[1] = key hash; ARGV[1] = new state, ARGV[2] = `at` (µs), ARGV[3..] = allowed states.
 # Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
-_SET_STATE = """
+_SET_STATE = (
+    _PUBLISH
+    + """
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then
   return false
 end
 if current ~= ARGV[1] then
-  for i = 3, #ARGV do
+  for i = 3, #ARGV - 2 do
     if ARGV[i] == current then
       if ARGV[1] == 'revoked' then
         redis.call('HSET', KEYS[1], 'state', ARGV[1], 'revoked_at', ARGV[2])
@@ -124,12 +137,16 @@ if current ~= ARGV[1] then
     end
   end
 end
+publish()
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
 # KEYS[1] = key hash; ARGV[1] = expires_at (µs).
 # Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
-_SHORTEN_EXPIRY = """
+_SHORTEN_EXPIRY = (
+    _PUBLISH
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return false
@@ -140,17 +157,23 @@ if state ~= 'revoked' then
     redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
   end
 end
+publish()
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
 # KEYS[1] = key hash; ARGV[1] = old hash, ARGV[2] = new hash. Returns 1 if swapped.
-_REPLACE_HASH = """
+_REPLACE_HASH = (
+    _PUBLISH
+    + """
 if redis.call('HGET', KEYS[1], 'secret_hash') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'secret_hash', ARGV[2])
+  publish()
   return 1
 end
 return 0
 """
+)
 
 # KEYS[1] = key hash, KEYS[2] = the batch's marker; ARGV[1] = count, ARGV[2] = last_used_at
 # (µs), ARGV[3] = this send's nonce, ARGV[4] = the marker's TTL in seconds.
@@ -408,27 +431,45 @@ class RedisStore(KeyStore):
         *,
         allowed_from: Collection[StoredState],
         at: datetime,
+        notice: str | None = None,
     ) -> KeyRecord:
         with _unavailable_as_store_error():
             reply = await self._set_state(
                 keys=[self.key_name(key_id)],
-                args=[state, _encode_time(at), *allowed_from],
+                args=[state, _encode_time(at), *allowed_from, *self._notice(notice)],
             )
         return self._record_from_reply(key_id, reply)
 
-    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+    async def shorten_expiry(
+        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+    ) -> KeyRecord:
         with _unavailable_as_store_error():
             reply = await self._shorten_expiry(
-                keys=[self.key_name(key_id)], args=[_encode_time(expires_at)]
+                keys=[self.key_name(key_id)],
+                args=[_encode_time(expires_at), *self._notice(notice)],
             )
         return self._record_from_reply(key_id, reply)
 
-    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+    async def replace_hash(
+        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+    ) -> bool:
         with _unavailable_as_store_error():
             swapped = await self._replace_hash(
-                keys=[self.key_name(key_id)], args=[old_hash, new_hash]
+                keys=[self.key_name(key_id)], args=[old_hash, new_hash, *self._notice(notice)]
             )
         return bool(swapped)
+
+    def _notice(self, notice: str | None) -> tuple[str, str]:
+        return notices_channel(self._prefix), notice or ""
+
+    def channel(self) -> RedisChannel:
+        """Redis pub/sub on this store's server and key prefix (see `apikeys.channels.redis`)."""
+        pool = self._client.connection_pool
+        return RedisChannel(
+            connection_kwargs=pool.connection_kwargs,
+            connection_class=pool.connection_class,
+            key_prefix=self._prefix,
+        )
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).

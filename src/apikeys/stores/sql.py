@@ -68,6 +68,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
+from apikeys.channels.base import Channel
+from apikeys.channels.postgres import PostgresChannel, notice_channel_name
+from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
@@ -81,9 +84,11 @@ __all__ = [
     "SQLStore",
     "UTCDateTime",
     "async_url",
+    "changes_table",
     "create_tables",
     "keys_table",
     "metadata",
+    "readers_table",
     "usage_batches_table",
 ]
 
@@ -153,12 +158,14 @@ def _load_scopes(value: str | None) -> tuple[str, ...]:
 def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
     """The keys table called `name` on `meta` (the module's `metadata` by default).
 
-    It also puts the store's second table, `usage_batches_table(name)`, on `meta`, so that
-    migrations generated from `meta` create both. Calling it again with the same name
-    returns the same `Table`.
+    It also puts the store's other tables, `usage_batches_table(name)`,
+    `changes_table(name)` and `readers_table(name)`, on `meta`, so that migrations generated
+    from `meta` create them all. Calling it again with the same name returns the same `Table`.
     """
     meta = metadata if meta is None else meta
     usage_batches_table(name, meta)
+    changes_table(name, meta)
+    readers_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -213,6 +220,54 @@ def usage_batches_table(
         sa.Column("applied_at", UTCDateTime(), nullable=False),
         # Pruning deletes the oldest rows: it reads this index, not the whole table.
         sa.Index(f"ix_{name}_applied_at", "applied_at"),
+    )
+
+
+def changes_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The change log of the keys table `keys_table_name`: `<name>_changes` (SQLite only).
+
+    Every change to a key appends a notice in the change's own transaction; processes that
+    cache keys read it to drop what changed (`apikeys.channels.sqlite`). The newest 10,000
+    rows are kept. On PostgreSQL the notices travel by NOTIFY and the table stays empty.
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_changes"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("notice", sa.String(64), nullable=False),
+        sa.Index(f"ix_{name}_notice", "notice"),
+        sqlite_autoincrement=True,
+    )
+
+
+def readers_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The registry of processes caching keys of `keys_table_name`: `<name>_readers`.
+
+    One row per process that serves keys from its cache: its id, the last change it applied
+    (SQLite) and when its registration runs out (seconds; PostgreSQL's clock, or the host's
+    boot clock on SQLite). A change waits for the acknowledgement of each registered reader
+    (see docs/consistency.md).
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_readers"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("reader_id", sa.String(32), primary_key=True),
+        sa.Column("seen", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.Column("expires_at", sa.Float(), nullable=False),
     )
 
 
@@ -422,9 +477,14 @@ async def create_tables(
         await store.aclose()
 
 
-def _store_tables(table_name: str) -> tuple[sa.Table, sa.Table]:
-    """The keys table called `table_name` and its usage batches table, on `metadata`."""
-    return keys_table(table_name), usage_batches_table(table_name)
+def _store_tables(table_name: str) -> tuple[sa.Table, ...]:
+    """The keys table called `table_name` and the tables that go with it, on `metadata`."""
+    return (
+        keys_table(table_name),
+        usage_batches_table(table_name),
+        changes_table(table_name),
+        readers_table(table_name),
+    )
 
 
 def _create_tables(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
@@ -581,7 +641,9 @@ class SQLStore(KeyStore):
             )
             self._owns_engine = True
         self._url = self._engine.url
-        self._table, self._batches = table, batches = _store_tables(table_name)
+        self._tables = _store_tables(table_name)
+        self._table, self._batches, self._changes, self._readers = self._tables
+        table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
         dialect = self._engine.dialect
         self._returning = bool(dialect.update_returning)
@@ -617,6 +679,7 @@ class SQLStore(KeyStore):
         self._auto_create = auto_create
         self._setup_lock = asyncio.Lock()
         self._reader: aiosqlite.Connection | None = None
+        self._sync_reader: sqlite3.Connection | None = None
         self._reader_lock = asyncio.Lock()
         self._reader_path = self._url.database or ""
         # A file database whose folder is missing: refused before aiosqlite starts a thread
@@ -634,6 +697,8 @@ class SQLStore(KeyStore):
             elif not memory and not self._url.query:
                 self._direct = "aiosqlite"
         self._direct_sql = str(self._get_stmt.compile(dialect=dialect))
+        self._memory = memory
+        self._notice_channel = notice_channel_name(table_name)
         # `add_usage` records its batch id first; a conflict means "applied before".
         self._claim_batch: sa.Insert = sa.insert(batches)
         if dialect.name == "postgresql":
@@ -763,13 +828,51 @@ class SQLStore(KeyStore):
             return self._reader
 
     async def _drop_reader(self) -> None:
+        self._drop_sync_reader()
         reader, self._reader = self._reader, None
         if reader is not None:
             # It is being discarded, maybe after an error: closing it is all that matters.
             with contextlib.suppress(Exception):
                 await reader.close()
 
+    def _open_sync_reader(self) -> sqlite3.Connection:
+        self._check_folder()
+        # No busy wait here: this runs on the event loop's thread (see `_sqlite_get`).
+        reader = sqlite3.connect(
+            self._reader_path, isolation_level=None, timeout=0, check_same_thread=False
+        )
+        self._sync_reader = reader
+        return reader
+
     async def _sqlite_get(self, key_id: str) -> StoredKey | None:
+        """`get` with sqlite3 on the event loop's own thread: a point read by primary key.
+
+        In WAL mode a reader never waits for writers, so the read costs microseconds, far
+        less than a hop to a worker thread. Should the file be busy anyway (a checkpoint,
+        recovery), the read is not waited for here: it goes to aiosqlite's thread instead.
+        """
+        try:
+            reader = self._sync_reader or self._open_sync_reader()
+            rows = reader.execute(self._direct_sql, (key_id,)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return await self._sqlite_get_threaded(key_id)
+            self._drop_sync_reader()
+            _raise(self._translate(exc), exc)
+        except (sqlite3.Error, OSError) as exc:
+            self._drop_sync_reader()
+            _raise(self._translate(exc), exc)
+        for row in rows:
+            return _raw_stored(row, sqlite=True)
+        return None
+
+    def _drop_sync_reader(self) -> None:
+        reader, self._sync_reader = self._sync_reader, None
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                reader.close()
+
+    async def _sqlite_get_threaded(self, key_id: str) -> StoredKey | None:
         """`get` on the long-lived autocommit aiosqlite connection: one thread hop."""
         try:
             reader = self._reader or await self._open_reader()
@@ -895,28 +998,71 @@ class SQLStore(KeyStore):
             raise KeyNotFound(key_id)
         return _record(row)
 
-    async def _update_or_current(self, key_id: str, update: sa.Update | None) -> KeyRecord:
+    async def _publish(self, conn: AsyncConnection, notice: str | None) -> None:
+        """Publish `notice` in the transaction of `conn`: it commits with the change."""
+        if notice is None:
+            return
+        if self._sqlite:
+            await conn.execute(sa.insert(self._changes).values(notice=notice))
+        else:
+            await conn.execute(sa.select(sa.func.pg_notify(self._notice_channel, notice)))
+
+    async def _update_or_current(
+        self, key_id: str, update: sa.Update | None, notice: str | None
+    ) -> KeyRecord:
         """Run a conditional UPDATE of one key; return its record afterwards either way."""
 
         async def work(conn: AsyncConnection) -> KeyRecord:
+            record: KeyRecord | None = None
             if update is not None:
                 if self._returning:
                     row = (await conn.execute(update.returning(*self._columns))).first()
                     if row is not None:
-                        return _record(row)
+                        record = _record(row)
                 else:  # pragma: no cover - SQLite < 3.35
                     await conn.execute(update)
-            return await self._require(conn, key_id)
+            if record is None:
+                record = await self._require(conn, key_id)
+            await self._publish(conn, notice)
+            return record
 
         return await self._run(work)
 
     # --- KeyStore ---------------------------------------------------------------------------
 
+    def channel(self) -> Channel | None:
+        """The change log on SQLite, LISTEN/NOTIFY on PostgreSQL (see `apikeys.channels`).
+
+        None for an in-memory SQLite database, which no other process can share.
+        """
+        if self._sqlite:
+            if self._memory or not self._reader_path:
+                return None
+            return SQLiteChannel(
+                self._reader_path,
+                changes_table=self._changes.name,
+                readers_table=self._readers.name,
+                busy_timeout=self._busy_timeout,
+                prepare=self.setup,
+            )
+        args, kwargs = self._engine.dialect.create_connect_args(self._url)
+        options = self._read_pool_options or {}
+        for name in ("timeout", "command_timeout", "server_settings"):
+            if name in options:
+                kwargs[name] = options[name]
+        return PostgresChannel(
+            tuple(args),
+            dict(kwargs),
+            table_name=self._table.name,
+            readers_table=self._readers.name,
+            prepare=self.setup,
+        )
+
     async def setup(self) -> None:
         self._check_folder()
         try:
             async with self._setup_lock, self._turn():
-                await _create_tables_with(self._engine, (self._table, self._batches))
+                await _create_tables_with(self._engine, self._tables)
         except Exception as exc:
             _raise(self._translate(exc), exc)
 
@@ -984,6 +1130,7 @@ class SQLStore(KeyStore):
         *,
         allowed_from: Collection[StoredState],
         at: datetime,
+        notice: str | None = None,
     ) -> KeyRecord:
         table = self._table
         sources = sorted(set(allowed_from) - {state})
@@ -997,9 +1144,11 @@ class SQLStore(KeyStore):
                 .where(table.c.id == key_id, table.c.state.in_(sources))
                 .values(values)
             )
-        return await self._update_or_current(key_id, update)
+        return await self._update_or_current(key_id, update, notice)
 
-    async def shorten_expiry(self, key_id: str, expires_at: datetime) -> KeyRecord:
+    async def shorten_expiry(
+        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+    ) -> KeyRecord:
         table = self._table
         update = (
             sa.update(table)
@@ -1010,9 +1159,11 @@ class SQLStore(KeyStore):
             )
             .values(expires_at=expires_at)
         )
-        return await self._update_or_current(key_id, update)
+        return await self._update_or_current(key_id, update, notice)
 
-    async def replace_hash(self, key_id: str, old_hash: str, new_hash: str) -> bool:
+    async def replace_hash(
+        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+    ) -> bool:
         table = self._table
         update = (
             sa.update(table)
@@ -1021,7 +1172,10 @@ class SQLStore(KeyStore):
         )
 
         async def work(conn: AsyncConnection) -> bool:
-            return (await conn.execute(update)).rowcount == 1
+            swapped = bool((await conn.execute(update)).rowcount == 1)
+            if swapped:
+                await self._publish(conn, notice)
+            return swapped
 
         return await self._run(work)
 

@@ -1,0 +1,216 @@
+"""Invalidation over Redis pub/sub: the Redis store's own channel, or one for any store.
+
+- Notices go to the channel `<prefix>notices`. The Redis store publishes them inside the Lua
+  script of the change itself (`native`); in front of another store, `RedisChannel(url,
+  native=False)` publishes each notice once the change is committed.
+- The subscription connection also subscribes to `<prefix>acks:<id>`, where readers
+  acknowledge the notices this process wrote.
+- A probe is a `PING` sent on the subscription connection: Redis answers it in order with the
+  messages it pushes to that connection, so its reply arrives after every notice published
+  before it.
+- The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
+  clock, in milliseconds) each registration runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from apikeys.channels.base import Channel, ChannelError, parse_notice
+
+__all__ = ["RedisChannel"]
+
+# KEYS[1] = the registry; ARGV[1] = reader id, ARGV[2] = ttl in ms.
+_REGISTER = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ms)
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+# KEYS[1] = the registry. Returns the readers whose registration has not run out.
+_READERS = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')
+"""
+
+_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": None,  # the subscription waits for pushes; probes bound every wait
+    "retry": Retry(NoBackoff(), 0),
+    "health_check_interval": 0,
+    "protocol": 2,
+    "decode_responses": True,
+}
+
+
+def notices_channel(prefix: str) -> str:
+    """The pub/sub channel notices travel on, for a key prefix."""
+    return f"{prefix}notices"
+
+
+class RedisChannel(Channel):
+    """Invalidation notices over Redis pub/sub (see the module doc).
+
+    `url` is the Redis server (or `connection_kwargs` and `connection_class` of a redis-py
+    pool: the Redis store passes its own); `key_prefix` namespaces the channel and the
+    registry. `native=False` makes the channel publish notices itself, for stores that cannot
+    publish inside their transactions: `KeyManager(store, channel="redis://…")`.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        connection_kwargs: Mapping[str, Any] | None = None,
+        connection_class: type[AbstractConnection] | None = None,
+        key_prefix: str = "apikeys:",
+        native: bool = True,
+    ) -> None:
+        super().__init__()
+        if (url is None) == (connection_kwargs is None):
+            raise ValueError("pass url or connection_kwargs")
+        self._url = url
+        self._connection_kwargs = dict(connection_kwargs or {})
+        self._connection_class = connection_class
+        self.native = native
+        self._notices = notices_channel(key_prefix)
+        self._acks_prefix = f"{key_prefix}acks:"
+        self._registry = f"{key_prefix}readers"
+        self._client: Redis | None = None
+        self._pubsub: PubSub | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._probes: dict[str, asyncio.Future[None]] = {}
+        self._subscriber: Redis | None = None
+        self._register_script: Any = None
+        self._readers_script: Any = None
+
+    def __repr__(self) -> str:
+        return f"RedisChannel(native={self.native})"
+
+    def _new_client(self, **overrides: Any) -> Redis:
+        options = {**_OPTIONS, **overrides}
+        if self._url is not None:
+            return Redis.from_url(self._url, **options)
+        kwargs = {**self._connection_kwargs, **options}
+        pool_options: dict[str, Any] = {}
+        if self._connection_class is not None:
+            pool_options["connection_class"] = self._connection_class
+        return Redis.from_pool(ConnectionPool(**pool_options, **kwargs))
+
+    def _command_client(self) -> Redis:
+        if self._client is None:
+            self._client = self._new_client(socket_timeout=2.0)
+            self._register_script = self._client.register_script(_REGISTER)
+            self._readers_script = self._client.register_script(_READERS)
+        return self._client
+
+    async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
+        self.ident = ident
+        subscriber = self._new_client()
+        pubsub = subscriber.pubsub()
+        try:
+            await pubsub.subscribe(self._notices, f"{self._acks_prefix}{ident}")
+            # Wait for both confirmations: from then on nothing published is missed.
+            confirmed = 0
+            while confirmed < 2:
+                message = await pubsub.get_message(timeout=2.0)
+                if message is None:
+                    raise ChannelError("Redis did not confirm the subscription")
+                if message["type"] == "subscribe":
+                    confirmed += 1
+        except BaseException:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await subscriber.aclose()
+            raise
+        self._pubsub = pubsub
+        self._subscriber = subscriber
+        self._reader = asyncio.get_running_loop().create_task(self._read(pubsub, on_notice))
+
+    async def _read(self, pubsub: PubSub, on_notice: Callable[[str], None]) -> None:
+        try:
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                kind = message["type"]
+                if kind == "message":
+                    channel, data = message["channel"], message["data"]
+                    if channel == self._notices:
+                        on_notice(data)
+                    else:
+                        reader, _, notice = data.partition("|")
+                        self.acknowledged(notice, reader)
+                elif kind == "pong":
+                    probe = self._probes.pop(message["data"], None)
+                    if probe is not None and not probe.done():
+                        probe.set_result(None)
+        except Exception as exc:
+            for probe in self._probes.values():
+                if not probe.done():
+                    probe.set_exception(ChannelError(f"subscription lost: {type(exc).__name__}"))
+            self._probes.clear()
+            raise
+
+    async def probe(self) -> None:
+        pubsub, reader = self._pubsub, self._reader
+        if pubsub is None or reader is None or reader.done():
+            raise ChannelError("not subscribed")
+        token = secrets.token_hex(8)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._probes[token] = future
+        try:
+            await pubsub.ping(token)
+            await future
+        finally:
+            self._probes.pop(token, None)
+
+    async def register(self, ttl: float) -> None:
+        self._command_client()
+        await self._register_script(keys=[self._registry], args=[self.ident, int(ttl * 1000)])
+
+    async def readers(self) -> set[str]:
+        self._command_client()
+        return set(await self._readers_script(keys=[self._registry]))
+
+    async def ack(self, notice: str) -> None:
+        writer, _ = parse_notice(notice)
+        await self._command_client().publish(
+            f"{self._acks_prefix}{writer}", f"{self.ident}|{notice}"
+        )
+
+    async def publish(self, notice: str) -> None:
+        await self._command_client().publish(self._notices, notice)
+
+    async def disconnect(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        subscriber, self._subscriber = self._subscriber, None
+        if subscriber is not None:
+            with contextlib.suppress(Exception):
+                await subscriber.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.zrem(self._registry, self.ident)
+            with contextlib.suppress(Exception):
+                await client.aclose()

@@ -1,0 +1,216 @@
+"""Invalidation on one host through the SQLite database itself: the SQL store's channel.
+
+- The store appends each notice to the table `<table>_changes` (an autoincrement `seq`)
+  inside the transaction of the change, so a change never commits without its notice.
+- A probe asks `PRAGMA data_version`, which changes whenever another connection has committed
+  to the file; only then does it read the changes after the last one seen. Every commit that
+  finished before the probe is seen by it, so a probe is a proof as well as the delivery.
+  Probes run on a read connection in the event loop's own thread (a few microseconds each: no
+  thread hop), every `poll_interval` seconds.
+- The registry of readers is the table `<table>_readers` (reader id, the last change it has
+  applied, when its registration runs out on the host's boot clock). A reader acknowledges by
+  raising its `seen`; a writer waits until no registered reader has `seen` below its change.
+  Writes to the registry run in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Awaitable, Callable
+
+from apikeys.cache import clock
+from apikeys.channels.base import Channel, ChannelError
+
+__all__ = ["SQLiteChannel"]
+
+# Changes kept in the log; a reader that falls further behind starts afresh (see `probe`).
+_KEEP_CHANGES = 10_000
+_DELIVERY_POLL = 0.002
+
+
+class SQLiteChannel(Channel):
+    """The change log and registry of readers of a SQLite store (see the module doc)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        changes_table: str,
+        readers_table: str,
+        busy_timeout: float = 5.0,
+        poll_interval: float = 0.01,
+        prepare: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__()
+        self._prepare = prepare
+        self.path = path
+        self.poll_interval = poll_interval
+        self._changes = changes_table
+        self._readers = readers_table
+        self._busy_timeout = busy_timeout
+        self._read: sqlite3.Connection | None = None
+        self._write: sqlite3.Connection | None = None
+        self._write_lock = asyncio.Lock()
+        self._on_notice: Callable[[str], None] | None = None
+        self._version = -1
+        self._last = 0
+        self._seq_of: dict[str, int] = {}
+        self._acked = 0
+
+    def __repr__(self) -> str:
+        return f"SQLiteChannel(table={self._changes!r})"
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._read is None:
+            raise ChannelError("not connected")
+        return self._read
+
+    async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
+        self.ident = ident
+        # No busy wait on the event loop's thread: a locked file fails the probe instead.
+        connection = sqlite3.connect(
+            self.path, isolation_level=None, timeout=0, check_same_thread=False
+        )
+        try:
+            try:
+                row = self._start(connection)
+            except sqlite3.OperationalError as exc:
+                if self._prepare is None or not str(exc).startswith("no such table"):
+                    raise
+                await self._prepare()  # the store's tables, the change log among them
+                row = self._start(connection)
+        except sqlite3.Error as exc:
+            connection.close()
+            raise ChannelError(f"cannot read the change log: {exc}") from exc
+        except BaseException:
+            connection.close()
+            raise
+        self._last = self._acked = row[0] or 0
+        self._seq_of.clear()
+        self._read = connection
+        self._on_notice = on_notice
+
+    def _start(self, connection: sqlite3.Connection) -> tuple[int | None]:
+        self._version = connection.execute("PRAGMA data_version").fetchone()[0]
+        row: tuple[int | None] = connection.execute(
+            f'SELECT max(seq) FROM "{self._changes}"'  # noqa: S608
+        ).fetchone()
+        return row
+
+    async def probe(self) -> None:
+        connection = self._reader()
+        try:
+            version = connection.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._version:
+                return
+            self._version = version
+            rows = connection.execute(
+                f'SELECT seq, notice FROM "{self._changes}" WHERE seq > ? ORDER BY seq',  # noqa: S608
+                (self._last,),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise ChannelError(f"cannot read the change log: {exc}") from exc
+        if rows and self._last and rows[0][0] > self._last + 1:
+            # Changes were pruned before this process read them: it cannot know which keys
+            # changed, so it starts afresh (the cache is cleared on reconnection).
+            raise ChannelError("fell behind the change log")
+        on_notice = self._on_notice
+        assert on_notice is not None
+        for seq, notice in rows:
+            self._last = seq
+            self._seq_of[notice] = seq
+            on_notice(notice)
+        if len(self._seq_of) > 1000:
+            self._seq_of.clear()
+
+    def _writer(self) -> sqlite3.Connection:
+        if self._write is None:
+            connection = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                timeout=self._busy_timeout,
+                check_same_thread=False,
+            )
+            # The registry is bookkeeping: losing its last write to a power cut is harmless.
+            connection.execute("PRAGMA synchronous = NORMAL")
+            self._write = connection
+        return self._write
+
+    async def _execute(self, sql: str, parameters: tuple[object, ...]) -> None:
+        def run() -> None:
+            try:
+                self._writer().execute(sql, parameters)
+            except sqlite3.Error as exc:
+                raise ChannelError(f"cannot write the registry: {exc}") from exc
+
+        async with self._write_lock:
+            await asyncio.to_thread(run)
+
+    async def register(self, ttl: float) -> None:
+        await self._execute(
+            f'INSERT INTO "{self._readers}" (reader_id, seen, expires_at) '  # noqa: S608
+            "VALUES (?, ?, ?) ON CONFLICT (reader_id) DO UPDATE SET "
+            "expires_at = excluded.expires_at, seen = max(seen, excluded.seen)",
+            (self.ident, self._acked, clock() + ttl),
+        )
+        # Housekeeping, rarely needed: old registrations and the oldest changes.
+        await self._execute(
+            f'DELETE FROM "{self._changes}" WHERE seq <= '  # noqa: S608
+            f'(SELECT max(seq) FROM "{self._changes}") - ?',
+            (_KEEP_CHANGES,),
+        )
+
+    async def readers(self) -> set[str]:
+        now = clock()
+        rows = self._reader().execute(
+            f'SELECT reader_id FROM "{self._readers}" WHERE expires_at > ?',  # noqa: S608
+            (now,),
+        )
+        return {row[0] for row in rows}
+
+    async def ack(self, notice: str) -> None:
+        seq = self._seq_of.get(notice, self._last)
+        if seq <= self._acked:
+            return
+        self._acked = max(self._acked, self._last)
+        await self._execute(
+            f'UPDATE "{self._readers}" SET seen = max(seen, ?) WHERE reader_id = ?',  # noqa: S608
+            (self._acked, self.ident),
+        )
+
+    async def delivered(self, notice: str) -> None:
+        connection = self._reader()
+        try:
+            row = connection.execute(
+                f'SELECT seq FROM "{self._changes}" WHERE notice = ?',  # noqa: S608
+                (notice,),
+            ).fetchone()
+            if row is None:
+                raise ChannelError("the notice is not in the change log")
+            while True:
+                waiting = connection.execute(
+                    f'SELECT count(*) FROM "{self._readers}" '  # noqa: S608
+                    "WHERE expires_at > ? AND seen < ? AND reader_id != ?",
+                    (clock(), row[0], self.ident),
+                ).fetchone()[0]
+                if not waiting:
+                    return
+                await asyncio.sleep(_DELIVERY_POLL)
+        except sqlite3.Error as exc:
+            raise ChannelError(f"cannot read the registry: {exc}") from exc
+
+    async def disconnect(self) -> None:
+        if self._write is not None and self.ident:
+            with contextlib.suppress(Exception):
+                await self._execute(
+                    f'DELETE FROM "{self._readers}" WHERE reader_id = ?',  # noqa: S608
+                    (self.ident,),
+                )
+        for connection in (self._read, self._write):
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.close()
+        self._read = self._write = None
+        self._on_notice = None
