@@ -20,9 +20,11 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from apikeys import APIKeyMiddleware, KeyManager, MemoryStore, store_from_url
+from apikeys import APIKeyMiddleware, KeyManager, MemoryStore, ScopeTable, store_from_url
+from apikeys.errors import ConfigurationError
 from apikeys.hashing import Hasher
 from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.middleware import bearer_token
 from apikeys.types import StoredKey
 from tests.test_manager import wrong_secret
 
@@ -307,15 +309,19 @@ class TestAuthenticatedRequests:
         assert response.headers["ratelimit"] == '"default";r=999;t=60'
 
     async def test_if_starlette_requires_then_wildcard_and_full_access_pass(
-        self, client: httpx.AsyncClient, memory_manager: KeyManager
+        self, memory_manager: KeyManager
     ) -> None:
+        # The route has no rule: the app lets unmapped routes through and checks in code.
+        app = build_app(memory_manager, unmapped="allow")
         wildcard = await memory_manager.create(name="w", workspace="w", scopes=["contacts:*"])
         full = await memory_manager.create(name="f", workspace="w", full_access=True)
         reader = await memory_manager.create(name="r", workspace="w", scopes=["contacts:read"])
-        for created in (wildcard, full):
-            response = await client.post("/api/v1/guarded", headers=bearer(created.key))
-            assert response.status_code == 200, response.text
-        refused = await client.post("/api/v1/guarded", headers=bearer(reader.key))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for created in (wildcard, full):
+                response = await client.post("/api/v1/guarded", headers=bearer(created.key))
+                assert response.status_code == 200, response.text
+            refused = await client.post("/api/v1/guarded", headers=bearer(reader.key))
         assert refused.status_code == 403
 
     async def test_if_full_access_then_every_scope_passes_even_new_ones(
@@ -567,3 +573,171 @@ async def _call_scope(app: Any, overrides: dict[str, Any]) -> tuple[int, dict[st
     except ValueError:
         parsed = {}
     return messages[0]["status"], parsed
+
+
+# -- the security review: method spellings, rule shapes, unmapped routes, whitespace -------
+
+SECRETS_RULES = {
+    "GET /api/secrets": "secrets:read",
+    "GET /api/other": "other:read",
+    "* /api/admin/{rest:path}": "admin:*",
+}
+
+
+def _rules_app(manager: KeyManager, rules: dict[str, Any], **options: Any) -> APIKeyMiddleware:
+    async def ok(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    settings = {"scopes": rules, "protect": "/api/", "rate_limit": "100000/minute", **options}
+    return APIKeyMiddleware(ok, manager=manager, **settings)
+
+
+def _auth(key: str, value: str | None = None) -> list[tuple[bytes, bytes]]:
+    return [(b"authorization", (value if value is not None else f"Bearer {key}").encode())]
+
+
+class TestSecurityReview:
+    async def test_if_method_is_lower_case_then_it_needs_what_upper_case_needs(
+        self, memory_manager: KeyManager
+    ) -> None:
+        # Finding 1: `get /api/secrets` (h11, hypercorn pass it through) skipped the rule.
+        app = _rules_app(memory_manager, SECRETS_RULES)
+        other = await memory_manager.create(name="o", workspace="w", scopes=["other:read"])
+        for method in ("GET", "get", "Get", "gEt"):
+            status, body = await _call_scope(
+                app, {"method": method, "path": "/api/secrets", "headers": _auth(other.key)}
+            )
+            assert status == 403, method
+            assert body["required_scopes"] == ["secrets:read"]
+
+    @given(
+        method=st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+        flips=st.lists(st.booleans(), min_size=7, max_size=7),
+        path=st.sampled_from(["/api/secrets", "/api/other", "/api/admin/x/y", "/api/none"]),
+    )
+    def test_if_method_spelled_in_any_case_then_same_rule(
+        self, method: str, flips: list[bool], path: str
+    ) -> None:
+        table = ScopeTable(SECRETS_RULES)
+        spelled = "".join(c.lower() if flip else c for c, flip in zip(method, flips, strict=False))
+        assert table.required(spelled, path) == table.required(method, path)
+
+    @given(method=st.text(max_size=12))
+    def test_if_method_is_anything_then_at_least_the_catch_all_rule_applies(
+        self, method: str
+    ) -> None:
+        table = ScopeTable(SECRETS_RULES)
+        # Whatever the method, the `*` rule covers it, and nothing weaker ever does.
+        assert table.required(method, "/api/admin/keys") == ("admin:*",)
+
+    @pytest.mark.parametrize(
+        ("rule", "path", "expected"),
+        [
+            ("DELETE /api/invoices/{invoice_id:int}", "/api/invoices/42", True),
+            ("DELETE /api/invoices/{invoice_id:int}", "/api/invoices/abc", False),
+            ("GET /api/things/{id:uuid}", "/api/things/0b4e5a1c-1f2d-4c3b-9a8e-7d6c5b4a3f2e", True),
+            ("GET /api/things/{id:uuid}", "/api/things/not-a-uuid", False),
+            ("GET /api/things/{id:str}", "/api/things/abc", True),
+            ("GET /api/prices/{value:float}", "/api/prices/1.5", True),
+            ("GET /api/files/{rest:path}", "/api/files/a/b/c.txt", True),
+            ("GET /api/v{version:int}/items", "/api/v2/items", True),
+        ],
+    )
+    def test_if_rule_uses_a_starlette_converter_then_it_matches_as_the_route(
+        self, rule: str, path: str, expected: bool
+    ) -> None:
+        # Finding 2: a converter made the rule a literal path that never matched.
+        method = rule.split(" ", 1)[0]
+        found = ScopeTable({rule: "things:read"}).required(method, path)
+        assert (found == ("things:read",)) is expected
+
+    @pytest.mark.parametrize(
+        "rule",
+        [
+            "GET /api/x/{id:nope}",
+            "GET /api/x/{id",
+            "GET /api/x/id}",
+            "GET /api/{rest:path}/more",
+            "GET /api/x/{}",
+        ],
+    )
+    def test_if_rule_cannot_be_understood_then_refused_when_built(self, rule: str) -> None:
+        with pytest.raises(ConfigurationError):
+            ScopeTable({rule: "x:read"})
+
+    @pytest.mark.parametrize("scopes", [[], ()])
+    def test_if_rule_names_no_scope_then_refused_when_built(self, scopes: Any) -> None:
+        with pytest.raises(ConfigurationError, match="names no scope"):
+            ScopeTable({"GET /api/x": scopes})
+
+    def test_if_a_catch_all_comes_first_then_the_specific_rule_still_wins(self) -> None:
+        rules = {
+            "GET /api/v1/{rest:path}": "api:read",
+            "GET /api/v1/admin/users/{user_id}": "admin:read",
+            "* /api/v1/admin/{rest:path}": "admin:*",
+        }
+        table = ScopeTable(rules)
+        assert table.required("GET", "/api/v1/admin/users/5") == ("admin:read",)
+        assert table.required("GET", "/api/v1/admin/other") == ("admin:*",)
+        assert table.required("GET", "/api/v1/contacts") == ("api:read",)
+
+    @given(data=st.data())
+    def test_if_rules_are_given_in_any_order_then_the_answers_are_the_same(self, data: Any) -> None:
+        rules = [
+            ("GET /api/v1/{rest:path}", "api:read"),
+            ("* /api/v1/{rest:path}", "api:*"),
+            ("GET /api/v1/admin/{rest:path}", "admin:read"),
+            ("GET /api/v1/admin/users/{user_id}", "users:read"),
+            ("GET /api/v1/admin/users/{user_id:int}", "users:int"),
+            ("GET /api/v1/admin/users/me", "users:me"),
+            ("GET /api/v1/{section}/users/{user_id}", "section:read"),
+            ("DELETE /api/v1/admin/users/{user_id}", "users:delete"),
+        ]
+        shuffled = data.draw(st.permutations(rules))
+        paths = [
+            "/api/v1/admin/users/5",
+            "/api/v1/admin/users/me",
+            "/api/v1/admin/users/abc",
+            "/api/v1/admin/x",
+            "/api/v1/other/users/7",
+            "/api/v1/z",
+        ]
+        reference, permuted = ScopeTable(dict(rules)), ScopeTable(dict(shuffled))
+        for method in ("GET", "DELETE", "POST", "get"):
+            for path in paths:
+                assert permuted.required(method, path) == reference.required(method, path)
+        assert reference.required("GET", "/api/v1/admin/users/5") == ("users:int",)
+        assert reference.required("GET", "/api/v1/admin/users/me") == ("users:me",)
+        assert reference.required("GET", "/api/v1/admin/users/abc") == ("users:read",)
+
+    async def test_if_no_rule_covers_the_route_then_restricted_keys_get_403(
+        self, memory_manager: KeyManager
+    ) -> None:
+        # Finding 3: a route added without a rule was open to every restricted key.
+        app = _rules_app(memory_manager, SECRETS_RULES)
+        restricted = await memory_manager.create(name="r", workspace="w", scopes=["other:read"])
+        full = await memory_manager.create(name="f", workspace="w", full_access=True)
+        scope = {"method": "GET", "path": "/api/unmapped"}
+        status, body = await _call_scope(app, {**scope, "headers": _auth(restricted.key)})
+        assert status == 403
+        assert body["code"] == "insufficient_scope"
+        assert body["required_scopes"] == []
+        status, _ = await _call_scope(app, {**scope, "headers": _auth(full.key)})
+        assert status == 200
+        allowing = _rules_app(memory_manager, SECRETS_RULES, unmapped="allow")
+        status, _ = await _call_scope(allowing, {**scope, "headers": _auth(restricted.key)})
+        assert status == 200
+
+    def test_if_unmapped_is_neither_deny_nor_allow_then_refused(
+        self, memory_manager: KeyManager
+    ) -> None:
+        with pytest.raises(ConfigurationError, match="unmapped"):
+            _rules_app(memory_manager, SECRETS_RULES, unmapped="open")
+
+    @given(before=st.text(alphabet=" \t", max_size=3), after=st.text(alphabet=" \t", max_size=3))
+    def test_if_header_has_surrounding_whitespace_then_it_means_the_same(
+        self, before: str, after: str
+    ) -> None:
+        key = generate_key("ak").token
+        assert bearer_token([f"{before}Bearer {key}{after}".encode()]) == key

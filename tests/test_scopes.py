@@ -257,7 +257,9 @@ async def client(manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
             Route("/api/campaigns/trigger", trigger_campaign, methods=["POST"]),
         ]
     )
-    wrapped = APIKeyMiddleware(app, manager=manager, protect="/api/", rate_limit="1000/minute")
+    wrapped = APIKeyMiddleware(
+        app, manager=manager, protect="/api/", rate_limit="1000/minute", unmapped="allow"
+    )
     transport = httpx.ASGITransport(app=wrapped)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
         yield http

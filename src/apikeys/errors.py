@@ -159,6 +159,10 @@ class InsufficientScope(AuthenticationError):
 
     def __init__(self, required_scopes: Sequence[str]) -> None:
         self.required_scopes = tuple(required_scopes)
+        if not self.required_scopes:
+            # A protected route that no scope rule covers: closed to restricted keys.
+            super().__init__("No scope rule covers this operation: it needs a full-access key.")
+            return
         super().__init__(
             "The API key lacks the scope this operation requires: "
             + ", ".join(self.required_scopes)

@@ -24,6 +24,7 @@ import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -58,7 +59,8 @@ MAX_AUTHORIZATION_LENGTH = 256
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "*"}
 )
-_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(:path)?\}")
+# {name} or {name:converter}; split() yields literal, name, converter, literal, ...
+_PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([A-Za-z_][A-Za-z0-9_]*))?\}")
 
 
 class APIKeyUser(BaseUser):
@@ -99,68 +101,145 @@ class APIKeyAuth(AuthCredentials):
 class ScopeTable:
     """Maps `"METHOD /path/{param}"` rules to the scopes a request needs.
 
-    A rule's value is one scope or a list of scopes (all required). `*` as the method
-    matches every method; `HEAD` falls back to the `GET` rule. `{name}` matches one path
-    segment, `{name:path}` the rest of the path. Paths without a rule need only a valid key.
+    A rule's value is one scope or a non-empty list of scopes (all required). `*` as the
+    method matches every method; `HEAD` falls back to the `GET` rule. Methods match whatever
+    their case (`get` needs what `GET` needs). `{name}` matches one path segment; Starlette's
+    converters are understood: `{name:str}`, `{name:int}`, `{name:float}`, `{name:uuid}`,
+    `{name:path}` (the rest of the path) and any converter registered with Starlette.
+
+    When several rules match, the most specific wins, whatever the order they were given in:
+    a rule without parameters first; then, segment by segment from the left, a literal
+    segment beats a typed parameter (`int`, `uuid`, …), which beats a plain one, which beats
+    `{name:path}`; then a named method beats `*`. `required()` answers None for a request
+    no rule covers.
     """
 
     def __init__(self, rules: Mapping[str, str | Sequence[str]] | None = None) -> None:
         self._static: dict[tuple[str, str], tuple[str, ...]] = {}
-        self._dynamic: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = []
+        dynamic: list[tuple[tuple[object, ...], str, re.Pattern[str], tuple[str, ...]]] = []
         for rule, required in (rules or {}).items():
-            method, _, path = rule.strip().partition(" ")
-            method, path = method.upper(), path.strip()
-            if method not in _METHODS or not path.startswith("/"):
-                raise ConfigurationError(
-                    f"invalid scope rule {rule!r}: write it as 'GET /api/v1/contacts/{{id}}'"
-                )
-            scopes = (required,) if isinstance(required, str) else tuple(required)
-            for scope in scopes:
-                validate_scope(scope)
-            if _PARAM.search(path):
-                self._dynamic.append((method, self._compile(path), scopes))
-            else:
+            method, path = self._parse_rule(rule)
+            scopes = self._parse_scopes(rule, required)
+            if "{" not in path and "}" not in path:
                 self._static[method, path] = scopes
+                continue
+            pattern, ranks = self._compile(rule, path)
+            # Most specific first: literal segments, then typed, plain and path parameters.
+            order = (tuple(-rank for rank in ranks), method == "*", rule)
+            dynamic.append((order, method, pattern, scopes))
+        dynamic.sort(key=lambda entry: entry[0])
+        self._dynamic = [(method, pattern, scopes) for _, method, pattern, scopes in dynamic]
 
     @staticmethod
-    def _compile(path: str) -> re.Pattern[str]:
-        pattern, position = "", 0
-        for match in _PARAM.finditer(path):
-            pattern += re.escape(path[position : match.start()])
-            pattern += ".+" if match.group(2) else "[^/]+"
-            position = match.end()
-        return re.compile(pattern + re.escape(path[position:]))
+    def _parse_rule(rule: str) -> tuple[str, str]:
+        method, _, path = rule.strip().partition(" ")
+        method, path = method.upper(), path.strip()
+        if method not in _METHODS or not path.startswith("/") or " " in path:
+            raise ConfigurationError(
+                f"invalid scope rule {rule!r}: write it as 'GET /api/v1/contacts/{{id}}'"
+            )
+        return method, path
 
-    def required(self, method: str, path: str) -> tuple[str, ...]:
-        """The scopes `method path` needs; empty when no rule names it."""
+    @staticmethod
+    def _parse_scopes(rule: str, required: str | Sequence[str]) -> tuple[str, ...]:
+        scopes = (required,) if isinstance(required, str) else tuple(required)
+        if not scopes:
+            raise ConfigurationError(
+                f"scope rule {rule!r} names no scope: a rule must require at least one "
+                "(leave the route out of `protect` to make it public)"
+            )
+        for scope in scopes:
+            validate_scope(scope)
+        return scopes
+
+    @staticmethod
+    def _compile(rule: str, path: str) -> tuple[re.Pattern[str], list[int]]:
+        pattern, ranks = "", []
+        segments = path[1:].split("/")
+        for position, segment in enumerate(segments):
+            pattern += "/"
+            parts = _PARAM.split(segment)
+            # parts: literal, name, converter, literal, name, converter, ..., literal
+            literal = "".join(parts[0::3])
+            if "{" in literal or "}" in literal:
+                raise ConfigurationError(f"invalid scope rule {rule!r}: unbalanced braces")
+            if len(parts) == 1:
+                pattern += re.escape(segment)
+                ranks.append(_RANK_LITERAL)
+                continue
+            rank = _RANK_LITERAL
+            for index in range(1, len(parts), 3):
+                pattern += re.escape(parts[index - 1])
+                converter = parts[index + 1] or "str"
+                regex = _converter_regex(rule, converter)
+                if converter == "path":
+                    if position != len(segments) - 1 or parts[index + 2]:
+                        raise ConfigurationError(
+                            f"invalid scope rule {rule!r}: {{name:path}} must end the path"
+                        )
+                    rank = min(rank, _RANK_PATH)
+                else:
+                    rank = min(rank, _RANK_PLAIN if converter == "str" else _RANK_TYPED)
+                pattern += f"(?:{regex})"
+            pattern += re.escape(parts[-1])
+            # A segment that mixes text and a parameter ("v{n:int}") ranks above a bare one.
+            ranks.append(rank + (1 if literal and rank != _RANK_PATH else 0))
+        return re.compile(pattern), ranks
+
+    def required(self, method: str, path: str) -> tuple[str, ...] | None:
+        """The scopes `method path` needs; None when no rule covers it.
+
+        `method` is matched in upper case (ASCII only: a method with other characters matches
+        only `*` rules).
+        """
+        if not method.isupper():
+            method = method.upper() if method.isascii() else "*"
         static = self._static
-        found = static.get((method, path)) or static.get(("*", path))
+        found = static.get((method, path))
+        if found is None and method == "HEAD":
+            found = static.get(("GET", path))
+        if found is None:
+            found = static.get(("*", path))
         if found is not None:
             return found
-        if method == "HEAD" and (method, path) not in static:
-            found = static.get(("GET", path))
-            if found is not None:
-                return found
         for rule_method, pattern, scopes in self._dynamic:
             method_matches = rule_method in (method, "*") or (
                 method == "HEAD" and rule_method == "GET"
             )
             if method_matches and pattern.fullmatch(path):
                 return scopes
-        return ()
+        return None
+
+
+_RANK_PATH, _RANK_PLAIN, _RANK_TYPED, _RANK_LITERAL = 0, 2, 4, 6
+
+
+def _converter_regex(rule: str, converter: str) -> str:
+    from starlette.convertors import CONVERTOR_TYPES
+
+    found = CONVERTOR_TYPES.get(converter)
+    if found is None:
+        known = ", ".join(sorted(CONVERTOR_TYPES))
+        raise ConfigurationError(
+            f"invalid scope rule {rule!r}: unknown converter {converter!r} (known: {known})"
+        )
+    return str(found.regex)
 
 
 def bearer_token(values: Sequence[bytes]) -> str:
     """The token of the request's `Authorization` header values, or the matching error.
 
     No header is `MissingAPIKey`; two headers, another scheme, an oversized or non-ASCII
-    value is `MalformedAPIKey`. The scheme word is case-insensitive, followed by one space.
+    value is `MalformedAPIKey`. The scheme word is case-insensitive, followed by one space;
+    spaces and tabs around the whole value are ignored.
     """
     if not values:
         raise MissingAPIKey()
     if len(values) > 1:  # two Authorization headers: refuse, never pick one
         raise MalformedAPIKey()
-    value = values[0]
+    # RFC 9110: a field value has no leading or trailing whitespace. Servers differ in
+    # whether they strip it, so it is stripped here: "Bearer <key> " means one thing.
+    value = values[0].strip(b" \t")
     if len(value) > MAX_AUTHORIZATION_LENGTH or value[:7].lower() != b"bearer ":
         raise MalformedAPIKey()
     try:
@@ -191,6 +270,9 @@ class APIKeyMiddleware:
       key's own `rate_limit` overrides it.
     - `limiter_url`: `memory://` or `redis://…` shared by every process; or pass `limiter`.
     - `realm`: the realm of the `WWW-Authenticate` challenge.
+    - `unmapped`: what a restricted key may do on a protected route that no rule covers:
+      `"deny"` (the default: 403 `insufficient_scope`) or `"allow"`. Full-access keys pass
+      either way.
 
     On `lifespan.shutdown` it writes the manager's buffered usage counts.
     """
@@ -207,6 +289,7 @@ class APIKeyMiddleware:
         limiter: RateLimiter | None = None,
         realm: str = "api",
         policy_name: str = "default",
+        unmapped: Literal["deny", "allow"] = "deny",
     ) -> None:
         self.app = app
         self.manager = manager
@@ -218,6 +301,9 @@ class APIKeyMiddleware:
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
         self.policy_name = policy_name.replace('"', "")
+        if unmapped not in ("deny", "allow"):
+            raise ConfigurationError("unmapped takes 'deny' or 'allow'")
+        self.allow_unmapped = unmapped == "allow"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -249,7 +335,11 @@ class APIKeyMiddleware:
                 raise RateLimited(decision.reset_after)
             grants = grants_for(record.scopes, record.access == "full")
             required = self.scopes.required(scope.get("method", "GET"), path)
-            if required and not grants.covers(required):
+            if required is None:
+                # No rule covers the route: only full access, unless the app allows it.
+                if not (grants.full_access or self.allow_unmapped):
+                    raise InsufficientScope(())
+            elif not grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
             await self._refuse(scope, send, exc, rate_headers)
