@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
 import re
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -569,3 +571,75 @@ def test_if_secret_differs_by_anything_then_remembered_hash_refuses_it(secret: s
     for stored in (hasher.hash(SECRET), Hasher(OLD_PEPPER).hash(SECRET)):
         assert hasher.verify(SECRET, stored).ok
         assert hasher.verify(secret, stored).ok is (secret == SECRET)
+
+
+# -- the security review: slow-hash work that anonymous traffic can cause -------------------
+
+
+class CountingHasher(Hasher):
+    """Counts slow verifications and the most that ran at once."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.calls = 0
+        self.running = 0
+        self.most = 0
+        self._lock = threading.Lock()
+
+    def verify(self, secret: str, stored: str) -> Verification:
+        with self._lock:
+            self.calls += 1
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.01)  # long enough for concurrent calls to overlap
+            return super().verify(secret, stored)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+async def test_if_forged_secrets_flood_one_id_then_slow_hashing_stops_at_the_budget() -> None:
+    # Finding 9: 16 forged secrets for a public id cost 16 argon2 verifications.
+    hasher = CountingHasher(context=_fast_context("argon2"), failure_budget=5)
+    stored = hasher.hash(SECRET)
+    assert (await hasher.averify(SECRET, stored)).ok  # the owner, before the attack
+    hasher.calls = 0
+    forged = [SECRET[:-4] + f"{n:04d}" for n in range(16)]
+    verdicts = await asyncio.gather(*(hasher.averify(secret, stored) for secret in forged))
+    assert not any(verdict.ok for verdict in verdicts)
+    assert hasher.calls <= 5
+    # The owner's secret, verified before, still passes and costs nothing.
+    calls = hasher.calls
+    assert (await hasher.averify(SECRET, stored)).ok
+    assert hasher.calls == calls
+
+
+async def test_if_slow_verifications_pile_up_then_only_a_few_run_at_once() -> None:
+    hasher = CountingHasher(context=_fast_context("pbkdf2_sha256"), slow_concurrency=2)
+    stored = [hasher.hash(f"{SECRET[:-2]}{n:02d}") for n in range(12)]
+    await asyncio.gather(*(hasher.averify(OTHER_SECRET, one) for one in stored))
+    assert hasher.calls == 12
+    assert hasher.most <= 2
+
+
+async def test_if_the_budget_window_passes_then_the_id_is_checked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hasher = CountingHasher(context=_fast_context("pbkdf2_sha256"), failure_budget=2)
+    stored = hasher.hash(SECRET)
+    for _ in range(4):
+        assert not (await hasher.averify(OTHER_SECRET, stored)).ok
+    assert hasher.calls == 2
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 61)
+    assert (await hasher.averify(SECRET, stored)).ok
+    assert hasher.calls == 3
+
+
+@pytest.mark.parametrize(
+    "options", [{"slow_concurrency": 0}, {"failure_budget": 0}, {"failure_window": 0}]
+)
+def test_if_slow_bounds_are_not_positive_then_refused(options: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError):
+        Hasher(pepper=PEPPER, **options)  # type: ignore[arg-type]

@@ -7,6 +7,8 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apikeys import (
     InvalidAPIKey,
@@ -18,6 +20,7 @@ from apikeys import (
     KeyNotFound,
     KeyRevoked,
     MalformedAPIKey,
+    MemoryStore,
 )
 from apikeys.hashing import Hasher
 from apikeys.keys import parse_key
@@ -412,3 +415,44 @@ class TestRollRace:
             await racing.roll(created.record.id)
         # The old key and the one the interrupted roll issued: both revoked, none usable.
         assert [record.status for record in await manager.list("w")] == ["revoked", "revoked"]
+
+
+class TestKeyPrefixBinding:
+    async def test_if_a_test_key_is_re_prefixed_as_live_then_invalid(
+        self, store: KeyStore, hasher: Hasher
+    ) -> None:
+        # Finding 7: two managers on one store; a test key rewritten with the live prefix
+        # (checksum recomputed) verified as a live key.
+        testing = KeyManager(store, hasher=hasher, prefix="sk_test", cache=False)
+        live = KeyManager(store, hasher=hasher, prefix="sk_live", cache=False)
+        created = await testing.create(name="n", workspace="w", scopes=["contacts:read"])
+        parsed = parse_key(created.key)
+        forged = type(parsed)("sk_live", parsed.id, parsed.secret).token
+        with pytest.raises(InvalidAPIKey):
+            await live.verify(forged)
+        assert (await testing.verify(created.key)).id == created.record.id
+
+    @given(
+        prefixes=st.lists(
+            st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
+            min_size=2,
+            max_size=2,
+            unique=True,
+        )
+    )
+    @settings(max_examples=30, deadline=None)
+    def test_if_token_carries_another_prefix_then_never_verified(self, prefixes: list[str]) -> None:
+        issuing_prefix, other_prefix = prefixes
+        store = MemoryStore()
+        hasher = Hasher(pepper="prefix-test-pepper-0123456789")
+
+        async def scenario() -> None:
+            issuing = KeyManager(store, hasher=hasher, prefix=issuing_prefix)
+            other = KeyManager(store, hasher=hasher, prefix=other_prefix)
+            created = await issuing.create(name="n", workspace="w", full_access=True)
+            parsed = parse_key(created.key, issuing_prefix)
+            forged = type(parsed)(other_prefix, parsed.id, parsed.secret).token
+            with pytest.raises(InvalidAPIKey):
+                await other.verify(forged)
+
+        asyncio.run(scenario())

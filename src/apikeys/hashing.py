@@ -33,6 +33,7 @@ import hmac
 import logging
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -99,6 +100,10 @@ _NO_MATCH = Verification(False)
 _PARSED_LIMIT = 100_000
 
 
+# Stored hashes whose recent failures are remembered (least recently failed forgotten first).
+_MAX_TRACKED_FAILURES = 10_000
+
+
 def _pepper_id(pepper: bytes) -> str:
     # Names the pepper in stored hashes without revealing anything usable about it.
     return hmac.new(pepper, b"apikeys pepper id", hashlib.sha256).hexdigest()[:8]
@@ -127,6 +132,11 @@ class Hasher:
     `old_peppers=` to keep verifying (and migrating) hashes made with retired peppers, and
     `context=` (a passlib `CryptContext`, see `slow_context`) to hash new keys with a slow
     scheme instead.
+
+    Slow verifications are bounded, since anyone can send secrets for a public key id: at
+    most `slow_concurrency` run at once per event loop, and a stored hash that failed
+    `failure_budget` times within `failure_window` seconds refuses secrets not already
+    verified in this process, without hashing them, until the window ends.
     """
 
     def __init__(
@@ -137,6 +147,9 @@ class Hasher:
         context: CryptContext | None = None,
         cache_size: int = 10_000,
         cache_ttl: float = 300.0,
+        slow_concurrency: int = 2,
+        failure_budget: int = 10,
+        failure_window: float = 60.0,
     ) -> None:
         if pepper is None:
             pepper = os.environ.get(PEPPER_ENV) or None
@@ -158,6 +171,20 @@ class Hasher:
         self._cache_ttl = cache_ttl
         # Keys the cache by a keyed digest, so a memory dump shows no secret.
         self._cache_key = hmac.new(os.urandom(32), None, hashlib.sha256)
+        # Bounds on the slow-hash work that anyone can cause with a public key id: slow
+        # verifications running at once (per event loop), and failures per stored hash.
+        if slow_concurrency < 1 or failure_budget < 1 or failure_window <= 0:
+            raise ConfigurationError(
+                "slow_concurrency and failure_budget take at least 1, failure_window > 0"
+            )
+        self._slow_concurrency = slow_concurrency
+        self._slow_slots: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.Semaphore
+        ] = weakref.WeakKeyDictionary()
+        self._failure_budget = failure_budget
+        self._failure_window = failure_window
+        # stored hash -> (failures, when the window of those failures started)
+        self._failures: OrderedDict[str, tuple[int, float]] = OrderedDict()
         if self._pepper is None and context is None:
             logger.warning(
                 "apikeys: %s is not set; secrets are hashed with unkeyed SHA-256. "
@@ -275,20 +302,47 @@ class Hasher:
         return Verification(bool(ok), new_hash)
 
     async def averify(self, secret: str, stored: str) -> Verification:
-        """`verify`, but slow schemes run in a worker thread and recent matches are cached."""
+        """`verify`, but slow schemes run in a worker thread and recent matches are cached.
+
+        Slow verifications are bounded: at most `slow_concurrency` run at once (others
+        wait), and once a stored hash has failed `failure_budget` times within
+        `failure_window` seconds, secrets not already verified in this process are refused
+        for it without hashing until the window ends (docs/concepts/hashing.md).
+        """
         if self.is_fast(stored):
             return self.verify(secret, stored)
         cache_key = self._cache_token(secret, stored)
+        now = time.monotonic()
         expires = self._cache.get(cache_key)
-        if expires is not None and expires > time.monotonic():
+        if expires is not None and expires > now:
             self._cache.move_to_end(cache_key)
             return Verification(True)
-        result = await asyncio.to_thread(self.verify, secret, stored)
-        if result.ok and result.new_hash is None and self._cache_size > 0:
-            self._cache[cache_key] = time.monotonic() + self._cache_ttl
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        failures = self._failures.get(stored)
+        if failures is None or now - failures[1] >= self._failure_window:
+            failures = (0, now)
+        if failures[0] >= self._failure_budget:
+            return Verification(False)  # guessing at a public id: no more CPU for it now
+        # The attempt counts before it runs, so concurrent guesses cannot all slip past.
+        self._failures[stored] = (failures[0] + 1, failures[1])
+        self._failures.move_to_end(stored)
+        while len(self._failures) > _MAX_TRACKED_FAILURES:
+            self._failures.popitem(last=False)
+        async with self._slots():
+            result = await asyncio.to_thread(self.verify, secret, stored)
+        if result.ok:
+            self._failures.pop(stored, None)
+            if result.new_hash is None and self._cache_size > 0:
+                self._cache[cache_key] = time.monotonic() + self._cache_ttl
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
         return result
+
+    def _slots(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        slots = self._slow_slots.get(loop)
+        if slots is None:
+            slots = self._slow_slots[loop] = asyncio.Semaphore(self._slow_concurrency)
+        return slots
 
     def _cache_token(self, secret: str, stored: str) -> tuple[str, bytes]:
         mac = self._cache_key.copy()

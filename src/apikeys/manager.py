@@ -370,13 +370,14 @@ class KeyManager:
         `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
         Counts the request in the key's usage unless `record_usage` is false.
         """
-        _, key_id, secret = split_key(token, self.prefix)
+        prefix, key_id, secret = split_key(token, self.prefix)
         cache = self.cache
         if cache is None:
             stored = await self.store.get(key_id)
         else:
             stored = cache.get(key_id) or await cache.load(key_id)
-        if stored is None:
+        # The prefix is part of the key: a test key re-prefixed as live is another key.
+        if stored is None or stored.record.key_prefix != prefix:
             raise InvalidAPIKey()
         secret_hash = stored.secret_hash
         hasher = self.hasher
