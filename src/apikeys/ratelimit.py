@@ -1,13 +1,18 @@
 """Per-key rate limiting on `limits`' asyncio API.
 
-The strategy is a fixed window, counted with one atomic `incr` on the limits storage per
-request (one Lua call on Redis), so a shared storage never admits more than the limit
-across processes. The window's end is remembered in-process once seen, which spares a
-second round trip for the `RateLimit` and `Retry-After` headers on nearly every request.
+The strategy is a fixed window. In one process (`memory://`) each request is one atomic count
+in limits' storage. On Redis, shared by every process, a process *leases* a slice of a key's
+window with one atomic script (grant at most what is left, return the window's end in
+milliseconds) and spends it locally: across processes never more is admitted than the
+limit, and a busy key costs a Redis round trip per slice, not per request. Slices shrink as
+the window fills and are a single unit when little is left, so small limits are exactly as
+strict as one increment per request. Leased units count as used in Redis, so another
+process's `RateLimit` remaining may be lower than what is really left (never higher).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import os
@@ -105,6 +110,48 @@ class FixedWindowMemoryStorage(MemoryStorage):
             self.locks.pop(key, None)
 
 
+# Leasing on Redis: a slice is 1/LEASE_FRACTION of what is left of the window, at most
+# LEASE_MAX units, and a single unit once fewer than LEASE_THRESHOLD are left.
+LEASE_FRACTION = 16
+LEASE_MAX = 1000
+LEASE_THRESHOLD = 64
+
+# KEYS[1] = the window's counter; ARGV = limit, window (ms), units asked.
+# Grants what is left, at most the units asked; returns {granted, count after, PTTL in ms}.
+_LEASE = """
+local limit = tonumber(ARGV[1])
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then
+  count = 0
+  ttl = tonumber(ARGV[2])
+end
+local granted = math.min(tonumber(ARGV[3]), limit - count)
+if granted < 0 then
+  granted = 0
+end
+if count == 0 then
+  redis.call('SET', KEYS[1], granted, 'PX', ttl)
+elseif granted > 0 then
+  redis.call('INCRBY', KEYS[1], granted)
+end
+return {granted, count + granted, ttl}
+"""
+
+
+class _Slice:
+    """The units of one window this process has leased and not spent yet."""
+
+    __slots__ = ("left", "pending", "reset_at", "seen", "spend_until")
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.seen = 0  # the window's count in Redis after this process's last lease
+        self.spend_until = 0.0  # monotonic: the window surely lasts until then
+        self.reset_at = 0.0  # monotonic: the window has surely ended by then
+        self.pending: asyncio.Future[None] | None = None
+
+
 def _decision(amount: int, window: int, count: int, seconds_left: float) -> RateDecision:
     remaining = amount - count
     reset_after = math.ceil(seconds_left)
@@ -175,6 +222,14 @@ class RateLimiter:
         self.storage = storage
         self._exact_expiry = isinstance(storage, MemoryStorage)
         self._local = storage if isinstance(storage, FixedWindowMemoryStorage) else None
+        # On Redis: leased slices of windows, spent in process (see the module doc).
+        bridge = getattr(storage, "bridge", None)
+        client = getattr(bridge, "storage", None)
+        self._redis: Any = None
+        self._slices: dict[str, _Slice] = {}
+        if self._local is None and client is not None and hasattr(client, "register_script"):
+            self._redis = client.register_script(_LEASE)
+            self._prefixed = getattr(bridge, "prefixed_key", lambda key: key)
         self._key_prefix = key_prefix
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
@@ -190,6 +245,8 @@ class RateLimiter:
         local = self._local
         if local is not None:
             return self._decide_local(local, counter, amount, window)
+        if self._redis is not None:
+            return await self._hit_leased(counter, amount, window)
         try:
             count = await self.storage.incr(counter, window)
         except (StorageError, OSError) as exc:
@@ -203,6 +260,67 @@ class RateLimiter:
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
         return _decision(amount, window, count, end - now)
+
+    async def _hit_leased(self, counter: str, amount: int, window: int) -> RateDecision:
+        slices = self._slices
+        while True:
+            now = time.monotonic()
+            lease = slices.get(counter)
+            if lease is not None and lease.pending is None and now < lease.spend_until:
+                if lease.left > 0:
+                    # Spent without a round trip: nothing awaits between check and spend.
+                    lease.left -= 1
+                    remaining = max(0, amount - lease.seen) + lease.left
+                    return _decision(amount, window, amount - remaining, lease.reset_at - now)
+                if lease.seen >= amount:
+                    # The window is used up everywhere as far as Redis said: refused locally
+                    # until it ends (its end came from the same call: Retry-After holds).
+                    return _decision(amount, window, amount + 1, lease.reset_at - now)
+            if lease is not None and lease.pending is not None:
+                await asyncio.shield(lease.pending)  # one lease in flight per counter
+                continue
+            return await self._lease(counter, amount, window, lease)
+
+    async def _lease(
+        self, counter: str, amount: int, window: int, previous: _Slice | None
+    ) -> RateDecision:
+        now = time.monotonic()
+        current = previous is not None and now < previous.spend_until
+        left_everywhere = amount - previous.seen if current and previous else amount
+        ask = 1
+        if left_everywhere >= LEASE_THRESHOLD:
+            ask = min(LEASE_MAX, left_everywhere // LEASE_FRACTION)
+        lease = previous if current and previous is not None else _Slice()
+        self._slices[counter] = lease
+        if len(self._slices) > 100_000:
+            self._slices = {counter: lease}
+        pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lease.pending = pending
+        sent = time.monotonic()
+        try:
+            granted, seen, pttl = await self._redis(
+                keys=[self._prefixed(counter)], args=[amount, window * 1000, ask]
+            )
+        except Exception as exc:
+            # Redis unreachable, timed out, or answering oddly: fail closed (503).
+            raise LimiterUnavailable(exc) from exc
+        finally:
+            lease.pending = None
+            pending.set_result(None)
+        received = time.monotonic()
+        seconds = int(pttl) / 1000
+        if not current or lease.spend_until <= sent:
+            lease.left = 0
+        # Spent only while the window surely lasts; promised until it surely ended.
+        lease.spend_until = sent + seconds
+        lease.reset_at = received + seconds
+        lease.seen = int(seen)
+        granted = int(granted)
+        if granted == 0:
+            return _decision(amount, window, amount + 1, lease.reset_at - received)
+        lease.left += granted - 1  # one unit is this request's
+        remaining = max(0, amount - lease.seen) + lease.left
+        return _decision(amount, window, amount - remaining, lease.reset_at - received)
 
     @staticmethod
     def _decide_local(
@@ -241,6 +359,7 @@ class RateLimiter:
     async def reset(self) -> None:
         """Forget every counter (tests and admin tools)."""
         self._window_ends.clear()
+        self._slices.clear()
         await self.storage.reset()
 
     async def aclose(self) -> None:

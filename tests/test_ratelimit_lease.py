@@ -1,0 +1,162 @@
+"""The Redis limiter leases slices of a window: never more admitted than the limit, across
+processes, and Retry-After still a promise (real Redis, real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apikeys.ratelimit import LEASE_THRESHOLD, RateLimiter
+from tests import services
+from tests.conftest import delete_redis_prefix
+
+pytestmark = pytest.mark.redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKER = """
+import asyncio, json, sys
+from apikeys.ratelimit import RateLimiter
+
+async def main(url, prefix, limit, hits):
+    limiter = RateLimiter(limit, url, key_prefix=prefix)
+    admitted = 0
+    async def one():
+        nonlocal admitted
+        if (await limiter.hit("shared")).allowed:
+            admitted += 1
+    for start in range(0, hits, 50):
+        await asyncio.gather(*(one() for _ in range(min(50, hits - start))))
+    await limiter.aclose()
+    print(json.dumps({"admitted": admitted}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
+"""
+
+
+@pytest.fixture
+async def prefix(redis_url: str) -> AsyncIterator[str]:
+    name = f"apikeys-lease-{uuid.uuid4().hex[:10]}"
+    yield name
+    await delete_redis_prefix(redis_url, f"LIMITS:{name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("limit", "hits"), [("1/minute", 40), ("10/minute", 40), ("100000/minute", 40_000)]
+)
+async def test_if_processes_lease_from_one_window_then_exactly_the_limit_is_admitted(
+    redis_url: str, prefix: str, limit: str, hits: int
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", WORKER, redis_url, prefix, limit, str(hits)]
+    processes = [
+        subprocess.Popen(  # noqa: ASYNC220 - started together, then awaited in threads
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for _ in range(4)
+    ]
+    admitted = 0
+    for process in processes:
+        out, err = await asyncio.to_thread(process.communicate, timeout=120)
+        assert process.returncode == 0, err.decode()
+        admitted += json.loads(out)["admitted"]
+    amount = int(limit.split("/")[0])
+    # Demand (4 x hits) exceeds the limit inside one window: exactly the limit, never more.
+    assert admitted == amount
+
+
+async def test_if_another_process_opens_the_next_window_then_retry_after_still_holds(
+    redis_url: str, prefix: str
+) -> None:
+    # Finding 5: a process kept the window's end as Redis' whole-second TTL plus one, so
+    # after the window rolled over and another process exhausted the next one, it answered
+    # a Retry-After that ran out before that next window did.
+    first = RateLimiter("2 per 3 seconds", redis_url, key_prefix=prefix)
+    second = RateLimiter("2 per 3 seconds", redis_url, key_prefix=prefix)
+    try:
+        assert (await second.hit("k")).allowed  # the other process opens the window
+        assert (await first.hit("k")).allowed  # this one finds it open, and uses it up
+        deadline = time.monotonic() + 10
+        while not (await second.hit("k")).allowed:  # the other process, at once when the
+            assert time.monotonic() < deadline  # window rolls over, opens the next one
+            await asyncio.sleep(0.02)
+        assert (await second.hit("k")).allowed  # and uses it up
+        refused = await first.hit("k")
+        assert not refused.allowed
+        await asyncio.sleep(refused.reset_after)
+        assert (await first.hit("k")).allowed, "refused after waiting Retry-After"
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_if_the_limit_is_large_then_far_fewer_commands_than_requests(
+    redis_url: str, prefix: str
+) -> None:
+    limiter = RateLimiter("1000000/minute", redis_url, key_prefix=prefix)
+    calls = 0
+    script = limiter._redis
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await script(*args, **kwargs)
+
+    limiter._redis = counting
+    try:
+        for _ in range(5000):
+            assert (await limiter.hit("busy")).allowed
+    finally:
+        await limiter.aclose()
+    assert calls / 5000 <= 0.2, calls
+
+
+async def test_if_little_is_left_then_one_unit_per_request() -> None:
+    # Below the threshold a slice is one unit: a small limit is as strict as increments.
+    assert LEASE_THRESHOLD > 10
+
+
+@given(
+    limit=st.sampled_from([1, 3, 10, 70, 200]),
+    plan=st.lists(st.integers(0, 2), min_size=1, max_size=300),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_if_hits_interleave_across_limiters_then_never_more_than_the_limit(
+    limit: int, plan: list[int]
+) -> None:
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    url = services.REDIS_URL
+    name = f"apikeys-lease-{uuid.uuid4().hex[:10]}"
+
+    async def scenario() -> None:
+        limiters = [RateLimiter(f"{limit}/minute", url, key_prefix=name) for _ in range(3)]
+        try:
+            admitted = 0
+            for index in plan:
+                decision = await limiters[index].hit("k")
+                admitted += decision.allowed
+                assert decision.remaining >= 0
+                if not decision.allowed:
+                    assert decision.reset_after >= 1
+            assert admitted <= limit
+            if limit < LEASE_THRESHOLD:
+                assert admitted == min(limit, len(plan))  # exactly as strict as increments
+        finally:
+            for limiter in limiters:
+                await limiter.aclose()
+            await delete_redis_prefix(url, f"LIMITS:{name}")
+
+    asyncio.run(scenario())
