@@ -286,7 +286,16 @@ class LoginThrottle:
                 wait = max(wait, failures[-limit] + self.window - now)
         return max(1, int(wait + 0.999)) if wait > 0 else 0
 
-    def failed(self, client: str, email: str) -> None:
+    def attempt(self, client: str, email: str) -> tuple[int, float]:
+        """Reserve one attempt: `(0, stamp)` when allowed, `(seconds to wait, 0.0)` when not.
+
+        The attempt counts as a failure from now on, before the password is even checked,
+        so concurrent attempts cannot all pass the check; `succeeded(…, stamp)` takes it back.
+        Nothing awaits in here, so a check and its reservation are one step on the loop.
+        """
+        wait = self.retry_after(client, email)
+        if wait:
+            return wait, 0.0
         now = time.monotonic()
         if len(self._failures) >= self.max_entries:  # bounded memory: forget old failures
             self._failures = {k: v for k, v in self._failures.items() if self._recent(k, now)}
@@ -294,6 +303,12 @@ class LoginThrottle:
                 self._failures.clear()
         for key, _ in self._keys(client, email):
             self._failures.setdefault(key, deque()).append(now)
+        return 0, now
 
-    def succeeded(self, client: str, email: str) -> None:
+    def succeeded(self, client: str, email: str, stamp: float) -> None:
+        """The attempt reserved at `stamp` logged in: it was no failure after all."""
         self._failures.pop((client, email), None)
+        failures = self._failures.get((client, ""))
+        if failures is not None:
+            with contextlib.suppress(ValueError):
+                failures.remove(stamp)

@@ -376,7 +376,8 @@ async def login(request: Request) -> Response:
     password = form.get("password", "")
     client = _client(request)
     next_url = form.get("next")
-    wait = ui.throttle.retry_after(client, email)
+    # Reserved before the password is checked (in a thread): concurrent guesses all count.
+    wait, attempt = ui.throttle.attempt(client, email)
     if wait:
         minutes = max(1, round(wait / 60))
         return _login_page(
@@ -391,7 +392,6 @@ async def login(request: Request) -> Response:
     user = await database.get_user_by_email(email) if email else None
     # The same work whether or not the user exists: a dummy hash is checked when not.
     if not await verify_password(password, user["password_hash"] if user else None):
-        ui.throttle.failed(client, email)
         logger.info("failed login from %s", client)
         return _login_page(
             request,
@@ -401,7 +401,7 @@ async def login(request: Request) -> Response:
             next_url=next_url,
         )
     assert user is not None
-    ui.throttle.succeeded(client, email)
+    ui.throttle.succeeded(client, email, attempt)
     if PASSWORDS.needs_update(user["password_hash"]):  # e.g. a bcrypt hash: now argon2
         await database.save_user(user["workspace"], email, await hash_password(password))
     await start_session(database, request.session, user["id"])

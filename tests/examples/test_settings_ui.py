@@ -424,6 +424,24 @@ def test_if_login_fails_repeatedly_then_it_is_throttled_even_with_the_right_pass
         assert other.status_code == 303
 
 
+def test_if_wrong_logins_arrive_all_at_once_then_only_the_allowed_few_are_checked(
+    ui_service: UIService,
+) -> None:
+    # Security review, finding 4: the throttle was checked before the password hash (in a
+    # thread) and the failure recorded after it, so 20 concurrent guesses were all checked.
+    email = f"concurrent-{uuid.uuid4().hex[:8]}@ui-test.example"
+    with httpx.Client(base_url=ui_service.base_url) as http:
+        token = re.search(r'name="csrf_token" value="([^"]+)"', http.get("/login").text)
+        assert token is not None
+        form = {"csrf_token": token.group(1), "email": email, "password": "guess"}
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            statuses = list(
+                pool.map(lambda _: http.post("/login", data=form).status_code, range(20))
+            )
+    assert sorted(set(statuses)) == [400, 429]
+    assert statuses.count(400) == 5  # per_email: only five reached the password check
+
+
 def test_if_form_posted_without_or_with_a_wrong_csrf_token_then_403_and_nothing_changes(
     ui_service: UIService, context: BrowserContext, page: Page
 ) -> None:
