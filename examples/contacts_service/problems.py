@@ -117,7 +117,9 @@ class Problem(Exception):
 
 
 def _is_api(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    # The scope's path, never `request.url` (see web._is_api: it fails on non-UTF-8 queries).
+    path: str = request.scope["path"]
+    return path.startswith("/api/")
 
 
 async def _problem(request: Request, exc: Exception) -> Response:

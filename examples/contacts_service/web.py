@@ -291,7 +291,9 @@ def view(handler: View) -> Endpoint:
     async def endpoint(request: Request) -> Response:
         user = await session_user(_database(request), request.session)
         if user is None:
-            return redirect(f"/login?next={quote(request.url.path)}")
+            # The path from the scope: `request.url` decodes the query string as UTF-8 and
+            # fails on other bytes, which HTTP/2 servers pass through.
+            return redirect(f"/login?next={quote(request.scope['path'])}")
         return await handler(request, user)
 
     return endpoint
@@ -753,7 +755,10 @@ _HTTP_TITLES = {
 
 
 def _is_api(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    # Never `request.url`: building it decodes the query string as UTF-8, so any other bytes
+    # there (HTTP/2 servers pass them through) made the error handler itself fail with a 500.
+    path: str = request.scope["path"]
+    return path.startswith("/api/")
 
 
 def exception_handlers(
