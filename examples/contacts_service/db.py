@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from apikeys.stores.sql import UTCDateTime, async_url
+from apikeys.stores.sql import UTCDateTime, async_url, create_concurrently, create_private_file
 from apikeys.types import isoformat, utcnow
 
 __all__ = [
@@ -173,9 +173,15 @@ class Database:
         self._known_workspaces: set[str] = set()
 
     async def create_tables(self) -> None:
-        """Create the tables that are missing. Idempotent."""
-        async with self.engine.begin() as conn:
-            await conn.run_sync(metadata.create_all, checkfirst=True)
+        """Create the tables that are missing. Idempotent, and safe when several workers
+        start on a fresh database at once. A new SQLite file is readable by its owner only
+        (it holds password hashes)."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            create_private_file(url.database)
+        await create_concurrently(
+            self.engine, lambda connection: metadata.create_all(connection, checkfirst=True)
+        )
 
     async def aclose(self) -> None:
         await self.engine.dispose()

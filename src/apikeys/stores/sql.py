@@ -85,6 +85,8 @@ __all__ = [
     "UTCDateTime",
     "async_url",
     "changes_table",
+    "create_concurrently",
+    "create_private_file",
     "create_tables",
     "keys_table",
     "metadata",
@@ -492,14 +494,53 @@ def _create_tables(connection: sa.Connection, tables: Sequence[sa.Table]) -> Non
         table.create(connection, checkfirst=True)
 
 
+# Serialises schema creation between processes on PostgreSQL (an advisory lock id).
+_SCHEMA_LOCK: Final = 0x61706B6579
+
+
+def _already_exists(exc: BaseException) -> bool:
+    """Whether `exc` says another process created the object first."""
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    # duplicate_table, duplicate_object, and unique_violation (of pg_type's index)
+    return sqlstate in ("42P07", "42710", "23505") or "already exists" in str(orig)
+
+
+async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connection], None]) -> None:
+    """Run `create` (idempotent `CREATE … IF NOT EXISTS` work) safely at concurrent startup.
+
+    Several processes starting on a fresh database race to create the same tables:
+    PostgreSQL then answers one of them with a unique violation, SQLite with "table already
+    exists". On PostgreSQL the creators take turns (a transaction-scoped advisory lock); on
+    both, a creation that lost the race is run again, and finds everything there.
+    """
+    for attempt in range(5):
+        try:
+            async with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    await conn.execute(
+                        sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _SCHEMA_LOCK}
+                    )
+                await conn.run_sync(create)
+            return
+        except sa_exc.DBAPIError as exc:
+            if attempt == 4 or not _already_exists(exc):
+                raise
+            await asyncio.sleep(0.02 * (attempt + 1))
+
+
 async def _create_tables_with(engine: AsyncEngine, tables: Sequence[sa.Table]) -> None:
-    try:
-        async with engine.begin() as conn:
-            await conn.run_sync(_create_tables, tables)
-    except (sa_exc.IntegrityError, sa_exc.ProgrammingError):
-        # Another process created one between our check and our CREATE: check again.
-        async with engine.begin() as conn:
-            await conn.run_sync(_create_tables, tables)
+    await create_concurrently(engine, lambda connection: _create_tables(connection, tables))
+
+
+def create_private_file(path: str) -> None:
+    """Create the file at `path` readable by its owner only (0600), unless it exists.
+
+    SQLite creates a database with the process's umask (often world-readable); key hashes
+    and password hashes deserve better. An existing file's mode is left alone.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -689,6 +730,7 @@ class SQLStore(KeyStore):
             if self._sqlite and not memory and self._reader_path
             else ""
         )
+        self._file_ready = False  # the database file made 0600 if it was missing
         # The hot path: `get` straight on the driver, with this SQL (see the module doc).
         self._direct = ""
         if direct_reads and (self._url.get_driver_name() in ("aiosqlite", "asyncpg")):
@@ -805,10 +847,18 @@ class SQLStore(KeyStore):
                 _raise(error, exc)
 
     def _check_folder(self) -> None:
-        if self._sqlite_folder and not os.path.isdir(self._sqlite_folder):
+        if not self._sqlite_folder:
+            return
+        if not os.path.isdir(self._sqlite_folder):
             raise StoreUnavailable(
                 FileNotFoundError(f"no folder {self._sqlite_folder!r} for the SQLite database")
             )
+        if not self._file_ready:
+            try:
+                create_private_file(self._reader_path)
+            except OSError as exc:
+                raise StoreUnavailable(exc) from exc
+            self._file_ready = True
 
     async def _open_reader(self) -> aiosqlite.Connection:
         import aiosqlite
