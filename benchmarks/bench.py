@@ -4,7 +4,10 @@ Sections, each in a process of its own (so that one's memory or servers never we
 next), in this order:
 
 - `http`: uvicorn + Starlette bare and behind `APIKeyMiddleware`, loaded by wrk, for every
-  store, with round trips per request (benchmarks/http_load.py);
+  store with the key cache and without it, with round trips and store operations per request
+  (benchmarks/http_load.py);
+- `revoke`: how long `revoke` takes with four worker processes caching keys under load, and
+  that no process admits the key after it returned (benchmarks/revoke.py);
 - `peers`: verifications per second of apikeys, djangorestframework-api-key and keyshield
   (benchmarks/peers.py, in the bench venv);
 - `growth`: verification time with 10, 10,000 and 1,000,000 keys (benchmarks/growth.py);
@@ -55,9 +58,13 @@ from benchmarks._common import (  # noqa: E402
     write_json,
 )
 
-SECTIONS = ("http", "peers", "growth", "stores", "overhead")
+SECTIONS = ("http", "revoke", "peers", "growth", "stores", "overhead")
 AIMS = {
     "http_memory_ratio": 0.85,
+    "http_cached_ratio": 0.7,
+    "sql_store_ops_per_request": 0.02,
+    "redis_commands_per_request": 0.2,
+    "revoke_p99_ms": 50.0,
     "round_trips_per_request": 2.0,
     "vs_keyshield_default": 100.0,
     "vs_drf_api_key_sqlite": 3.0,
@@ -99,6 +106,11 @@ def section_command(name: str, out: Path, quick: bool, venv: Path | None) -> lis
     quick_flag = ["--quick"] if quick else []
     if name == "http":
         command = [here, "-m", "benchmarks.http_load", "--json", str(out), *quick_flag]
+        if venv is not None:
+            command += ["--server-python", str(venv)]
+        return command
+    if name == "revoke":
+        command = [here, "-m", "benchmarks.revoke", "--json", str(out), *quick_flag]
         if venv is not None:
             command += ["--server-python", str(venv)]
         return command
@@ -240,6 +252,44 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"median of paired rounds; best/best {config['ratio_of_best']:.2f}",
             )
     for config in http.get("configs", []):
+        if config.get("store") == "memory" or not config.get("cache", True):
+            continue
+        label = f"{config['store']} + {config['limiter']} limiter, cache"
+        if "ratio_paired" in config:
+            ratio = config["ratio_paired"]["median"]
+            add(
+                f"HTTP throughput, {label}, vs bare",
+                ratio,
+                f">= {AIMS['http_cached_ratio']}",
+                ratio >= AIMS["http_cached_ratio"],
+                f"median of paired rounds; best/best {config['ratio_of_best']:.2f}",
+            )
+        ops = (config.get("store_operations") or {}).get("store_operations_per_request")
+        if ops is not None:
+            target = (
+                AIMS["redis_commands_per_request"]
+                if config["store"] == "redis"
+                else AIMS["sql_store_ops_per_request"]
+            )
+            add(
+                f"store operations per request, {label}",
+                round(ops, 4),
+                f"<= {target:g}",
+                ops <= target,
+                config["store_operations"].get("unit", ""),
+            )
+    revoke = results.get("revoke", {})
+    for store, measured in (revoke.get("stores") or {}).items():
+        if "p99_ms" in measured:
+            add(
+                f"revoke returns, {store}, {measured['workers']} worker processes",
+                measured["p99_ms"],
+                f"p99 <= {AIMS['revoke_p99_ms']:g} ms",
+                measured["p99_ms"] <= AIMS["revoke_p99_ms"] and measured["stale_admits"] == 0,
+                f"{measured['samples']} revokes under load; p50 {measured['p50_ms']:.1f} ms; "
+                f"{measured['stale_admits']} stale admits after return",
+            )
+    for config in http.get("configs", []):
         trips = config.get("round_trips")
         if trips:
             # Two decimals: a pool's connection setups, spread over thousands of requests, are
@@ -318,6 +368,13 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
     return aims
 
 
+def _label(result: dict[str, Any]) -> str:
+    label = f"{result['store']} + {result['limiter']}"
+    if result["store"] != "memory":
+        label += ", cache" if result.get("cache", True) else ", no cache"
+    return label
+
+
 def summarise(output: dict[str, Any]) -> str:
     results = output["results"]
     parts: list[str] = []
@@ -326,12 +383,13 @@ def summarise(output: dict[str, Any]) -> str:
         rows = []
         for r in http["configs"]:
             if "error" in r:
-                rows.append([f"{r['store']} + {r['limiter']}", "FAILED", "", "", "", "", ""])
+                rows.append([_label(r), "FAILED", "", "", "", "", "", ""])
                 continue
             trips = r.get("round_trips") or {}
+            ops = (r.get("store_operations") or {}).get("store_operations_per_request")
             rows.append(
                 [
-                    f"{r['store']} + {r['limiter']}",
+                    _label(r),
                     fmt(r["bare"]["rps"]["median"]),
                     fmt(r["auth"]["rps"]["median"]),
                     fmt(r["ratio_paired"]["median"], 2),
@@ -345,6 +403,7 @@ def summarise(output: dict[str, Any]) -> str:
                     )
                     if trips
                     else "0 (no network)",
+                    fmt(ops, 4),
                 ]
             )
         server = http["server"]
@@ -361,6 +420,7 @@ def summarise(output: dict[str, Any]) -> str:
                     "p50 ms",
                     "p99 ms",
                     "round trips/req (seq. / load)",
+                    "store ops/req",
                 ],
                 rows,
             )
@@ -441,7 +501,7 @@ def draw(data: dict[str, Any], path: Path) -> None:
     ax = axes[0]
     configs = [c for c in results.get("http", {}).get("configs", []) if "ratio_paired" in c]
     if configs:
-        labels = [f"{c['store']}\n+ {c['limiter']}\nlimiter" for c in configs]
+        labels = [_label(c).replace(" + ", "\n+ ").replace(", ", "\n") for c in configs]
         values = [c["ratio_paired"]["median"] for c in configs]
         bars = ax.bar(labels, values, color="#3f51b5")
         ax.axhline(AIMS["http_memory_ratio"], color="#e53935", linestyle="--", linewidth=1)

@@ -70,6 +70,7 @@ from benchmarks._common import (  # noqa: E402
 
 PATH = "/api/v1/contacts"
 SERVED_PATH = "/bench/served"
+STATEMENTS_PATH = "/bench/sqlite-statements"
 # What uvicorn imports in the server processes: this module's build_app.
 APP_TARGET = "benchmarks.http_load:build_app"
 
@@ -99,6 +100,12 @@ def build_app() -> Any:
 
     from benchmarks._common import bench_record
 
+    sqlite_store = os.environ["BENCH_STORE_URL"].startswith("sqlite")
+    statements = count_sqlite_statements() if sqlite_store else [0]
+
+    async def statement_count(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(str(statements[0]))
+
     from apikeys import APIKeyMiddleware, Hasher, KeyManager, RateLimiter, store_from_url
     from apikeys.keys import split_key
     from apikeys.types import StoredKey
@@ -110,6 +117,7 @@ def build_app() -> Any:
         store,
         hasher=hasher,
         usage_flush_interval=float(os.environ.get("BENCH_FLUSH_INTERVAL") or 1.0),
+        cache=os.environ.get("BENCH_CACHE", "on") == "on",
     )
     limiter = RateLimiter(
         UNLIMITED,
@@ -130,7 +138,11 @@ def build_app() -> Any:
             await manager.aclose()
 
     # SERVED_PATH, outside the protected prefix, tells how many requests the endpoint answered.
-    routes = [Route(PATH, contacts), Route(SERVED_PATH, served_count)]
+    routes = [
+        Route(PATH, contacts),
+        Route(SERVED_PATH, served_count),
+        Route(STATEMENTS_PATH, statement_count),
+    ]
     return APIKeyMiddleware(
         Starlette(routes=routes, lifespan=lifespan),
         manager=manager,
@@ -139,6 +151,29 @@ def build_app() -> Any:
         rate_limit=UNLIMITED,
         limiter=limiter,
     )
+
+
+def count_sqlite_statements() -> list[int]:
+    """Count every statement this process runs on SQLite: the store's operations.
+
+    Every sqlite3 connection made from now on (aiosqlite makes its own in its thread, the
+    store and its channel their own) reports each statement to a trace callback.
+    """
+    import sqlite3
+
+    counter = [0]
+    connect = sqlite3.connect
+
+    def trace(statement: str) -> None:
+        counter[0] += 1
+
+    def counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        connection = connect(*args, **kwargs)
+        connection.set_trace_callback(trace)
+        return connection
+
+    sqlite3.connect = counting_connect  # type: ignore[assignment]
+    return counter
 
 
 # --- servers ------------------------------------------------------------------------------
@@ -490,6 +525,102 @@ def count_round_trips(
     return result
 
 
+@contextlib.contextmanager
+def private_redis(logs: Path) -> Iterator[str]:
+    """A Redis server of the benchmark's own, so that its command count is ours alone."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed: cannot count Redis commands")
+    port = free_port()
+    log = (logs / f"redis-{port}.log").open("ab")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for_port(port, process)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        stop_process(process)
+        log.close()
+
+
+async def redis_total_commands(url: str) -> int:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    try:
+        stats = await client.info("stats")
+    finally:
+        await client.aclose()
+    return int(stats["total_commands_processed"])
+
+
+def count_store_operations(
+    config: Config, python: str, loop: str, http: str, token: str, load: Load, logs: Path
+) -> dict[str, Any]:
+    """Store operations per authenticated request in steady state, counted by the store.
+
+    - Redis: commands processed by a Redis server of the benchmark's own (the key store and
+      the limiter both on it), during 3 s of load after a warm-up;
+    - SQLite: statements the server process ran on the database (a trace callback), likewise;
+    - PostgreSQL: transactions the server counted in the benchmark's own database over the
+      server's whole life (startup, warm-up, load, shutdown flush) divided by the requests
+      it answered: an upper bound, since PostgreSQL reports other backends' counts late.
+    """
+    import httpx
+
+    env = config.server_env(token)
+    result: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        redis_url = None
+        if config.store == "redis":
+            redis_url = stack.enter_context(private_redis(logs))
+            env["BENCH_STORE_URL"] = redis_url
+            if config.limiter == "redis":
+                env["BENCH_LIMITER_URL"] = redis_url
+        if config.store == "postgres":
+            xacts_before = asyncio.run(settled_postgres_counter(config.database))
+        server = Server(python, env, loop, http, logs / f"ops-{config.name}.log")
+        served_url = server.url.replace(PATH, SERVED_PATH)
+        statements_url = server.url.replace(PATH, STATEMENTS_PATH)
+        try:
+            with httpx.Client(headers={"Authorization": f"Bearer {token}"}) as client:
+                for _ in range(20):
+                    client.get(server.url).raise_for_status()
+                load.run(server.url, token, seconds=1)
+                time.sleep(0.5)
+                served_before = int(client.get(served_url).text)
+                statements_before = int(client.get(statements_url).text)
+                commands_before = asyncio.run(redis_total_commands(redis_url)) if redis_url else 0
+                load.run(server.url, token, seconds=3)
+                time.sleep(0.5)
+                commands_after = asyncio.run(redis_total_commands(redis_url)) if redis_url else 0
+                statements_after = int(client.get(statements_url).text)
+                served_after = int(client.get(served_url).text)
+        finally:
+            server.stop()
+        served = max(1, served_after - served_before)
+        result["requests"] = served
+        if config.store == "redis":
+            # Minus the second INFO, which Redis counts before answering it.
+            result["store_operations_per_request"] = (commands_after - commands_before - 1) / served
+            result["unit"] = "Redis commands (store and limiter), a server of its own"
+        elif config.store == "sqlite":
+            result["store_operations_per_request"] = (statements_after - statements_before) / served
+            result["unit"] = "SQLite statements of the server process"
+        elif config.store == "postgres":
+            xacts_after = asyncio.run(settled_postgres_counter(config.database))
+            result["store_operations_per_request"] = (xacts_after - xacts_before) / max(
+                1, served_after
+            )
+            result["unit"] = (
+                "PostgreSQL transactions over the server's whole life / requests answered"
+            )
+    return result
+
+
 def count_under_load(
     server_args: tuple[str, dict[str, str], str, str],
     proxies: dict[str, Any],
@@ -539,13 +670,22 @@ def count_under_load(
 
 
 class Config:
-    """One authenticated setup: a store and a limiter."""
+    """One authenticated setup: a store, a limiter, and the key cache on or off."""
 
-    def __init__(self, store: str, limiter: str, run: str, directory: Path, database: str) -> None:
+    def __init__(
+        self,
+        store: str,
+        limiter: str,
+        run: str,
+        directory: Path,
+        database: str,
+        cache: bool = True,
+    ) -> None:
         self.store = store
         self.limiter = limiter
         self.run = run
         self.database = database
+        self.cache = cache
         self.options: dict[str, Any] = {}
         if store == "memory":
             self.store_url = "memory://"
@@ -559,7 +699,8 @@ class Config:
 
     @property
     def name(self) -> str:
-        return f"{self.store}+{self.limiter}-limiter"
+        cache = "" if self.store == "memory" else ("+cache" if self.cache else "+no-cache")
+        return f"{self.store}+{self.limiter}-limiter{cache}"
 
     @property
     def network_store(self) -> bool:
@@ -577,6 +718,7 @@ class Config:
             "BENCH_LIMITER_URL": REDIS_URL if self.limiter == "redis" else "memory://",
             "BENCH_LIMITER_PREFIX": f"{BENCH_TAG}-{self.run}-limits",
             "BENCH_TOKEN": token,
+            "BENCH_CACHE": "on" if self.cache else "off",
         }
 
 
@@ -756,12 +898,17 @@ def _function(frame: str) -> str:
 # --- the whole section --------------------------------------------------------------------
 
 
+# (store, limiter, key cache): every store with its cache, and without it as the baseline
+# measured in the same run.
 CONFIGS = (
-    ("memory", "memory"),
-    ("sqlite", "memory"),
-    ("postgres", "memory"),
-    ("postgres", "redis"),
-    ("redis", "redis"),
+    ("memory", "memory", True),
+    ("sqlite", "memory", True),
+    ("sqlite", "memory", False),
+    ("postgres", "memory", True),
+    ("postgres", "memory", False),
+    ("postgres", "redis", True),
+    ("redis", "redis", True),
+    ("redis", "redis", False),
 )
 
 
@@ -774,7 +921,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wanted = [name.strip() for name in args.stores.split(",") if name.strip()]
     skipped: list[str] = []
     configs_wanted = []
-    for store, limiter in CONFIGS:
+    for store, limiter, cache in CONFIGS:
         if store not in wanted:
             continue
         if (store == "postgres" and not postgres_reachable()) or (
@@ -782,7 +929,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ):
             skipped.append(f"{store}+{limiter}: server not reachable")
             continue
-        configs_wanted.append((store, limiter))
+        configs_wanted.append((store, limiter, cache))
     version = subprocess.run(
         [python, "-c", "import uvicorn; print(uvicorn.__version__)"],
         capture_output=True,
@@ -817,14 +964,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         directory = Path(tmp)
         made_database = False
         try:
-            if any(store == "postgres" for store, _ in configs_wanted):
+            if any(store == "postgres" for store, _, _ in configs_wanted):
                 asyncio.run(create_database(database))
                 made_database = True
             with serving(
                 python, {"BENCH_MODE": "bare"}, loop, http, directory / "bare.log"
             ) as bare:
-                for store, limiter in configs_wanted:
-                    config = Config(store, limiter, run_tag, directory, database)
+                for store, limiter, cache in configs_wanted:
+                    config = Config(store, limiter, run_tag, directory, database, cache)
                     try:
                         result = measure_config(
                             config,
@@ -838,13 +985,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             directory,
                             store in args.profile.split(","),
                         )
-                        if config.network_store or config.limiter == "redis":
+                        result["cache"] = cache
+                        if store != "memory":
+                            result["store_operations"] = count_store_operations(
+                                config, python, loop, http, token, load, directory
+                            )
+                        if cache and (config.network_store or config.limiter == "redis"):
                             result["round_trips"] = count_round_trips(
                                 config, python, loop, http, token, args.requests, directory, load
                             )
                     except Exception as exc:
                         print(f"  {config.name}: FAILED: {exc}", flush=True)
-                        result = {"store": store, "limiter": limiter, "error": str(exc)}
+                        result = {
+                            "store": store,
+                            "limiter": limiter,
+                            "cache": cache,
+                            "error": str(exc),
+                        }
                     output["configs"].append(result)
         finally:
             if made_database:
@@ -859,11 +1016,12 @@ def report(output: dict[str, Any]) -> None:
     rows = []
     for r in output["configs"]:
         if "error" in r:
-            rows.append([f"{r['store']} + {r['limiter']} limiter", "FAILED", *[""] * 9])
+            rows.append([config_label(r), "FAILED", *[""] * 10])
             continue
+        ops = (r.get("store_operations") or {}).get("store_operations_per_request")
         rows.append(
             [
-                f"{r['store']} + {r['limiter']} limiter",
+                config_label(r),
                 fmt(r["bare"]["rps"]["median"]),
                 fmt(r["auth"]["rps"]["median"]),
                 fmt(r["auth"]["rps"]["best"]),
@@ -874,6 +1032,7 @@ def report(output: dict[str, Any]) -> None:
                 fmt(r["bare"]["p50_ms"]["median"], 2),
                 fmt(r["bare"]["p99_ms"]["median"], 2),
                 fmt(r.get("cpu_us_added_per_request"), 1),
+                fmt(ops, 4),
             ]
         )
     print("\nHTTP: requests/s and latency (median of the rounds; best where said)")
@@ -891,6 +1050,7 @@ def report(output: dict[str, Any]) -> None:
                 "bare p50 ms",
                 "bare p99 ms",
                 "CPU us added",
+                "store ops/req",
             ],
             rows,
         )
@@ -898,7 +1058,9 @@ def report(output: dict[str, Any]) -> None:
     print(
         "  ratio: authenticated / bare, median of the paired rounds; ratio best: best / best\n"
         "  CPU us added: the server's user + system CPU time per request, authenticated minus "
-        "bare (medians)"
+        "bare (medians)\n"
+        "  store ops/req: counted by the store in steady state: Redis commands (a server of its "
+        "own), SQLite statements, PostgreSQL transactions (whole server life: an upper bound)"
     )
     rt_rows = []
     for r in output["configs"]:
@@ -908,7 +1070,7 @@ def report(output: dict[str, Any]) -> None:
         commands = trips.get("redis_commands_per_request")
         rt_rows.append(
             [
-                f"{r['store']} + {r['limiter']} limiter",
+                config_label(r),
                 fmt(trips["store_round_trips_per_request"], 2),
                 fmt(trips["limiter_round_trips_per_request"], 2),
                 fmt(trips["round_trips_per_request"], 2),
@@ -942,6 +1104,13 @@ def report(output: dict[str, Any]) -> None:
         )
     for line in output["skipped"]:
         print(f"  skipped: {line}")
+
+
+def config_label(result: dict[str, Any]) -> str:
+    label = f"{result['store']} + {result['limiter']} limiter"
+    if result["store"] != "memory":
+        label += ", cache" if result.get("cache", True) else ", no cache"
+    return label
 
 
 def main() -> None:

@@ -58,3 +58,61 @@ def test_the_overhead_script_runs() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "added by the middleware" in result.stdout
+
+
+@pytest.mark.sqlite
+@pytest.mark.slow
+def test_the_revoke_benchmark_runs_and_finds_no_stale_admit(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "revoke.json"
+    command = ["benchmarks/revoke.py", "--samples", "2", "--stores", "sqlite", "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    measured = json.loads(out.read_text())["stores"]["sqlite"]
+    assert measured["stale_admits"] == 0, measured
+    assert measured["samples"] == 2
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_the_aims_of_issue_13_are_evaluated() -> None:
+    from benchmarks import bench
+
+    results = {
+        "http": {
+            "configs": [
+                {
+                    "store": "postgres",
+                    "limiter": "memory",
+                    "cache": True,
+                    "ratio_paired": {"median": 0.8},
+                    "ratio_of_best": 0.8,
+                    "store_operations": {"store_operations_per_request": 0.001, "unit": "x"},
+                },
+                {"store": "postgres", "limiter": "memory", "cache": False},
+            ]
+        },
+        "revoke": {
+            "stores": {
+                "redis": {
+                    "workers": 4,
+                    "samples": 10,
+                    "p50_ms": 3.0,
+                    "p99_ms": 9.0,
+                    "stale_admits": 0,
+                }
+            }
+        },
+    }
+    aims = {aim["aim"]: aim for aim in bench.evaluate(results)}
+    assert aims["HTTP throughput, postgres + memory limiter, cache, vs bare"]["met"]
+    assert aims["store operations per request, postgres + memory limiter, cache"]["met"]
+    assert aims["revoke returns, redis, 4 worker processes"]["met"]
