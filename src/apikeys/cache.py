@@ -145,9 +145,9 @@ class KeyCache:
     def get(self, key_id: str) -> StoredKey | None:
         """The cached record of `key_id` if the cache is provably fresh, else None."""
         if self._clock() - self._proof_at >= self.lease:
-            if not self._serving:
-                self._serving = True
-                self._start()
+            # Not proven fresh: (re)start probing, e.g. on a new event loop, and read the store.
+            self._serving = True
+            self._start()
             self.misses += 1
             return None
         entries = self._entries
@@ -255,6 +255,7 @@ class KeyCache:
 
     async def connect(self) -> None:
         """Open the channel and start afresh: whatever was cached may have missed notices."""
+        self.channel.bind()
         await self.channel.connect(self.ident, self.on_notice)
         self._clear()
         self._connected = True

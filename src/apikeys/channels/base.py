@@ -83,6 +83,10 @@ class Channel(abc.ABC):
     async def disconnect(self) -> None:  # noqa: B027 - nothing to release by default
         """Close the subscription and leave the registry. The channel may connect again."""
 
+    def bind(self) -> None:
+        """Make the channel's asyncio primitives on the running loop (before `connect`)."""
+        self._ack_event = asyncio.Event()
+
     # -- acknowledgements, shared by every channel -------------------------------------------
 
     def expect(self, notice: str) -> None:

@@ -62,9 +62,16 @@ class PostgresChannel(Channel):
         self._readers_table = readers_table
         self._connection: Any = None
         self._probes: dict[str, asyncio.Future[None]] = {}
+        # One statement at a time on the listening connection (asyncpg refuses overlaps):
+        # probes, registrations, acknowledgements and registry reads take turns.
+        self._turn = asyncio.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresChannel(channel={self._notices!r})"
+
+    def bind(self) -> None:
+        super().bind()
+        self._turn = asyncio.Lock()
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         import asyncpg
@@ -114,7 +121,8 @@ class PostgresChannel(Channel):
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._probes[token] = future
         try:
-            await connection.execute("SELECT pg_notify($1, $2)", self._probe_channel, token)
+            async with self._turn:
+                await connection.execute("SELECT pg_notify($1, $2)", self._probe_channel, token)
             await future
         finally:
             self._probes.pop(token, None)
@@ -131,33 +139,39 @@ class PostgresChannel(Channel):
             await self._register(ttl)
 
     async def _register(self, ttl: float) -> None:
-        await self._live().execute(
-            f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608
-            "VALUES ($1, extract(epoch FROM clock_timestamp()) + $2) "
-            "ON CONFLICT (reader_id) DO UPDATE SET expires_at = excluded.expires_at",
-            self.ident,
-            ttl,
-        )
+        connection = self._live()
+        async with self._turn:
+            await connection.execute(
+                f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608
+                "VALUES ($1, extract(epoch FROM clock_timestamp()) + $2) "
+                "ON CONFLICT (reader_id) DO UPDATE SET expires_at = excluded.expires_at",
+                self.ident,
+                ttl,
+            )
 
     async def readers(self) -> set[str]:
-        rows = await self._live().fetch(
-            f'SELECT reader_id FROM "{self._readers_table}" '  # noqa: S608
-            "WHERE expires_at > extract(epoch FROM clock_timestamp())"
-        )
+        connection = self._live()
+        async with self._turn:
+            rows = await connection.fetch(
+                f'SELECT reader_id FROM "{self._readers_table}" '  # noqa: S608
+                "WHERE expires_at > extract(epoch FROM clock_timestamp())"
+            )
         return {row[0] for row in rows}
 
     async def ack(self, notice: str) -> None:
         writer, _ = parse_notice(notice)
-        await self._live().execute(
-            "SELECT pg_notify($1, $2)", f"{self._base}_a{writer}", f"{self.ident}|{notice}"
-        )
+        connection = self._live()
+        async with self._turn:
+            await connection.execute(
+                "SELECT pg_notify($1, $2)", f"{self._base}_a{writer}", f"{self.ident}|{notice}"
+            )
 
     async def disconnect(self) -> None:
         connection, self._connection = self._connection, None
         if connection is None:
             return
         try:
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(1.0), self._turn:
                 await connection.execute(
                     f'DELETE FROM "{self._readers_table}" '  # noqa: S608
                     "WHERE reader_id = $1 "

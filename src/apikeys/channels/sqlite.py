@@ -67,6 +67,10 @@ class SQLiteChannel(Channel):
             raise ChannelError("not connected")
         return self._read
 
+    def bind(self) -> None:
+        super().bind()
+        self._write_lock = asyncio.Lock()
+
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         self.ident = ident
         # No busy wait on the event loop's thread: a locked file fails the probe instead.
