@@ -20,8 +20,9 @@ its failure table. In short, with `lease` L (1 s by default):
   writer returns.
 - **Fills.** A record read from the store is cached only if no notice (nor a reconnection, nor
   a lapse of the proof) arrived while it was read: the epoch is compared around the read.
-- **Lapses.** When a proof has run out, or the channel reconnects, the whole cache is dropped
-  before it is trusted again (notices may have been missed).
+- **Reconnections.** A connection delivers every notice in order for as long as it lasts, so
+  a proof that merely ran out (a slow probe) needs only a new probe; when the channel
+  reconnects, notices may have been missed, and the whole cache is dropped.
 
 Entries are `StoredKey`s (a record and the stored hash, never a secret), bounded by
 `max_entries` in least-recently-used order. Expiry, grace periods and every other per-request
@@ -59,6 +60,8 @@ DEFAULT_CACHE_SIZE: Final = 100_000
 CLOCK_RATE_MARGIN: Final = 0.05
 _WAIT_EXTRA: Final = 0.01
 _RECONNECT_DELAY: Final = 0.5
+# A connection whose probes time out this many times in a row is taken for dead.
+_SLOW_PROBES_BEFORE_RECONNECT: Final = 3
 _NEVER: Final = float("-inf")
 
 
@@ -269,8 +272,6 @@ class KeyCache:
     async def refresh(self) -> None:
         """One probe round: renew the registration if due, probe, and take the proof."""
         now = self._clock()
-        if now - self._proof_at >= self.lease and self._entries:
-            self._clear()  # a lapsed proof: notices may have been missed
         if self._serving and self._registered_until - now < 2 * self.lease:
             await self.channel.register(3 * self.lease)
             self._registered_until = now + 3 * self.lease
@@ -304,9 +305,19 @@ class KeyCache:
                     await self.connect()
                 if self._ready is not None:
                     self._ready.set()
+                slow = 0
                 while True:
-                    async with asyncio.timeout(self.lease / 2):
-                        await self.refresh()
+                    try:
+                        async with asyncio.timeout(self.lease / 2):
+                            await self.refresh()
+                        slow = 0
+                    except TimeoutError:
+                        # Slow is not broken (a loaded server, a busy event loop): stop
+                        # trusting the cache at once, keep the connection, probe again.
+                        self._proof_at = _NEVER
+                        slow += 1
+                        if slow >= _SLOW_PROBES_BEFORE_RECONNECT:
+                            raise
                     failures = 0
                     await asyncio.sleep(interval)
             except asyncio.CancelledError:
