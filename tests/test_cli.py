@@ -516,7 +516,7 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
     result = run(store_url, "scan", str(project), "--revoke")
 
     assert result.exit_code == 1
-    outcomes = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ":" in line)
+    outcomes = _verdicts(result.stdout)
     assert outcomes[f"ak_{created['id']}_…"] == "revoked"
     assert outcomes[f"ak_{parse_key(stranger).id}_…"] == "unknown id in this store"
     assert outcomes[f"ak_{bystander['id']}_…"].startswith("not revoked")
@@ -530,6 +530,90 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
     again = run(store_url, "scan", str(project), "--revoke")
     assert again.exit_code == 1
     assert f"ak_{created['id']}_…: already revoked" in again.stdout
+
+
+def _verdicts(stdout: str) -> dict[str, str]:
+    """masked key -> verdict, from `scan --revoke` lines `file:line: masked: verdict`."""
+    found = {}
+    for line in stdout.splitlines():
+        match = re.match(r"^.+:\d+: (ak_\w+_…): (.+)$", line)
+        if match:
+            found[match.group(1)] = match.group(2)
+    return found
+
+
+def test_scan_revoke_names_the_file_and_line_of_every_verdict(
+    store_url: str, tmp_path: Path
+) -> None:
+    # Two findings of one id: the real key in one file, a lookalike in another. Each verdict
+    # says where its token was, so one can tell which file held the real key.
+    created = create_key(store_url)
+    lookalike = ParsedKey("ak", created["id"], generate_key().secret).token
+    (tmp_path / "real.env").write_text(f"KEY={created['key']}\n", encoding="utf-8")
+    (tmp_path / "notes.txt").write_text(f"\n\nsee {lookalike}\n", encoding="utf-8")
+
+    result = run(store_url, "scan", str(tmp_path), "--revoke")
+
+    verdicts = [line for line in result.stdout.splitlines() if line.count(": ") >= 2]
+    assert f"{tmp_path / 'real.env'}:1: ak_{created['id']}_…: revoked" in verdicts
+    assert any(
+        line.startswith(f"{tmp_path / 'notes.txt'}:3: ak_{created['id']}_…: not revoked")
+        for line in verdicts
+    ), verdicts
+
+
+def test_roll_keeps_the_lifetime_of_the_key_it_replaces(store_url: str) -> None:
+    old = create_key(store_url, "--scope", "contacts:read", "--expires-in", "30d")
+    result = ok(store_url, "roll", old["id"], "--grace", "24h", "--json")
+    rolled = json.loads(result.stdout)
+    lifetime = _utc(rolled["expires_at"]) - _utc(rolled["created_at"])
+    assert timedelta(days=30) - timedelta(seconds=5) <= lifetime <= timedelta(days=30)
+
+    said = ok(store_url, "roll", rolled["id"], "--grace", "24h").stderr
+    assert "the same lifetime as the key it replaces" in said
+    assert "(grace 24h)" in said  # the user's own units, not "1d"
+
+
+def test_roll_of_a_key_that_never_expires_gives_one_that_never_does(store_url: str) -> None:
+    old = create_key(store_url)
+    result = ok(store_url, "roll", old["id"])
+    assert "The new key does not expire." in result.stderr
+    assert json.loads(ok(store_url, "list", "--json").stdout)[-1]["expires_at"] is None
+
+
+def test_roll_expires_in_overrides_the_lifetime_and_says_so(store_url: str) -> None:
+    old = create_key(store_url, "--scope", "contacts:read", "--expires-in", "30d")
+    result = ok(store_url, "roll", old["id"], "--expires-in", "7d")
+    assert "(in 7d)" in result.stderr
+
+
+def test_a_second_disable_or_enable_says_nothing_changed(store_url: str) -> None:
+    created = create_key(store_url)
+    first = ok(store_url, "disable", created["id"]).stdout
+    assert "it is now disabled" in first
+    again = ok(store_url, "disable", created["id"]).stdout
+    assert "was already disabled" in again
+    assert "now" not in again
+    ok(store_url, "enable", created["id"])
+    assert "was already enabled" in ok(store_url, "enable", created["id"]).stdout
+
+
+def test_list_filters_by_status(store_url: str) -> None:
+    active = create_key(store_url, name="active")
+    disabled = create_key(store_url, name="disabled")
+    revoked = create_key(store_url, name="revoked")
+    ok(store_url, "disable", disabled["id"])
+    ok(store_url, "revoke", revoked["id"], "--yes")
+    for status, expected in (
+        ("active", [active["id"]]),
+        ("disabled", [disabled["id"]]),
+        ("revoked", [revoked["id"]]),
+        ("expired", []),
+    ):
+        listed = json.loads(ok(store_url, "list", "--status", status, "--json").stdout)
+        assert [item["id"] for item in listed] == expected, status
+    assert "No expired API keys." in ok(store_url, "list", "--status", "expired").stdout
+    assert run(store_url, "list", "--status", "gone").exit_code == 2
 
 
 # -- store selection and failures -----------------------------------------------------------

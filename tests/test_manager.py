@@ -456,3 +456,31 @@ class TestKeyPrefixBinding:
                 await other.verify(forged)
 
         asyncio.run(scenario())
+
+
+class TestRollLifetime:
+    async def test_if_rolled_then_the_new_key_lives_as_long_as_the_old_one(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(days=30)
+        )
+        rolled = await manager.roll(created.record.id)
+        record = rolled.record
+        assert record.expires_at is not None
+        assert record.expires_at - record.created_at == timedelta(days=30)
+
+    async def test_if_rolled_with_expires_in_then_that_wins(self, manager: KeyManager) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], expires_in=timedelta(days=30)
+        )
+        rolled = await manager.roll(created.record.id, expires_in=timedelta(days=7))
+        record = rolled.record
+        assert record.expires_at is not None
+        assert record.expires_at - record.created_at == timedelta(days=7)
+
+    async def test_if_the_old_key_never_expires_then_neither_does_the_new(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        assert (await manager.roll(created.record.id)).record.expires_at is None

@@ -65,7 +65,7 @@ from apikeys.manager import KeyManager
 from apikeys.ratelimit import parse_rate_limit
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
-from apikeys.types import REVOKED, CreatedKey, KeyRecord
+from apikeys.types import REVOKED, CreatedKey, KeyRecord, utcnow
 
 __all__ = ["main"]
 
@@ -120,6 +120,8 @@ def _duration(allow_zero: bool = False) -> Callable[..., timedelta | None]:
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
         if value is None:
             return None
+        # The user's own words, to say back to them ("--grace 24h" is "24h", not "1d").
+        ctx.meta[f"apikeys.text.{param.name}"] = value.strip()
         try:
             return parse_duration(value, allow_zero=allow_zero)
         except ValueError as exc:
@@ -452,21 +454,31 @@ def create(
 
 @main.command("list")
 @click.option("--workspace", default=None, help="Only this workspace's keys (default: all).")
+@click.option(
+    "--status",
+    type=click.Choice(["active", "disabled", "revoked", "expired"]),
+    default=None,
+    help="Only keys with this status (default: all).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of records.")
 @click.pass_context
-def list_keys(ctx: click.Context, workspace: str | None, as_json: bool) -> None:
+def list_keys(ctx: click.Context, workspace: str | None, status: str | None, as_json: bool) -> None:
     """List keys, oldest first, with status and usage (never a secret)."""
 
     async def work(manager: KeyManager) -> list[KeyRecord]:
         return await manager.list(workspace)
 
     records = _run(ctx, work)
+    if status is not None:
+        now = utcnow()
+        records = [record for record in records if record.status_at(now) == status]
     if as_json:
         _echo_json([record.to_dict() for record in records])
         return
     if not records:
         where = f" in workspace {workspace!r}" if workspace is not None else ""
-        click.echo(f"No API keys{where}.")
+        which = f" {status}" if status is not None else ""
+        click.echo(f"No{which} API keys{where}.")
         return
     headers = (
         "ID",
@@ -523,15 +535,22 @@ def _state_change(
     key_id: str,
     change: Callable[[KeyManager, str], Awaitable[KeyRecord]],
     past: str,
+    target: str,
 ) -> None:
     key_id = _key_id(key_id)
 
-    async def work(manager: KeyManager) -> KeyRecord:
-        return await change(manager, key_id)
+    async def work(manager: KeyManager) -> tuple[KeyRecord, KeyRecord]:
+        before = await manager.get(key_id)
+        return before, await change(manager, key_id)
 
-    record = _run(ctx, work)
+    before, record = _run(ctx, work)
     status = record.status
     note = f" (it expired at {_when(record.expires_at)})" if status == "expired" else ""
+    if before.state == target:
+        # Nothing changed: say so, as `revoke` does for a key revoked before.
+        shown = "disabled" if target == "disabled" else "enabled"
+        click.echo(f"API key {record.id} ({record.name!r}) was already {shown}{note}.")
+        return
     click.echo(f"{past} API key {record.id} ({record.name!r}): it is now {status}{note}.")
 
 
@@ -540,7 +559,7 @@ def _state_change(
 @click.pass_context
 def disable(ctx: click.Context, key_id: str) -> None:
     """Stop a key from authenticating until it is enabled again."""
-    _state_change(ctx, key_id, KeyManager.disable, "Disabled")
+    _state_change(ctx, key_id, KeyManager.disable, "Disabled", "disabled")
 
 
 @main.command()
@@ -548,7 +567,7 @@ def disable(ctx: click.Context, key_id: str) -> None:
 @click.pass_context
 def enable(ctx: click.Context, key_id: str) -> None:
     """Let a disabled key authenticate again (a revoked key cannot be enabled)."""
-    _state_change(ctx, key_id, KeyManager.enable, "Enabled")
+    _state_change(ctx, key_id, KeyManager.enable, "Enabled", "active")
 
 
 def _interactive() -> bool:
@@ -612,7 +631,7 @@ def revoke(ctx: click.Context, key_id: str, yes: bool) -> None:
     "--expires-in",
     callback=_duration(),
     metavar="DURATION",
-    help="Expire the new key after this long (default: never).",
+    help="Expire the new key after this long (default: the old key's lifetime, from now).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
@@ -626,7 +645,9 @@ def roll(
     """Replace a key with a new one of the same name, workspace, access, scopes and limit.
 
     The new key is printed once; the old one keeps working for the grace period, then
-    expires. With --json, `replaces` holds the old key's record.
+    expires. The new key lives as long as the old one did (a 30-day key gives a 30-day
+    key, from now), unless --expires-in says otherwise. With --json, `replaces` holds the
+    old key's record.
     """
     key_id = _key_id(key_id)
 
@@ -645,11 +666,23 @@ def roll(
         f"shown only this once. Lists show it as {record.prefix}",
         err=True,
     )
+    if record.expires_at is None:
+        lifetime = "The new key does not expire."
+    elif expires_in is not None:
+        given = ctx.meta.get("apikeys.text.expires_in") or format_duration(expires_in)
+        lifetime = f"The new key expires at {_when(record.expires_at)} (in {given})."
+    else:
+        lifetime = (
+            f"The new key expires at {_when(record.expires_at)}: the same lifetime as the "
+            "key it replaces."
+        )
+    click.echo(lifetime, err=True)
     status = old.status
     if status == "active":
+        grace_text = ctx.meta.get("apikeys.text.grace") or format_duration(grace)
         click.echo(
             f"The old key {old.prefix} keeps working until {_when(old.expires_at)} "
-            f"(grace {format_duration(grace)}), then expires.",
+            f"(grace {grace_text}), then expires.",
             err=True,
         )
     else:
@@ -746,18 +779,17 @@ def _find_keys(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[int, P
         yield line, parsed
 
 
-async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> list[tuple[str, str]]:
-    """Revoke each key whose secret this store confirms; (masked key, outcome) for each.
+async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[str, str]:
+    """Revoke each key whose secret this store confirms; the outcome of each, by token.
 
     The secret is checked first: a key id is public, so a planted token with a valid
     checksum but a made-up secret must not get someone else's key revoked.
     """
-    outcomes: list[tuple[str, str]] = []
+    outcomes: dict[str, str] = {}
     # `verify` checks the manager's own prefix: one checker per prefix, on the same store.
     # They record no usage, so they hold nothing that `aclose` would have to release.
     checkers: dict[str, KeyManager] = {manager.prefix: manager}
     for parsed in keys:
-        masked = mask(parsed.prefix, parsed.id)
         checker = checkers.get(parsed.prefix)
         if checker is None:
             checker = KeyManager(manager.store, hasher=manager.hasher, prefix=parsed.prefix)
@@ -765,18 +797,15 @@ async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> list[
         try:
             await checker.verify(parsed.token, record_usage=False)
         except KeyRevoked:
-            outcomes.append((masked, "already revoked"))
+            outcomes[parsed.token] = "already revoked"
             continue
         except InvalidAPIKey:
             if await manager.store.get(parsed.id) is None:
-                outcomes.append((masked, "unknown id in this store"))
+                outcomes[parsed.token] = "unknown id in this store"
             else:
-                outcomes.append(
-                    (
-                        masked,
-                        "not revoked: the secret does not match this store's key "
-                        "(another store's key, or a different APIKEYS_PEPPER)",
-                    )
+                outcomes[parsed.token] = (
+                    "not revoked: the secret does not match this store's key "
+                    "(another store's key, or a different APIKEYS_PEPPER)"
                 )
             continue
         except (KeyDisabled, KeyExpired):
@@ -784,14 +813,14 @@ async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> list[
         except AuthenticationError as exc:
             if isinstance(exc, StoreUnavailable):
                 raise
-            outcomes.append((masked, f"not revoked: {exc.code}"))
+            outcomes[parsed.token] = f"not revoked: {exc.code}"
             continue
         try:
             await manager.revoke(parsed.id)
         except KeyNotFound:
-            outcomes.append((masked, "unknown id in this store"))
+            outcomes[parsed.token] = "unknown id in this store"
             continue
-        outcomes.append((masked, "revoked"))
+        outcomes[parsed.token] = "revoked"
     return outcomes
 
 
@@ -851,11 +880,16 @@ def scan(
     )
     if revoke_found:
 
-        async def work(manager: KeyManager) -> list[tuple[str, str]]:
+        async def work(manager: KeyManager) -> dict[str, str]:
             return await _revoke_found(manager, unique)
 
-        for masked, outcome in _run(ctx, work, uses_secrets=True):
-            click.echo(f"{masked}: {outcome}")
+        outcomes = _run(ctx, work, uses_secrets=True)
+        # One verdict per finding, with its place: two findings of one id may be two keys.
+        for finding in findings:
+            click.echo(
+                f"{click.format_filename(finding.path)}:{finding.line}: "
+                f"{mask(finding.key.prefix, finding.key.id)}: {outcomes[finding.key.token]}"
+            )
     ctx.exit(1)
 
 

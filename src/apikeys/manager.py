@@ -324,7 +324,9 @@ class KeyManager:
         """Replace a key with a new one of the same name, workspace, access, scopes and limit.
 
         The old key keeps working for `grace`, then expires (an earlier expiry stays). The
-        new key expires after `expires_in`, if given. Refused for a revoked key.
+        new key keeps the old one's lifetime: it expires as long after now as the old one
+        did after its creation (a key that never expired gives one that never does), unless
+        `expires_in` says otherwise. Refused for a revoked key.
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
@@ -335,6 +337,9 @@ class KeyManager:
         if old.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "roll")
         now = utcnow()
+        if expires_in is None and old.expires_at is not None:
+            # The same lifetime as the key it replaces, from now (at least a second).
+            expires_in = max(old.expires_at - old.created_at, timedelta(seconds=1))
         created = await self._issue(
             name=old.name,
             workspace=old.workspace,
