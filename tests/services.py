@@ -15,7 +15,9 @@ import pytest
 POSTGRES_URL = os.environ.get(
     "APIKEYS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-REDIS_URL = os.environ.get("APIKEYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
+"""A Redis database of the suite's own (not db 0, where other software keeps its data)."""
+REDIS_URL = os.environ.get("APIKEYS_TEST_REDIS_URL", DEFAULT_REDIS_URL)
 REQUIRE_SERVICES = os.environ.get("APIKEYS_REQUIRE_SERVICES", "") not in ("", "0")
 
 

@@ -335,3 +335,11 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
 
 def _clean_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
+
+
+def test_the_suite_keeps_to_a_redis_database_of_its_own() -> None:
+    from tests import services
+
+    assert services.DEFAULT_REDIS_URL.rsplit("/", 1)[1] == "13"
+    assert "redis://127.0.0.1:6379/13" in (ROOT / ".ci" / "run").read_text()
+    assert "database 13" in (ROOT / "README.md").read_text()
