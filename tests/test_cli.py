@@ -742,3 +742,24 @@ def test_if_store_database_is_missing_then_one_line_without_password(postgres_ur
     line = refused_with_one_line(result)
     assert "does not exist" in line
     assert "hunter2-secret" not in result.output + (result.stderr or "")
+
+
+def test_without_click_the_command_names_the_extra_to_install() -> None:
+    code = "import sys; sys.modules['click'] = None\nfrom apikeys.__main__ import main\nmain()\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "list"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "pip install 'apikeys[cli]'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_apikeys_command_runs_through_the_entry_point(store_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "apikeys", "--store", store_url, "list"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "No API keys." in result.stdout

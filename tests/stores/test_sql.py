@@ -813,3 +813,18 @@ async def test_if_the_sqlite_file_exists_then_its_mode_is_left_alone(tmp_path: P
     finally:
         await store.aclose()
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize(
+    ("url", "driver", "extra"),
+    [
+        ("postgresql://app@127.0.0.1/app", "asyncpg", "postgres"),
+        ("sqlite:///keys.db", "aiosqlite", "sql"),
+    ],
+)
+def test_if_the_driver_is_missing_then_the_error_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, url: str, driver: str, extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, driver, None)  # `import <driver>` now fails
+    with pytest.raises(ConfigurationError, match=rf"pip install 'apikeys\[{extra}\]'"):
+        store_from_url(url)

@@ -407,6 +407,24 @@ def _is_sqlite_memory(url: URL) -> bool:
     )
 
 
+# The driver each dialect imports, and the extra that brings it.
+_DRIVER_EXTRAS: Final = {"aiosqlite": "sql", "asyncpg": "postgres"}
+
+
+def _engine_or_hint(url: URL, **options: Any) -> AsyncEngine:
+    """`_make_engine`, or a `ConfigurationError` naming the extra whose driver is missing."""
+    try:
+        return _make_engine(url, **options)
+    except ModuleNotFoundError as exc:
+        extra = _DRIVER_EXTRAS.get(exc.name or "")
+        if extra is None:
+            raise
+        raise ConfigurationError(
+            f"the {url.get_backend_name()} key store needs {exc.name}, which is not installed. "
+            f"Install it with: pip install 'apikeys[{extra}]'"
+        ) from exc
+
+
 def _make_engine(
     url: URL,
     *,
@@ -667,7 +685,7 @@ class SQLStore(KeyStore):
             self._engine = url
             self._owns_engine = False
         else:
-            self._engine = _make_engine(
+            self._engine = _engine_or_hint(
                 async_url(url),
                 pool_size=pool_size,
                 max_overflow=max_overflow,
