@@ -22,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
-import stat
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -37,32 +35,33 @@ import click
 from apikeys.durations import format_duration, parse_duration
 from apikeys.errors import (
     APIKeyError,
-    AuthenticationError,
     ConfigurationError,
-    InvalidAPIKey,
     InvalidKeyParameters,
     InvalidTransition,
-    KeyDisabled,
-    KeyExpired,
     KeyNotFound,
-    KeyRevoked,
     MalformedAPIKey,
     StoreUnavailable,
 )
 from apikeys.hashing import Hasher
 from apikeys.keys import (
     BASE62,
-    CHECKSUM_LENGTH,
     DEFAULT_PREFIX,
     ID_LENGTH,
-    SECRET_LENGTH,
-    ParsedKey,
     mask,
     parse_key,
     validate_prefix,
 )
 from apikeys.manager import KeyManager
 from apikeys.ratelimit import parse_rate_limit
+from apikeys.scanning import (
+    Finding,
+    ScanStats,
+    find_keys,
+    key_pattern,
+    read_text_file,
+    revoke_found,
+    walk,
+)
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import REVOKED, CreatedKey, KeyRecord, utcnow
@@ -71,27 +70,6 @@ __all__ = ["main"]
 
 STORE_ENV = "APIKEYS_STORE_URL"
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
-
-SCAN_MAX_BYTES = 10 * 1024 * 1024
-"""Files larger than this are skipped by `scan`."""
-SCAN_SNIFF_BYTES = 8 * 1024
-"""A NUL byte in this many leading bytes marks a file as binary, which `scan` skips."""
-SCAN_SKIP_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        ".venv",
-        "node_modules",
-        "__pycache__",
-        ".mypy_cache",
-        ".ruff_cache",
-        ".pytest_cache",
-        ".tox",
-        ".nox",
-    }
-)
-"""Directories `scan` does not enter while walking (a path given explicitly is scanned)."""
 
 _T = TypeVar("_T")
 _KEY_ID_RE = re.compile(f"[{re.escape(BASE62)}]{{{ID_LENGTH}}}")
@@ -692,138 +670,6 @@ def roll(
 # -- scan -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Finding:
-    path: str
-    line: int
-    key: ParsedKey = field(repr=False)
-
-
-@dataclass(slots=True)
-class _ScanStats:
-    files: int = 0
-    skipped: int = 0
-    seen: set[tuple[int, int]] = field(default_factory=set)
-
-
-def _key_pattern(prefixes: Iterable[str]) -> re.Pattern[bytes]:
-    """Tokens in the key format for these prefixes, not glued to other letters or digits."""
-    alternatives = b"|".join(
-        re.escape(prefix.encode("ascii")) for prefix in sorted(set(prefixes), key=len, reverse=True)
-    )
-    return re.compile(
-        rb"(?<![0-9A-Za-z])(?:"
-        + alternatives
-        + rb")_[0-9A-Za-z]{%d}_[0-9A-Za-z]{%d}(?![0-9A-Za-z])"
-        % (ID_LENGTH, SECRET_LENGTH + CHECKSUM_LENGTH)
-    )
-
-
-def _warn(message: str) -> None:
-    click.echo(f"warning: {message}", err=True)
-
-
-def _walk(path: str) -> Iterator[str]:
-    """`path` itself, or the files under it, skipping `SCAN_SKIP_DIRS`."""
-    if path == "-" or not os.path.isdir(path):
-        yield path
-        return
-
-    def report(error: OSError) -> None:
-        _warn(f"cannot read {click.format_filename(error.filename or path)}: {error.strerror}")
-
-    for root, dirs, files in os.walk(path, onerror=report):
-        dirs[:] = sorted(name for name in dirs if name not in SCAN_SKIP_DIRS)
-        for name in sorted(files):
-            yield os.path.join(root, name)
-
-
-def _read_text_file(path: str, stats: _ScanStats) -> bytes | None:
-    """The bytes of a regular, not too large, not binary file not read before; else None."""
-    if path == "-":
-        data = sys.stdin.buffer.read(SCAN_MAX_BYTES + 1)
-    else:
-        try:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                return None
-            identity = (info.st_dev, info.st_ino)
-            if identity in stats.seen:
-                return None
-            stats.seen.add(identity)
-            if info.st_size > SCAN_MAX_BYTES:
-                stats.skipped += 1
-                return None
-            with open(path, "rb") as handle:
-                data = handle.read(SCAN_MAX_BYTES + 1)
-        except OSError as exc:
-            _warn(f"cannot read {click.format_filename(path)}: {exc.strerror or exc}")
-            return None
-    if len(data) > SCAN_MAX_BYTES or b"\0" in data[:SCAN_SNIFF_BYTES]:
-        stats.skipped += 1
-        return None
-    stats.files += 1
-    return data
-
-
-def _find_keys(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[int, ParsedKey]]:
-    """(line number, key) for each token in `data` with a valid checksum."""
-    line, counted_to = 1, 0
-    for match in pattern.finditer(data):
-        try:
-            parsed = parse_key(match.group().decode("ascii"))
-        except MalformedAPIKey:
-            continue  # the right shape, a wrong checksum: noise
-        line += data.count(b"\n", counted_to, match.start())
-        counted_to = match.start()
-        yield line, parsed
-
-
-async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[str, str]:
-    """Revoke each key whose secret this store confirms; the outcome of each, by token.
-
-    The secret is checked first: a key id is public, so a planted token with a valid
-    checksum but a made-up secret must not get someone else's key revoked.
-    """
-    outcomes: dict[str, str] = {}
-    # `verify` checks the manager's own prefix: one checker per prefix, on the same store.
-    # They record no usage, so they hold nothing that `aclose` would have to release.
-    checkers: dict[str, KeyManager] = {manager.prefix: manager}
-    for parsed in keys:
-        checker = checkers.get(parsed.prefix)
-        if checker is None:
-            checker = KeyManager(manager.store, hasher=manager.hasher, prefix=parsed.prefix)
-            checkers[parsed.prefix] = checker
-        try:
-            await checker.verify(parsed.token, record_usage=False)
-        except KeyRevoked:
-            outcomes[parsed.token] = "already revoked"
-            continue
-        except InvalidAPIKey:
-            if await manager.store.get(parsed.id) is None:
-                outcomes[parsed.token] = "unknown id in this store"
-            else:
-                outcomes[parsed.token] = (
-                    "not revoked: the secret does not match this store's key "
-                    "(another store's key, or a different APIKEYS_PEPPER)"
-                )
-            continue
-        except (KeyDisabled, KeyExpired):
-            pass  # the secret is right: a leaked disabled or expired key is revoked too
-        except AuthenticationError as exc:
-            if isinstance(exc, StoreUnavailable):
-                raise
-            outcomes[parsed.token] = f"not revoked: {exc.code}"
-            continue
-        try:
-            await manager.revoke(parsed.id)
-        except KeyNotFound:
-            outcomes[parsed.token] = "unknown id in this store"
-            continue
-        outcomes[parsed.token] = "revoked"
-    return outcomes
-
-
 @main.command()
 @click.argument(
     "paths",
@@ -831,7 +677,7 @@ async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[
     required=True,
     type=click.Path(exists=True, allow_dash=True, path_type=str),
 )
-@click.option("--revoke", "revoke_found", is_flag=True, help="Revoke every key found in the store.")
+@click.option("--revoke", "revoke_keys", is_flag=True, help="Revoke every key found in the store.")
 @click.option(
     "--prefix",
     "prefixes",
@@ -843,7 +689,7 @@ async def _revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[
 )
 @click.pass_context
 def scan(
-    ctx: click.Context, paths: tuple[str, ...], revoke_found: bool, prefixes: tuple[str, ...]
+    ctx: click.Context, paths: tuple[str, ...], revoke_keys: bool, prefixes: tuple[str, ...]
 ) -> None:
     """Find API keys in files and folders (- reads stdin); exit 1 when any is found.
 
@@ -852,16 +698,16 @@ def scan(
     __pycache__ folders are skipped. --revoke revokes each key found whose secret matches
     the store.
     """
-    pattern = _key_pattern(prefixes)
-    stats = _ScanStats()
-    findings: list[_Finding] = []
+    pattern = key_pattern(prefixes)
+    stats = ScanStats()
+    findings: list[Finding] = []
     for root in paths:
-        for path in _walk(root):
-            data = _read_text_file(path, stats)
+        for path in walk(root):
+            data = read_text_file(path, stats)
             if data is None:
                 continue
             shown = "<stdin>" if path == "-" else path
-            findings.extend(_Finding(shown, line, key) for line, key in _find_keys(data, pattern))
+            findings.extend(Finding(shown, line, key) for line, key in find_keys(data, pattern))
     for finding in findings:
         click.echo(
             f"{click.format_filename(finding.path)}:{finding.line}: "
@@ -878,10 +724,10 @@ def scan(
         f"({len(unique)} distinct; {files}).",
         err=True,
     )
-    if revoke_found:
+    if revoke_keys:
 
         async def work(manager: KeyManager) -> dict[str, str]:
-            return await _revoke_found(manager, unique)
+            return await revoke_found(manager, unique)
 
         outcomes = _run(ctx, work, uses_secrets=True)
         # One verdict per finding, with its place: two findings of one id may be two keys.

@@ -1,0 +1,198 @@
+"""Finding API keys in files: what `apikeys scan` reads, matches and revokes.
+
+A token counts when it has the key format of one of the prefixes looked for and a valid
+checksum (the CRC32 tells a real key from noise). Files are read as bytes, binary and very
+large ones skipped; a key found is reported by file, line and masked form, never its secret.
+`revoke_found` revokes only keys whose secret the store confirms.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import click
+
+from apikeys.errors import (
+    AuthenticationError,
+    InvalidAPIKey,
+    KeyDisabled,
+    KeyExpired,
+    KeyNotFound,
+    KeyRevoked,
+    MalformedAPIKey,
+    StoreUnavailable,
+)
+from apikeys.keys import CHECKSUM_LENGTH, ID_LENGTH, SECRET_LENGTH, ParsedKey, parse_key
+from apikeys.manager import KeyManager
+
+__all__ = [
+    "SCAN_MAX_BYTES",
+    "SCAN_SKIP_DIRS",
+    "SCAN_SNIFF_BYTES",
+    "Finding",
+    "ScanStats",
+    "find_keys",
+    "key_pattern",
+    "read_text_file",
+    "revoke_found",
+    "walk",
+    "warn",
+]
+
+SCAN_MAX_BYTES = 10 * 1024 * 1024
+"""Files larger than this are skipped by `scan`."""
+SCAN_SNIFF_BYTES = 8 * 1024
+"""A NUL byte in this many leading bytes marks a file as binary, which `scan` skips."""
+SCAN_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        ".venv",
+        "node_modules",
+        "__pycache__",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        ".tox",
+        ".nox",
+    }
+)
+"""Directories `scan` does not enter while walking (a path given explicitly is scanned)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    path: str
+    line: int
+    key: ParsedKey = field(repr=False)
+
+
+@dataclass(slots=True)
+class ScanStats:
+    files: int = 0
+    skipped: int = 0
+    seen: set[tuple[int, int]] = field(default_factory=set)
+
+
+def key_pattern(prefixes: Iterable[str]) -> re.Pattern[bytes]:
+    """Tokens in the key format for these prefixes, not glued to other letters or digits."""
+    alternatives = b"|".join(
+        re.escape(prefix.encode("ascii")) for prefix in sorted(set(prefixes), key=len, reverse=True)
+    )
+    return re.compile(
+        rb"(?<![0-9A-Za-z])(?:"
+        + alternatives
+        + rb")_[0-9A-Za-z]{%d}_[0-9A-Za-z]{%d}(?![0-9A-Za-z])"
+        % (ID_LENGTH, SECRET_LENGTH + CHECKSUM_LENGTH)
+    )
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def walk(path: str) -> Iterator[str]:
+    """`path` itself, or the files under it, skipping `SCAN_SKIP_DIRS`."""
+    if path == "-" or not os.path.isdir(path):
+        yield path
+        return
+
+    def report(error: OSError) -> None:
+        warn(f"cannot read {click.format_filename(error.filename or path)}: {error.strerror}")
+
+    for root, dirs, files in os.walk(path, onerror=report):
+        dirs[:] = sorted(name for name in dirs if name not in SCAN_SKIP_DIRS)
+        for name in sorted(files):
+            yield os.path.join(root, name)
+
+
+def read_text_file(path: str, stats: ScanStats) -> bytes | None:
+    """The bytes of a regular, not too large, not binary file not read before; else None."""
+    if path == "-":
+        data = sys.stdin.buffer.read(SCAN_MAX_BYTES + 1)
+    else:
+        try:
+            info = os.stat(path)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            identity = (info.st_dev, info.st_ino)
+            if identity in stats.seen:
+                return None
+            stats.seen.add(identity)
+            if info.st_size > SCAN_MAX_BYTES:
+                stats.skipped += 1
+                return None
+            with open(path, "rb") as handle:
+                data = handle.read(SCAN_MAX_BYTES + 1)
+        except OSError as exc:
+            warn(f"cannot read {click.format_filename(path)}: {exc.strerror or exc}")
+            return None
+    if len(data) > SCAN_MAX_BYTES or b"\0" in data[:SCAN_SNIFF_BYTES]:
+        stats.skipped += 1
+        return None
+    stats.files += 1
+    return data
+
+
+def find_keys(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[int, ParsedKey]]:
+    """(line number, key) for each token in `data` with a valid checksum."""
+    line, counted_to = 1, 0
+    for match in pattern.finditer(data):
+        try:
+            parsed = parse_key(match.group().decode("ascii"))
+        except MalformedAPIKey:
+            continue  # the right shape, a wrong checksum: noise
+        line += data.count(b"\n", counted_to, match.start())
+        counted_to = match.start()
+        yield line, parsed
+
+
+async def revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[str, str]:
+    """Revoke each key whose secret this store confirms; the outcome of each, by token.
+
+    The secret is checked first: a key id is public, so a planted token with a valid
+    checksum but a made-up secret must not get someone else's key revoked.
+    """
+    outcomes: dict[str, str] = {}
+    # `verify` checks the manager's own prefix: one checker per prefix, on the same store.
+    # They record no usage, so they hold nothing that `aclose` would have to release.
+    checkers: dict[str, KeyManager] = {manager.prefix: manager}
+    for parsed in keys:
+        checker = checkers.get(parsed.prefix)
+        if checker is None:
+            checker = KeyManager(manager.store, hasher=manager.hasher, prefix=parsed.prefix)
+            checkers[parsed.prefix] = checker
+        try:
+            await checker.verify(parsed.token, record_usage=False)
+        except KeyRevoked:
+            outcomes[parsed.token] = "already revoked"
+            continue
+        except InvalidAPIKey:
+            if await manager.store.get(parsed.id) is None:
+                outcomes[parsed.token] = "unknown id in this store"
+            else:
+                outcomes[parsed.token] = (
+                    "not revoked: the secret does not match this store's key "
+                    "(another store's key, or a different APIKEYS_PEPPER)"
+                )
+            continue
+        except (KeyDisabled, KeyExpired):
+            pass  # the secret is right: a leaked disabled or expired key is revoked too
+        except AuthenticationError as exc:
+            if isinstance(exc, StoreUnavailable):
+                raise
+            outcomes[parsed.token] = f"not revoked: {exc.code}"
+            continue
+        try:
+            await manager.revoke(parsed.id)
+        except KeyNotFound:
+            outcomes[parsed.token] = "unknown id in this store"
+            continue
+        outcomes[parsed.token] = "revoked"
+    return outcomes
