@@ -1,5 +1,9 @@
 """The SQL store: SQLite and PostgreSQL through SQLAlchemy 2's async Core (no ORM).
 
+Its schema (tables, safe creation) is in `apikeys.stores.sql_schema`, its URLs, engines and
+error classification in `apikeys.stores.sql_engine`; this module re-exports their public
+names, so `from apikeys.stores.sql import metadata, keys_table, create_tables` keeps working.
+
 One table holds the keys (`apikeys_keys` by default); a second one, named after it
 (`apikeys_keys_usage_batches`), holds the ids of the usage batches applied in the last
 `USAGE_BATCH_RETENTION` (24 hours), so that a batch sent again is not counted twice (see
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -59,20 +62,45 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from apikeys.channels.base import Channel
 from apikeys.channels.postgres import PostgresChannel, notice_channel_name
 from apikeys.channels.sqlite import SQLiteChannel
-from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.sql_engine import (
+    MissingTable,
+    async_url,
+    engine_or_hint,
+    is_duplicate,
+    is_missing_table,
+    is_sqlite_memory,
+    is_unavailable,
+    raise_translated,
+)
+from apikeys.stores.sql_schema import (
+    DEFAULT_TABLE_NAME,
+    UTCDateTime,
+    changes_table,
+    create_concurrently,
+    create_private_file,
+    create_tables_on,
+    create_tables_with,
+    keys_table,
+    load_scopes,
+    metadata,
+    readers_table,
+    store_tables,
+    usage_batches_table,
+)
 from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
@@ -94,11 +122,6 @@ __all__ = [
     "usage_batches_table",
 ]
 
-DEFAULT_TABLE_NAME: Final = "apikeys_keys"
-
-metadata = sa.MetaData()
-"""The metadata apikeys' tables live on: add it to your Alembic `target_metadata`."""
-
 _T = TypeVar("_T")
 
 logger = logging.getLogger("apikeys")
@@ -106,175 +129,6 @@ logger = logging.getLogger("apikeys")
 # How often a store deletes the ids of usage batches older than USAGE_BATCH_RETENTION.
 _PRUNE_INTERVAL: Final = 60.0
 
-
-class UTCDateTime(sa.types.TypeDecorator[datetime]):
-    """A timezone-aware UTC datetime on every backend.
-
-    PostgreSQL stores `timestamptz`. SQLite has no timezone support, so the value is stored
-    as naive UTC text (`YYYY-MM-DD HH:MM:SS.ffffff`, which sorts in time order) and comes
-    back with `tzinfo=UTC`. A naive datetime given to the store is taken to be in UTC.
-    """
-
-    impl = sa.DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-        if dialect.name == "sqlite":
-            return value.replace(tzinfo=None)
-        return value
-
-    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        if value.tzinfo is UTC:
-            return value
-        return value.astimezone(UTC)
-
-
-class _Scopes(sa.types.TypeDecorator[tuple[str, ...]]):
-    """A tuple of scope names, stored as a JSON array in a text column."""
-
-    impl = sa.Text()
-    cache_ok = True
-
-    def process_bind_param(self, value: Sequence[str] | None, dialect: sa.Dialect) -> str | None:
-        if value is None:
-            return None
-        return json.dumps(list(value), separators=(",", ":"))
-
-    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> tuple[str, ...]:
-        return _load_scopes(value)
-
-
-def _load_scopes(value: str | None) -> tuple[str, ...]:
-    if not value:
-        return ()
-    return tuple(json.loads(value))
-
-
-def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
-    """The keys table called `name` on `meta` (the module's `metadata` by default).
-
-    It also puts the store's other tables, `usage_batches_table(name)`,
-    `changes_table(name)` and `readers_table(name)`, on `meta`, so that migrations generated
-    from `meta` create them all. Calling it again with the same name returns the same `Table`.
-    """
-    meta = metadata if meta is None else meta
-    usage_batches_table(name, meta)
-    changes_table(name, meta)
-    readers_table(name, meta)
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
-        meta,
-        # Ids sort by code point everywhere (as in the memory store), whatever the
-        # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
-        sa.Column(
-            "id",
-            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
-            primary_key=True,
-        ),
-        sa.Column("name", sa.String(), nullable=False),
-        sa.Column("workspace", sa.String(), nullable=False),
-        sa.Column("prefix", sa.String(), nullable=False),
-        sa.Column("access", sa.String(16), nullable=False),
-        sa.Column("scopes", _Scopes(), nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("rate_limit", sa.String(), nullable=True),
-        sa.Column("created_at", UTCDateTime(), nullable=False),
-        sa.Column("expires_at", UTCDateTime(), nullable=True),
-        sa.Column("last_used_at", UTCDateTime(), nullable=True),
-        sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
-        sa.Column("revoked_at", UTCDateTime(), nullable=True),
-        sa.Column("secret_hash", sa.Text(), nullable=False),
-        # Listing a workspace, oldest first, reads this index in order.
-        sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
-    )
-
-
-def usage_batches_table(
-    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
-) -> sa.Table:
-    """The table of applied usage batch ids that goes with the keys table `keys_table_name`.
-
-    It is called `<keys_table_name>_usage_batches`: one row per batch `add_usage` applied
-    (its id, at most 64 characters, and when), written in the same transaction as the
-    batch's increments, so a batch sent again is recognised and skipped. Rows older than
-    `USAGE_BATCH_RETENTION` (24 hours) are deleted now and then. Calling it again with the
-    same name returns the same `Table`.
-    """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_usage_batches"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
-        meta,
-        sa.Column("batch_id", sa.String(64), primary_key=True),
-        sa.Column("applied_at", UTCDateTime(), nullable=False),
-        # Pruning deletes the oldest rows: it reads this index, not the whole table.
-        sa.Index(f"ix_{name}_applied_at", "applied_at"),
-    )
-
-
-def changes_table(
-    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
-) -> sa.Table:
-    """The change log of the keys table `keys_table_name`: `<name>_changes` (SQLite only).
-
-    Every change to a key appends a notice in the change's own transaction; processes that
-    cache keys read it to drop what changed (`apikeys.channels.sqlite`). The newest 10,000
-    rows are kept. On PostgreSQL the notices travel by NOTIFY and the table stays empty.
-    """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_changes"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
-        meta,
-        sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("notice", sa.String(64), nullable=False),
-        sa.Index(f"ix_{name}_notice", "notice"),
-        sqlite_autoincrement=True,
-    )
-
-
-def readers_table(
-    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
-) -> sa.Table:
-    """The registry of processes caching keys of `keys_table_name`: `<name>_readers`.
-
-    One row per process that serves keys from its cache: its id, the last change it applied
-    (SQLite) and when its registration runs out (seconds; PostgreSQL's clock, or the host's
-    boot clock on SQLite). A change waits for the acknowledgement of each registered reader
-    (see docs/consistency.md).
-    """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_readers"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
-        meta,
-        sa.Column("reader_id", sa.String(32), primary_key=True),
-        sa.Column("seen", sa.BigInteger(), nullable=False, server_default="0"),
-        sa.Column("expires_at", sa.Float(), nullable=False),
-    )
-
-
-keys = keys_table()
-"""The default keys table, `apikeys_keys`."""
 
 # Column order of every SELECT and RETURNING: the fields of KeyRecord, then the hash.
 _FIELDS: Final = (
@@ -332,7 +186,7 @@ def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
         workspace=row[2],
         prefix=row[3],
         access=row[4],
-        scopes=_load_scopes(row[5]),
+        scopes=load_scopes(row[5]),
         state=row[6],
         rate_limit=row[7],
         created_at=cast(datetime, time(row[8])),
@@ -363,121 +217,6 @@ def _release(connection: PoolProxiedConnection, error: BaseException | None) -> 
     connection.close()
 
 
-# --- URLs and engines ---------------------------------------------------------------------
-
-_DRIVERS: Final = {
-    "sqlite": "sqlite+aiosqlite",
-    "sqlite+aiosqlite": "sqlite+aiosqlite",
-    "postgresql": "postgresql+asyncpg",
-    "postgres": "postgresql+asyncpg",
-    "postgresql+asyncpg": "postgresql+asyncpg",
-}
-
-
-def async_url(url: str | URL) -> URL:
-    """The URL with its async driver: `sqlite://` → aiosqlite, `postgresql://` → asyncpg.
-
-    A libpq-style `sslmode=` query parameter becomes asyncpg's `ssl=`.
-    """
-    try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except sa_exc.ArgumentError:
-        raise ConfigurationError("not a valid SQL database URL") from None
-    driver = _DRIVERS.get(parsed.drivername.lower())
-    if driver is None:
-        known = ", ".join(f"{scheme}://" for scheme in _DRIVERS)
-        raise ConfigurationError(
-            f"the SQL store does not serve {parsed.drivername}:// URLs; known: {known}"
-        )
-    parsed = parsed.set(drivername=driver)
-    if driver == "postgresql+asyncpg" and "sslmode" in parsed.query:
-        query = dict(parsed.query)
-        sslmode = query.pop("sslmode")
-        query.setdefault("ssl", sslmode)
-        parsed = parsed.set(query=query)
-    return parsed
-
-
-def _is_sqlite_memory(url: URL) -> bool:
-    database = url.database or ""
-    return (
-        database in ("", ":memory:")
-        or "mode=memory" in database
-        or (url.query.get("mode") == "memory")
-    )
-
-
-# The driver each dialect imports, and the extra that brings it.
-_DRIVER_EXTRAS: Final = {"aiosqlite": "sql", "asyncpg": "postgres"}
-
-
-def _engine_or_hint(url: URL, **options: Any) -> AsyncEngine:
-    """`_make_engine`, or a `ConfigurationError` naming the extra whose driver is missing."""
-    try:
-        return _make_engine(url, **options)
-    except ModuleNotFoundError as exc:
-        extra = _DRIVER_EXTRAS.get(exc.name or "")
-        if extra is None:
-            raise
-        raise ConfigurationError(
-            f"the {url.get_backend_name()} key store needs {exc.name}, which is not installed. "
-            f"Install it with: pip install 'apikeys[{extra}]'"
-        ) from exc
-
-
-def _make_engine(
-    url: URL,
-    *,
-    pool_size: int,
-    max_overflow: int,
-    pool_timeout: float,
-    pool_recycle: float,
-    pool_pre_ping: bool,
-    connect_timeout: float,
-    command_timeout: float | None,
-    busy_timeout: float,
-    application_name: str,
-    echo: bool,
-) -> AsyncEngine:
-    if url.get_backend_name() == "sqlite":
-        options: dict[str, Any] = {}
-        if not _is_sqlite_memory(url):
-            options.update(
-                pool_size=pool_size,
-                max_overflow=max_overflow,
-                pool_timeout=pool_timeout,
-                pool_recycle=pool_recycle,
-            )
-        engine = create_async_engine(url, echo=echo, **options)
-        busy_ms = int(busy_timeout * 1000)
-
-        @sa.event.listens_for(engine.sync_engine, "connect")
-        def _on_connect(dbapi_connection: Any, connection_record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            try:
-                cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-                cursor.execute("PRAGMA journal_mode = WAL")
-            finally:
-                cursor.close()
-
-        return engine
-    server_settings = {"application_name": application_name}
-    return create_async_engine(
-        url,
-        echo=echo,
-        pool_size=pool_size,
-        max_overflow=max_overflow,
-        pool_timeout=pool_timeout,
-        pool_recycle=pool_recycle,
-        pool_pre_ping=pool_pre_ping,
-        connect_args={
-            "timeout": connect_timeout,
-            "command_timeout": command_timeout,
-            "server_settings": server_settings,
-        },
-    )
-
-
 async def create_tables(
     bind: AsyncEngine | AsyncConnection | str | URL, *, table_name: str = DEFAULT_TABLE_NAME
 ) -> None:
@@ -487,7 +226,7 @@ async def create_tables(
     Raises `StoreUnavailable` when the database cannot be reached.
     """
     if isinstance(bind, AsyncConnection):
-        await bind.run_sync(_create_tables, _store_tables(table_name))
+        await bind.run_sync(create_tables_on, store_tables(table_name))
         return
     # A store on a URL brings the store's connection settings (timeouts, WAL).
     store = SQLStore(bind, table_name=table_name)
@@ -495,139 +234,6 @@ async def create_tables(
         await store.setup()
     finally:
         await store.aclose()
-
-
-def _store_tables(table_name: str) -> tuple[sa.Table, ...]:
-    """The keys table called `table_name` and the tables that go with it, on `metadata`."""
-    return (
-        keys_table(table_name),
-        usage_batches_table(table_name),
-        changes_table(table_name),
-        readers_table(table_name),
-    )
-
-
-def _create_tables(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
-    for table in tables:
-        table.create(connection, checkfirst=True)
-
-
-# Serialises schema creation between processes on PostgreSQL (an advisory lock id).
-_SCHEMA_LOCK: Final = 0x61706B6579
-
-
-def _already_exists(exc: BaseException) -> bool:
-    """Whether `exc` says another process created the object first."""
-    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    # duplicate_table, duplicate_object, and unique_violation (of pg_type's index)
-    return sqlstate in ("42P07", "42710", "23505") or "already exists" in str(orig)
-
-
-async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connection], None]) -> None:
-    """Run `create` (idempotent `CREATE … IF NOT EXISTS` work) safely at concurrent startup.
-
-    Several processes starting on a fresh database race to create the same tables:
-    PostgreSQL then answers one of them with a unique violation, SQLite with "table already
-    exists". On PostgreSQL the creators take turns (a transaction-scoped advisory lock); on
-    both, a creation that lost the race is run again, and finds everything there.
-    """
-    for attempt in range(5):
-        try:
-            async with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    await conn.execute(
-                        sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _SCHEMA_LOCK}
-                    )
-                await conn.run_sync(create)
-            return
-        except sa_exc.DBAPIError as exc:
-            if attempt == 4 or not _already_exists(exc):
-                raise
-            await asyncio.sleep(0.02 * (attempt + 1))
-
-
-async def _create_tables_with(engine: AsyncEngine, tables: Sequence[sa.Table]) -> None:
-    await create_concurrently(engine, lambda connection: _create_tables(connection, tables))
-
-
-def create_private_file(path: str) -> None:
-    """Create the file at `path` readable by its owner only (0600), unless it exists.
-
-    SQLite creates a database with the process's umask (often world-readable); key hashes
-    and password hashes deserve better. An existing file's mode is left alone.
-    """
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-
-
-# --- errors -------------------------------------------------------------------------------
-
-# SQLSTATE classes that mean "the server cannot serve us now": connection exception,
-# insufficient resources, operator intervention (shutdown, cancelled statement), system error.
-_UNAVAILABLE_SQLSTATE_CLASSES: Final = ("08", "53", "57", "58")
-
-
-def _asyncpg_unavailable_types() -> tuple[type[BaseException], ...]:
-    try:
-        import asyncpg
-    except ImportError:  # pragma: no cover - the postgres extra is not installed
-        return ()
-    return (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
-
-
-_ASYNCPG_UNAVAILABLE: Final = _asyncpg_unavailable_types()
-
-
-def _is_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` means the database cannot be reached or cannot serve us right now."""
-    if isinstance(exc, sa_exc.DBAPIError):
-        if exc.connection_invalidated or isinstance(
-            exc, sa_exc.OperationalError | sa_exc.InterfaceError
-        ):
-            return True
-        orig = exc.orig
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-        if isinstance(sqlstate, str) and sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES:
-            return True
-        cause = orig.__cause__ if orig is not None else None
-        return cause is not None and _is_unavailable(cause)
-    return isinstance(
-        exc,
-        OSError  # ConnectionError, socket errors, and TimeoutError (= asyncio.TimeoutError)
-        | sa_exc.TimeoutError  # no connection free in the pool within pool_timeout
-        | sa_exc.DisconnectionError
-        | sqlite3.OperationalError  # "database is locked", "unable to open database file"
-        | sqlite3.InterfaceError,
-    ) or (bool(_ASYNCPG_UNAVAILABLE) and isinstance(exc, _ASYNCPG_UNAVAILABLE))
-
-
-class _MissingTable(ConfigurationError):
-    """The keys table does not exist (and the store may not create it)."""
-
-
-def _raise(error: Exception, original: Exception) -> NoReturn:
-    """Raise `error`, translated from `original`, or `original` itself unchained."""
-    if error is original:
-        raise original
-    raise error from original
-
-
-def _is_missing_table(exc: BaseException) -> bool:
-    """Whether `exc` says the table does not exist (PostgreSQL 42P01, SQLite's message)."""
-    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-    if isinstance(orig, sqlite3.OperationalError):
-        return str(orig).startswith("no such table")
-    return "42P01" in (getattr(orig, "sqlstate", None), getattr(orig, "pgcode", None))
-
-
-def _is_duplicate(exc: sa_exc.IntegrityError) -> bool:
-    orig = exc.orig
-    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    if sqlstate is not None:
-        return bool(sqlstate == "23505")  # unique_violation
-    message = str(orig)
-    return "UNIQUE constraint failed" in message or "PRIMARY KEY" in message
 
 
 # --- the store ----------------------------------------------------------------------------
@@ -685,7 +291,7 @@ class SQLStore(KeyStore):
             self._engine = url
             self._owns_engine = False
         else:
-            self._engine = _engine_or_hint(
+            self._engine = engine_or_hint(
                 async_url(url),
                 pool_size=pool_size,
                 max_overflow=max_overflow,
@@ -700,14 +306,14 @@ class SQLStore(KeyStore):
             )
             self._owns_engine = True
         self._url = self._engine.url
-        self._tables = _store_tables(table_name)
+        self._tables = store_tables(table_name)
         self._table, self._batches, self._changes, self._readers = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
         dialect = self._engine.dialect
         self._returning = bool(dialect.update_returning)
         self._sqlite = dialect.name == "sqlite"
-        memory = self._sqlite and _is_sqlite_memory(self._url)
+        memory = self._sqlite and is_sqlite_memory(self._url)
         # An in-memory SQLite database is one shared connection (StaticPool): take turns.
         self._serial: asyncio.Lock | None = asyncio.Lock() if memory else None
         # Reads run outside any transaction: one statement, one round trip, no BEGIN.
@@ -804,13 +410,13 @@ class SQLStore(KeyStore):
     # --- plumbing ---------------------------------------------------------------------------
 
     def _translate(self, exc: Exception) -> Exception:
-        """The exception to raise for `exc`: `StoreUnavailable`, `_MissingTable` or itself."""
-        if _is_missing_table(exc):
-            return _MissingTable(
+        """The exception to raise for `exc`: `StoreUnavailable`, `MissingTable` or itself."""
+        if is_missing_table(exc):
+            return MissingTable(
                 f"the table {self._table.name!r} or {self._batches.name!r} does not exist: "
                 "run `await store.setup()`, `create_tables()` or your migrations first"
             )
-        if _is_unavailable(exc):
+        if is_unavailable(exc):
             return StoreUnavailable(exc)
         return exc
 
@@ -858,11 +464,11 @@ class SQLStore(KeyStore):
                     reconnected = True
                     continue
                 error = self._translate(exc)
-                if isinstance(error, _MissingTable) and self._auto_create and not created:
+                if isinstance(error, MissingTable) and self._auto_create and not created:
                     created = True
                     await self.setup()
                     continue
-                _raise(error, exc)
+                raise_translated(error, exc)
 
     def _check_folder(self) -> None:
         if not self._sqlite_folder:
@@ -926,10 +532,10 @@ class SQLStore(KeyStore):
             if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 return await self._sqlite_get_threaded(key_id)
             self._drop_sync_reader()
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
         except (sqlite3.Error, OSError) as exc:
             self._drop_sync_reader()
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
         for row in rows:
             return _raw_stored(row, sqlite=True)
         return None
@@ -947,7 +553,7 @@ class SQLStore(KeyStore):
             rows = await reader.execute_fetchall(self._direct_sql, (key_id,))
         except (sqlite3.Error, OSError) as exc:
             await self._drop_reader()  # start afresh on the next call
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
         for row in rows:
             return _raw_stored(row, sqlite=True)
         return None
@@ -975,14 +581,14 @@ class SQLStore(KeyStore):
                 if (
                     acquired
                     and attempt == 1
-                    and _is_unavailable(exc)
+                    and is_unavailable(exc)
                     and not isinstance(exc, TimeoutError)
                 ):
                     # A pooled connection was dead, e.g. the server restarted: replace the
                     # pool's connections and try once more on a fresh one.
                     await pool.expire_connections()
                     continue
-                _raise(self._translate(exc), exc)
+                raise_translated(self._translate(exc), exc)
             return None if row is None else _raw_stored(row, sqlite=False)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -1029,12 +635,12 @@ class SQLStore(KeyStore):
         try:
             connection = await self._engine.raw_connection()
         except Exception as exc:
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
         try:
             driver_connection: Any = connection.driver_connection
             row = await driver_connection.fetchrow(self._direct_sql, key_id)
         except BaseException as exc:
-            unavailable = _is_unavailable(exc)
+            unavailable = is_unavailable(exc)
             # A dead, timed-out or interrupted connection is discarded, not pooled again.
             discard = unavailable or not isinstance(exc, Exception)
             await greenlet_spawn(_release, connection, exc if discard else None)
@@ -1045,7 +651,7 @@ class SQLStore(KeyStore):
                 # own path invalidates the whole pool when it meets a dead connection and
                 # then retries once on a fresh one.
                 return await self._run(self._sqlalchemy_get(key_id), write=False)
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
         await greenlet_spawn(connection.close)
         return None if row is None else _raw_stored(row, sqlite=False)
 
@@ -1130,9 +736,9 @@ class SQLStore(KeyStore):
         self._check_folder()
         try:
             async with self._setup_lock, self._turn():
-                await _create_tables_with(self._engine, self._tables)
+                await create_tables_with(self._engine, self._tables)
         except Exception as exc:
-            _raise(self._translate(exc), exc)
+            raise_translated(self._translate(exc), exc)
 
     async def insert(self, stored: StoredKey) -> None:
         record = stored.record
@@ -1158,7 +764,7 @@ class SQLStore(KeyStore):
             try:
                 await conn.execute(statement)
             except sa_exc.IntegrityError as exc:
-                if _is_duplicate(exc):
+                if is_duplicate(exc):
                     raise DuplicateKeyId(record.id) from None
                 raise
 
@@ -1167,7 +773,7 @@ class SQLStore(KeyStore):
     async def get(self, key_id: str) -> StoredKey | None:
         try:
             return await self._get(key_id)
-        except _MissingTable:
+        except MissingTable:
             if not self._auto_create:
                 raise
         await self.setup()
@@ -1287,7 +893,7 @@ class SQLStore(KeyStore):
             try:
                 claimed = (await conn.execute(self._claim_batch, claim)).rowcount != 0
             except sa_exc.IntegrityError as exc:  # a dialect without ON CONFLICT DO NOTHING
-                if not _is_duplicate(exc):
+                if not is_duplicate(exc):
                     raise
                 claimed = False
             if not claimed:

@@ -1,0 +1,276 @@
+"""The SQL store's schema: its tables on `metadata`, and creating them safely.
+
+`keys_table(name)` puts the keys table and the three that go with it on `metadata` (or a
+`MetaData` of yours): the applied usage batches, the change log the key cache reads on
+SQLite, and the registry of processes that cache keys. Add `metadata` to your Alembic
+`target_metadata`, or let `SQLStore.setup()` / `create_tables()` create what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Final
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "UTCDateTime",
+    "changes_table",
+    "create_concurrently",
+    "create_private_file",
+    "create_tables_on",
+    "create_tables_with",
+    "keys_table",
+    "load_scopes",
+    "metadata",
+    "readers_table",
+    "store_tables",
+    "usage_batches_table",
+]
+
+DEFAULT_TABLE_NAME: Final = "apikeys_keys"
+
+metadata = sa.MetaData()
+"""The metadata apikeys' tables live on: add it to your Alembic `target_metadata`."""
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend.
+
+    PostgreSQL stores `timestamptz`. SQLite has no timezone support, so the value is stored
+    as naive UTC text (`YYYY-MM-DD HH:MM:SS.ffffff`, which sorts in time order) and comes
+    back with `tzinfo=UTC`. A naive datetime given to the store is taken to be in UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        if value.tzinfo is UTC:
+            return value
+        return value.astimezone(UTC)
+
+
+class _Scopes(sa.types.TypeDecorator[tuple[str, ...]]):
+    """A tuple of scope names, stored as a JSON array in a text column."""
+
+    impl = sa.Text()
+    cache_ok = True
+
+    def process_bind_param(self, value: Sequence[str] | None, dialect: sa.Dialect) -> str | None:
+        if value is None:
+            return None
+        return json.dumps(list(value), separators=(",", ":"))
+
+    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> tuple[str, ...]:
+        return load_scopes(value)
+
+
+def load_scopes(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(json.loads(value))
+
+
+def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
+    """The keys table called `name` on `meta` (the module's `metadata` by default).
+
+    It also puts the store's other tables, `usage_batches_table(name)`,
+    `changes_table(name)` and `readers_table(name)`, on `meta`, so that migrations generated
+    from `meta` create them all. Calling it again with the same name returns the same `Table`.
+    """
+    meta = metadata if meta is None else meta
+    usage_batches_table(name, meta)
+    changes_table(name, meta)
+    readers_table(name, meta)
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        # Ids sort by code point everywhere (as in the memory store), whatever the
+        # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
+        sa.Column(
+            "id",
+            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
+            primary_key=True,
+        ),
+        sa.Column("name", sa.String(), nullable=False),
+        sa.Column("workspace", sa.String(), nullable=False),
+        sa.Column("prefix", sa.String(), nullable=False),
+        sa.Column("access", sa.String(16), nullable=False),
+        sa.Column("scopes", _Scopes(), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("rate_limit", sa.String(), nullable=True),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("expires_at", UTCDateTime(), nullable=True),
+        sa.Column("last_used_at", UTCDateTime(), nullable=True),
+        sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.Column("revoked_at", UTCDateTime(), nullable=True),
+        sa.Column("secret_hash", sa.Text(), nullable=False),
+        # Listing a workspace, oldest first, reads this index in order.
+        sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
+    )
+
+
+def usage_batches_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The table of applied usage batch ids that goes with the keys table `keys_table_name`.
+
+    It is called `<keys_table_name>_usage_batches`: one row per batch `add_usage` applied
+    (its id, at most 64 characters, and when), written in the same transaction as the
+    batch's increments, so a batch sent again is recognised and skipped. Rows older than
+    `USAGE_BATCH_RETENTION` (24 hours) are deleted now and then. Calling it again with the
+    same name returns the same `Table`.
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_usage_batches"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("batch_id", sa.String(64), primary_key=True),
+        sa.Column("applied_at", UTCDateTime(), nullable=False),
+        # Pruning deletes the oldest rows: it reads this index, not the whole table.
+        sa.Index(f"ix_{name}_applied_at", "applied_at"),
+    )
+
+
+def changes_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The change log of the keys table `keys_table_name`: `<name>_changes` (SQLite only).
+
+    Every change to a key appends a notice in the change's own transaction; processes that
+    cache keys read it to drop what changed (`apikeys.channels.sqlite`). The newest 10,000
+    rows are kept. On PostgreSQL the notices travel by NOTIFY and the table stays empty.
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_changes"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("notice", sa.String(64), nullable=False),
+        sa.Index(f"ix_{name}_notice", "notice"),
+        sqlite_autoincrement=True,
+    )
+
+
+def readers_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """The registry of processes caching keys of `keys_table_name`: `<name>_readers`.
+
+    One row per process that serves keys from its cache: its id, the last change it applied
+    (SQLite) and when its registration runs out (seconds; PostgreSQL's clock, or the host's
+    boot clock on SQLite). A change waits for the acknowledgement of each registered reader
+    (see docs/consistency.md).
+    """
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_readers"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(
+        name,
+        meta,
+        sa.Column("reader_id", sa.String(32), primary_key=True),
+        sa.Column("seen", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.Column("expires_at", sa.Float(), nullable=False),
+    )
+
+
+keys = keys_table()
+"""The default keys table, `apikeys_keys`."""
+
+
+def store_tables(table_name: str) -> tuple[sa.Table, ...]:
+    """The keys table called `table_name` and the tables that go with it, on `metadata`."""
+    return (
+        keys_table(table_name),
+        usage_batches_table(table_name),
+        changes_table(table_name),
+        readers_table(table_name),
+    )
+
+
+def create_tables_on(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
+    for table in tables:
+        table.create(connection, checkfirst=True)
+
+
+# Serialises schema creation between processes on PostgreSQL (an advisory lock id).
+_SCHEMA_LOCK: Final = 0x61706B6579
+
+
+def _already_exists(exc: BaseException) -> bool:
+    """Whether `exc` says another process created the object first."""
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    # duplicate_table, duplicate_object, and unique_violation (of pg_type's index)
+    return sqlstate in ("42P07", "42710", "23505") or "already exists" in str(orig)
+
+
+async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connection], None]) -> None:
+    """Run `create` (idempotent `CREATE … IF NOT EXISTS` work) safely at concurrent startup.
+
+    Several processes starting on a fresh database race to create the same tables:
+    PostgreSQL then answers one of them with a unique violation, SQLite with "table already
+    exists". On PostgreSQL the creators take turns (a transaction-scoped advisory lock); on
+    both, a creation that lost the race is run again, and finds everything there.
+    """
+    for attempt in range(5):
+        try:
+            async with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    await conn.execute(
+                        sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _SCHEMA_LOCK}
+                    )
+                await conn.run_sync(create)
+            return
+        except sa_exc.DBAPIError as exc:
+            if attempt == 4 or not _already_exists(exc):
+                raise
+            await asyncio.sleep(0.02 * (attempt + 1))
+
+
+async def create_tables_with(engine: AsyncEngine, tables: Sequence[sa.Table]) -> None:
+    await create_concurrently(engine, lambda connection: create_tables_on(connection, tables))
+
+
+def create_private_file(path: str) -> None:
+    """Create the file at `path` readable by its owner only (0600), unless it exists.
+
+    SQLite creates a database with the process's umask (often world-readable); key hashes
+    and password hashes deserve better. An existing file's mode is left alone.
+    """
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
