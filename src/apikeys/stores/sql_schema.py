@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -134,6 +134,22 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     )
 
 
+def _companion(
+    keys_table_name: str,
+    suffix: str,
+    meta: sa.MetaData | None,
+    items: Callable[[str], tuple[sa.schema.SchemaItem, ...]],
+    **options: Any,
+) -> sa.Table:
+    """The table `<keys_table_name>_<suffix>` on `meta`: made once, the same `Table` after."""
+    meta = metadata if meta is None else meta
+    name = f"{keys_table_name}_{suffix}"
+    existing = meta.tables.get(name)
+    if existing is not None:
+        return existing
+    return sa.Table(name, meta, *items(name), **options)
+
+
 def usage_batches_table(
     keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
 ) -> sa.Table:
@@ -145,18 +161,16 @@ def usage_batches_table(
     `USAGE_BATCH_RETENTION` (24 hours) are deleted now and then. Calling it again with the
     same name returns the same `Table`.
     """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_usage_batches"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
+    return _companion(
+        keys_table_name,
+        "usage_batches",
         meta,
-        sa.Column("batch_id", sa.String(64), primary_key=True),
-        sa.Column("applied_at", UTCDateTime(), nullable=False),
-        # Pruning deletes the oldest rows: it reads this index, not the whole table.
-        sa.Index(f"ix_{name}_applied_at", "applied_at"),
+        lambda name: (
+            sa.Column("batch_id", sa.String(64), primary_key=True),
+            sa.Column("applied_at", UTCDateTime(), nullable=False),
+            # Pruning deletes the oldest rows: it reads this index, not the whole table.
+            sa.Index(f"ix_{name}_applied_at", "applied_at"),
+        ),
     )
 
 
@@ -169,17 +183,15 @@ def changes_table(
     cache keys read it to drop what changed (`apikeys.channels.sqlite`). The newest 10,000
     rows are kept. On PostgreSQL the notices travel by NOTIFY and the table stays empty.
     """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_changes"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
+    return _companion(
+        keys_table_name,
+        "changes",
         meta,
-        sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
-        sa.Column("notice", sa.String(64), nullable=False),
-        sa.Index(f"ix_{name}_notice", "notice"),
+        lambda name: (
+            sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
+            sa.Column("notice", sa.String(64), nullable=False),
+            sa.Index(f"ix_{name}_notice", "notice"),
+        ),
         sqlite_autoincrement=True,
     )
 
@@ -194,17 +206,15 @@ def readers_table(
     boot clock on SQLite). A change waits for the acknowledgement of each registered reader
     (see docs/consistency.md).
     """
-    meta = metadata if meta is None else meta
-    name = f"{keys_table_name}_readers"
-    existing = meta.tables.get(name)
-    if existing is not None:
-        return existing
-    return sa.Table(
-        name,
+    return _companion(
+        keys_table_name,
+        "readers",
         meta,
-        sa.Column("reader_id", sa.String(32), primary_key=True),
-        sa.Column("seen", sa.BigInteger(), nullable=False, server_default="0"),
-        sa.Column("expires_at", sa.Float(), nullable=False),
+        lambda name: (
+            sa.Column("reader_id", sa.String(32), primary_key=True),
+            sa.Column("seen", sa.BigInteger(), nullable=False, server_default="0"),
+            sa.Column("expires_at", sa.Float(), nullable=False),
+        ),
     )
 
 
