@@ -763,3 +763,39 @@ def test_the_apikeys_command_runs_through_the_entry_point(store_url: str) -> Non
     )
     assert result.returncode == 0, result.stderr
     assert "No API keys." in result.stdout
+
+
+def test_update_edits_a_key_and_refuses_a_revoked_one(store_url: str) -> None:
+    created = create_key(store_url)
+    updated = json.loads(
+        ok(
+            store_url,
+            "update",
+            created["id"],
+            "--name",
+            "renamed",
+            "--scope",
+            "contacts:read,campaigns:read",
+            "--rate-limit",
+            "5/second",
+            "--expires-in",
+            "30d",
+            "--json",
+        ).stdout
+    )
+    assert updated["name"] == "renamed"
+    assert updated["scopes"] == ["campaigns:read", "contacts:read"]
+    assert updated["rate_limit"] == "5/second"
+    assert updated["expires_at"] is not None
+    back = json.loads(
+        ok(
+            store_url, "update", created["id"], "--default-rate-limit", "--no-expiry", "--json"
+        ).stdout
+    )
+    assert (back["rate_limit"], back["expires_at"]) == (None, None)
+    assert run(store_url, "update", created["id"]).exit_code == 2  # nothing to change
+    assert run(store_url, "update", created["id"], "--full-access", "--scope", "a:b").exit_code == 2
+    ok(store_url, "revoke", created["id"], "--yes")
+    refused = run(store_url, "update", created["id"], "--name", "again")
+    assert refused.exit_code == 1
+    assert "revoked" in refused.stderr

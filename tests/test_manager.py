@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -484,3 +485,85 @@ class TestRollLifetime:
     ) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
         assert (await manager.roll(created.record.id)).record.expires_at is None
+
+
+class TestUpdate:
+    async def test_if_fields_given_then_only_they_change(self, manager: KeyManager) -> None:
+        created = await manager.create(
+            name="n", workspace="w", scopes=["contacts:read", "contacts:write"]
+        )
+        key_id = created.record.id
+        record = await manager.update(key_id, name="renamed", scopes=["contacts:read"])
+        assert (record.name, record.access, record.scopes) == (
+            "renamed",
+            "restricted",
+            ("contacts:read",),
+        )
+        record = await manager.update(key_id, rate_limit="5/second", expires_in=timedelta(days=1))
+        assert record.rate_limit == "5/second"
+        assert record.expires_at is not None
+        record = await manager.update(key_id, full_access=True, rate_limit=None, expires_at=None)
+        assert (record.access, record.scopes, record.rate_limit, record.expires_at) == (
+            "full",
+            (),
+            None,
+            None,
+        )
+        assert (await manager.get(key_id)).to_dict() == record.to_dict()
+        assert record.name == "renamed"
+
+    async def test_if_narrowed_then_the_very_next_verification_sees_it(
+        self, store: KeyStore, hasher: Hasher
+    ) -> None:
+        # Two processes' managers on one store, each caching what it verified.
+        writer = KeyManager(store, hasher=hasher)
+        reader = KeyManager(store, hasher=hasher)
+        try:
+            created = await writer.create(
+                name="n", workspace="w", scopes=["contacts:read", "contacts:write"]
+            )
+            for _ in range(3):
+                assert "contacts:write" in (await reader.verify(created.key)).scopes
+            await asyncio.sleep(0.3)  # the reader's cache is proven fresh by now
+            assert "contacts:write" in (await reader.verify(created.key)).scopes
+            await writer.update(created.record.id, scopes=["contacts:read"])
+            assert (await reader.verify(created.key)).scopes == ("contacts:read",)
+            await writer.update(created.record.id, expires_in=timedelta(seconds=1))
+            await asyncio.sleep(1.1)
+            with pytest.raises(KeyExpired):
+                await reader.verify(created.key)
+        finally:
+            for closing in (reader, writer):
+                await closing.usage.aclose()
+                if closing.cache is not None:
+                    await closing.cache.aclose()
+
+    async def test_if_revoked_then_an_edit_is_refused(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.revoke(created.record.id)
+        with pytest.raises(InvalidTransition):
+            await manager.update(created.record.id, name="again")
+        assert (await manager.get(created.record.id)).name == "n"
+
+    async def test_if_the_key_is_unknown_then_not_found(self, manager: KeyManager) -> None:
+        with pytest.raises(KeyNotFound):
+            await manager.update("nosuchkey000", name="x")
+
+    @pytest.mark.parametrize(
+        "changes",
+        [
+            {"scopes": []},
+            {"full_access": True, "scopes": ["contacts:read"]},
+            {"scopes": ["Not A Scope"]},
+            {"rate_limit": "often"},
+            {"name": ""},
+            {"expires_in": timedelta(seconds=-1)},
+        ],
+    )
+    async def test_if_an_edit_is_invalid_then_refused_and_nothing_changes(
+        self, manager: KeyManager, changes: dict[str, Any]
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        with pytest.raises(InvalidKeyParameters):
+            await manager.update(created.record.id, **changes)
+        assert (await manager.get(created.record.id)).to_dict() == created.record.to_dict()

@@ -11,7 +11,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Final, Self, TypeVar
 
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
@@ -64,6 +64,16 @@ def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
         raise KeyRevoked() if state == REVOKED else KeyDisabled()
     if record.expires_at is not None and record.expires_at <= (now or utcnow()):
         raise KeyExpired()
+
+
+class _Unset:
+    """The default of `update`'s arguments for which None means something."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
 
 
 def _channel(channel: Channel | str) -> Channel:
@@ -312,6 +322,57 @@ class KeyManager:
         )
         if record.state != target:
             raise InvalidTransition(key_id, record.status, action)
+        return self.usage.apply(record)
+
+    async def update(
+        self,
+        key_id: str,
+        *,
+        name: str | None = None,
+        scopes: Iterable[str] | None = None,
+        full_access: bool | None = None,
+        rate_limit: str | _Unset | None = UNSET,
+        expires_at: datetime | _Unset | None = UNSET,
+        expires_in: timedelta | None = None,
+    ) -> KeyRecord:
+        """Edit a key: its name, access and scopes, rate limit or expiry. Refused when revoked.
+
+        Only what is given changes. `scopes=[…]` makes the key restricted to those scopes;
+        `full_access=True` gives it every scope; `rate_limit=None` returns it to the
+        middleware's default and `expires_at=None` makes it never expire (`expires_in` sets
+        an expiry from now). Like `revoke`, it returns once every process that caches keys
+        has dropped the old record: a narrowed key is narrowed on its very next request.
+        """
+        changes: dict[str, object] = {}
+        if name is not None:
+            changes["name"] = _text(name, "name")
+        if full_access is not None or scopes is not None:
+            scope_tuple = validate_scopes(scopes or ())
+            if full_access and scope_tuple:
+                raise InvalidKeyParameters("a full-access key takes no scopes")
+            if full_access:
+                changes.update(access="full", scopes=())
+            elif scope_tuple:
+                changes.update(access="restricted", scopes=scope_tuple)
+            else:
+                raise InvalidKeyParameters(
+                    "a restricted key needs at least one scope (or pass full_access=True)"
+                )
+        if not isinstance(rate_limit, _Unset):
+            if rate_limit is not None:
+                parse_rate_limit(rate_limit)
+            changes["rate_limit"] = rate_limit
+        if expires_in is not None or not isinstance(expires_at, _Unset):
+            given = None if isinstance(expires_at, _Unset) else expires_at
+            if given is None and expires_in is None:
+                changes["expires_at"] = None
+            else:
+                changes["expires_at"] = self._expiry(utcnow(), given, expires_in)
+        record = await self._change(
+            key_id, lambda notice: self.store.update(key_id, changes, notice=notice)
+        )
+        if record.state == REVOKED:
+            raise InvalidTransition(key_id, REVOKED, "update")
         return self.usage.apply(record)
 
     async def roll(

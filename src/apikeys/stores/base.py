@@ -112,6 +112,18 @@ class KeyStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def update(
+        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+    ) -> KeyRecord:
+        """Atomically set the record's fields in `changes`, unless the key is revoked.
+
+        `changes` maps some of `name`, `access`, `scopes`, `rate_limit` and `expires_at` to
+        new values (None clears `rate_limit` or `expires_at`). A revoked key is left as it
+        is. Returns the record afterwards (the caller checks its state); raises
+        `KeyNotFound`. A `notice` is published with the change.
+        """
+
+    @abc.abstractmethod
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:

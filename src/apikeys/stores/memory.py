@@ -97,6 +97,15 @@ class MemoryStore(KeyStore):
             return record
         return self._put_record(stored, replace(record, expires_at=expires_at))
 
+    async def update(
+        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+    ) -> KeyRecord:
+        stored = self._require(key_id)
+        record = stored.record
+        if record.state == REVOKED or not changes:
+            return record
+        return self._put_record(stored, replace(record, **changes))
+
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:

@@ -162,6 +162,29 @@ return redis.call('HGETALL', KEYS[1])
 """
 )
 
+# KEYS[1] = key hash; ARGV[1] = how many fields to set, then field, value pairs to set, then
+# fields to delete. Leaves a revoked key alone. Returns the hash afterwards, or nil.
+_UPDATE = (
+    _PUBLISH
+    + """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  return false
+end
+if state ~= 'revoked' then
+  local sets = tonumber(ARGV[1])
+  for i = 2, 1 + 2 * sets, 2 do
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  for i = 2 + 2 * sets, #ARGV - 2 do
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+publish()
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
 # KEYS[1] = key hash; ARGV[1] = old hash, ARGV[2] = new hash. Returns 1 if swapped.
 _REPLACE_HASH = (
     _PUBLISH
@@ -308,6 +331,7 @@ class RedisStore(KeyStore):
         self._set_state = client.register_script(_SET_STATE)
         self._shorten_expiry = client.register_script(_SHORTEN_EXPIRY)
         self._replace_hash = client.register_script(_REPLACE_HASH)
+        self._update = client.register_script(_UPDATE)
         self._add_usage = client.register_script(_ADD_USAGE)
 
     @classmethod
@@ -373,6 +397,7 @@ class RedisStore(KeyStore):
             self._set_state,
             self._shorten_expiry,
             self._replace_hash,
+            self._update,
             self._add_usage,
         )
 
@@ -458,6 +483,27 @@ class RedisStore(KeyStore):
                 keys=[self.key_name(key_id)], args=[old_hash, new_hash, *self._notice(notice)]
             )
         return bool(swapped)
+
+    async def update(
+        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+    ) -> KeyRecord:
+        sets: list[str] = []
+        deletes: list[str] = []
+        for name, value in changes.items():
+            if value is None:
+                deletes.append(name)
+            elif name == "scopes":
+                sets += [name, json.dumps(list(value), separators=(",", ":"))]
+            elif name == "expires_at":
+                sets += [name, _encode_time(value)]
+            else:
+                sets += [name, str(value)]
+        with _unavailable_as_store_error():
+            reply = await self._update(
+                keys=[self.key_name(key_id)],
+                args=[len(sets) // 2, *sets, *deletes, *self._notice(notice)],
+            )
+        return self._record_from_reply(key_id, reply)
 
     def _notice(self, notice: str | None) -> tuple[str, str]:
         return notices_channel(self._prefix), notice or ""

@@ -835,6 +835,19 @@ class SQLStore(KeyStore):
         )
         return await self._update_or_current(key_id, update, notice)
 
+    async def update(
+        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+    ) -> KeyRecord:
+        table = self._table
+        update = (
+            sa.update(table)
+            .where(table.c.id == key_id, table.c.state != REVOKED)
+            .values(dict(changes))
+            if changes
+            else None
+        )
+        return await self._update_or_current(key_id, update, notice)
+
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:
