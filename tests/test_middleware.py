@@ -741,3 +741,15 @@ class TestSecurityReview:
     ) -> None:
         key = generate_key("ak").token
         assert bearer_token([f"{before}Bearer {key}{after}".encode()]) == key
+
+
+async def test_if_a_path_is_public_then_it_needs_no_key_and_the_rest_still_does(
+    memory_manager: KeyManager,
+) -> None:
+    app = _rules_app(memory_manager, SECRETS_RULES, public=["/api/openapi.json"])
+    status, _ = await _call_scope(app, {"path": "/api/openapi.json", "headers": []})
+    assert status == 200
+    status, body = await _call_scope(app, {"path": "/api/openapi.jsonx", "headers": []})
+    assert (status, body["code"]) == (401, "missing_api_key")
+    with pytest.raises(ConfigurationError, match="public"):
+        _rules_app(memory_manager, SECRETS_RULES, public="/api/openapi.json")

@@ -25,7 +25,7 @@ from examples.contacts_service.db import Database, Page, campaign_json, contact_
 from examples.contacts_service.payload import read_json, validate_contact
 from examples.contacts_service.problems import Problem
 
-__all__ = ["OPERATIONS", "Operation", "protected_prefixes", "routes", "scope_rules"]
+__all__ = ["OPENAPI_PATH", "OPERATIONS", "Operation", "protected_prefixes", "routes", "scope_rules"]
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -194,12 +194,17 @@ def scope_rules() -> dict[str, str]:
     return {f"{op.method} {op.path}": op.scope for op in OPERATIONS}
 
 
-def protected_prefixes() -> list[str]:
-    """What the middleware protects: each operation's path up to its first parameter.
+OPENAPI_PATH = "/api/v1/openapi.json"
+"""The one path under `/api/` served without a key."""
 
-    `/api/v1/openapi.json` is under none of them, so it is served without a key.
+
+def protected_prefixes() -> list[str]:
+    """What the middleware protects: everything under `/api/` but `OPENAPI_PATH`.
+
+    So a path no operation serves is authenticated too, and its 404 carries the same
+    RateLimit headers as any other answer to a key.
     """
-    return sorted({op.path.split("{", 1)[0].rstrip("/") for op in OPERATIONS})
+    return ["/api/"]
 
 
 def _by_method(operations: dict[str, Operation]) -> Endpoint:

@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
     routes: list[BaseRoute] = [
         *api.routes(),
         # Outside the protected prefixes: readable without a key.
-        Route("/api/v1/openapi.json", openapi_json, methods=["GET"]),
+        Route(api.OPENAPI_PATH, openapi_json, methods=["GET"]),
         # The settings UI: /login, /logout, /settings/integrations/api-keys/…, /static/…
         *web.routes(),
     ]
@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
                 manager=manager,
                 scopes=api.scope_rules(),
                 protect=api.protected_prefixes(),
+                public=[api.OPENAPI_PATH],
                 rate_limit=settings.rate_limit,
                 limiter_url=settings.limiter_url,
             ),

@@ -270,6 +270,9 @@ class APIKeyMiddleware:
       key's own `rate_limit` overrides it.
     - `limiter_url`: `memory://` or `redis://…` shared by every process; or pass `limiter`.
     - `realm`: the realm of the `WWW-Authenticate` challenge.
+    - `public`: exact paths under `protect` served without a key (an API's own OpenAPI
+      document, say), so that everything else under the prefix, unknown paths included,
+      is authenticated.
     - `unmapped`: what a restricted key may do on a protected route that no rule covers:
       `"deny"` (the default: 403 `insufficient_scope`) or `"allow"`. Full-access keys pass
       either way.
@@ -290,6 +293,7 @@ class APIKeyMiddleware:
         realm: str = "api",
         policy_name: str = "default",
         unmapped: Literal["deny", "allow"] = "deny",
+        public: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.manager = manager
@@ -297,6 +301,9 @@ class APIKeyMiddleware:
         self.protect = (protect,) if isinstance(protect, str) else tuple(protect)
         if not all(prefix.startswith("/") for prefix in self.protect):
             raise ConfigurationError("protect takes path prefixes that start with '/'")
+        if isinstance(public, str) or not all(path.startswith("/") for path in public):
+            raise ConfigurationError("public takes a list of paths that start with '/'")
+        self.public = frozenset(public)
         self._owns_limiter = limiter is None
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
@@ -321,7 +328,7 @@ class APIKeyMiddleware:
             rest = path[len(root_path) :]
             if not rest or rest[0] == "/":
                 path = rest or "/"
-        if not path.startswith(self.protect):
+        if not path.startswith(self.protect) or path in self.public:
             await self.app(scope, receive, send)
             return
 

@@ -587,8 +587,11 @@ def test_if_key_rate_limit_exhausted_then_429_with_retry_after(
 
 
 def test_if_path_or_method_unknown_then_404_or_405_problem(client: httpx.Client) -> None:
-    assert_problem(client.get("/api/v1/nothing-here"), 404, "not_found")
-    assert_problem(client.get("/api/v2/contacts"), 404, "not_found")
+    for path in ("/api/v1/nothing-here", "/api/v2/contacts"):
+        missing = client.get(path)
+        assert_problem(missing, 404, "not_found")
+        # Authenticated like every other path under /api/: the same RateLimit headers.
+        assert {"ratelimit", "ratelimit-policy"} <= set(missing.headers)
     response = client.delete("/api/v1/contacts")
     assert_problem(response, 405, "method_not_allowed")
     assert {m.strip() for m in response.headers["allow"].split(",")} >= {"GET", "POST"}
@@ -753,3 +756,9 @@ def test_if_served_on_postgresql_then_the_api_works_the_same(
             assert_problem(http.get("/api/v1/contacts"), 401, "key_revoked")
     finally:
         stop_service(process, log)
+
+
+def test_if_no_key_then_even_an_unknown_api_path_asks_for_one(service: Service) -> None:
+    with service.client() as anonymous:
+        assert_problem(anonymous.get("/api/v1/nothing-here"), 401, "missing_api_key")
+        assert anonymous.get("/api/v1/openapi.json").status_code == 200  # the public path
