@@ -23,7 +23,7 @@ test: lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/python -m examples.demo
+	$(BIN)/python -m examples.demo $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))
 
 DOCS_STAMP := $(VENV)/.docs-installed
 

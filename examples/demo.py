@@ -2,12 +2,14 @@
 
 ```shell
 python -m examples.demo              # what `make demo` runs, from the repository root
+python -m examples.demo --port 8080  # `make demo PORT=8080`
 python -m examples.demo --no-serve   # seed and print the key only
 ```
 
 It uses the service's settings (`APIKEYS_STORE_URL`, `EXAMPLE_DATABASE_URL`, …), whose
 defaults are SQLite files in the current directory. Running it again is safe: the workspace
-and its sample data are created once, and each run prints one new key.
+and its sample data are created once, and each run rolls the demo key: it prints a new one,
+and the previous run's key stops working.
 
 Keys are hashed with a pepper (`APIKEYS_PEPPER`). When it is not set, the demo makes one
 once, keeps it in `.apikeys-demo-pepper` (readable by you only) and exports it before the
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 from apikeys import KeyManager
@@ -104,14 +107,42 @@ async def seed(settings: Settings) -> str:
     finally:
         await database.aclose()
     async with KeyManager(settings.store_url) as manager:
-        created = await manager.create(
-            name=DEMO_KEY_NAME, workspace=settings.workspace, full_access=True
-        )
+        # One demo key at a time: a run rolls the last run's key (which stops working at
+        # once) instead of adding another full-access key to the list.
+        previous = [
+            record
+            for record in await manager.list(settings.workspace)
+            if record.name == DEMO_KEY_NAME and record.status in ("active", "disabled")
+        ]
+        if previous:
+            created = await manager.roll(previous[-1].id, grace=timedelta(0))
+            for older in previous[:-1]:
+                await manager.revoke(older.id)
+        else:
+            created = await manager.create(
+                name=DEMO_KEY_NAME, workspace=settings.workspace, full_access=True
+            )
     return created.key
 
 
+def _help_text(doc: str) -> str:
+    """The module doc for --help: its shell block indented, without Markdown fences."""
+    lines: list[str] = []
+    in_block = False
+    for line in doc.splitlines():
+        if line.startswith("```"):
+            in_block = not in_block
+            continue
+        lines.append(f"    {line}" if in_block else line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.demo",
+        description=_help_text(__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--no-serve", action="store_true", help="seed and print the key only")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -128,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{campaigns}.\n"
         f"Keys: {settings.store_url} (pepper from {pepper_source}); "
         f"data: {settings.database_url}.\n\n"
-        f"A new full-access API key {DEMO_KEY_NAME!r}, shown this once:\n\n"
+        f"A new full-access API key {DEMO_KEY_NAME!r}, shown this once (the previous "
+        "run's demo key, if any, no longer works):\n\n"
         f"    {key}\n\n"
         "Try it:\n\n"
         f'    curl -H "Authorization: Bearer {key}" {base}/api/v1/contacts\n\n'

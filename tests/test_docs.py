@@ -343,3 +343,17 @@ def test_the_suite_keeps_to_a_redis_database_of_its_own() -> None:
     assert services.DEFAULT_REDIS_URL.rsplit("/", 1)[1] == "13"
     assert "redis://127.0.0.1:6379/13" in (ROOT / ".ci" / "run").read_text()
     assert "database 13" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "page", [*PAGES, ROOT / "README.md"], ids=lambda page: str(page.relative_to(ROOT))
+)
+def test_every_table_renders_as_a_table(page: Path) -> None:
+    # mkdocs --strict does not notice a table broken by a stray line: its rows then render
+    # as paragraphs of literal pipes.
+    import markdown
+
+    html = markdown.markdown(page.read_text(), extensions=["tables", "fenced_code"])
+    html = re.sub(r"<pre>.*?</pre>", "", html, flags=re.S)  # code may hold pipes
+    stray = [line for line in html.splitlines() if re.match(r"(<p>)?\s*\|", line)]
+    assert not stray, f"{page.name}: table rows rendered as text: {stray[:3]}"

@@ -37,7 +37,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from apikeys import Hasher, KeyManager, parse_key, store_from_url
+from apikeys import Hasher, KeyExpired, KeyManager, parse_key, store_from_url
 from tests.examples.conftest import PEPPER, REPO, service_env, start_service, stop_service
 
 PROBLEM = "application/problem+json"
@@ -664,7 +664,7 @@ def test_if_requests_generated_from_the_document_then_no_500_and_responses_confo
 # -- the demo --------------------------------------------------------------------------------
 
 
-def test_if_demo_run_twice_then_each_run_prints_a_working_key(tmp_path: Path) -> None:
+def test_if_demo_run_twice_then_the_second_key_replaces_the_first(tmp_path: Path) -> None:
     env = {
         name: value
         for name, value in os.environ.items()
@@ -701,10 +701,28 @@ def test_if_demo_run_twice_then_each_run_prints_a_working_key(tmp_path: Path) ->
             store_from_url(f"sqlite:///{tmp_path / 'apikeys.db'}"), hasher=Hasher(pepper=pepper)
         )
         async with manager:
-            records = [await manager.verify(key, record_usage=False) for key in keys]
+            records = [await manager.verify(keys[1], record_usage=False)]
+            listed = await manager.list("acme")
+        # One demo key in use: the second run rolled the first run's key.
+        assert [record.status for record in listed if record.name == "demo key"] == [
+            "expired",
+            "active",
+        ]
         return [(record.workspace, record.name) for record in records]
 
-    assert asyncio.run(verify_all()) == [("acme", "demo key")] * 2
+    async def first_key_refused() -> bool:
+        manager = KeyManager(
+            store_from_url(f"sqlite:///{tmp_path / 'apikeys.db'}"), hasher=Hasher(pepper=pepper)
+        )
+        async with manager:
+            try:
+                await manager.verify(keys[0], record_usage=False)
+            except KeyExpired:
+                return True
+        return False
+
+    assert asyncio.run(verify_all()) == [("acme", "demo key")]
+    assert asyncio.run(first_key_refused())
     with contextlib.closing(sqlite3.connect(tmp_path / "example.db")) as conn:
         counts = [
             conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608
@@ -762,3 +780,24 @@ def test_if_no_key_then_even_an_unknown_api_path_asks_for_one(service: Service) 
     with service.client() as anonymous:
         assert_problem(anonymous.get("/api/v1/nothing-here"), 401, "missing_api_key")
         assert anonymous.get("/api/v1/openapi.json").status_code == 200  # the public path
+
+
+def test_demo_help_has_no_markdown_fences() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.demo", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "```" not in result.stdout
+    assert "    python -m examples.demo --no-serve" in result.stdout
+
+
+def test_make_demo_takes_a_port() -> None:
+    dry = subprocess.run(
+        ["make", "-n", "demo", "PORT=8080"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert "-m examples.demo --port 8080" in dry.stdout
