@@ -173,6 +173,15 @@ class TestModes:
         )
         pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=5)
 
+    def test_async_tests_run_as_pasted_without_any_asyncio_setting(
+        self, pytester: pytest.Pytester
+    ) -> None:
+        # No asyncio_mode, no loop scope, no marker: what a user pasting the README gets.
+        user_suite(pytester, None, test_sync=SYNC_TESTS, test_async=ASYNC_TESTS)
+        result = pytester.runpytest("-p", "no:randomly")
+        # The async tests ran (none skipped), with no warning about the loop scope.
+        result.assert_outcomes(passed=4, warnings=0)
+
     def test_without_pytest_asyncio(self, pytester: pytest.Pytester) -> None:
         user_suite(pytester, None, test_sync=SYNC_TESTS, test_anyio=ANYIO_TESTS)
         pytester.runpytest("-p", "no:asyncio").assert_outcomes(passed=3)
@@ -187,13 +196,10 @@ class TestModes:
         user_suite(pytester, None, test_sync=SYNC_TESTS)
         result = pytester.runpytest("--fixtures", "-p", "no:asyncio")
         result.stdout.fnmatch_lines(
-            [
-                "*apikeys_manager*",
-                "*A `KeyManager` on a fresh in-memory store*",
-                "*make_key*",
-                "*assert_problem*",
-            ]
+            ["*apikeys_manager*", "*A `KeyManager` on a fresh in-memory store*"]
         )
+        result.stdout.fnmatch_lines(["*make_key*"])
+        result.stdout.fnmatch_lines(["*assert_problem*"])
 
 
 def test_plugin_imports_without_hypothesis() -> None:

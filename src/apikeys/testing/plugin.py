@@ -20,11 +20,17 @@ Every fixture is synchronous, on purpose: a sync fixture works in sync tests, in
 pytest-asyncio's auto and strict modes and under anyio's plugin, with no async plugin at
 all, and whatever the loop scope. The async work happens in the test: `make_key(...)`
 returns a coroutine that the test awaits on its own event loop.
+
+An `async def` test that asks for one of these fixtures and has no async marker of its
+own is marked `pytest.mark.asyncio` when pytest-asyncio is installed, so that it runs as
+written in pytest-asyncio's default (strict) mode, without `asyncio_mode = "auto"`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -32,7 +38,52 @@ from apikeys.manager import KeyManager
 from apikeys.testing.assertions import AssertProblem, assert_problem
 from apikeys.testing.factory import KeyFactory, close_manager, in_memory_manager
 
-__all__ = ["apikeys_manager", "assert_problem_fixture", "make_key"]
+__all__ = [
+    "apikeys_manager",
+    "assert_problem_fixture",
+    "make_key",
+    "pytest_configure",
+    "pytest_pycollect_makeitem",
+]
+
+_FIXTURES = frozenset({"apikeys_manager", "make_key", "assert_problem"})
+_ASYNC_MARKERS = frozenset({"asyncio", "anyio", "trio"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give pytest-asyncio's fixture loop scope a value, unless the project set one.
+
+    pytest-asyncio warns on every run while `asyncio_default_fixture_loop_scope` is unset;
+    the scope it would pick, `function`, is the one these fixtures are written for.
+    """
+    if not config.pluginmanager.hasplugin("asyncio"):
+        return
+    try:
+        current = config.getini("asyncio_default_fixture_loop_scope")
+    except ValueError:  # a pytest-asyncio without that setting
+        return
+    if not current:
+        config._inicache["asyncio_default_fixture_loop_scope"] = "function"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: Any) -> None:
+    """Mark `async def` tests that use these fixtures for pytest-asyncio (see the doc)."""
+    if not inspect.iscoroutinefunction(obj) or not name.startswith("test"):
+        return
+    config = collector.config
+    if not config.pluginmanager.hasplugin("asyncio"):
+        return
+    try:
+        if config.getini("asyncio_mode") == "auto":
+            return
+    except ValueError:
+        return
+    marks = {mark.name for mark in getattr(obj, "pytestmark", [])}
+    if marks & _ASYNC_MARKERS:
+        return
+    if _FIXTURES & set(inspect.signature(obj).parameters):
+        pytest.mark.asyncio(obj)
 
 
 @pytest.fixture
