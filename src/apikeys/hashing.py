@@ -20,8 +20,8 @@ set, an old pepper, a deprecated passlib scheme) is replaced on its next success
 Slow schemes run in a worker thread, never on the event loop, and a short-lived cache of
 verified (hash, secret) pairs spares repeat requests the cost. The cache is keyed by the
 stored hash, so a rolled key misses it, and it only ever answers "this secret matches this
-hash": whether the key is usable is read from the store on every request, so revocation is
-never served from the cache.
+hash": whether the key is usable is decided from its record on every request, so
+revocation is never served from the cache.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ URLs and drivers:
 
 The hot path, `get`, is one SELECT by primary key, and by default (`direct_reads`) it runs
 on the bare driver, past SQLAlchemy's execution and result layers, which cost more than the
-query itself: on SQLite, through one long-lived aiosqlite connection in autocommit mode (one
-thread hop instead of several); on PostgreSQL, with asyncpg's `fetchrow` on a connection
+query itself: on SQLite, with sqlite3 on the event loop's own thread (a point read costs
+microseconds, less than a hop to a worker thread; a busy file falls back to a long-lived
+aiosqlite connection); on PostgreSQL, with asyncpg's `fetchrow` on a connection
 from a pool of asyncpg's own that keeps its connections (up to `pool_size`), outside any
 transaction (no BEGIN/ROLLBACK round trips, no reset query on release). Neither
 caches anything: each SELECT reads the latest committed state, so a write by any process is
