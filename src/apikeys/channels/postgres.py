@@ -115,14 +115,29 @@ class PostgresChannel(Channel):
             raise ChannelError("not listening")
         return connection
 
+    async def _statement(self, run: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """One statement on the listening connection, in turn, and never cut off midway.
+
+        A caller that gives up (a probe past its time) stops waiting, but the statement runs
+        to its end: cancelling an asyncpg statement leaves the connection busy, and the
+        acknowledgement queued behind it would fail, costing a writer a whole lease.
+        """
+
+        async def in_turn() -> Any:
+            async with self._turn:
+                return await run(*args)
+
+        return await asyncio.shield(in_turn())
+
     async def probe(self) -> None:
         connection = self._live()
         token = secrets.token_hex(8)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._probes[token] = future
         try:
-            async with self._turn:
-                await connection.execute("SELECT pg_notify($1, $2)", self._probe_channel, token)
+            await self._statement(
+                connection.execute, "SELECT pg_notify($1, $2)", self._probe_channel, token
+            )
             await future
         finally:
             self._probes.pop(token, None)
@@ -140,31 +155,33 @@ class PostgresChannel(Channel):
 
     async def _register(self, ttl: float) -> None:
         connection = self._live()
-        async with self._turn:
-            await connection.execute(
-                f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608
-                "VALUES ($1, extract(epoch FROM clock_timestamp()) + $2) "
-                "ON CONFLICT (reader_id) DO UPDATE SET expires_at = excluded.expires_at",
-                self.ident,
-                ttl,
-            )
+        await self._statement(
+            connection.execute,
+            f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608
+            "VALUES ($1, extract(epoch FROM clock_timestamp()) + $2) "
+            "ON CONFLICT (reader_id) DO UPDATE SET expires_at = excluded.expires_at",
+            self.ident,
+            ttl,
+        )
 
     async def readers(self) -> set[str]:
         connection = self._live()
-        async with self._turn:
-            rows = await connection.fetch(
-                f'SELECT reader_id FROM "{self._readers_table}" '  # noqa: S608
-                "WHERE expires_at > extract(epoch FROM clock_timestamp())"
-            )
+        rows = await self._statement(
+            connection.fetch,
+            f'SELECT reader_id FROM "{self._readers_table}" '  # noqa: S608
+            "WHERE expires_at > extract(epoch FROM clock_timestamp())",
+        )
         return {row[0] for row in rows}
 
     async def ack(self, notice: str) -> None:
         writer, _ = parse_notice(notice)
         connection = self._live()
-        async with self._turn:
-            await connection.execute(
-                "SELECT pg_notify($1, $2)", f"{self._base}_a{writer}", f"{self.ident}|{notice}"
-            )
+        await self._statement(
+            connection.execute,
+            "SELECT pg_notify($1, $2)",
+            f"{self._base}_a{writer}",
+            f"{self.ident}|{notice}",
+        )
 
     async def disconnect(self) -> None:
         connection, self._connection = self._connection, None
