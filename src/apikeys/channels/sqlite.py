@@ -109,13 +109,20 @@ class SQLiteChannel(Channel):
             version = connection.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
                 return
-            self._version = version
             rows = connection.execute(
                 f'SELECT seq, notice FROM "{self._changes}" WHERE seq > ? ORDER BY seq',  # noqa: S608
                 (self._last,),
             ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                # The file is busy for a moment (a checkpoint): a slow probe, not a broken
+                # channel. The cache stops answering until a probe gets through.
+                raise TimeoutError("the SQLite file is busy") from exc
+            raise ChannelError(f"cannot read the change log: {exc}") from exc
         except sqlite3.Error as exc:
             raise ChannelError(f"cannot read the change log: {exc}") from exc
+        # Taken only once the log is read: a failed read is tried again by the next probe.
+        self._version = version
         if rows and self._last and rows[0][0] > self._last + 1:
             # Changes were pruned before this process read them: it cannot know which keys
             # changed, so it starts afresh (the cache is cleared on reconnection).
