@@ -72,6 +72,7 @@ STORE_ENV = "APIKEYS_STORE_URL"
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 _KEY_ID_RE = re.compile(f"[{re.escape(BASE62)}]{{{ID_LENGTH}}}")
 _SCOPE_SPLIT_RE = re.compile(r"[\s,]+")
 
@@ -351,19 +352,30 @@ def main(ctx: click.Context, store_url: str) -> None:
     ctx.obj = _Settings(store_url)
 
 
+def _access_options(scope_help: str) -> Callable[[_F], _F]:
+    """`--full-access` and `--scope`, as `create` and `update` take them."""
+
+    def decorate(command: _F) -> _F:
+        command = click.option(
+            "--scope",
+            "scopes",
+            multiple=True,
+            metavar="SCOPE",
+            callback=_split_scopes,
+            help=scope_help,
+        )(command)
+        return click.option(
+            "--full-access", is_flag=True, help="Grant every scope, including scopes added later."
+        )(command)
+
+    return decorate
+
+
 @main.command()
 @click.option("--name", required=True, help="A label for the key, e.g. the integration using it.")
 @click.option("--workspace", default="default", show_default=True, help="The key's workspace.")
-@click.option(
-    "--full-access", is_flag=True, help="Grant every scope, including scopes added later."
-)
-@click.option(
-    "--scope",
-    "scopes",
-    multiple=True,
-    metavar="SCOPE",
-    callback=_split_scopes,
-    help="Grant a scope (resource:action or resource:*). Repeat it, or separate with commas.",
+@_access_options(
+    "Grant a scope (resource:action or resource:*). Repeat it, or separate with commas."
 )
 @click.option(
     "--rate-limit",
@@ -433,16 +445,8 @@ def create(
 @main.command()
 @click.argument("key_id", metavar="ID")
 @click.option("--name", default=None, help="A new label for the key.")
-@click.option(
-    "--full-access", is_flag=True, help="Grant every scope, including scopes added later."
-)
-@click.option(
-    "--scope",
-    "scopes",
-    multiple=True,
-    metavar="SCOPE",
-    callback=_split_scopes,
-    help="Restrict the key to these scopes (replacing its grants). Repeat it, or use commas.",
+@_access_options(
+    "Restrict the key to these scopes (replacing its grants). Repeat it, or use commas."
 )
 @click.option(
     "--rate-limit",
