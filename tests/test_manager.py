@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from apikeys import (
     KeyRevoked,
     MalformedAPIKey,
     MemoryStore,
+    store_from_url,
 )
 from apikeys.hashing import Hasher
 from apikeys.keys import parse_key
@@ -567,3 +569,31 @@ class TestUpdate:
         with pytest.raises(InvalidKeyParameters):
             await manager.update(created.record.id, **changes)
         assert (await manager.get(created.record.id)).to_dict() == created.record.to_dict()
+
+
+# Connections the first loop opened cannot be closed once it is gone: the store lets them
+# go and the garbage collector closes their sockets, saying so (collected here, inside the
+# test, where those warnings are expected).
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_if_a_store_moves_to_a_new_event_loop_then_it_keeps_working(
+    store_url: str, store_options: dict[str, str], hasher: Hasher
+) -> None:
+    # A key issued with asyncio.run at import time, then the app served on uvicorn's loop:
+    # this answered every request with 503 and "Event loop is closed" in the log.
+    manager = KeyManager(store_from_url(store_url, **store_options), hasher=hasher)
+    created = asyncio.run(manager.create(name="early", workspace="w", full_access=True))
+
+    async def served_later(manager: KeyManager) -> None:
+        try:
+            assert (await manager.verify(created.key)).id == created.record.id
+            await manager.disable(created.record.id)
+            with pytest.raises(KeyDisabled):
+                await manager.verify(created.key)
+            assert (await manager.create(name="later", workspace="w", full_access=True)).key
+        finally:
+            await manager.aclose()
+
+    asyncio.run(served_later(manager))
+    del manager
+    gc.collect()

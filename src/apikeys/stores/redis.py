@@ -43,6 +43,7 @@ after Redis comes back succeeds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -324,7 +325,8 @@ class RedisStore(KeyStore):
         _check_key_prefix(key_prefix)
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ConfigurationError("the Redis client must be created with decode_responses=True")
-        self._client = client
+        self._client_object = client
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._prefix = key_prefix
         self._all_index = f"{key_prefix}all"
         self._insert = client.register_script(_INSERT)
@@ -359,6 +361,31 @@ class RedisStore(KeyStore):
         return f"RedisStore({where}, db={kwargs.get('db', 0)!r}, key_prefix={self._prefix!r})"
 
     @property
+    def _client(self) -> Redis:
+        # redis-py's connections belong to the event loop that opened them. A store used on
+        # a new loop after its first one closed (a key issued under `asyncio.run`, then the
+        # app served by uvicorn) lets the old loop's connections go: they can be neither
+        # used nor closed any more, and the garbage collector closes their sockets.
+        client = self._client_object
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return client
+        if loop is not self._loop:
+            if self._loop is not None and self._loop.is_closed():
+                client.connection_pool.reset()  # type: ignore[no-untyped-call]
+            self._loop = loop
+        return client
+
+    @contextmanager
+    def _calls(self) -> Iterator[None]:
+        """Around every call to Redis: this loop's connections, and failures as
+        `StoreUnavailable` (the scripts reach the client without the property)."""
+        self._client  # noqa: B018 - the property adopts the running loop
+        with _unavailable_as_store_error():
+            yield
+
+    @property
     def key_prefix(self) -> str:
         return self._prefix
 
@@ -387,7 +414,7 @@ class RedisStore(KeyStore):
     async def setup(self) -> None:
         """Load the scripts into the server's cache. Idempotent, and optional: a script the
         server has lost (restart, `SCRIPT FLUSH`) is loaded again on first use."""
-        with _unavailable_as_store_error():
+        with self._calls():
             for script in self._scripts():
                 script.sha = str(await self._client.script_load(script.script))
 
@@ -407,7 +434,7 @@ class RedisStore(KeyStore):
     async def insert(self, stored: StoredKey) -> None:
         record = stored.record
         score = int(_encode_time(record.created_at))
-        with _unavailable_as_store_error():
+        with self._calls():
             # Indexes first, so that a stored key is always listed (see the module docstring).
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
@@ -418,7 +445,7 @@ class RedisStore(KeyStore):
             raise DuplicateKeyId(record.id)
 
     async def get(self, key_id: str) -> StoredKey | None:
-        with _unavailable_as_store_error():
+        with self._calls():
             # The hot path: one HGETALL, one round trip.
             fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
         if not fields:
@@ -427,7 +454,7 @@ class RedisStore(KeyStore):
 
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
         index = self._all_index if workspace is None else self.workspace_index_name(workspace)
-        with _unavailable_as_store_error():
+        with self._calls():
             ids = cast("list[str]", await self._client.zrange(index, 0, -1))
             if not ids:
                 return []
@@ -458,7 +485,7 @@ class RedisStore(KeyStore):
         at: datetime,
         notice: str | None = None,
     ) -> KeyRecord:
-        with _unavailable_as_store_error():
+        with self._calls():
             reply = await self._set_state(
                 keys=[self.key_name(key_id)],
                 args=[state, _encode_time(at), *allowed_from, *self._notice(notice)],
@@ -468,7 +495,7 @@ class RedisStore(KeyStore):
     async def shorten_expiry(
         self, key_id: str, expires_at: datetime, *, notice: str | None = None
     ) -> KeyRecord:
-        with _unavailable_as_store_error():
+        with self._calls():
             reply = await self._shorten_expiry(
                 keys=[self.key_name(key_id)],
                 args=[_encode_time(expires_at), *self._notice(notice)],
@@ -478,7 +505,7 @@ class RedisStore(KeyStore):
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:
-        with _unavailable_as_store_error():
+        with self._calls():
             swapped = await self._replace_hash(
                 keys=[self.key_name(key_id)], args=[old_hash, new_hash, *self._notice(notice)]
             )
@@ -498,7 +525,7 @@ class RedisStore(KeyStore):
                 sets += [name, _encode_time(value)]
             else:
                 sets += [name, str(value)]
-        with _unavailable_as_store_error():
+        with self._calls():
             reply = await self._update(
                 keys=[self.key_name(key_id)],
                 args=[len(sets) // 2, *sets, *deletes, *self._notice(notice)],
@@ -525,7 +552,7 @@ class RedisStore(KeyStore):
         # One nonce per send: the scripts of this transaction apply only if the marker is
         # absent or holds it (see the module docstring).
         nonce = uuid.uuid4().hex
-        with _unavailable_as_store_error():
+        with self._calls():
             try:
                 await self._add_usage_batch(batch, batch_id, nonce)
             except NoScriptError:

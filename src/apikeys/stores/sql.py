@@ -356,6 +356,7 @@ class SQLStore(KeyStore):
             else ""
         )
         self._file_ready = False  # the database file made 0600 if it was missing
+        self._engine_loop: asyncio.AbstractEventLoop | None = None
         # The hot path: `get` straight on the driver, with this SQL (see the module doc).
         self._direct = ""
         if direct_reads and (self._url.get_driver_name() in ("aiosqlite", "asyncpg")):
@@ -439,6 +440,7 @@ class SQLStore(KeyStore):
         fresh connection. Errors that mean "unavailable" become `StoreUnavailable`.
         """
         self._check_folder()
+        self._adopt_loop()
         engine = self._engine if write else self._read_engine
         reconnected = created = False
         while True:
@@ -470,6 +472,23 @@ class SQLStore(KeyStore):
                     await self.setup()
                     continue
                 raise_translated(error, exc)
+
+    def _adopt_loop(self) -> None:
+        """Start a fresh write pool when the store is used on a new event loop.
+
+        asyncpg's connections belong to the loop that opened them: a store first used under
+        `asyncio.run` (a key issued at import time, say) and then served by uvicorn on
+        another loop would fail every write. The old loop's connections can be neither used
+        nor closed any more: they are let go, and the garbage collector closes their sockets.
+        """
+        loop = asyncio.get_running_loop()
+        previous = self._engine_loop
+        if previous is loop:
+            return
+        self._engine_loop = loop
+        if previous is None or self._sqlite or not previous.is_closed() or not self._owns_engine:
+            return
+        self._engine.sync_engine.pool = self._engine.sync_engine.pool.recreate()
 
     def _check_folder(self) -> None:
         if not self._sqlite_folder:
