@@ -37,7 +37,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from apikeys import KeyManager
-from apikeys.durations import MAX_DURATION, parse_duration
+from apikeys.durations import MAX_DURATION, format_duration, parse_duration
 from apikeys.errors import (
     AuthUnavailable,
     InvalidKeyParameters,
@@ -520,6 +520,16 @@ class KeyRow:
         return self.can_disable or self.can_enable or self.can_roll or self.can_revoke
 
 
+# `?status=` of the keys page: the filter's value, and its label ("" is every key in use).
+STATUS_FILTERS: tuple[tuple[str, str], ...] = (
+    ("", "In use"),
+    ("active", "Active"),
+    ("disabled", "Disabled"),
+    ("expired", "Expired"),
+    ("revoked", "Revoked"),
+)
+
+
 def _row(record: KeyRecord, now: datetime) -> KeyRow:
     status = record.status_at(now)
     return KeyRow(
@@ -549,6 +559,17 @@ async def _keys_page(
     now = utcnow()
     records = await ui.manager.list(user.workspace)
     rows = [_row(record, now) for record in reversed(records)]  # newest first
+    # Revoked keys stay in the list for audit, but folded away unless asked for: the list
+    # would otherwise grow with every revoke and roll.
+    wanted = request.query_params.get("status", "")
+    if wanted not in dict(STATUS_FILTERS):
+        wanted = ""
+    hidden_revoked = 0
+    if wanted:
+        rows = [row for row in rows if row.status == wanted]
+    else:
+        hidden_revoked = sum(row.status == REVOKED for row in rows)
+        rows = [row for row in rows if row.status != REVOKED]
     return render(
         request,
         "keys.html",
@@ -565,6 +586,9 @@ async def _keys_page(
         scopes=SCOPES,
         default_rate_limit=ui.settings.rate_limit or DEFAULT_RATE_LIMIT,
         grace_choices=GRACE_CHOICES,
+        status_filters=STATUS_FILTERS,
+        status_filter=wanted,
+        hidden_revoked=hidden_revoked,
     )
 
 
@@ -687,7 +711,18 @@ def _roll_page(
         grace=grace,
         grace_choices=GRACE_CHOICES,
         error=error,
+        lifetime=_lifetime(record),
     )
+
+
+def _lifetime(record: KeyRecord) -> str | None:
+    """How long the key was made to last, to the minute ("30d", not "29d23h59m59s")."""
+    if record.expires_at is None:
+        return None
+    seconds = (record.expires_at - record.created_at).total_seconds()
+    if seconds >= 3600:
+        seconds = round(seconds / 60) * 60
+    return format_duration(timedelta(seconds=max(1, round(seconds))))
 
 
 @view

@@ -316,8 +316,10 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     row(page, key).get_by_role("link", name="Roll").click()
     expect(page.locator("h1")).to_contain_text(f"Roll key «Zapier» (ak_{parse_key(key).id}_…)?")
     expect(page.locator("#grace")).to_have_value("24h")
+    expect(page.locator(".lifetime")).to_contain_text("it expires 30d after it is made")
     page.click("button:text('Roll key')")
     expect(page.locator("#new-key")).to_contain_text("rolled")
+    expect(page.locator(".reveal-record")).to_contain_text("contacts:read · expires ")
     new_key = page.input_value("#new-key-value")
     assert KEY_RE.fullmatch(new_key)
     assert new_key != key
@@ -340,8 +342,13 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     assert_key_absent(page, key, new_key)
     page.get_by_role("button", name="Revoke key «Zapier»").click()
     expect(page.locator("#notice")).to_contain_text("revoked")
+    # Kept for audit, but folded out of the list of keys in use.
+    expect(row(page, new_key)).to_have_count(0)
+    page.get_by_role("link", name="show revoked keys").click()
     expect(row(page, new_key).locator(".badge")).to_have_text("revoked")
     expect(row(page, new_key).locator(".cell-actions")).to_have_text("")
+    page.get_by_role("link", name="Active").click()
+    expect(page.locator(".key-row .badge")).not_to_contain_text(["revoked"])
     with ui_service.api(new_key) as api:
         assert_problem(api.get("/api/v1/contacts"), 401, "key_revoked")
 
