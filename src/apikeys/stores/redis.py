@@ -143,36 +143,42 @@ return redis.call('HGETALL', KEYS[1])
 """
 )
 
-# KEYS[1] = key hash; ARGV[1] = expires_at (µs).
-# Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
-_SHORTEN_EXPIRY = (
-    _PUBLISH
-    + """
+
+def _unless_revoked(change: str) -> str:
+    """A script that runs `change` on a key that exists and is not revoked, publishes the
+    notice (also when nothing changed) and returns the hash afterwards, or nil."""
+    return (
+        _PUBLISH
+        + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return false
 end
 if state ~= 'revoked' then
-  local current = redis.call('HGET', KEYS[1], 'expires_at')
-  if (not current) or tonumber(ARGV[1]) < tonumber(current) then
-    redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
-  end
+"""
+        + change
+        + """
 end
 publish()
 return redis.call('HGETALL', KEYS[1])
 """
+    )
+
+
+# KEYS[1] = key hash; ARGV[1] = expires_at (µs).
+_SHORTEN_EXPIRY = _unless_revoked(
+    """
+  local current = redis.call('HGET', KEYS[1], 'expires_at')
+  if (not current) or tonumber(ARGV[1]) < tonumber(current) then
+    redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
+  end
+"""
 )
 
 # KEYS[1] = key hash; ARGV[1] = how many fields to set, then field, value pairs to set, then
-# fields to delete. Leaves a revoked key alone. Returns the hash afterwards, or nil.
-_UPDATE = (
-    _PUBLISH
-    + """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then
-  return false
-end
-if state ~= 'revoked' then
+# fields to delete.
+_UPDATE = _unless_revoked(
+    """
   local sets = tonumber(ARGV[1])
   for i = 2, 1 + 2 * sets, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
@@ -180,9 +186,6 @@ if state ~= 'revoked' then
   for i = 2 + 2 * sets, #ARGV - 2 do
     redis.call('HDEL', KEYS[1], ARGV[i])
   end
-end
-publish()
-return redis.call('HGETALL', KEYS[1])
 """
 )
 
