@@ -47,6 +47,8 @@ RECORD_FIELDS = {
     "last_used_at",
     "request_count",
     "revoked_at",
+    "replaces",
+    "replaced_by",
 }
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 
@@ -374,6 +376,10 @@ def test_roll_prints_the_new_key_once_and_the_old_one_keeps_working(store_url: s
     assert before + timedelta(hours=2) <= old_expiry <= datetime.now(UTC) + timedelta(hours=2)
     assert old_expiry.strftime("%Y-%m-%dT%H:%M:%SZ") in result.stderr
     assert "2h" in result.stderr
+    # Each record names the other, in --json and in the human form.
+    assert old_record["replaced_by"] == new.id
+    assert show(store_url, new.id)["replaces"] == old["id"]
+    assert f"replaced by: {new.id}" in ok(store_url, "show", old["id"]).stdout
     # The new key is never shown again.
     assert new_key not in ok(store_url, "list").stdout
     assert new_key not in ok(store_url, "show", new.id, "--json").stdout
@@ -383,10 +389,12 @@ def test_roll_with_zero_grace_cuts_the_old_key_off(store_url: str) -> None:
     old = create_key(store_url)
     rolled = json.loads(ok(store_url, "roll", old["id"], "--grace", "0", "--json").stdout)
 
-    assert set(rolled) == {"key", "replaces"} | RECORD_FIELDS
+    assert set(rolled) == {"key", "replaced"} | RECORD_FIELDS
     assert KEY_RE.match(rolled["key"])
-    assert rolled["replaces"]["id"] == old["id"]
-    assert rolled["replaces"]["status"] == "expired"
+    assert rolled["replaces"] == old["id"]
+    assert rolled["replaced"]["id"] == old["id"]
+    assert rolled["replaced"]["replaced_by"] == rolled["id"]
+    assert rolled["replaced"]["status"] == "expired"
     with pytest.raises(KeyExpired):
         verify(store_url, old["key"])
     assert verify(store_url, rolled["key"]).id == rolled["id"]

@@ -82,6 +82,8 @@ class TestCreate:
             "last_used_at",
             "request_count",
             "revoked_at",
+            "replaces",
+            "replaced_by",
         ]
         assert data["access"] == "full"
         assert data["rate_limit"] == "10/second"
@@ -261,6 +263,30 @@ class TestRoll:
         assert timedelta(minutes=59) < old.expires_at - datetime.now(UTC) <= timedelta(hours=1)
         await manager.verify(created.key)
         await manager.verify(rolled.key)
+
+    async def test_if_rolled_then_old_and_new_records_link_each_other(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="Zapier", workspace="acme", scopes=["contacts:read"], expires_in=timedelta(hours=1)
+        )
+        rolled = await manager.roll(created.record.id, grace=timedelta(days=7))
+        old = await manager.get(created.record.id)
+        assert rolled.record.replaces == old.id
+        assert old.replaced_by == rolled.record.id
+        # The link is set even when the grace period does not shorten the old expiry.
+        assert old.expires_at == created.record.expires_at
+        new = await manager.get(rolled.record.id)
+        assert (new.replaces, new.replaced_by) == (old.id, None)
+        assert old.to_dict()["replaced_by"] == new.id
+        assert new.to_dict()["replaces"] == old.id
+        listed = {record.id: record for record in await manager.list("acme")}
+        assert listed[old.id].replaced_by == new.id
+        assert listed[new.id].replaces == old.id
+        # A new key that is rolled again: its record points on to the newest.
+        again = await manager.roll(new.id, grace=timedelta(0))
+        assert (await manager.get(new.id)).replaced_by == again.record.id
+        assert created.record.replaces is None and created.record.replaced_by is None
 
     async def test_if_grace_over_then_old_key_expired(self, manager: KeyManager) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])

@@ -309,6 +309,10 @@ def _summary(record: KeyRecord) -> list[str]:
     ]
     if record.revoked_at is not None:
         rows.append(("revoked", _when(record.revoked_at)))
+    if record.replaces is not None:
+        rows.append(("replaces", record.replaces))
+    if record.replaced_by is not None:
+        rows.append(("replaced by", record.replaced_by))
     width = max(len(label) for label, _ in rows) + 2
     return [f"{label + ':':<{width}}{value}" for label, value in rows]
 
@@ -714,8 +718,8 @@ def roll(
 
     The new key is printed once; the old one keeps working for the grace period, then
     expires. The new key lives as long as the old one did (a 30-day key gives a 30-day
-    key, from now), unless --expires-in says otherwise. With --json, `replaces` holds the
-    old key's record.
+    key, from now), unless --expires-in says otherwise. With --json, `replaces` is the
+    old key's id and `replaced` its record.
     """
     key_id = _key_id(key_id)
 
@@ -725,7 +729,7 @@ def roll(
 
     created, old = _run(ctx, work, uses_secrets=True)
     if as_json:
-        _echo_json({**created.to_dict(), "replaces": old.to_dict()})
+        _echo_json({**created.to_dict(), "replaced": old.to_dict()})
         return
     record = created.record
     click.echo(created.key)

@@ -244,6 +244,7 @@ class KeyManager:
         rate_limit: str | None,
         created_at: datetime,
         expires_at: datetime | None,
+        replaces: str | None = None,
     ) -> CreatedKey:
         for _ in range(_INSERT_ATTEMPTS):
             parsed = generate_key(self.prefix)
@@ -258,6 +259,7 @@ class KeyManager:
                 rate_limit=rate_limit,
                 created_at=created_at,
                 expires_at=expires_at,
+                replaces=replaces,
             )
             try:
                 secret_hash = await self.hasher.ahash(parsed.secret)
@@ -409,15 +411,19 @@ class KeyManager:
             rate_limit=old.rate_limit,
             created_at=now,
             expires_at=self._expiry(now, None, expires_in),
+            replaces=key_id,
         )
         # The new key exists before the old one is cut short: a failure here never leaves
         # the integration without a working key.
+        new_id = created.record.id
         old = await self._change(
-            key_id, lambda notice: self.store.shorten_expiry(key_id, now + grace, notice=notice)
+            key_id,
+            lambda notice: self.store.shorten_expiry(
+                key_id, now + grace, replaced_by=new_id, notice=notice
+            ),
         )
         if old.state == REVOKED:
             # Revoked elsewhere while the new key was being issued: revocation wins.
-            new_id = created.record.id
             await self._change(
                 new_id,
                 lambda notice: self.store.set_state(

@@ -72,6 +72,10 @@ class KeyRecord:
     last_used_at: datetime | None = None
     request_count: int = 0
     revoked_at: datetime | None = None
+    replaces: str | None = None
+    """For a key made by `roll`: the id of the key it replaces."""
+    replaced_by: str | None = None
+    """For a rolled key: the id of the key that replaces it."""
 
     @property
     def key_prefix(self) -> str:
@@ -117,6 +121,8 @@ class KeyRecord:
             "last_used_at": isoformat(self.last_used_at),
             "request_count": self.request_count,
             "revoked_at": isoformat(self.revoked_at),
+            "replaces": self.replaces,
+            "replaced_by": self.replaced_by,
         }
 
     def with_usage(self, count: int, last_used_at: datetime | None) -> KeyRecord:

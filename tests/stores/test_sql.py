@@ -274,6 +274,27 @@ async def test_setup_is_idempotent_and_keeps_the_keys(
     assert (await record_of(store, "k-kept")).id == "k-kept"
 
 
+async def test_setup_adds_the_columns_a_table_of_an_earlier_version_lacks(
+    database: tuple[str, dict[str, Any]], make_store: StoreFactory
+) -> None:
+    url, options = database
+    store = make_store(url, **options)
+    await store.setup()
+    await store.insert(make_key("k-before"))
+    table = store.table
+    async with store.engine.begin() as conn:  # the table as 0.2 made it
+        for column in ("replaces", "replaced_by"):
+            await conn.execute(sa.text(f'ALTER TABLE "{table.name}" DROP COLUMN {column}'))
+
+    upgraded = make_store(url, **options)
+    await upgraded.setup()
+
+    kept = await record_of(upgraded, "k-before")
+    assert (kept.id, kept.replaces, kept.replaced_by) == ("k-before", None, None)
+    await upgraded.insert(make_key("k-after", replaces="k-before"))
+    assert (await record_of(upgraded, "k-after")).replaces == "k-before"
+
+
 async def test_if_setup_was_skipped_then_the_first_call_creates_the_table(
     database: tuple[str, dict[str, Any]], make_store: StoreFactory
 ) -> None:

@@ -103,9 +103,15 @@ class KeyStore(abc.ABC):
 
     @abc.abstractmethod
     async def shorten_expiry(
-        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+        self,
+        key_id: str,
+        expires_at: datetime,
+        *,
+        replaced_by: str | None = None,
+        notice: str | None = None,
     ) -> KeyRecord:
-        """Atomically set `expires_at` to the earlier of its value and `expires_at`.
+        """Atomically set `expires_at` to the earlier of its value and `expires_at`, and
+        `replaced_by` when given (`roll` links the old key to the new one).
 
         A revoked key is left unchanged. Returns the record afterwards; raises `KeyNotFound`.
         A `notice` is published with the change.

@@ -87,15 +87,22 @@ class MemoryStore(KeyStore):
         return self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
 
     async def shorten_expiry(
-        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+        self,
+        key_id: str,
+        expires_at: datetime,
+        *,
+        replaced_by: str | None = None,
+        notice: str | None = None,
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
-        if record.state == REVOKED or (
-            record.expires_at is not None and record.expires_at <= expires_at
-        ):
+        if record.state == REVOKED:
             return record
-        return self._put_record(stored, replace(record, expires_at=expires_at))
+        if record.expires_at is None or record.expires_at > expires_at:
+            record = replace(record, expires_at=expires_at)
+        if replaced_by is not None:
+            record = replace(record, replaced_by=replaced_by)
+        return self._put_record(stored, record)
 
     async def update(
         self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None

@@ -165,12 +165,15 @@ return redis.call('HGETALL', KEYS[1])
     )
 
 
-# KEYS[1] = key hash; ARGV[1] = expires_at (µs).
+# KEYS[1] = key hash; ARGV[1] = expires_at (µs), ARGV[2] = replaced_by ('' to leave it).
 _SHORTEN_EXPIRY = _unless_revoked(
     """
   local current = redis.call('HGET', KEYS[1], 'expires_at')
   if (not current) or tonumber(ARGV[1]) < tonumber(current) then
     redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
+  end
+  if ARGV[2] ~= '' then
+    redis.call('HSET', KEYS[1], 'replaced_by', ARGV[2])
   end
 """
 )
@@ -267,8 +270,13 @@ def _encode(stored: StoredKey) -> list[str]:
         "request_count": str(record.request_count),
         "secret_hash": stored.secret_hash,
     }
-    if record.rate_limit is not None:
-        fields["rate_limit"] = record.rate_limit
+    for name, text in (
+        ("rate_limit", record.rate_limit),
+        ("replaces", record.replaces),
+        ("replaced_by", record.replaced_by),
+    ):
+        if text is not None:
+            fields[name] = text
     for name, moment in (
         ("expires_at", record.expires_at),
         ("last_used_at", record.last_used_at),
@@ -296,6 +304,8 @@ def _decode(fields: Mapping[str, str]) -> StoredKey:
         last_used_at=_decode_time(fields.get("last_used_at")),
         request_count=int(fields.get("request_count") or 0),
         revoked_at=_decode_time(fields.get("revoked_at")),
+        replaces=fields.get("replaces"),
+        replaced_by=fields.get("replaced_by"),
     )
     return StoredKey(record=record, secret_hash=fields["secret_hash"])
 
@@ -496,12 +506,17 @@ class RedisStore(KeyStore):
         return self._record_from_reply(key_id, reply)
 
     async def shorten_expiry(
-        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+        self,
+        key_id: str,
+        expires_at: datetime,
+        *,
+        replaced_by: str | None = None,
+        notice: str | None = None,
     ) -> KeyRecord:
         with self._calls():
             reply = await self._shorten_expiry(
                 keys=[self.key_name(key_id)],
-                args=[_encode_time(expires_at), *self._notice(notice)],
+                args=[_encode_time(expires_at), replaced_by or "", *self._notice(notice)],
             )
         return self._record_from_reply(key_id, reply)
 

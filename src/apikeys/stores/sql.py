@@ -147,6 +147,8 @@ _FIELDS: Final = (
     "request_count",
     "revoked_at",
     "secret_hash",
+    "replaces",
+    "replaced_by",
 )
 
 
@@ -165,6 +167,8 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         last_used_at=row[10],
         request_count=row[11],
         revoked_at=row[12],
+        replaces=row[14],
+        replaced_by=row[15],
     )
 
 
@@ -195,6 +199,8 @@ def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
         last_used_at=time(row[10]),
         request_count=row[11],
         revoked_at=time(row[12]),
+        replaces=row[14],
+        replaced_by=row[15],
     )
     return StoredKey(record=record, secret_hash=row[13])
 
@@ -777,6 +783,8 @@ class SQLStore(KeyStore):
             "request_count": record.request_count,
             "revoked_at": record.revoked_at,
             "secret_hash": stored.secret_hash,
+            "replaces": record.replaces,
+            "replaced_by": record.replaced_by,
         }
         statement = sa.insert(self._table).values(values)
 
@@ -841,18 +849,30 @@ class SQLStore(KeyStore):
         return await self._update_or_current(key_id, update, notice)
 
     async def shorten_expiry(
-        self, key_id: str, expires_at: datetime, *, notice: str | None = None
+        self,
+        key_id: str,
+        expires_at: datetime,
+        *,
+        replaced_by: str | None = None,
+        notice: str | None = None,
     ) -> KeyRecord:
         table = self._table
-        update = (
-            sa.update(table)
-            .where(
-                table.c.id == key_id,
-                table.c.state != REVOKED,
-                sa.or_(table.c.expires_at.is_(None), table.c.expires_at > expires_at),
+        later = sa.or_(table.c.expires_at.is_(None), table.c.expires_at > expires_at)
+        if replaced_by is None:
+            update = (
+                sa.update(table)
+                .where(table.c.id == key_id, table.c.state != REVOKED, later)
+                .values(expires_at=expires_at)
             )
-            .values(expires_at=expires_at)
-        )
+        else:
+            update = (
+                sa.update(table)
+                .where(table.c.id == key_id, table.c.state != REVOKED)
+                .values(
+                    expires_at=sa.case((later, expires_at), else_=table.c.expires_at),
+                    replaced_by=replaced_by,
+                )
+            )
         return await self._update_or_current(key_id, update, notice)
 
     async def update(

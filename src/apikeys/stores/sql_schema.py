@@ -129,6 +129,9 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
         sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
         sa.Column("revoked_at", UTCDateTime(), nullable=True),
         sa.Column("secret_hash", sa.Text(), nullable=False),
+        # Added in 0.3: `add_missing_columns` adds them to a table made before.
+        sa.Column("replaces", sa.String(12), nullable=True),
+        sa.Column("replaced_by", sa.String(12), nullable=True),
         # Listing a workspace, oldest first, reads this index in order.
         sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
     )
@@ -235,6 +238,32 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
 def create_tables_on(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
     for table in tables:
         table.create(connection, checkfirst=True)
+        add_missing_columns(connection, table)
+
+
+def add_missing_columns(connection: sa.Connection, table: sa.Table) -> list[str]:
+    """Add the nullable (or defaulted) columns of `table` that its database table lacks.
+
+    A table made by an earlier version gains the columns later versions added; nothing is
+    ever dropped or changed. Returns the names of the columns added.
+    """
+    present = {column["name"] for column in sa.inspect(connection).get_columns(table.name)}
+    added = []
+    preparer = connection.dialect.identifier_preparer
+    for column in table.columns:
+        if column.name in present:
+            continue
+        if not column.nullable and column.server_default is None:  # pragma: no cover
+            raise RuntimeError(f"cannot add the required column {column.name} to {table.name}")
+        kind = column.type.compile(dialect=connection.dialect)
+        connection.execute(
+            sa.text(
+                f"ALTER TABLE {preparer.format_table(table)} "
+                f"ADD COLUMN {preparer.format_column(column)} {kind}"
+            )
+        )
+        added.append(column.name)
+    return added
 
 
 # Serialises schema creation between processes on PostgreSQL (an advisory lock id).
