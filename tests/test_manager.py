@@ -286,7 +286,8 @@ class TestRoll:
         # A new key that is rolled again: its record points on to the newest.
         again = await manager.roll(new.id, grace=timedelta(0))
         assert (await manager.get(new.id)).replaced_by == again.record.id
-        assert created.record.replaces is None and created.record.replaced_by is None
+        assert created.record.replaces is None
+        assert created.record.replaced_by is None
 
     async def test_if_grace_over_then_old_key_expired(self, manager: KeyManager) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
