@@ -39,7 +39,7 @@ from examples.contacts_service.auth import ensure_user
 from examples.contacts_service.db import DEMO_CAMPAIGNS, Database
 from examples.contacts_service.payload import validate_contact
 from examples.contacts_service.settings import Settings
-from examples.contacts_service.web import KEYS_PATH
+from examples.contacts_service.web import LIST_URL
 
 PEPPER_FILE = Path(".apikeys-demo-pepper")
 ADMIN_PASSWORD_FILE = Path(".example-admin-password")
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         "Try it:\n\n"
         f'    curl -H "Authorization: Bearer {key}" {base}/api/v1/contacts\n\n'
         f"The API's OpenAPI document: {base}/api/v1/openapi.json\n\n"
-        f"Manage keys in the browser: {base}{KEYS_PATH}\n"
+        f"Manage keys in the browser: {base}{LIST_URL}\n"
         f"    e-mail:   {settings.admin_email}\n"
         + (
             f"    password: {generated_password}   (kept in {ADMIN_PASSWORD_FILE})"

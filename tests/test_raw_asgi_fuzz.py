@@ -29,7 +29,10 @@ PREFIXES = [
     "/login",
     "/logout",
     "/settings/integrations/api-keys",
-    "/static/",
+    "/settings/integrations/api-keys/",
+    "/settings/integrations/api-keys/AAAAAAAAAAAA/edit",
+    "/settings/integrations/api-keys/static/",
+    "/settings/integrations/api-keys/static/app.css",
     "/",
 ]
 

@@ -11,9 +11,8 @@ python -m uvicorn examples.contacts_service.app:app
 - `api.py`: the endpoints and the scope each one needs.
 - `openapi.py`: the OpenAPI 3.1 document served at `/api/v1/openapi.json`.
 - `auth.py`: the settings UI's users (passlib argon2), sessions, CSRF tokens, login throttle.
-- `onetime.py`: a new key kept in memory for its one display.
-- `web.py`, `templates/`, `static/`: the settings UI, `/login` and
-  `/settings/integrations/api-keys`.
+- `web.py`, `templates/`: `/login`, `/logout`, and the library's settings page
+  (`apikeys.ui.KeysPage`) mounted at `/settings/integrations/api-keys/`.
 - `app.py`: puts it together; `app` is what uvicorn serves.
 
 Importing this package has no side effects; only `app` reads the environment.

@@ -31,7 +31,6 @@ from examples.contacts_service.auth import (
     session_secret,
 )
 from examples.contacts_service.db import Database
-from examples.contacts_service.onetime import RevealStore
 from examples.contacts_service.openapi import openapi_json
 from examples.contacts_service.problems import exception_handlers, logger
 from examples.contacts_service.settings import Settings
@@ -67,12 +66,14 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
             await database.aclose()
             await manager.aclose()
 
+    secret = session_secret(settings)
     routes: list[BaseRoute] = [
         *api.routes(),
         # Outside the protected prefixes: readable without a key.
         Route(api.OPENAPI_PATH, openapi_json, methods=["GET"]),
-        # The settings UI: /login, /logout, /settings/integrations/api-keys/…, /static/…
-        *web.routes(),
+        # The settings UI: /login, /logout, and the library's keys page, mounted at
+        # /settings/integrations/api-keys/ (its static files under it).
+        *web.routes(web.keys_page(settings, manager, secret)),
     ]
     app = Starlette(
         routes=routes,
@@ -80,7 +81,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
             # Sessions for the web pages only; the API reads keys, never cookies.
             Middleware(
                 SessionCookies,
-                secret_key=session_secret(settings),
+                secret_key=secret,
                 always_secure=settings.secure_cookies,
             ),
             Middleware(
@@ -98,7 +99,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
     )
     app.state.settings = settings
     app.state.manager = manager
-    app.state.ui = web.UI(settings, manager, RevealStore(), LoginThrottle())
+    app.state.ui = web.UI(settings, manager, LoginThrottle())
     return app
 
 

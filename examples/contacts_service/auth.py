@@ -215,7 +215,7 @@ class SessionCookies:
         self.secure = SessionMiddleware(app, https_only=True, **options)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(("/api/", "/static/")):
+        if scope["type"] != "http" or scope["path"].startswith("/api/"):
             await self.app(scope, receive, send)
             return
         middleware = self.secure if scope.get("scheme") == "https" else self.plain

@@ -26,8 +26,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from examples.contacts_service import web
-from examples.contacts_service.onetime import Reveal, RevealStore
 from examples.contacts_service.settings import Settings
 from playwright.sync_api import (
     Browser,
@@ -40,6 +38,8 @@ from playwright.sync_api import (
 
 from apikeys import Hasher, KeyManager, parse_key, store_from_url
 from apikeys.types import KeyRecord
+from apikeys.ui import Reveal, RevealStore
+from apikeys.ui.forms import parse_expiry, relative
 from tests import services
 from tests.examples.conftest import PEPPER, REPO, service_env, start_service, stop_service
 
@@ -55,6 +55,8 @@ LAUNCH_ARGS = [
 ]
 ARTIFACTS = REPO / "test-artifacts"
 KEYS = "/settings/integrations/api-keys"
+LIST = KEYS + "/"
+PAGE_COOKIE = "apikeys_page"
 EMAIL = "Admin@UI-Test.example"
 PASSWORD = "correct horse battery staple"
 WORKSPACE = "ui-test"
@@ -210,15 +212,15 @@ def csrf(page: Page) -> str:
     return page.locator("input[name=csrf_token]").first.input_value()
 
 
-def session_cookie(context: BrowserContext) -> dict[str, Any]:
-    cookies = [c for c in context.cookies() if c["name"] == COOKIE]
+def session_cookie(context: BrowserContext, name: str = COOKIE) -> dict[str, Any]:
+    cookies = [c for c in context.cookies() if c["name"] == name]
     assert len(cookies) == 1, cookies
     return dict(cookies[0])
 
 
-def session_data(context: BrowserContext) -> dict[str, Any]:
-    """What the signed session cookie holds: readable by anyone who has the cookie."""
-    payload = session_cookie(context)["value"].split(".", 1)[0]
+def session_data(context: BrowserContext, name: str = COOKIE) -> dict[str, Any]:
+    """What a signed session cookie holds: readable by anyone who has the cookie."""
+    payload = session_cookie(context, name)["value"].split(".", 1)[0]
     data: dict[str, Any] = json.loads(base64.b64decode(payload + "=" * (-len(payload) % 4)))
     return data
 
@@ -244,7 +246,7 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     page.goto(KEYS)
     expect(page).to_have_url(re.compile(r"/login\?next="))
     log_in(page)
-    expect(page).to_have_url(re.compile(KEYS + "$"))
+    expect(page).to_have_url(re.compile(LIST + "$"))
     expect(page.locator("h1")).to_have_text("API keys")
 
     # Invalid input is explained, and creates nothing.
@@ -358,8 +360,107 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
         assert_key_absent(page, key, new_key)
     data = session_data(context)
     assert set(data) <= {"sid", "csrf", "notice"}
+    # The keys page keeps its own cookie, HttpOnly too, bound to the user, never a key.
+    page_cookie = session_cookie(context, PAGE_COOKIE)
+    assert page_cookie["httpOnly"] is True
+    assert page_cookie["sameSite"] == "Lax"
+    page_data = session_data(context, PAGE_COOKIE)
+    assert set(page_data) <= {"uid", "csrf", "notice", "reveal"}
     for secret in (key, new_key):
         assert parse_key(secret).secret not in json.dumps(data)
+        assert parse_key(secret).secret not in json.dumps(page_data)
+
+
+def test_a_key_edited_in_the_browser_is_narrowed_on_its_next_request(
+    ui_service: UIService, page: Page
+) -> None:
+    log_in(page)
+    key = create_key(page, "Sync", ["contacts:read", "contacts:write"], expires="30d")
+    key_id = parse_key(key).id
+    with ui_service.api(key) as api:
+        assert api.post("/api/v1/contacts", json={"name": "Before"}).status_code == 201
+    page.goto(LIST)
+    row(page, key).get_by_role("link", name="Edit").click()
+    expect(page).to_have_url(re.compile(f"{KEYS}/{key_id}/edit$"))
+    expect(page.locator("h1")).to_have_text(f"Edit key «Sync» (ak_{key_id}_…)")
+    expect(page.locator("#name")).to_have_value("Sync")
+    expect(page.locator("input[name=scopes][value='contacts:write']")).to_be_checked()
+    expires_shown = page.input_value("#expires")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", expires_shown)
+
+    # A bad value is explained and changes nothing.
+    page.fill("#rate_limit", "lots")
+    page.click("button:text('Save changes')")
+    expect(page.locator("#form-errors")).to_contain_text("The key was not changed")
+    with ui_service.api(key) as api:
+        assert api.post("/api/v1/contacts", json={"name": "Still"}).status_code == 201
+
+    page.fill("#name", "Read-only sync")
+    page.uncheck("input[name=scopes][value='contacts:write']")
+    page.fill("#rate_limit", "7/minute")
+    page.click("button:text('Save changes')")
+    expect(page.locator("#notice")).to_contain_text("is saved")
+    edited = row(page, key)
+    expect(edited.locator(".key-label")).to_have_text("Read-only sync")
+    expect(edited.locator(".cell-access")).to_contain_text("7/minute")
+    expect(edited.locator(".cell-access")).not_to_contain_text("contacts:write")
+    expect(edited.locator(".cell-status")).to_contain_text("expires in 29 days")  # kept
+    # The very next request sees the narrower key; the key itself is the same.
+    with ui_service.api(key) as api:
+        assert_problem(api.post("/api/v1/contacts", json={"name": "A"}), 403, "insufficient_scope")
+        response = api.get("/api/v1/contacts")
+        assert response.status_code == 200
+        assert '"default";q=7;w=60' in response.headers["ratelimit-policy"]
+
+    # A revoked key cannot be edited: 409, and nothing changes.
+    page.goto(f"{KEYS}/{key_id}/revoke")
+    token = csrf(page)
+    page.get_by_role("button", name="Revoke key «Read-only sync»").click()
+    shown = page.goto(f"{KEYS}/{key_id}/edit")
+    assert shown is not None
+    assert shown.status == 409
+    posted = page.context.request.post(
+        f"{KEYS}/{key_id}/edit",
+        form={"csrf_token": token, "name": "Revived", "access": "full", "expires": ""},
+    )
+    assert posted.status == 409
+    assert "cannot be edited" in posted.text()
+    assert ui_service.status(key_id) == "revoked"
+
+
+def test_a_rolled_key_links_to_its_successor_and_offers_no_roll_or_disable(
+    ui_service: UIService, page: Page
+) -> None:
+    log_in(page)
+    key = create_key(page, "Webhook", ["campaigns:trigger"])
+    old_id = parse_key(key).id
+    page.goto(f"{KEYS}/{old_id}/roll")
+    page.click("button:text('Roll key')")
+    new_key = page.input_value("#new-key-value")
+    new_id = parse_key(new_key).id
+    page.goto(LIST)
+    old_row, new_row = row(page, key), row(page, new_key)
+    expect(old_row.locator(".replaced-by")).to_contain_text("Replaced by")
+    expect(old_row.locator(".replaced-by a")).to_have_attribute("href", f"#key-{new_id}")
+    expect(new_row.locator(".replaces a")).to_have_attribute("href", f"#key-{old_id}")
+    expect(old_row.get_by_role("link", name="Roll")).to_have_count(0)
+    expect(old_row.get_by_role("button", name="Disable")).to_have_count(0)
+    expect(old_row.get_by_role("link", name="Revoke")).to_have_count(1)
+    expect(new_row.get_by_role("link", name="Roll")).to_have_count(1)
+    expect(new_row.get_by_role("button", name="Disable")).to_have_count(1)
+    # Asked for anyway: refused, and the old key goes on working through its grace.
+    token = csrf(page)
+    for action in ("roll", "disable"):
+        posted = page.context.request.post(
+            f"{KEYS}/{old_id}/{action}", form={"csrf_token": token, "grace": "0"}
+        )
+        assert posted.status == 409, action
+    shown = page.goto(f"{KEYS}/{old_id}/roll")
+    assert shown is not None
+    assert shown.status == 409
+    assert ui_service.status(old_id) == "active"
+    with ui_service.api(key) as api:
+        assert api.post("/api/v1/campaigns/1/trigger").status_code != 401
 
 
 def test_if_login_fails_then_the_same_generic_error_whether_or_not_the_user_exists(
@@ -381,7 +482,7 @@ def test_session_cookie_is_httponly_samesite_lax_and_logout_ends_the_session(
     ui_service: UIService, context: BrowserContext, page: Page
 ) -> None:
     log_in(page)
-    expect(page).to_have_url(re.compile(KEYS + "$"))
+    expect(page).to_have_url(re.compile(LIST + "$"))
     cookie = session_cookie(context)
     assert cookie["httpOnly"] is True
     assert cookie["sameSite"] == "Lax"
@@ -397,6 +498,7 @@ def test_session_cookie_is_httponly_samesite_lax_and_logout_ends_the_session(
     assert "secure" not in plain
     assert "secure" in {part.strip() for part in https.lower().split(";")}
 
+    page.get_by_role("link", name="Log out").click()
     page.get_by_role("button", name="Log out").click()
     expect(page).to_have_url(re.compile("/login$"))
     expect(page.locator("[role=status]")).to_have_text("You have logged out.")
@@ -405,7 +507,7 @@ def test_session_cookie_is_httponly_samesite_lax_and_logout_ends_the_session(
 
     # The old cookie, replayed, no longer opens a session: logout ended it on the server.
     with httpx.Client(base_url=ui_service.base_url, cookies={COOKIE: cookie["value"]}) as http:
-        response = http.get(KEYS)
+        response = http.get(LIST)
     assert response.status_code == 303
     assert response.headers["location"].startswith("/login")
 
@@ -458,20 +560,20 @@ def test_if_form_posted_without_or_with_a_wrong_csrf_token_then_403_and_nothing_
     before = ui_service.key_count(WORKSPACE)
     form: dict[str, str | float | bool] = {"name": "forged", "access": "full"}
     for sent in (form, {**form, "csrf_token": "forged-token"}, {**form, "csrf_token": ""}):
-        response = context.request.post(KEYS, form=sent, max_redirects=0)
+        response = context.request.post(LIST, form=sent, max_redirects=0)
         assert response.status == 403
         assert "Form expired" in response.text()
     # The same refusal from outside the browser, with its session cookie.
     cookie = session_cookie(context)["value"]
     with httpx.Client(base_url=ui_service.base_url, cookies={COOKIE: cookie}) as http:
-        assert http.post(KEYS, data=form).status_code == 403
+        assert http.post(LIST, data=form).status_code == 403
         assert http.post("/logout", data={}).status_code == 403
         key_id = ui_service.create_key(WORKSPACE, "csrf target")
         assert http.post(f"{KEYS}/{key_id}/revoke", data={"csrf_token": "x"}).status_code == 403
     assert ui_service.status(key_id) == "active"
     assert ui_service.key_count(WORKSPACE) == before + 1
     # With the page's token the same form goes through; the user is still logged in.
-    response = context.request.post(KEYS, form={**form, "csrf_token": token}, max_redirects=0)
+    response = context.request.post(LIST, form={**form, "csrf_token": token}, max_redirects=0)
     assert response.status == 303
     assert ui_service.key_count(WORKSPACE) == before + 2
 
@@ -509,7 +611,7 @@ def test_if_not_logged_in_then_pages_redirect_to_login_and_posts_are_refused(
         login_page = http.get("/login")
         token = re.search(r'name="csrf_token" value="([^"]+)"', login_page.text)
         assert token is not None
-        for path in (KEYS, f"{KEYS}/{key_id}/revoke", f"{KEYS}/{key_id}/disable"):
+        for path in (LIST, f"{KEYS}/{key_id}/revoke", f"{KEYS}/{key_id}/disable"):
             response = http.post(path, data={"csrf_token": token.group(1), "name": "x"})
             assert response.status_code == 403
             assert "not logged in" in response.text
@@ -557,6 +659,17 @@ def showcase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIService]:
             legacy = await manager.create(name="Legacy import", workspace="acme", full_access=True)
             await manager.disable(webhook.record.id)
             await manager.revoke(legacy.record.id)
+            # The row that used to push its buttons off the card: "expires in 59 minutes".
+            await manager.create(
+                name="Short-lived export",
+                workspace="acme",
+                scopes=["contacts:read", "campaigns:read"],
+                expires_in=timedelta(minutes=59, seconds=50),
+            )
+            reporting = await manager.create(
+                name="Reporting", workspace="acme", scopes=["campaigns:read"]
+            )
+            await manager.roll(reporting.record.id, grace=timedelta(hours=24))
         return [zapier.key, sync.key]
 
     used = run_async(seed)
@@ -596,6 +709,24 @@ def test_settings_page_screenshots(
         assert_key_absent(page, key)
         width = page.evaluate("document.documentElement.scrollWidth")
         assert width <= viewport["width"], f"the page is {width}px wide"
+        # Every button of every row lies inside the card that holds the list.
+        expect(page.locator(".key-row .cell-status").first).to_be_visible()
+        assert "expires in 59 minutes" in page.locator(".keys").inner_text()
+        card = page.locator(".card-flush").bounding_box()
+        assert card is not None
+        buttons = page.locator(".cell-actions .btn")
+        assert buttons.count() >= 8
+        for index in range(buttons.count()):
+            box = buttons.nth(index).bounding_box()
+            assert box is not None
+            assert box["x"] >= card["x"]
+            assert box["x"] + box["width"] <= card["x"] + card["width"] + 0.5, (
+                buttons.nth(index).inner_text(),
+                box,
+                card,
+            )
+        expect(page.locator(".replaced-by")).to_have_count(1)
+        expect(page.locator(".replaces")).to_have_count(1)
         page.screenshot(path=ARTIFACTS / f"settings-ui-{name}.png", full_page=True)
         page.fill("#name", "Broken")
         page.fill("#rate_limit", "lots")
@@ -603,6 +734,8 @@ def test_settings_page_screenshots(
         page.locator("#create").screenshot(path=ARTIFACTS / f"settings-ui-{name}-invalid.png")
         page.goto(f"{KEYS}/{parse_key(key).id}/revoke")
         page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-revoke.png")
+        page.goto(f"{KEYS}/{parse_key(key).id}/edit")
+        page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-edit.png", full_page=True)
     finally:
         context.close()
 
@@ -626,7 +759,7 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     ],
 )
 def test_relative_times(moment: datetime, text: str) -> None:
-    assert web.relative(moment, NOW) == text
+    assert relative(moment, NOW) == text
 
 
 @pytest.mark.parametrize(
@@ -640,7 +773,7 @@ def test_relative_times(moment: datetime, text: str) -> None:
     ],
 )
 def test_expiry_accepts_durations_and_dates(text: str, expected: datetime | None) -> None:
-    assert web._parse_expiry(text, NOW) == expected
+    assert parse_expiry(text, NOW) == expected
 
 
 @pytest.mark.parametrize(
@@ -657,7 +790,7 @@ def test_expiry_accepts_durations_and_dates(text: str, expected: datetime | None
 )
 def test_expiry_refuses_what_it_cannot_read_with_a_message(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        web._parse_expiry(text, NOW)
+        parse_expiry(text, NOW)
 
 
 def test_one_time_key_is_given_once_to_its_user_and_forgotten_after_ttl() -> None:

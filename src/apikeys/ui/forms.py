@@ -1,0 +1,235 @@
+"""Reading the settings page's forms, and showing times: plain functions, no I/O but the body."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Final
+from urllib.parse import parse_qsl
+
+from starlette.datastructures import ImmutableMultiDict
+from starlette.requests import Request
+
+from apikeys.durations import MAX_DURATION, parse_duration
+from apikeys.errors import InvalidKeyParameters
+from apikeys.ratelimit import parse_rate_limit
+from apikeys.types import KeyRecord, utcnow
+
+__all__ = [
+    "MAX_FORM_BYTES",
+    "MAX_LABEL",
+    "UNCHANGED",
+    "Form",
+    "FormRefused",
+    "KeyForm",
+    "exact",
+    "iso",
+    "parse_expiry",
+    "read_form",
+    "read_key_form",
+    "relative",
+]
+
+MAX_FORM_BYTES = 16 * 1024
+MAX_LABEL = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+Form = ImmutableMultiDict[str, str]
+
+
+class FormRefused(Exception):
+    """A body that is not one of the page's forms: answered with `status` and `title`."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.title = title
+        self.message = message
+
+
+# -- showing times -------------------------------------------------------------------------
+
+_UNITS = (
+    ("year", 365 * 86400),
+    ("month", 30 * 86400),
+    ("day", 86400),
+    ("hour", 3600),
+    ("minute", 60),
+    ("second", 1),
+)
+
+
+def relative(moment: datetime, now: datetime | None = None) -> str:
+    """`3 minutes ago`, `in 23 hours`, `just now`."""
+    seconds = ((now or utcnow()) - moment).total_seconds()
+    if 0 <= seconds < 10:
+        return "just now"
+    span = abs(seconds)
+    for unit, size in _UNITS:
+        if span >= size or unit == "second":
+            amount = int(span // size)
+            text = f"{amount} {unit}{'' if amount == 1 else 's'}"
+            return f"{text} ago" if seconds > 0 else f"in {text}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def exact(moment: datetime) -> str:
+    """`2026-01-31 12:00:00 UTC`."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def iso(moment: datetime) -> str:
+    """`2026-01-31T12:00:00Z`."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- reading forms -------------------------------------------------------------------------
+
+
+async def read_form(request: Request) -> Form:
+    """The posted form, read within `MAX_FORM_BYTES`; refused unless URL-encoded UTF-8.
+
+    An empty body without a content type is an empty form (which then fails the CSRF check).
+    """
+    refused = FormRefused(415, "Unsupported form", "This page accepts only its own forms.")
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type not in ("application/x-www-form-urlencoded", ""):
+        raise refused
+    too_large = FormRefused(413, "Form too large", "The form you sent is too large.")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise too_large
+    if not media_type and body:
+        raise refused
+    try:
+        pairs = parse_qsl(
+            body.decode("ascii"),
+            keep_blank_values=True,
+            max_num_fields=100,
+            encoding="utf-8",
+            errors="strict",
+        )
+    except (UnicodeDecodeError, ValueError):
+        raise FormRefused(400, "Unreadable form", "The form you sent could not be read.") from None
+    return ImmutableMultiDict(pairs)
+
+
+def parse_expiry(text: str, now: datetime) -> datetime | None:
+    """Empty: never. `30d`, `12h`…: from now. `2026-12-31`: the end of that day, UTC.
+
+    `2026-12-31T18:00:00Z` (with a time zone): that moment.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if _DATE.fullmatch(text):
+        try:
+            day = date.fromisoformat(text)
+            moment = datetime.combine(day, time(0), tzinfo=UTC) + timedelta(days=1)
+        except (ValueError, OverflowError):
+            raise ValueError(f"{text} is not a date: write it as YYYY-MM-DD.") from None
+    elif text[:1].isdigit() and "T" in text:
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"{text} is not a date and time.") from None
+        if moment.tzinfo is None:
+            raise ValueError("Give the time zone, e.g. 2026-12-31T18:00:00Z.")
+    else:
+        try:
+            return now + parse_duration(text)
+        except ValueError:
+            raise ValueError(
+                "Write the expiry as a duration, like 30d, 12h or 2w, or as a date, "
+                "like 2026-12-31."
+            ) from None
+    if moment <= now:
+        raise ValueError("The expiry must be in the future.")
+    if moment - now > MAX_DURATION:
+        raise ValueError(f"The expiry must be within {MAX_DURATION.days} days.")
+    return moment
+
+
+@dataclass(frozen=True, slots=True)
+class KeyForm:
+    """What the create and edit forms hold, as typed (shown again when refused)."""
+
+    name: str = ""
+    access: str = "restricted"
+    scopes: tuple[str, ...] = ()
+    rate_limit: str = ""
+    expires: str = ""
+
+    @classmethod
+    def of(cls, record: KeyRecord) -> KeyForm:
+        """The edit form of `record`, filled in with what it is now."""
+        return cls(
+            name=record.name,
+            access=record.access,
+            scopes=record.scopes,
+            rate_limit=record.rate_limit or "",
+            expires=iso(record.expires_at) if record.expires_at else "",
+        )
+
+
+UNCHANGED: Final = object()
+"""`read_key_form`'s expiry when the edit form kept the key's expiry as shown."""
+
+
+def read_key_form(
+    form: Form, offered: Collection[str], *, current: KeyRecord | None = None
+) -> tuple[KeyForm, dict[str, str], datetime | object | None]:
+    """The values, the errors by field, and the expiry the form asks for.
+
+    With `current` (the edit form), an expiry left as it was shown is `UNCHANGED` (so a
+    key that has already expired can be renamed), and the key's own scopes count as
+    offered even when the page no longer offers them.
+    """
+    values = KeyForm(
+        name=form.get("name", "").strip(),
+        access=form.get("access", ""),
+        scopes=tuple(dict.fromkeys(form.getlist("scopes"))),
+        rate_limit=form.get("rate_limit", "").strip(),
+        expires=form.get("expires", "").strip(),
+    )
+    errors: dict[str, str] = {}
+    if not values.name:
+        errors["name"] = "Give the key a label, such as the name of the integration."
+    elif len(values.name) > MAX_LABEL:
+        errors["name"] = f"The label must be at most {MAX_LABEL} characters."
+    elif _CONTROL.search(values.name):
+        errors["name"] = "The label must not contain control characters."
+    allowed = set(offered) | set(current.scopes if current else ())
+    if values.access not in ("full", "restricted"):
+        errors["access"] = "Choose full access or restricted access."
+    elif values.access == "restricted":
+        unknown = [scope for scope in values.scopes if scope not in allowed]
+        if unknown:
+            errors["scopes"] = f"Unknown scope: {unknown[0][:50]}."
+        elif not values.scopes:
+            errors["scopes"] = "Pick at least one scope, or choose full access."
+    if values.rate_limit:
+        try:
+            parse_rate_limit(values.rate_limit)
+        except InvalidKeyParameters:
+            errors["rate_limit"] = (
+                "Write the rate limit as a number per period, like 100/minute, 10/second "
+                "or 3 per 2 seconds."
+            )
+    expires_at: datetime | object | None = None
+    if current is not None and values.expires == KeyForm.of(current).expires:
+        expires_at = UNCHANGED
+    else:
+        try:
+            expires_at = parse_expiry(values.expires, utcnow())
+        except ValueError as exc:
+            errors["expires"] = str(exc)
+    return values, errors, expires_at
