@@ -24,7 +24,7 @@ from apikeys import APIKeyMiddleware, KeyManager, MemoryStore, ScopeTable, store
 from apikeys.errors import ConfigurationError
 from apikeys.hashing import Hasher
 from apikeys.keys import ParsedKey, generate_key, parse_key
-from apikeys.middleware import bearer_token
+from apikeys.middleware import bearer_token, header_token
 from apikeys.types import StoredKey
 from tests.test_manager import wrong_secret
 
@@ -753,3 +753,271 @@ async def test_if_a_path_is_public_then_it_needs_no_key_and_the_rest_still_does(
     assert (status, body["code"]) == (401, "missing_api_key")
     with pytest.raises(ConfigurationError, match="public"):
         _rules_app(memory_manager, SECRETS_RULES, public="/api/openapi.json")
+
+
+# -- header="X-API-Key": the bare key in one other header, for clients without Authorization --
+
+
+@pytest.fixture
+async def header_client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build_app(memory_manager, header="X-API-Key"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        yield http
+
+
+_PADDING = st.lists(
+    st.sampled_from([b" ", b"\t", b"\r", b"\n", b"\x00", b"\x0b", b"\x0c", b"\xa0", b","]),
+    max_size=3,
+).map(b"".join)
+
+
+class TestHeaderOption:
+    async def test_if_key_in_the_named_header_then_admitted(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await header_client.get("/api/v1/contacts", headers={"X-API-Key": created.key})
+        assert response.status_code == 200
+        assert response.json()["id"] == created.record.id
+        assert "ratelimit" in response.headers
+
+    @pytest.mark.parametrize("name", ["x-api-key", "X-API-KEY", "X-Api-Key"])
+    async def test_if_header_named_in_any_case_then_the_same_header(
+        self, memory_manager: KeyManager, name: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        app = build_app(memory_manager, header=name)
+        status, _ = await _call(app, [(b"x-api-key", created.key.encode())])
+        assert status == 200
+
+    @pytest.mark.parametrize("padding", [" ", "\t", " \t ", "\t\t"])
+    async def test_if_value_padded_with_spaces_or_tabs_then_admitted(
+        self, memory_manager: KeyManager, padding: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        app = build_app(memory_manager, header="X-API-Key")
+        value = f"{padding}{created.key}{padding}".encode()
+        status, _ = await _call(app, [(b"x-api-key", value)])
+        assert status == 200
+
+    async def test_if_only_authorization_sent_then_401_missing(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await header_client.get("/api/v1/contacts", headers=bearer(created.key))
+        body = assert_problem(response, 401, "missing_api_key")
+        assert response.headers["www-authenticate"] == 'Bearer realm="api"'
+        assert "X-API-Key" in body["detail"]
+
+    async def test_if_authorization_valid_but_named_header_bad_then_refused(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        headers = {**bearer(created.key), "X-API-Key": "nope"}
+        response = await header_client.get("/api/v1/contacts", headers=headers)
+        assert_problem(response, 401, "malformed_api_key")
+
+    async def test_if_default_mode_then_named_header_is_ignored(
+        self, client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await client.get("/api/v1/contacts", headers={"X-API-Key": created.key})
+        body = assert_problem(response, 401, "missing_api_key")
+        assert body["detail"] == "Send the API key in the Authorization header as 'Bearer <key>'."
+
+    @pytest.mark.parametrize("name", ["authorization", "AUTHORIZATION", "Authorization"])
+    async def test_if_header_is_authorization_in_any_case_then_bearer_mode(
+        self, memory_manager: KeyManager, name: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        app = build_app(memory_manager, header=name)
+        status, _ = await _call(app, _auth(created.key))
+        assert status == 200
+        status, body = await _call(app, [(b"authorization", created.key.encode())])
+        assert (status, body["code"]) == (401, "malformed_api_key")
+        status, body = await _call(app, [(b"x-api-key", created.key.encode())])
+        assert (status, body["code"]) == (401, "missing_api_key")
+
+    async def test_if_named_header_absent_then_401_missing_with_challenge(
+        self, header_client: httpx.AsyncClient
+    ) -> None:
+        response = await header_client.get("/api/v1/contacts")
+        body = assert_problem(response, 401, "missing_api_key")
+        assert response.headers["www-authenticate"] == 'Bearer realm="api"'
+        assert body["detail"] == "Send the API key in the X-API-Key header."
+
+    @pytest.mark.parametrize(
+        "value",
+        [
+            b"",
+            b"   ",
+            b"not-a-key",
+            b"Bearer {key}",
+            b"bearer {key}",
+            b"{key}x",
+            b"{key} extra",
+            b"{key},{key}",
+            b"\x00{key}",
+            b"{key}\r",
+            b"{key}\n",
+            b"\xa0{key}",
+            b"{key}\xc3\xa9",
+            "\u00e9".encode() + b"{key}",
+            b"a" * 5000,
+            b"{key}" + b"a" * 300,
+        ],
+    )
+    async def test_if_value_malformed_then_401_malformed(
+        self, memory_manager: KeyManager, value: bytes
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        app = build_app(memory_manager, header="X-API-Key")
+        raw = value.replace(b"{key}", created.key.encode())
+        status, body = await _call(app, [(b"x-api-key", raw)])
+        assert (status, body["code"]) == (401, "malformed_api_key")
+        assert body["detail"] == "The X-API-Key header is not exactly one well-formed API key."
+        assert parse_key(created.key).secret not in json.dumps(body)
+
+    async def test_if_value_malformed_then_challenge_says_invalid_token(
+        self, header_client: httpx.AsyncClient
+    ) -> None:
+        response = await header_client.get("/api/v1/contacts", headers={"X-API-Key": "nope"})
+        assert_problem(response, 401, "malformed_api_key")
+        assert response.headers["www-authenticate"] == 'Bearer realm="api", error="invalid_token"'
+
+    async def test_if_two_named_headers_then_malformed_even_if_both_are_the_key(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        for second in (created.key, "nope"):
+            headers = [("X-API-Key", created.key), ("x-api-key", second)]
+            response = await header_client.get("/api/v1/contacts", headers=headers)
+            assert_problem(response, 401, "malformed_api_key")
+
+    async def test_if_secret_wrong_then_401_invalid(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        headers = {"X-API-Key": wrong_secret(created.key)}
+        response = await header_client.get("/api/v1/contacts", headers=headers)
+        assert_problem(response, 401, "invalid_api_key")
+        assert 'error="invalid_token"' in response.headers["www-authenticate"]
+
+    async def test_if_key_revoked_then_401_revoked(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await memory_manager.revoke(created.record.id)
+        headers = {"X-API-Key": created.key}
+        response = await header_client.get("/api/v1/contacts", headers=headers)
+        assert_problem(response, 401, "key_revoked")
+
+    async def test_if_scope_missing_then_403(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        headers = {"X-API-Key": created.key}
+        response = await header_client.post("/api/v1/contacts", headers=headers)
+        body = assert_problem(response, 403, "insufficient_scope")
+        assert body["required_scopes"] == ["contacts:write"]
+
+    @pytest.mark.parametrize("param", ["api_key", "X-API-Key", "x-api-key", "key", "token"])
+    async def test_if_key_in_query_string_then_never_read(
+        self, header_client: httpx.AsyncClient, memory_manager: KeyManager, param: str
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        response = await header_client.get("/api/v1/contacts", params={param: created.key})
+        assert_problem(response, 401, "missing_api_key")
+
+    def test_if_websocket_then_the_named_header_is_read(self, hasher: Hasher) -> None:
+        manager = KeyManager(MemoryStore(), hasher=hasher)
+        app = build_app(manager, header="X-API-Key")
+        with TestClient(app) as http:
+            created = http.portal.call(
+                lambda: manager.create(name="n", workspace="w", full_access=True)
+            )
+            headers = {"X-API-Key": created.key}
+            with http.websocket_connect("/api/v1/socket", headers=headers) as ws:
+                assert ws.receive_text() == created.record.id
+            with (
+                pytest.raises(WebSocketDisconnect),
+                http.websocket_connect("/api/v1/socket", headers=bearer(created.key)) as ws,
+            ):
+                ws.receive_text()
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def test_if_header_is_arbitrary_bytes_then_admitted_only_for_the_padded_key(
+        self, data: Any
+    ) -> None:
+        manager = KeyManager(MemoryStore(), hasher=_HASHER)
+        app = build_app(manager, header="X-API-Key")
+
+        async def scenario() -> tuple[bytes, bytes, tuple[int, dict[str, Any]]]:
+            created = await manager.create(name="n", workspace="w", full_access=True)
+            key = created.key.encode()
+            position = data.draw(st.integers(0, len(key) - 1))
+            damaged = key[:position] + bytes([data.draw(st.integers(0, 255))]) + key[position + 1 :]
+            core = data.draw(
+                st.one_of(
+                    st.just(key),
+                    st.just(damaged),
+                    st.binary(max_size=300),
+                    st.just(b"Bearer " + key),
+                    st.binary(max_size=20).map(lambda extra: key + extra),
+                )
+            )
+            value = data.draw(_PADDING) + core + data.draw(_PADDING)
+            return key, value, await _call(app, [(b"x-api-key", value)])
+
+        key, value, (status, body) = asyncio.run(scenario())
+        assert status in (200, 401), (value, status)
+        # Admitted exactly when the value is the key, give or take spaces and tabs around it.
+        assert (status == 200) == (value.strip(b" \t") == key), value
+        if status == 401:
+            assert body["code"] in ("malformed_api_key", "invalid_api_key")
+
+    @pytest.mark.parametrize(
+        "header",
+        [
+            "",
+            " ",
+            "X API Key",
+            "X-API-Key ",
+            " X-API-Key",
+            "X-API-Key:",
+            ":authority",
+            "X-API-Key\r\n",
+            "X-API-Key\n",
+            "x(api)key",
+            "x/api",
+            "x@api",
+            "x=api",
+            'x"api',
+            "Schlüssel",
+            "Authorization: Bearer",
+        ],
+    )
+    def test_if_header_is_not_an_http_header_name_then_refused_when_built(
+        self, memory_manager: KeyManager, header: str
+    ) -> None:
+        with pytest.raises(ConfigurationError, match="not an HTTP header name"):
+            build_app(memory_manager, header=header)
+
+    @pytest.mark.parametrize("header", [None, b"X-API-Key", 1])
+    def test_if_header_is_not_a_string_then_refused_when_built(
+        self, memory_manager: KeyManager, header: Any
+    ) -> None:
+        with pytest.raises(ConfigurationError, match="not an HTTP header name"):
+            build_app(memory_manager, header=header)
+
+    @pytest.mark.parametrize("header", ["X-API-Key", "x_api.key~1", "!#$%&'*+-.^_`|~", "Key"])
+    def test_if_header_is_a_token_then_accepted(
+        self, memory_manager: KeyManager, header: str
+    ) -> None:
+        assert build_app(memory_manager, header=header).header == header
+
+    @given(before=st.text(alphabet=" \t", max_size=3), after=st.text(alphabet=" \t", max_size=3))
+    def test_if_header_token_padded_then_it_means_the_same(self, before: str, after: str) -> None:
+        key = generate_key("ak").token
+        assert header_token([f"{before}{key}{after}".encode()]) == key

@@ -11,11 +11,12 @@ app = APIKeyMiddleware(
 )
 ```
 
-Requests under `protect` need `Authorization: Bearer <key>`. A request that passes reaches
-the app with `scope["apikey"]` (the `KeyRecord`), and `scope["auth"]` / `scope["user"]`
-set the way Starlette's `AuthenticationMiddleware` sets them, so `requires()` works. Every
-refusal is an `application/problem+json` response; nothing unexpected becomes a 500 or lets
-a request through.
+Requests under `protect` need `Authorization: Bearer <key>`, or, with `header="X-API-Key"`,
+the bare key in that one header instead (then Authorization is never read). A request that
+passes reaches the app with `scope["apikey"]` (the `KeyRecord`), and `scope["auth"]` /
+`scope["user"]` set the way Starlette's `AuthenticationMiddleware` sets them, so `requires()`
+works. Every refusal is an `application/problem+json` response; nothing unexpected becomes
+a 500 or lets a request through.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "APIKeyUser",
     "ScopeTable",
     "bearer_token",
+    "header_token",
     "rate_limit_headers",
 ]
 
@@ -56,6 +58,8 @@ logger = logging.getLogger("apikeys")
 
 # Longest value worth reading: "Bearer " and the longest key the format allows, with room.
 MAX_AUTHORIZATION_LENGTH = 256
+# An HTTP field name (RFC 9110, section 5.1): one or more token characters.
+_FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "*"}
 )
@@ -248,6 +252,51 @@ def bearer_token(values: Sequence[bytes]) -> str:
         raise MalformedAPIKey() from None
 
 
+def header_token(values: Sequence[bytes], header: str = "X-API-Key") -> str:
+    """The key of the request's values of a header that carries the bare key (`X-API-Key`).
+
+    `header` is the header's name as the application spells it, used only in the errors'
+    details. No header is `MissingAPIKey`; two headers, an oversized or non-ASCII value is
+    `MalformedAPIKey`. The value is the key alone, no scheme word; spaces and tabs around it
+    are ignored. Whether the key is in the key format is `KeyManager.verify`'s to check.
+    """
+    if not values:
+        raise _header_error(MissingAPIKey(), header)
+    value = values[0].strip(b" \t")
+    # Two headers of that name: refuse, never pick one.
+    if len(values) > 1 or len(value) > MAX_AUTHORIZATION_LENGTH or not value.isascii():
+        raise _header_error(MalformedAPIKey(), header)
+    return value.decode("ascii")
+
+
+def _header_error(exc: AuthenticationError, header: str) -> AuthenticationError:
+    """`exc`, its detail naming `header` instead of Authorization when it is about the header.
+
+    For `MissingAPIKey` and `MalformedAPIKey` (whoever raised them: `header_token` or
+    `KeyManager.verify`) when the key is read from another header; other errors unchanged.
+    """
+    if exc.detail != type(exc).detail:
+        return exc
+    if isinstance(exc, MissingAPIKey):
+        return MissingAPIKey(f"Send the API key in the {header} header.")
+    if isinstance(exc, MalformedAPIKey):
+        return MalformedAPIKey(f"The {header} header is not exactly one well-formed API key.")
+    return exc
+
+
+def _key_header(header: str) -> bytes:
+    """The lower-case name of the header that carries the key; `b"authorization"` is Bearer.
+
+    Raises `ConfigurationError` unless `header` is a valid HTTP field name.
+    """
+    if not isinstance(header, str) or _FIELD_NAME.fullmatch(header) is None:
+        raise ConfigurationError(
+            f"header {header!r} is not an HTTP header name: name one header, such as "
+            "'X-API-Key', in letters, digits and !#$%&'*+-.^_`|~"
+        )
+    return header.lower().encode("ascii")
+
+
 @functools.lru_cache(maxsize=256)
 def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
     return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
@@ -276,6 +325,12 @@ class APIKeyMiddleware:
     - `unmapped`: what a restricted key may do on a protected route that no rule covers:
       `"deny"` (the default: 403 `insufficient_scope`) or `"allow"`. Full-access keys pass
       either way.
+    - `header`: where the key is read. `"Authorization"` (the default, in any case) reads
+      `Authorization: Bearer <key>`. Another header name, such as `"X-API-Key"`, reads the
+      bare key from that one header (spaces and tabs around it ignored) and never reads
+      Authorization; two headers of that name are `malformed_api_key`. For clients that
+      cannot send Authorization. Refusals still carry `WWW-Authenticate: Bearer realm=…`.
+      A name that is not a valid HTTP header name raises `ConfigurationError`.
 
     On `lifespan.shutdown` it writes the manager's buffered usage counts.
     """
@@ -294,6 +349,7 @@ class APIKeyMiddleware:
         policy_name: str = "default",
         unmapped: Literal["deny", "allow"] = "deny",
         public: Sequence[str] = (),
+        header: str = "Authorization",
     ) -> None:
         self.app = app
         self.manager = manager
@@ -311,6 +367,9 @@ class APIKeyMiddleware:
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
         self.allow_unmapped = unmapped == "allow"
+        self.header = header
+        self._header_name = _key_header(header)
+        self._bearer = self._header_name == b"authorization"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
@@ -334,8 +393,12 @@ class APIKeyMiddleware:
 
         rate_headers: Headers | None = None
         try:
-            values = [value for name, value in scope["headers"] if name == b"authorization"]
-            record = await self.manager.verify(bearer_token(values))
+            header_name = self._header_name
+            values = [value for name, value in scope["headers"] if name == header_name]
+            if self._bearer:
+                record = await self.manager.verify(bearer_token(values))
+            else:
+                record = await self.manager.verify(header_token(values, self.header))
             decision = await self.limiter.hit(record.id, record.rate_limit)
             rate_headers = self._rate_headers(decision)
             if not decision.allowed:
@@ -349,6 +412,8 @@ class APIKeyMiddleware:
             elif not grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
+            if not self._bearer:
+                exc = _header_error(exc, self.header)
             await self._refuse(scope, send, exc, rate_headers)
             return
         except Exception:

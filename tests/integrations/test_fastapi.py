@@ -9,13 +9,18 @@ import pytest
 from fastapi import FastAPI, Security
 
 from apikeys import Hasher, KeyManager, KeyRecord, MemoryStore, RateLimiter, generate_key
+from apikeys.errors import ConfigurationError
 from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
 
 
 def build(
-    manager: KeyManager, *, handler: bool = True, limiter: RateLimiter | None = None
+    manager: KeyManager,
+    *,
+    handler: bool = True,
+    limiter: RateLimiter | None = None,
+    header: str = "Authorization",
 ) -> FastAPI:
-    api_key = APIKeySecurity(manager, limiter=limiter)
+    api_key = APIKeySecurity(manager, limiter=limiter, header=header)
     app = FastAPI()
     if handler:
         install_error_handler(app)
@@ -161,3 +166,134 @@ async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> N
         response = await http.get("/me", headers=bearer(token))
     assert response.status_code == 503
     assert response.json()["code"] == "auth_unavailable"
+
+
+@pytest.fixture
+async def header_client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build(memory_manager, header="X-API-Key"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        yield http
+
+
+async def test_if_header_named_then_the_key_is_read_from_it(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["contacts:read"])
+    response = await header_client.get("/contacts", headers={"X-API-Key": f"\t{created.key} "})
+    assert response.status_code == 200
+    assert response.json() == {"id": created.record.id, "workspace": "acme"}
+    assert response.headers["ratelimit"] == '"default";r=99;t=60'
+    refused = await header_client.post("/contacts", headers={"X-API-Key": created.key})
+    assert refused.status_code == 403
+    assert refused.json()["required_scopes"] == ["contacts:write"]
+
+
+async def test_if_header_named_then_authorization_is_never_read(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    response = await header_client.get("/me", headers=bearer(created.key))
+    assert response.status_code == 401
+    assert response.json()["code"] == "missing_api_key"
+    assert response.json()["detail"] == "Send the API key in the X-API-Key header."
+    assert response.headers["www-authenticate"] == 'Bearer realm="api"'
+
+
+async def test_if_default_header_then_x_api_key_is_never_read(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    response = await client.get("/me", headers={"X-API-Key": created.key})
+    assert response.status_code == 401
+    assert response.json()["code"] == "missing_api_key"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-API-Key", "nope")],
+        [("X-API-Key", "Bearer {key}")],
+        [("X-API-Key", "{key}"), ("X-API-Key", "{key}")],
+        [("X-API-Key", "a" * 5000)],
+    ],
+)
+async def test_if_named_header_malformed_then_401_problem(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager, headers: list[tuple[str, str]]
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    sent = [(name, value.format(key=created.key)) for name, value in headers]
+    response = await header_client.get("/me", headers=sent)
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "malformed_api_key"
+    assert response.headers["www-authenticate"] == 'Bearer realm="api", error="invalid_token"'
+
+
+async def test_if_header_named_and_no_error_handler_then_status_and_code_still_right(
+    memory_manager: KeyManager,
+) -> None:
+    transport = httpx.ASGITransport(app=build(memory_manager, handler=False, header="X-API-Key"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        missing = await http.get("/me")
+        malformed = await http.get("/me", headers={"X-API-Key": "nope"})
+    assert missing.status_code == 401
+    assert missing.json()["detail"]["code"] == "missing_api_key"
+    assert missing.headers["www-authenticate"] == 'Bearer realm="api"'
+    assert malformed.json()["detail"]["code"] == "malformed_api_key"
+
+
+async def test_if_key_in_query_string_then_never_read(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    response = await header_client.get("/me", params={"api_key": created.key})
+    assert response.status_code == 401
+    assert response.json()["code"] == "missing_api_key"
+
+
+def test_if_header_named_then_openapi_shows_an_api_key_header_scheme(
+    memory_manager: KeyManager,
+) -> None:
+    schema = build(memory_manager, header="X-API-Key").openapi()
+    assert schema["components"]["securitySchemes"] == {
+        "APIKey": {
+            "type": "apiKey",
+            "in": "header",
+            "name": "X-API-Key",
+            "description": "An API key: `X-API-Key: ak_…`.",
+        }
+    }
+    assert schema["paths"]["/contacts"]["get"]["security"] == [{"APIKey": ["contacts:read"]}]
+
+
+def test_if_header_is_authorization_in_any_case_then_openapi_keeps_the_bearer_scheme(
+    memory_manager: KeyManager,
+) -> None:
+    schema = build(memory_manager, header="authorization").openapi()
+    assert schema["components"]["securitySchemes"]["APIKey"]["type"] == "http"
+    assert schema["components"]["securitySchemes"]["APIKey"]["scheme"] == "bearer"
+
+
+def test_if_scheme_name_and_description_given_then_the_header_scheme_uses_them(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(
+        memory_manager, header="X-Token", scheme_name="Token", description="Your token."
+    )
+    app = FastAPI()
+
+    @app.get("/me")
+    async def me(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {"name": key.name}
+
+    assert app.openapi()["components"]["securitySchemes"] == {
+        "Token": {"type": "apiKey", "in": "header", "name": "X-Token", "description": "Your token."}
+    }
+
+
+@pytest.mark.parametrize("header", ["", "X API Key", "X-API-Key:", "Schlüssel"])
+def test_if_header_is_not_an_http_header_name_then_refused(
+    memory_manager: KeyManager, header: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="not an HTTP header name"):
+        APIKeySecurity(memory_manager, header=header)

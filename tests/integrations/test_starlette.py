@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from apikeys import Hasher, KeyManager, MemoryStore, RateLimiter, generate_key
+from apikeys.errors import ConfigurationError
 from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
 
 
@@ -27,8 +28,10 @@ async def anyone(request: Request) -> JSONResponse:
     return JSONResponse({"authenticated": request.user.is_authenticated})
 
 
-def build(manager: KeyManager, limiter: RateLimiter | None = None) -> Starlette:
-    backend = APIKeyBackend(manager, limiter=limiter)
+def build(
+    manager: KeyManager, limiter: RateLimiter | None = None, header: str = "Authorization"
+) -> Starlette:
+    backend = APIKeyBackend(manager, limiter=limiter, header=header)
     return Starlette(
         routes=[Route("/contacts", contacts), Route("/anyone", anyone)],
         middleware=[Middleware(AuthenticationMiddleware, backend=backend, on_error=on_auth_error)],
@@ -111,3 +114,89 @@ async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> N
         response = await http.get("/anyone", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 503
     assert response.json()["code"] == "auth_unavailable"
+
+
+@pytest.fixture
+async def header_client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=build(memory_manager, header="X-API-Key"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        yield http
+
+
+async def test_if_header_named_then_the_key_is_read_from_it(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["contacts:read"])
+    response = await header_client.get("/contacts", headers={"X-API-Key": f" {created.key}\t"})
+    assert response.json() == {"id": created.record.id, "workspace": "acme"}
+
+
+async def test_if_header_named_then_authorization_is_never_read(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    headers = {"Authorization": f"Bearer {created.key}"}
+    assert (await header_client.get("/anyone", headers=headers)).json() == {"authenticated": False}
+    headers["X-API-Key"] = "nope"
+    response = await header_client.get("/anyone", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["code"] == "malformed_api_key"
+
+
+async def test_if_default_header_then_x_api_key_is_never_read(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    response = await client.get("/anyone", headers={"X-API-Key": created.key})
+    assert response.json() == {"authenticated": False}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-API-Key", "nope")],
+        [("X-API-Key", "Bearer {key}")],
+        [("X-API-Key", "{key}"), ("X-API-Key", "{key}")],
+        [("X-API-Key", "a" * 5000)],
+    ],
+)
+async def test_if_named_header_malformed_then_problem_401(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager, headers: list[tuple[str, str]]
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    sent = [(name, value.format(key=created.key)) for name, value in headers]
+    response = await header_client.get("/anyone", headers=sent)
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "malformed_api_key"
+    assert "X-API-Key" in response.json()["detail"]
+    assert response.headers["www-authenticate"] == 'Bearer realm="api", error="invalid_token"'
+
+
+async def test_if_named_header_sent_as_non_ascii_then_problem_401(
+    memory_manager: KeyManager,
+) -> None:
+    app = build(memory_manager, header="X-API-Key")
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    value = created.key.encode() + "\u00e9".encode()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/anyone", headers=[(b"X-API-Key", value)])
+    assert response.status_code == 401
+    assert response.json()["code"] == "malformed_api_key"
+
+
+async def test_if_key_in_query_string_then_never_read(
+    header_client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", full_access=True)
+    response = await header_client.get("/anyone", params={"api_key": created.key})
+    assert response.json() == {"authenticated": False}
+
+
+@pytest.mark.parametrize("header", ["", "X API Key", "X-API-Key:", "Schlüssel"])
+def test_if_header_is_not_an_http_header_name_then_refused(
+    memory_manager: KeyManager, header: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="not an HTTP header name"):
+        APIKeyBackend(memory_manager, header=header)

@@ -23,6 +23,9 @@ The dependency returns the `KeyRecord`, checks the scopes FastAPI collects in
 Bearer scheme in FastAPI's OpenAPI. `install_error_handler` makes every refusal the same
 problem+json response `APIKeyMiddleware` sends; without it, refusals still arrive with the
 right status as FastAPI's usual `{"detail": …}` body.
+
+With `APIKeySecurity(manager, header="X-API-Key")` the key is read bare from that one header
+instead, never from Authorization, and OpenAPI shows an apiKey scheme in that header.
 """
 
 from __future__ import annotations
@@ -30,11 +33,19 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, HTTPException, Request, Response
-from fastapi.security import HTTPBearer, SecurityScopes
+from fastapi.security import APIKeyHeader, HTTPBearer, SecurityScopes
 
 from apikeys import errors
 from apikeys.manager import KeyManager
-from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token, rate_limit_headers
+from apikeys.middleware import (
+    APIKeyAuth,
+    APIKeyUser,
+    _header_error,
+    _key_header,
+    bearer_token,
+    header_token,
+    rate_limit_headers,
+)
 from apikeys.problems import encode_problem, problem_body, problem_headers
 from apikeys.ratelimit import RateLimiter
 from apikeys.scopes import grants_for
@@ -50,6 +61,10 @@ class APIKeySecurity(HTTPBearer):
 
     Use it as `Security(api_key, scopes=[...])`; it returns the request's `KeyRecord` and
     sets `request.scope["apikey"]`, `request.auth` and `request.user`.
+
+    `header="X-API-Key"` reads the bare key from that one header instead, and never reads
+    Authorization, as `APIKeyMiddleware(header=…)` does; OpenAPI then shows an `apiKey`
+    scheme in that header (FastAPI's `APIKeyHeader`) instead of HTTP Bearer.
     """
 
     def __init__(
@@ -58,13 +73,26 @@ class APIKeySecurity(HTTPBearer):
         *,
         limiter: RateLimiter | None = None,
         scheme_name: str = "APIKey",
-        description: str = "An API key: `Authorization: Bearer ak_…`.",
+        description: str | None = None,
         realm: str = "api",
+        header: str = "Authorization",
     ) -> None:
+        header_name = _key_header(header)
+        bearer = header_name == b"authorization"
+        if description is None:
+            value = "Bearer ak_…" if bearer else "ak_…"
+            description = f"An API key: `{'Authorization' if bearer else header}: {value}`."
         super().__init__(bearerFormat="apikeys", scheme_name=scheme_name, description=description)
+        if not bearer:
+            # What FastAPI's APIKeyHeader documents: {"type": "apiKey", "in": "header", …}.
+            scheme = APIKeyHeader(name=header, scheme_name=scheme_name, description=description)
+            self.model = scheme.model  # type: ignore[assignment]
         self.manager = manager
         self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
+        self.header = header
+        self._header_name = header_name
+        self._bearer = bearer
 
     async def __call__(  # type: ignore[override]
         self, request: Request, response: Response, security_scopes: SecurityScopes
@@ -79,6 +107,8 @@ class APIKeySecurity(HTTPBearer):
                 logger.exception("apikeys: unexpected error while authenticating; answering 503")
                 raise errors.AuthUnavailable() from None
         except errors.AuthenticationError as exc:
+            if not self._bearer:
+                exc = _header_error(exc, self.header)
             request.scope["apikeys.realm"] = self.realm
             if errors.AuthenticationError in request.app.exception_handlers:
                 raise
@@ -94,8 +124,12 @@ class APIKeySecurity(HTTPBearer):
     async def _authenticate(
         self, request: Request, response: Response, required: list[str]
     ) -> KeyRecord:
-        values = [value for name, value in request.scope["headers"] if name == b"authorization"]
-        record = await self.manager.verify(bearer_token(values))
+        header_name = self._header_name
+        values = [value for name, value in request.scope["headers"] if name == header_name]
+        if self._bearer:
+            record = await self.manager.verify(bearer_token(values))
+        else:
+            record = await self.manager.verify(header_token(values, self.header))
         decision = await self.limiter.hit(record.id, record.rate_limit)
         rate_headers = tuple(rate_limit_headers(decision))
         refusal: errors.AuthenticationError | None = None

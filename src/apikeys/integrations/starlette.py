@@ -11,7 +11,8 @@ middleware = [
 ]
 ```
 
-A request without an `Authorization` header is anonymous (Starlette's `requires()` then
+A request without an `Authorization` header (or without the header named by `header=`, such
+as `X-API-Key`, which then carries the bare key) is anonymous (Starlette's `requires()` then
 answers 403, or redirects); any other failure is answered by `on_auth_error` with the same
 problem+json body `APIKeyMiddleware` sends. Scopes are checked with `requires("contacts:read")`
 and understand `resource:*` grants and full access. For `RateLimit` headers on every response,
@@ -28,7 +29,15 @@ from starlette.responses import Response
 
 from apikeys import errors
 from apikeys.manager import KeyManager
-from apikeys.middleware import APIKeyAuth, APIKeyUser, bearer_token, rate_limit_headers
+from apikeys.middleware import (
+    APIKeyAuth,
+    APIKeyUser,
+    _header_error,
+    _key_header,
+    bearer_token,
+    header_token,
+    rate_limit_headers,
+)
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.scopes import grants_for
@@ -52,27 +61,44 @@ class APIKeyBackend(AuthenticationBackend):
 
     Every key's rate limit applies (`limiter` defaults to `RateLimiter()`, in memory with
     the default limit); pass `RateLimiter(storage_url="redis://…")` to share it.
+
+    `header="X-API-Key"` reads the bare key from that one header instead, and never reads
+    Authorization, as `APIKeyMiddleware(header=…)` does.
     """
 
     def __init__(
-        self, manager: KeyManager, *, limiter: RateLimiter | None = None, realm: str = "api"
+        self,
+        manager: KeyManager,
+        *,
+        limiter: RateLimiter | None = None,
+        realm: str = "api",
+        header: str = "Authorization",
     ) -> None:
         self.manager = manager
         self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
+        self.header = header
+        self._header_name = _key_header(header)
+        self._bearer = self._header_name == b"authorization"
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[APIKeyAuth, APIKeyUser] | None:
-        values = [value for name, value in conn.scope["headers"] if name == b"authorization"]
+        header_name = self._header_name
+        values = [value for name, value in conn.scope["headers"] if name == header_name]
         if not values:
             return None
         try:
-            record = await self.manager.verify(bearer_token(values))
+            if self._bearer:
+                record = await self.manager.verify(bearer_token(values))
+            else:
+                record = await self.manager.verify(header_token(values, self.header))
             decision = await self.limiter.hit(record.id, record.rate_limit)
             if not decision.allowed:
                 limited = errors.RateLimited(decision.reset_after)
                 limited.headers = tuple(rate_limit_headers(decision))
                 raise limited
         except errors.AuthenticationError as exc:
+            if not self._bearer:
+                exc = _header_error(exc, self.header)
             raise APIKeyRefused(exc, self.realm) from None
         except Exception:
             # An unforeseen store or limiter error: fail closed, as the middleware does.
