@@ -149,3 +149,65 @@ def test_the_readme_first_screen_runs_as_written_in_an_empty_venv(
         check=True,
     )
     assert count.stdout.strip() == "1"
+
+
+def test_the_wheel_serves_the_mounted_settings_page(venv: Path, dist: Path, tmp_path: Path) -> None:
+    """`pip install 'apikeys[ui]'` brings the page's templates and static files."""
+    [wheel] = dist.glob("*.whl")
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", f"{wheel}[sql,ui]"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    docs = (ROOT / "docs" / "settings-page.md").read_text()
+    sample = re.search(r"<!-- file: keys_app.py -->\n```python\n(.*?)```", docs, flags=re.S)
+    assert sample, "docs/settings-page.md lost its keys_app.py sample: update this test"
+    (tmp_path / "keys_app.py").write_text(sample.group(1))
+    # A stand-in for the application's own login: it puts a user id in the session.
+    (tmp_path / "served.py").write_text(
+        "from starlette.responses import RedirectResponse\n"
+        "from starlette.routing import Route\n"
+        "from keys_app import app\n\n"
+        "async def login(request):\n"
+        "    request.session['user_id'] = 'ops'\n"
+        "    return RedirectResponse(request.query_params['next'], status_code=303)\n\n"
+        "app.router.routes.append(Route('/login', login))\n"
+    )
+    port = _free_port()
+    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path)}
+    log = (tmp_path / "uvicorn.log").open("wb")
+    server = subprocess.Popen(
+        ["uvicorn", "served:app", "--port", str(port)],
+        cwd=tmp_path,
+        env={**env, "APIKEYS_PEPPER": "wheel-test-pepper-0123456789abcdef"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=base, follow_redirects=True, timeout=10) as http:
+            while True:
+                try:
+                    page = http.get("/settings/api-keys/")
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline, (tmp_path / "uvicorn.log").read_text()
+                    time.sleep(0.2)
+            assert page.status_code == 200, page.text
+            assert "<h1>API keys</h1>" in page.text
+            assert "ops@acme.example" in page.text
+            assert http.get("/settings/api-keys/static/app.css").status_code == 200
+            token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+            assert token
+            created = http.post(
+                "/settings/api-keys/",
+                data={"csrf_token": token.group(1), "name": "From the wheel", "access": "full"},
+            )
+            assert created.status_code == 200
+            assert re.search(r'id="new-key-value"[^>]*value="ak_[0-9A-Za-z_]{51}"', created.text)
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+        log.close()
