@@ -49,6 +49,11 @@ RECORD_FIELDS = {
     "revoked_at",
     "replaces",
     "replaced_by",
+    "owner",
+    "metadata",
+    "allowed_ips",
+    "credits",
+    "credit_refill",
 }
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 

@@ -84,6 +84,11 @@ class TestCreate:
             "revoked_at",
             "replaces",
             "replaced_by",
+            "owner",
+            "metadata",
+            "allowed_ips",
+            "credits",
+            "credit_refill",
         ]
         assert data["access"] == "full"
         assert data["rate_limit"] == "10/second"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Final, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
@@ -28,6 +28,7 @@ from apikeys.errors import (
 )
 from apikeys.hashing import Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
+from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import parse_rate_limit
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import KeyStore, store_from_url
@@ -187,12 +188,23 @@ class KeyManager:
         rate_limit: str | None = None,
         expires_at: datetime | None = None,
         expires_in: timedelta | None = None,
+        owner: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        allowed_ips: Iterable[str] | None = None,
+        credits: int | None = None,
+        credit_refill: str | None = None,
     ) -> CreatedKey:
         """Create a key. The returned `CreatedKey.key` is the only time the key is shown.
 
         A key has `full_access` (every scope, including scopes added later) or the given
         `scopes`; a restricted key without scopes is refused. `rate_limit` overrides the
         middleware's default (`limits` notation). Expiry is `expires_at` or `expires_in`.
+
+        Policies (`apikeys.policies`): `owner` and `metadata` (a JSON object of at most
+        4 KiB, never a secret) for the application; `allowed_ips`, CIDR ranges the key may
+        be used from; `credits`, uses left, with `credit_refill` (`"1000/day"`,
+        `"5000/month"`) setting them back each UTC period (a key with a refill and no
+        `credits` starts full).
         """
         _text(name, "name")
         _text(workspace, "workspace")
@@ -207,6 +219,17 @@ class KeyManager:
             parse_rate_limit(rate_limit)
         now = utcnow()
         expiry = self._expiry(now, expires_at, expires_in)
+        policy = policy_fields(
+            owner=owner,
+            metadata=metadata,
+            allowed_ips=allowed_ips,
+            credits=credits,
+            credit_refill=credit_refill,
+        )
+        refill = parse_refill(policy.get("credit_refill"))
+        if refill is not None:
+            policy.setdefault("credits", refill.amount)
+            policy["credits_refilled_at"] = refill.period_start(now)
         return await self._issue(
             name=name,
             workspace=workspace,
@@ -215,6 +238,7 @@ class KeyManager:
             rate_limit=rate_limit,
             created_at=now,
             expires_at=expiry,
+            policy=policy,
         )
 
     @staticmethod
@@ -245,6 +269,7 @@ class KeyManager:
         created_at: datetime,
         expires_at: datetime | None,
         replaces: str | None = None,
+        policy: Mapping[str, Any] | None = None,
     ) -> CreatedKey:
         for _ in range(_INSERT_ATTEMPTS):
             parsed = generate_key(self.prefix)
@@ -260,6 +285,7 @@ class KeyManager:
                 created_at=created_at,
                 expires_at=expires_at,
                 replaces=replaces,
+                **(policy or {}),
             )
             try:
                 secret_hash = await self.hasher.ahash(parsed.secret)
@@ -336,8 +362,15 @@ class KeyManager:
         rate_limit: str | _Unset | None = UNSET,
         expires_at: datetime | _Unset | None = UNSET,
         expires_in: timedelta | None = None,
+        owner: str | _Unset | None = UNSET,
+        metadata: Mapping[str, Any] | _Unset | None = UNSET,
+        allowed_ips: Iterable[str] | _Unset | None = UNSET,
+        credits: int | _Unset | None = UNSET,
+        credit_refill: str | _Unset | None = UNSET,
     ) -> KeyRecord:
-        """Edit a key: its name, access and scopes, rate limit or expiry. Refused when revoked.
+        """Edit a key: its name, access and scopes, rate limit or expiry, and its policies
+        (None clears `owner`, `metadata`, `allowed_ips` and `credit_refill`, and makes
+        `credits` unlimited). Refused when revoked.
 
         Only what is given changes. `scopes=[…]` makes the key restricted to those scopes;
         `full_access=True` gives it every scope; `rate_limit=None` returns it to the
@@ -370,6 +403,31 @@ class KeyManager:
                 changes["expires_at"] = None
             else:
                 changes["expires_at"] = self._expiry(utcnow(), given, expires_in)
+        changes.update(
+            policy_fields(
+                owner=None if isinstance(owner, _Unset) else owner,
+                metadata=None if isinstance(metadata, _Unset) else metadata,
+                allowed_ips=None if isinstance(allowed_ips, _Unset) else allowed_ips,
+                credits=None if isinstance(credits, _Unset) else credits,
+                credit_refill=None if isinstance(credit_refill, _Unset) else credit_refill,
+            )
+        )
+        for field, value, cleared in (
+            ("owner", owner, None),
+            ("metadata", metadata, {}),
+            ("allowed_ips", allowed_ips, ()),
+            ("credits", credits, None),
+            ("credit_refill", credit_refill, None),
+        ):
+            if value is None:
+                changes[field] = cleared
+        if changes.get("credit_refill") is not None:
+            refill = parse_refill(str(changes["credit_refill"]))
+            if refill is not None:
+                # The new refill starts now: full unless `credits` says otherwise.
+                if changes.get("credits") is None:
+                    changes["credits"] = refill.amount
+                changes["credits_refilled_at"] = refill.period_start(utcnow())
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice)
         )
@@ -412,6 +470,14 @@ class KeyManager:
             created_at=now,
             expires_at=self._expiry(now, None, expires_in),
             replaces=key_id,
+            policy={
+                "owner": old.owner,
+                "metadata": old.metadata,
+                "allowed_ips": old.allowed_ips,
+                "credits": old.credits,
+                "credit_refill": old.credit_refill,
+                "credits_refilled_at": old.credits_refilled_at,
+            },
         )
         # The new key exists before the old one is cut short: a failure here never leaves
         # the integration without a working key.
@@ -432,6 +498,17 @@ class KeyManager:
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
         return created
+
+    async def spend_credits(self, record: KeyRecord, cost: int = 1) -> int | None:
+        """Take `cost` of the key's credits, refilling them first when a new period began.
+
+        Returns the credits left, or None when too few were left (nothing is taken). Exact
+        across processes: the store takes them in one atomic step. A key without credits
+        (unlimited) is not for this method.
+        """
+        refill = parse_refill(record.credit_refill)
+        window = None if refill is None else (refill.amount, refill.period_start(utcnow()))
+        return await self.store.spend_credits(record.id, cost, refill=window)
 
     # -- verification ----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -76,6 +76,18 @@ class KeyRecord:
     """For a key made by `roll`: the id of the key it replaces."""
     replaced_by: str | None = None
     """For a rolled key: the id of the key that replaces it."""
+    owner: str | None = None
+    """Who the key is for (a user id, an e-mail address): the application's to set."""
+    metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """A JSON object of the application's (at most 4 KiB). Not secret: never put one here."""
+    allowed_ips: tuple[str, ...] = ()
+    """CIDR ranges the key may be used from; empty: any address."""
+    credits: int | None = None
+    """Uses left (spent one per admitted request); None: unlimited."""
+    credit_refill: str | None = None
+    """`"1000/day"` or `"5000/month"`: credits are set back to that amount each UTC period."""
+    credits_refilled_at: datetime | None = None
+    """The start of the period the credits were last refilled for."""
 
     @property
     def key_prefix(self) -> str:
@@ -123,6 +135,11 @@ class KeyRecord:
             "revoked_at": isoformat(self.revoked_at),
             "replaces": self.replaces,
             "replaced_by": self.replaced_by,
+            "owner": self.owner,
+            "metadata": dict(self.metadata),
+            "allowed_ips": list(self.allowed_ips),
+            "credits": self.credits,
+            "credit_refill": self.credit_refill,
         }
 
     def with_usage(self, count: int, last_used_at: datetime | None) -> KeyRecord:

@@ -130,6 +130,19 @@ class KeyStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def spend_credits(
+        self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        """Atomically take `cost` of the key's credits; return how many are left, or None
+        (nothing taken) when fewer than `cost` are left, the key has no credits (unlimited),
+        is revoked, or does not exist.
+
+        `refill` is `(amount, period_start)`: when the key's credits were last refilled
+        before `period_start` (or never), they are first set back to `amount`, and the
+        refill noted as of `period_start`, in the same atomic step.
+        """
+
+    @abc.abstractmethod
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:

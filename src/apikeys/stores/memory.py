@@ -113,6 +113,26 @@ class MemoryStore(KeyStore):
             return record
         return self._put_record(stored, replace(record, **changes))
 
+    async def spend_credits(
+        self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        stored = self._keys.get(key_id)
+        if stored is None or stored.record.credits is None or stored.record.state == REVOKED:
+            return None
+        record = stored.record
+        left = record.credits
+        assert left is not None
+        if refill is not None and (
+            record.credits_refilled_at is None or record.credits_refilled_at < refill[1]
+        ):
+            left = refill[0]
+            record = replace(record, credits=left, credits_refilled_at=refill[1])
+        if left < cost:
+            self._put_record(stored, record)
+            return None
+        self._put_record(stored, replace(record, credits=left - cost))
+        return left - cost
+
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:

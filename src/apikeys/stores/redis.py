@@ -61,6 +61,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from apikeys.channels.redis import RedisChannel, notices_channel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.policies import dump_metadata, load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.types import Access, KeyRecord, StoredKey, StoredState, UsageDelta
 
@@ -192,6 +193,28 @@ _UPDATE = _unless_revoked(
 """
 )
 
+# KEYS[1] = key hash; ARGV[1] = cost, ARGV[2] = refill amount ('' for none), ARGV[3] = the
+# refill period's start (µs). Returns the credits left, or -1 when too few (nothing taken),
+# the key has none (unlimited), is revoked or does not exist.
+_SPEND_CREDITS = """
+local fields = redis.call('HMGET', KEYS[1], 'credits', 'state', 'credits_refilled_at')
+local left = fields[1]
+if (not left) or fields[2] == 'revoked' then
+  return -1
+end
+left = tonumber(left)
+if ARGV[2] ~= '' and ((not fields[3]) or tonumber(fields[3]) < tonumber(ARGV[3])) then
+  left = tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'credits', left, 'credits_refilled_at', ARGV[3])
+end
+local cost = tonumber(ARGV[1])
+if left < cost then
+  return -1
+end
+redis.call('HSET', KEYS[1], 'credits', left - cost)
+return left - cost
+"""
+
 # KEYS[1] = key hash; ARGV[1] = old hash, ARGV[2] = new hash. Returns 1 if swapped.
 _REPLACE_HASH = (
     _PUBLISH
@@ -255,6 +278,10 @@ def _decode_scopes(value: str) -> tuple[str, ...]:
     return tuple(scope for scope in value.split(",") if scope)
 
 
+def _encode_list(values: tuple[str, ...]) -> str:
+    return json.dumps(list(values), separators=(",", ":"))
+
+
 def _encode(stored: StoredKey) -> list[str]:
     """The hash fields of a key, as a flat field/value list."""
     record = stored.record
@@ -264,7 +291,7 @@ def _encode(stored: StoredKey) -> list[str]:
         "workspace": record.workspace,
         "prefix": record.prefix,
         "access": record.access,
-        "scopes": json.dumps(list(record.scopes), separators=(",", ":")),
+        "scopes": _encode_list(record.scopes),
         "state": record.state,
         "created_at": _encode_time(record.created_at),
         "request_count": str(record.request_count),
@@ -274,6 +301,11 @@ def _encode(stored: StoredKey) -> list[str]:
         ("rate_limit", record.rate_limit),
         ("replaces", record.replaces),
         ("replaced_by", record.replaced_by),
+        ("owner", record.owner),
+        ("credit_refill", record.credit_refill),
+        ("metadata", dump_metadata(record.metadata) if record.metadata else None),
+        ("allowed_ips", _encode_list(record.allowed_ips) if record.allowed_ips else None),
+        ("credits", None if record.credits is None else str(record.credits)),
     ):
         if text is not None:
             fields[name] = text
@@ -281,6 +313,7 @@ def _encode(stored: StoredKey) -> list[str]:
         ("expires_at", record.expires_at),
         ("last_used_at", record.last_used_at),
         ("revoked_at", record.revoked_at),
+        ("credits_refilled_at", record.credits_refilled_at),
     ):
         if moment is not None:
             fields[name] = _encode_time(moment)
@@ -306,6 +339,12 @@ def _decode(fields: Mapping[str, str]) -> StoredKey:
         revoked_at=_decode_time(fields.get("revoked_at")),
         replaces=fields.get("replaces"),
         replaced_by=fields.get("replaced_by"),
+        owner=fields.get("owner"),
+        metadata=load_metadata(fields.get("metadata")),
+        allowed_ips=_decode_scopes(fields.get("allowed_ips") or "[]"),
+        credits=None if fields.get("credits") is None else int(fields["credits"]),
+        credit_refill=fields.get("credit_refill"),
+        credits_refilled_at=_decode_time(fields.get("credits_refilled_at")),
     )
     return StoredKey(record=record, secret_hash=fields["secret_hash"])
 
@@ -345,6 +384,7 @@ class RedisStore(KeyStore):
         self._insert = client.register_script(_INSERT)
         self._set_state = client.register_script(_SET_STATE)
         self._shorten_expiry = client.register_script(_SHORTEN_EXPIRY)
+        self._spend_credits = client.register_script(_SPEND_CREDITS)
         self._replace_hash = client.register_script(_REPLACE_HASH)
         self._update = client.register_script(_UPDATE)
         self._add_usage = client.register_script(_ADD_USAGE)
@@ -436,6 +476,7 @@ class RedisStore(KeyStore):
             self._insert,
             self._set_state,
             self._shorten_expiry,
+            self._spend_credits,
             self._replace_hash,
             self._update,
             self._add_usage,
@@ -520,6 +561,16 @@ class RedisStore(KeyStore):
             )
         return self._record_from_reply(key_id, reply)
 
+    async def spend_credits(
+        self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        amount, start = ("", "0") if refill is None else (str(refill[0]), _encode_time(refill[1]))
+        with self._calls():
+            left = await self._spend_credits(
+                keys=[self.key_name(key_id)], args=[cost, amount, start]
+            )
+        return None if int(left) < 0 else int(left)
+
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
     ) -> bool:
@@ -537,9 +588,14 @@ class RedisStore(KeyStore):
         for name, value in changes.items():
             if value is None:
                 deletes.append(name)
-            elif name == "scopes":
-                sets += [name, json.dumps(list(value), separators=(",", ":"))]
-            elif name == "expires_at":
+            elif name in ("scopes", "allowed_ips"):
+                sets += [name, _encode_list(value)]
+            elif name == "metadata":
+                if value:
+                    sets += [name, dump_metadata(value)]
+                else:
+                    deletes.append(name)
+            elif name in ("expires_at", "credits_refilled_at"):
                 sets += [name, _encode_time(value)]
             else:
                 sets += [name, str(value)]

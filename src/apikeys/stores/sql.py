@@ -76,6 +76,7 @@ from apikeys.channels.base import Channel
 from apikeys.channels.postgres import PostgresChannel, notice_channel_name
 from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.policies import load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.sql_engine import (
     MissingTable,
@@ -149,6 +150,12 @@ _FIELDS: Final = (
     "secret_hash",
     "replaces",
     "replaced_by",
+    "owner",
+    "metadata",
+    "allowed_ips",
+    "credits",
+    "credit_refill",
+    "credits_refilled_at",
 )
 
 
@@ -169,6 +176,12 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         revoked_at=row[12],
         replaces=row[14],
         replaced_by=row[15],
+        owner=row[16],
+        metadata=row[17],
+        allowed_ips=row[18],
+        credits=row[19],
+        credit_refill=row[20],
+        credits_refilled_at=row[21],
     )
 
 
@@ -201,6 +214,12 @@ def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
         revoked_at=time(row[12]),
         replaces=row[14],
         replaced_by=row[15],
+        owner=row[16],
+        metadata=load_metadata(row[17]),
+        allowed_ips=load_scopes(row[18]),
+        credits=row[19],
+        credit_refill=row[20],
+        credits_refilled_at=time(row[21]),
     )
     return StoredKey(record=record, secret_hash=row[13])
 
@@ -785,6 +804,12 @@ class SQLStore(KeyStore):
             "secret_hash": stored.secret_hash,
             "replaces": record.replaces,
             "replaced_by": record.replaced_by,
+            "owner": record.owner,
+            "metadata": record.metadata,
+            "allowed_ips": record.allowed_ips,
+            "credits": record.credits,
+            "credit_refill": record.credit_refill,
+            "credits_refilled_at": record.credits_refilled_at,
         }
         statement = sa.insert(self._table).values(values)
 
@@ -887,6 +912,45 @@ class SQLStore(KeyStore):
             else None
         )
         return await self._update_or_current(key_id, update, notice)
+
+    async def spend_credits(
+        self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        table = self._table
+        credits, refilled_at = table.c.credits, table.c.credits_refilled_at
+        if refill is None:
+            due: sa.ColumnElement[bool] = sa.false()
+        else:
+            due = sa.or_(refilled_at.is_(None), refilled_at < refill[1])
+        amount = refill[0] if refill is not None else 0
+        start = refill[1] if refill is not None else None
+        spend = (
+            sa.update(table)
+            .where(
+                table.c.id == key_id,
+                table.c.state != REVOKED,
+                credits.is_not(None),
+                sa.or_(sa.and_(due, sa.literal(amount) >= cost), sa.and_(~due, credits >= cost)),
+            )
+            .values(
+                credits=sa.case((due, amount - cost), else_=credits - cost),
+                credits_refilled_at=sa.case((due, start), else_=refilled_at),
+            )
+            .returning(credits)
+        )
+
+        async def work(conn: AsyncConnection) -> int | None:
+            row = (await conn.execute(spend)).first()
+            if row is None and refill is not None:
+                # Too few left even after a refill: still start the new period.
+                await conn.execute(
+                    sa.update(table)
+                    .where(table.c.id == key_id, credits.is_not(None), due)
+                    .values(credits=amount, credits_refilled_at=start)
+                )
+            return None if row is None else int(row[0])
+
+        return await self._run(work)
 
     async def replace_hash(
         self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None

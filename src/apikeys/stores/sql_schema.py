@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from apikeys.policies import dump_metadata, load_metadata
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
@@ -86,6 +88,21 @@ class _Scopes(sa.types.TypeDecorator[tuple[str, ...]]):
         return load_scopes(value)
 
 
+class _Metadata(sa.types.TypeDecorator[dict[str, Any]]):
+    """A key's metadata, a JSON object kept as text (None when empty)."""
+
+    impl = sa.Text()
+    cache_ok = True
+
+    def process_bind_param(
+        self, value: Mapping[str, Any] | None, dialect: sa.Dialect
+    ) -> str | None:
+        return dump_metadata(value) if value else None
+
+    def process_result_value(self, value: str | None, dialect: sa.Dialect) -> dict[str, Any]:
+        return load_metadata(value)
+
+
 def load_scopes(value: str | None) -> tuple[str, ...]:
     if not value:
         return ()
@@ -132,6 +149,12 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
         # Added in 0.3: `add_missing_columns` adds them to a table made before.
         sa.Column("replaces", sa.String(12), nullable=True),
         sa.Column("replaced_by", sa.String(12), nullable=True),
+        sa.Column("owner", sa.String(), nullable=True),
+        sa.Column("metadata", _Metadata(), nullable=True),
+        sa.Column("allowed_ips", _Scopes(), nullable=True),
+        sa.Column("credits", sa.BigInteger(), nullable=True),
+        sa.Column("credit_refill", sa.String(32), nullable=True),
+        sa.Column("credits_refilled_at", UTCDateTime(), nullable=True),
         # Listing a workspace, oldest first, reads this index in order.
         sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
     )

@@ -1,0 +1,170 @@
+"""A key's policies beyond scopes and rate limits: owner, metadata, IP allowlist, credits.
+
+Each is checked here, once, for every way in (Python, the command line, the settings page),
+and turned into the record's fields. See CONTRACT section 8 and docs/concepts/policies.md.
+
+- `owner`: a string naming who the key is for (a user id, an e-mail address), at most 200
+  characters, no control characters.
+- `metadata`: a JSON object of at most `MAX_METADATA_BYTES` encoded. It is returned with the
+  record and given to the application as `scope["apikey"].metadata`. It is not secret:
+  never put a secret there.
+- `allowed_ips`: CIDR ranges (`apikeys.addresses`); empty means any address.
+- `credits`: uses left, spent one per admitted request (never below zero), with an optional
+  `credit_refill` (`"1000/day"`, `"5000/month"`, UTC) that sets them back to the amount at
+  the start of each period.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, NamedTuple
+
+from apikeys.addresses import parse_allowlist
+from apikeys.errors import InvalidKeyParameters
+
+__all__ = [
+    "MAX_CREDITS",
+    "MAX_METADATA_BYTES",
+    "MAX_OWNER_LENGTH",
+    "Refill",
+    "check_credits",
+    "check_metadata",
+    "check_owner",
+    "dump_metadata",
+    "load_metadata",
+    "parse_refill",
+    "policy_fields",
+]
+
+MAX_METADATA_BYTES: Final = 4096
+MAX_OWNER_LENGTH: Final = 200
+MAX_CREDITS: Final = 10**12
+_NOT_AN_OBJECT: Final = 'metadata must be a JSON object, e.g. {"plan": "pro"}'
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_REFILL = re.compile(r"\s*(\d{1,13})\s*(?:/|\s+per\s+)\s*(day|month)\s*", re.IGNORECASE)
+
+
+def check_owner(owner: object) -> str | None:
+    """`owner` if it is an acceptable owner string (or None); else `InvalidKeyParameters`."""
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not owner.strip():
+        raise InvalidKeyParameters("owner must be a non-empty string")
+    if len(owner) > MAX_OWNER_LENGTH or _CONTROL.search(owner):
+        raise InvalidKeyParameters(
+            f"owner must be at most {MAX_OWNER_LENGTH} characters, without control characters"
+        )
+    return owner
+
+
+def dump_metadata(metadata: Mapping[str, Any]) -> str:
+    """The canonical JSON text of `metadata` (what stores keep)."""
+    return json.dumps(
+        metadata, separators=(",", ":"), ensure_ascii=False, sort_keys=True, allow_nan=False
+    )
+
+
+def load_metadata(text: str | None) -> dict[str, Any]:
+    """The metadata a store kept (`{}` for none)."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {}
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    """`metadata` as a plain dict, if it is a JSON object of at most 4 KiB encoded."""
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            raise InvalidKeyParameters(_NOT_AN_OBJECT) from None
+    if not isinstance(metadata, Mapping):
+        raise InvalidKeyParameters(_NOT_AN_OBJECT)
+    try:
+        text = dump_metadata(metadata)
+    except (TypeError, ValueError):
+        raise InvalidKeyParameters(
+            "metadata must hold only JSON values (strings, finite numbers, booleans, null, "
+            "lists, objects with string keys)"
+        ) from None
+    size = len(text.encode())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidKeyParameters(
+            f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are allowed"
+        )
+    return load_metadata(text)
+
+
+def check_credits(credits: object) -> int | None:
+    """`credits` if it is a whole number from 0 to `MAX_CREDITS` (or None: unlimited)."""
+    if credits is None:
+        return None
+    if isinstance(credits, bool) or not isinstance(credits, int):
+        raise InvalidKeyParameters("credits must be a whole number")
+    if not 0 <= credits <= MAX_CREDITS:
+        raise InvalidKeyParameters(f"credits must be from 0 to {MAX_CREDITS}")
+    return credits
+
+
+class Refill(NamedTuple):
+    """Credits set back to `amount` at the start of every UTC day or month."""
+
+    amount: int
+    period: str
+    """`day` or `month`."""
+
+    def period_start(self, now: datetime) -> datetime:
+        """The start of the period `now` is in (UTC)."""
+        now = now.astimezone(UTC)
+        day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return day if self.period == "day" else day.replace(day=1)
+
+    def next_start(self, now: datetime) -> datetime:
+        """The start of the next period: when the credits are next refilled."""
+        start = self.period_start(now)
+        if self.period == "day":
+            return start + timedelta(days=1)
+        return (start + timedelta(days=32)).replace(day=1)
+
+    def __str__(self) -> str:
+        return f"{self.amount}/{self.period}"
+
+
+def parse_refill(text: str | None) -> Refill | None:
+    """`"1000/day"` or `"5000 per month"` as a `Refill`; None for None or ``""``."""
+    if text is None or not text.strip():
+        return None
+    match = _REFILL.fullmatch(text) if isinstance(text, str) else None
+    if match is None or int(match[1]) > MAX_CREDITS:
+        raise InvalidKeyParameters(
+            f"invalid credit refill {str(text)[:60]!r}: write it as '1000/day' or '5000/month'"
+        )
+    return Refill(int(match[1]), match[2].lower())
+
+
+def policy_fields(
+    *,
+    owner: object = None,
+    metadata: object = None,
+    allowed_ips: Iterable[str] | None = None,
+    credits: object = None,
+    credit_refill: str | None = None,
+) -> dict[str, Any]:
+    """The record fields for the policies given (those left None are not in the result)."""
+    fields: dict[str, Any] = {}
+    if owner is not None:
+        fields["owner"] = check_owner(owner)
+    if metadata is not None:
+        fields["metadata"] = check_metadata(metadata)
+    if allowed_ips is not None:
+        fields["allowed_ips"] = parse_allowlist(allowed_ips)
+    if credits is not None:
+        fields["credits"] = check_credits(credits)
+    if credit_refill is not None:
+        refill = parse_refill(credit_refill)
+        fields["credit_refill"] = None if refill is None else str(refill)
+    return fields
