@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-import apikeys.cli as cli
+import apikeys.cli.common as cli
 from apikeys.stores.base import store_from_url
 
 OPTIONS: dict[str, Any] = json.loads(os.environ.get("APIKEYS_TEST_STORE_OPTIONS") or "{}")

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from apikeys import KeyManager
-from apikeys import cli as cli_module
+from apikeys.cli import keys as cli_module
 from apikeys.cli import main
 from apikeys.durations import MAX_DURATION, format_duration, parse_duration
 from apikeys.errors import InvalidAPIKey, KeyDisabled, KeyExpired, KeyRevoked

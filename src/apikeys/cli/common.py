@@ -1,0 +1,348 @@
+"""What the commands share: the `apikeys` group, option callbacks, running a command on a
+store, and printing records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import click
+
+from apikeys.durations import parse_duration
+from apikeys.errors import (
+    APIKeyError,
+    ConfigurationError,
+    InvalidKeyParameters,
+    InvalidTransition,
+    KeyNotFound,
+    MalformedAPIKey,
+    StoreUnavailable,
+)
+from apikeys.hashing import Hasher
+from apikeys.keys import (
+    BASE62,
+    ID_LENGTH,
+    parse_key,
+    validate_prefix,
+)
+from apikeys.manager import KeyManager
+from apikeys.ratelimit import parse_rate_limit
+from apikeys.scopes import validate_scope
+from apikeys.stores.base import store_from_url
+from apikeys.types import KeyRecord
+
+__all__ = ["Refused", "main"]
+
+
+STORE_ENV = "APIKEYS_STORE_URL"
+DEFAULT_STORE_URL = "sqlite:///apikeys.db"
+
+_T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
+_KEY_ID_RE = re.compile(f"[{re.escape(BASE62)}]{{{ID_LENGTH}}}")
+_SCOPE_SPLIT_RE = re.compile(r"[\s,]+")
+
+
+class Refused(click.ClickException):
+    """The command was understood but cannot be carried out: exit status 1, one line on stderr."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    store_url: str
+
+
+# -- option callbacks ------------------------------------------------------------------------
+# Callbacks rather than `click.ParamType` subclasses: `ParamType` is generic only in recent
+# click releases, and these keep to what every click >= 8.1 offers.
+
+
+def _duration(allow_zero: bool = False) -> Callable[..., timedelta | None]:
+    """A callback reading a duration such as `90s`, `15m`, `24h`, `30d`, `2w` or `1d12h`."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
+        if value is None:
+            return None
+        # The user's own words, to say back to them ("--grace 24h" is "24h", not "1d").
+        ctx.meta[f"apikeys.text.{param.name}"] = value.strip()
+        try:
+            return parse_duration(value, allow_zero=allow_zero)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+    return convert
+
+
+def _rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Check a rate limit in `limits` notation (`100/minute`, `3 per 2 seconds`)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        parse_rate_limit(text)
+    except InvalidKeyParameters as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return text
+
+
+def _prefixes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> tuple[str, ...]:
+    """Check key prefixes: lowercase letters, digits and `_`, starting with a letter."""
+    try:
+        return tuple(validate_prefix(value) for value in values)
+    except InvalidKeyParameters as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def _split_scopes(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> tuple[str, ...]:
+    """`--scope a:read --scope b:write` or `--scope a:read,b:write`, validated and sorted."""
+    scopes: set[str] = set()
+    for value in values:
+        for scope in _SCOPE_SPLIT_RE.split(value.strip()):
+            if not scope:
+                continue
+            try:
+                scopes.add(validate_scope(scope))
+            except InvalidKeyParameters as exc:
+                raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return tuple(sorted(scopes))
+
+
+# -- shared plumbing ------------------------------------------------------------------------
+
+
+def _safe_url(url: str) -> str:
+    """`url` with its password, if any, replaced by `***`."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<the key store URL>"
+    if not password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _redact(text: str, url: str) -> str:
+    """`text` with any password of `url` replaced by `***`."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        for form in {password, unquote(password)}:
+            text = text.replace(form, "***")
+    return text
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _unavailable_reason(exc: StoreUnavailable) -> str:
+    original = exc.original
+    if original is None:
+        return str(exc)
+    detail = _first_line(str(original))
+    name = type(original).__name__
+    return f"{name}: {detail}" if detail else name
+
+
+class _Mute(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+def _make_hasher(*, quiet: bool) -> Hasher:
+    """`Hasher()` from the environment; `quiet` hides the missing-pepper warning.
+
+    Commands that neither hash nor check a secret (list, show, disable …) have no use for
+    that warning, and it would break their promise of one line on stderr.
+    """
+    if not quiet:
+        return Hasher()
+    logger = logging.getLogger("apikeys")
+    mute = _Mute()
+    logger.addFilter(mute)
+    try:
+        return Hasher()
+    finally:
+        logger.removeFilter(mute)
+
+
+def _run(
+    ctx: click.Context,
+    work: Callable[[KeyManager], Awaitable[_T]],
+    *,
+    uses_secrets: bool = False,
+) -> _T:
+    """Open the store, run `work` with a `KeyManager` on it, and always close the manager.
+
+    apikeys errors become exit status 1 (refusals) or 2 (bad arguments), one line each.
+    """
+    settings = ctx.find_object(_Settings)
+    url = settings.store_url if settings is not None else DEFAULT_STORE_URL
+    try:
+        store = store_from_url(url)
+    except Exception as exc:
+        raise click.BadParameter(
+            _redact(str(exc), url) or type(exc).__name__,
+            ctx=ctx,
+            param_hint="'--store' / APIKEYS_STORE_URL",
+        ) from None
+    try:
+        manager = KeyManager(store, hasher=_make_hasher(quiet=not uses_secrets))
+    except ConfigurationError as exc:
+        raise Refused(_redact(str(exc), url)) from None
+
+    async def session() -> _T:
+        try:
+            await store.setup()
+            return await work(manager)
+        finally:
+            await manager.aclose()
+
+    try:
+        return asyncio.run(session())
+    except StoreUnavailable as exc:
+        reason = _redact(_unavailable_reason(exc), url)
+        raise Refused(f"key store unavailable: {_safe_url(url)}: {reason}") from None
+    except InvalidKeyParameters as exc:
+        raise click.UsageError(str(exc), ctx) from None
+    except (KeyNotFound, InvalidTransition, ConfigurationError) as exc:
+        raise Refused(_redact(str(exc), url)) from None
+    except APIKeyError as exc:
+        raise Refused(_redact(str(exc), url) or type(exc).__name__) from None
+    except Exception as exc:
+        # A store error apikeys does not classify (no such database, bad credentials, …):
+        # still one line, never a traceback, never the password.
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = _redact(f"{type(exc).__name__}: {first_line}", url)
+        raise Refused(f"key store error: {_safe_url(url)}: {reason}") from None
+
+
+def _key_id(value: str) -> str:
+    """The key id named by an argument: an id, or a full key (whose id is used).
+
+    Anything else is refused as an unknown id, and only echoed when it cannot be a key.
+    """
+    value = value.strip()
+    if _KEY_ID_RE.fullmatch(value):
+        return value
+    try:
+        return parse_key(value).id
+    except MalformedAPIKey:
+        pass
+    if len(value) <= 2 * ID_LENGTH and value.isprintable():
+        raise Refused(f"no API key with id {value!r}")
+    raise Refused(f"no API key with that id: key ids are {ID_LENGTH} letters and digits")
+
+
+def _when(moment: datetime | None, never: str = "never") -> str:
+    """A time as UTC ISO 8601 to the second, ending in `Z`."""
+    if moment is None:
+        return never
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _scopes_text(record: KeyRecord) -> str:
+    return "(all)" if record.access == "full" else ", ".join(record.scopes)
+
+
+def _summary(record: KeyRecord) -> list[str]:
+    """The human description of a record, one `label: value` per line."""
+    rows = [
+        ("id", record.id),
+        ("name", record.name),
+        ("workspace", record.workspace),
+        ("key", record.prefix),
+        ("access", record.access),
+        ("scopes", _scopes_text(record)),
+        ("status", record.status),
+        ("rate limit", record.rate_limit or "default"),
+        ("created", _when(record.created_at)),
+        ("expires", _when(record.expires_at)),
+        ("last used", _when(record.last_used_at)),
+        ("requests", str(record.request_count)),
+    ]
+    if record.revoked_at is not None:
+        rows.append(("revoked", _when(record.revoked_at)))
+    if record.replaces is not None:
+        rows.append(("replaces", record.replaces))
+    if record.replaced_by is not None:
+        rows.append(("replaced by", record.replaced_by))
+    width = max(len(label) for label, _ in rows) + 2
+    return [f"{label + ':':<{width}}{value}" for label, value in rows]
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    body = [list(row) for row in rows]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *body, strict=False)]
+    lines = []
+    for row in [list(headers), *body]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _short(text: str, limit: int = 32) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--store",
+    "store_url",
+    envvar=STORE_ENV,
+    default=DEFAULT_STORE_URL,
+    show_default=True,
+    show_envvar=True,
+    metavar="URL",
+    help="Key store: sqlite:///path, postgresql://…, redis://host:port/db or memory://.",
+)
+@click.version_option(package_name="apikeys", prog_name="apikeys")
+@click.pass_context
+def main(ctx: click.Context, store_url: str) -> None:
+    """Manage API keys: create, list, show, disable, enable, revoke, roll, and scan for leaks.
+
+    Keys are hashed with APIKEYS_PEPPER: use the same pepper as the service that checks
+    them. A full key is printed once, by create and roll; everything else shows ak_<id>_….
+    """
+    ctx.obj = _Settings(store_url)
+
+
+def _access_options(scope_help: str) -> Callable[[_F], _F]:
+    """`--full-access` and `--scope`, as `create` and `update` take them."""
+
+    def decorate(command: _F) -> _F:
+        command = click.option(
+            "--scope",
+            "scopes",
+            multiple=True,
+            metavar="SCOPE",
+            callback=_split_scopes,
+            help=scope_help,
+        )(command)
+        return click.option(
+            "--full-access", is_flag=True, help="Grant every scope, including scopes added later."
+        )(command)
+
+    return decorate

@@ -1,0 +1,417 @@
+"""The commands that issue and change keys: create, update, list, show, disable, enable,
+revoke and roll."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import click
+
+from apikeys.cli.common import (
+    _access_options,
+    _duration,
+    _echo_json,
+    _key_id,
+    _rate_limit,
+    _run,
+    _scopes_text,
+    _short,
+    _summary,
+    _table,
+    _when,
+    main,
+)
+from apikeys.durations import format_duration
+from apikeys.manager import KeyManager
+from apikeys.types import REVOKED, CreatedKey, KeyRecord, utcnow
+
+__all__: list[str] = []
+
+
+@main.command()
+@click.option("--name", required=True, help="A label for the key, e.g. the integration using it.")
+@click.option("--workspace", default="default", show_default=True, help="The key's workspace.")
+@_access_options(
+    "Grant a scope (resource:action or resource:*). Repeat it, or separate with commas."
+)
+@click.option(
+    "--rate-limit",
+    callback=_rate_limit,
+    help="The key's own rate limit, e.g. '10/second' (default: the service's).",
+)
+@click.option(
+    "--expires-in",
+    callback=_duration(),
+    metavar="DURATION",
+    help="Expire the key after this long: 90s, 15m, 24h, 30d, 2w (default: never).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
+@click.pass_context
+def create(
+    ctx: click.Context,
+    name: str,
+    workspace: str,
+    full_access: bool,
+    scopes: tuple[str, ...],
+    rate_limit: str | None,
+    expires_in: timedelta | None,
+    as_json: bool,
+) -> None:
+    """Create a key and print it, once.
+
+    The key goes alone to stdout (KEY=$(apikeys create …) works); a summary goes to stderr.
+    """
+    if full_access and scopes:
+        raise click.UsageError(
+            "--full-access and --scope exclude each other: a full-access key has every scope",
+            ctx,
+        )
+    if not full_access and not scopes:
+        raise click.UsageError(
+            "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
+        )
+
+    async def work(manager: KeyManager) -> CreatedKey:
+        return await manager.create(
+            name=name,
+            workspace=workspace,
+            scopes=scopes,
+            full_access=full_access,
+            rate_limit=rate_limit,
+            expires_in=expires_in,
+        )
+
+    created = _run(ctx, work, uses_secrets=True)
+    if as_json:
+        _echo_json(created.to_dict())
+        return
+    record = created.record
+    click.echo(created.key)
+    click.echo(
+        f"Created API key {record.id} ({record.name!r}, workspace {record.workspace!r}): "
+        f"{'full access' if record.access == 'full' else 'scopes ' + _scopes_text(record)}, "
+        f"rate limit {record.rate_limit or 'default'}, expires {_when(record.expires_at)}.",
+        err=True,
+    )
+    click.echo(
+        f"Copy the key now: it is shown only this once. Lists show it as {record.prefix}",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.option("--name", default=None, help="A new label for the key.")
+@_access_options(
+    "Restrict the key to these scopes (replacing its grants). Repeat it, or use commas."
+)
+@click.option(
+    "--rate-limit",
+    callback=_rate_limit,
+    help="The key's own rate limit, e.g. '10/second'.",
+)
+@click.option(
+    "--default-rate-limit",
+    is_flag=True,
+    help="Drop the key's own rate limit: it gets the service's default.",
+)
+@click.option(
+    "--expires-in",
+    callback=_duration(),
+    metavar="DURATION",
+    help="Expire the key this long from now: 90s, 15m, 24h, 30d, 2w.",
+)
+@click.option("--no-expiry", is_flag=True, help="Make the key never expire.")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
+@click.pass_context
+def update(
+    ctx: click.Context,
+    key_id: str,
+    name: str | None,
+    full_access: bool,
+    scopes: tuple[str, ...],
+    rate_limit: str | None,
+    default_rate_limit: bool,
+    expires_in: timedelta | None,
+    no_expiry: bool,
+    as_json: bool,
+) -> None:
+    """Edit a key: its name, scopes or full access, rate limit, expiry.
+
+    Only what is given changes. Narrowing a key (fewer scopes, a sooner expiry) holds for
+    its very next request, in every process. A revoked key cannot be edited.
+    """
+    key_id = _key_id(key_id)
+    for first, second, a, b in (
+        (full_access, scopes, "--full-access", "--scope"),
+        (rate_limit, default_rate_limit, "--rate-limit", "--default-rate-limit"),
+        (expires_in, no_expiry, "--expires-in", "--no-expiry"),
+    ):
+        if first and second:
+            raise click.UsageError(f"{a} and {b} exclude each other", ctx)
+    options: dict[str, Any] = {}
+    if name is not None:
+        options["name"] = name
+    if full_access:
+        options["full_access"] = True
+    if scopes:
+        options["scopes"] = scopes
+    if rate_limit is not None or default_rate_limit:
+        options["rate_limit"] = rate_limit
+    if expires_in is not None:
+        options["expires_in"] = expires_in
+    if no_expiry:
+        options["expires_at"] = None
+    if not options:
+        raise click.UsageError("say what to change: --name, --scope, --rate-limit, …", ctx)
+
+    async def work(manager: KeyManager) -> KeyRecord:
+        return await manager.update(key_id, **options)
+
+    record = _run(ctx, work)
+    if as_json:
+        _echo_json(record.to_dict())
+        return
+    click.echo(f"Updated API key {record.id} ({record.name!r}).")
+    for line in _summary(record):
+        click.echo(line)
+
+
+@main.command("list")
+@click.option("--workspace", default=None, help="Only this workspace's keys (default: all).")
+@click.option(
+    "--status",
+    type=click.Choice(["active", "disabled", "revoked", "expired"]),
+    default=None,
+    help="Only keys with this status (default: all).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of records.")
+@click.pass_context
+def list_keys(ctx: click.Context, workspace: str | None, status: str | None, as_json: bool) -> None:
+    """List keys, oldest first, with status and usage (never a secret)."""
+
+    async def work(manager: KeyManager) -> list[KeyRecord]:
+        return await manager.list(workspace)
+
+    records = _run(ctx, work)
+    if status is not None:
+        now = utcnow()
+        records = [record for record in records if record.status_at(now) == status]
+    if as_json:
+        _echo_json([record.to_dict() for record in records])
+        return
+    if not records:
+        where = f" in workspace {workspace!r}" if workspace is not None else ""
+        which = f" {status}" if status is not None else ""
+        click.echo(f"No{which} API keys{where}.")
+        return
+    headers = (
+        "ID",
+        "NAME",
+        "WORKSPACE",
+        "KEY",
+        "ACCESS",
+        "SCOPES",
+        "STATUS",
+        "CREATED",
+        "LAST USED",
+        "REQUESTS",
+    )
+    rows = (
+        (
+            record.id,
+            _short(record.name),
+            _short(record.workspace),
+            record.prefix,
+            record.access,
+            _scopes_text(record),
+            record.status,
+            _when(record.created_at),
+            _when(record.last_used_at),
+            str(record.request_count),
+        )
+        for record in records
+    )
+    for line in _table(headers, rows):
+        click.echo(line)
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
+@click.pass_context
+def show(ctx: click.Context, key_id: str, as_json: bool) -> None:
+    """Show one key's record (never its secret)."""
+    key_id = _key_id(key_id)
+
+    async def work(manager: KeyManager) -> KeyRecord:
+        return await manager.get(key_id)
+
+    record = _run(ctx, work)
+    if as_json:
+        _echo_json(record.to_dict())
+        return
+    for line in _summary(record):
+        click.echo(line)
+
+
+def _state_change(
+    ctx: click.Context,
+    key_id: str,
+    change: Callable[[KeyManager, str], Awaitable[KeyRecord]],
+    past: str,
+    target: str,
+) -> None:
+    key_id = _key_id(key_id)
+
+    async def work(manager: KeyManager) -> tuple[KeyRecord, KeyRecord]:
+        before = await manager.get(key_id)
+        return before, await change(manager, key_id)
+
+    before, record = _run(ctx, work)
+    status = record.status
+    note = f" (it expired at {_when(record.expires_at)})" if status == "expired" else ""
+    if before.state == target:
+        # Nothing changed: say so, as `revoke` does for a key revoked before.
+        shown = "disabled" if target == "disabled" else "enabled"
+        click.echo(f"API key {record.id} ({record.name!r}) was already {shown}{note}.")
+        return
+    click.echo(f"{past} API key {record.id} ({record.name!r}): it is now {status}{note}.")
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.pass_context
+def disable(ctx: click.Context, key_id: str) -> None:
+    """Stop a key from authenticating until it is enabled again."""
+    _state_change(ctx, key_id, KeyManager.disable, "Disabled", "disabled")
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.pass_context
+def enable(ctx: click.Context, key_id: str) -> None:
+    """Let a disabled key authenticate again (a revoked key cannot be enabled)."""
+    _state_change(ctx, key_id, KeyManager.enable, "Enabled", "active")
+
+
+def _interactive() -> bool:
+    """Whether a person can answer a confirmation prompt on stdin."""
+    stdin = sys.stdin
+    return stdin is not None and stdin.isatty()
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.option("--yes", "-y", is_flag=True, help="Revoke without asking for confirmation.")
+@click.pass_context
+def revoke(ctx: click.Context, key_id: str, yes: bool) -> None:
+    """Revoke a key for good: every later request with it is refused.
+
+    The key stays in the list, with status revoked. Asks for confirmation unless --yes;
+    without a terminal to ask on, --yes is required.
+    """
+    if not yes and not _interactive():
+        raise click.UsageError(
+            "revoking a key cannot be undone: pass --yes to confirm (no terminal to ask on)",
+            ctx,
+        )
+    key_id = _key_id(key_id)
+
+    async def lookup(manager: KeyManager) -> KeyRecord:
+        return await manager.get(key_id)
+
+    record = _run(ctx, lookup)
+    if record.state == REVOKED:
+        click.echo(f"API key {record.id} ({record.name!r}) was already revoked.")
+        return
+    if not yes:
+        click.confirm(
+            f"Revoke API key {record.id} ({record.name!r}, workspace {record.workspace!r})? "
+            "Every request with it will be refused; this cannot be undone.",
+            abort=True,
+            err=True,
+        )
+
+    async def work(manager: KeyManager) -> KeyRecord:
+        return await manager.revoke(key_id)
+
+    record = _run(ctx, work)
+    click.echo(
+        f"Revoked API key {record.id} ({record.name!r}) at {_when(record.revoked_at, 'now')}."
+    )
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.option(
+    "--grace",
+    callback=_duration(allow_zero=True),
+    default="24h",
+    show_default=True,
+    metavar="DURATION",
+    help="How long the old key keeps working; 0 cuts it off now.",
+)
+@click.option(
+    "--expires-in",
+    callback=_duration(),
+    metavar="DURATION",
+    help="Expire the new key after this long (default: the old key's lifetime, from now).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
+@click.pass_context
+def roll(
+    ctx: click.Context,
+    key_id: str,
+    grace: timedelta,
+    expires_in: timedelta | None,
+    as_json: bool,
+) -> None:
+    """Replace a key with a new one of the same name, workspace, access, scopes and limit.
+
+    The new key is printed once; the old one keeps working for the grace period, then
+    expires. The new key lives as long as the old one did (a 30-day key gives a 30-day
+    key, from now), unless --expires-in says otherwise. With --json, `replaces` is the
+    old key's id and `replaced` its record.
+    """
+    key_id = _key_id(key_id)
+
+    async def work(manager: KeyManager) -> tuple[CreatedKey, KeyRecord]:
+        created = await manager.roll(key_id, grace, expires_in=expires_in)
+        return created, await manager.get(key_id)
+
+    created, old = _run(ctx, work, uses_secrets=True)
+    if as_json:
+        _echo_json({**created.to_dict(), "replaced": old.to_dict()})
+        return
+    record = created.record
+    click.echo(created.key)
+    click.echo(
+        f"Rolled API key {old.id} ({old.name!r}): the new key is {record.id}, "
+        f"shown only this once. Lists show it as {record.prefix}",
+        err=True,
+    )
+    if record.expires_at is None:
+        lifetime = "The new key does not expire."
+    elif expires_in is not None:
+        given = ctx.meta.get("apikeys.text.expires_in") or format_duration(expires_in)
+        lifetime = f"The new key expires at {_when(record.expires_at)} (in {given})."
+    else:
+        lifetime = (
+            f"The new key expires at {_when(record.expires_at)}: the same lifetime as the "
+            "key it replaces."
+        )
+    click.echo(lifetime, err=True)
+    status = old.status
+    if status == "active":
+        grace_text = ctx.meta.get("apikeys.text.grace") or format_duration(grace)
+        click.echo(
+            f"The old key {old.prefix} keeps working until {_when(old.expires_at)} "
+            f"(grace {grace_text}), then expires.",
+            err=True,
+        )
+    else:
+        click.echo(f"The old key {old.prefix} is {status} and no longer works.", err=True)

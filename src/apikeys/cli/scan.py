@@ -1,0 +1,96 @@
+"""`apikeys scan`: find keys in files, and revoke them."""
+
+from __future__ import annotations
+
+import click
+
+from apikeys.cli.common import (
+    _prefixes,
+    _run,
+    main,
+)
+from apikeys.keys import (
+    DEFAULT_PREFIX,
+    mask,
+)
+from apikeys.manager import KeyManager
+from apikeys.scanning import (
+    Finding,
+    ScanStats,
+    find_keys,
+    key_pattern,
+    read_text_file,
+    revoke_found,
+    walk,
+)
+
+__all__: list[str] = []
+
+
+@main.command()
+@click.argument(
+    "paths",
+    nargs=-1,
+    required=True,
+    type=click.Path(exists=True, allow_dash=True, path_type=str),
+)
+@click.option("--revoke", "revoke_keys", is_flag=True, help="Revoke every key found in the store.")
+@click.option(
+    "--prefix",
+    "prefixes",
+    callback=_prefixes,
+    multiple=True,
+    default=(DEFAULT_PREFIX,),
+    show_default=True,
+    help="The key prefix to look for; repeat for several.",
+)
+@click.pass_context
+def scan(
+    ctx: click.Context, paths: tuple[str, ...], revoke_keys: bool, prefixes: tuple[str, ...]
+) -> None:
+    """Find API keys in files and folders (- reads stdin); exit 1 when any is found.
+
+    Reports file:line and the masked key, never the secret. Only tokens with a valid
+    checksum count; binary files, files over 10 MiB and .git, .venv, node_modules and
+    __pycache__ folders are skipped. --revoke revokes each key found whose secret matches
+    the store.
+    """
+    pattern = key_pattern(prefixes)
+    stats = ScanStats()
+    findings: list[Finding] = []
+    for root in paths:
+        for path in walk(root):
+            data = read_text_file(path, stats)
+            if data is None:
+                continue
+            shown = "<stdin>" if path == "-" else path
+            findings.extend(Finding(shown, line, key) for line, key in find_keys(data, pattern))
+    for finding in findings:
+        click.echo(
+            f"{click.format_filename(finding.path)}:{finding.line}: "
+            f"{mask(finding.key.prefix, finding.key.id)}"
+        )
+    skipped = f", skipped {stats.skipped} binary or large" if stats.skipped else ""
+    files = f"scanned {stats.files} file{'' if stats.files == 1 else 's'}{skipped}"
+    if not findings:
+        click.echo(f"No API keys found ({files}).", err=True)
+        return
+    unique = list({finding.key.token: finding.key for finding in findings}.values())
+    click.echo(
+        f"Found {len(findings)} API key{'' if len(findings) == 1 else 's'} "
+        f"({len(unique)} distinct; {files}).",
+        err=True,
+    )
+    if revoke_keys:
+
+        async def work(manager: KeyManager) -> dict[str, str]:
+            return await revoke_found(manager, unique)
+
+        outcomes = _run(ctx, work, uses_secrets=True)
+        # One verdict per finding, with its place: two findings of one id may be two keys.
+        for finding in findings:
+            click.echo(
+                f"{click.format_filename(finding.path)}:{finding.line}: "
+                f"{mask(finding.key.prefix, finding.key.id)}: {outcomes[finding.key.token]}"
+            )
+    ctx.exit(1)
