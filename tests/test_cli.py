@@ -812,3 +812,59 @@ def test_update_edits_a_key_and_refuses_a_revoked_one(store_url: str) -> None:
     refused = run(store_url, "update", created["id"], "--name", "again")
     assert refused.exit_code == 1
     assert "revoked" in refused.stderr
+
+
+def test_policies_are_set_shown_and_cleared_from_the_command_line(store_url: str) -> None:
+    created = create_key(
+        store_url,
+        "--full-access",
+        "--owner",
+        "user_42",
+        "--metadata",
+        '{"plan": "pro"}',
+        "--allow-ip",
+        "10.0.0.0/8",
+        "--allow-ip",
+        "2001:db8::1",
+        "--credits",
+        "5",
+    )
+    assert created["owner"] == "user_42"
+    assert created["metadata"] == {"plan": "pro"}
+    assert created["allowed_ips"] == ["10.0.0.0/8", "2001:db8::1/128"]
+    assert created["credits"] == 5
+    shown = ok(store_url, "show", created["id"]).stdout
+    assert "owner:       user_42" in shown
+    assert "allowed IPs: 10.0.0.0/8, 2001:db8::1/128" in shown
+    assert "credits:     5" in shown
+
+    ok(store_url, "update", created["id"], "--credit-refill", "100/day", "--no-metadata")
+    record = show(store_url, created["id"])
+    assert (record["credits"], record["credit_refill"], record["metadata"]) == (100, "100/day", {})
+    ok(store_url, "update", created["id"], "--any-ip", "--unlimited", "--no-owner")
+    record = show(store_url, created["id"])
+    assert (record["allowed_ips"], record["credits"], record["credit_refill"]) == ([], None, None)
+    assert record["owner"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metadata", "[1, 2]"], "JSON object"),
+        (["--metadata", "{oops"], "not JSON"),
+        (["--metadata", json.dumps({"x": "y" * 5000})], "at most 4096"),
+        (["--allow-ip", "10.0.0.1/8"], "10.0.0.0/8"),
+        (["--credits", "-1"], "-1"),
+        (["--credit-refill", "5/week"], "1000/day"),
+        (["--owner", "me", "--no-owner"], "exclude each other"),
+    ],
+)
+def test_bad_policies_exit_2_and_change_nothing(
+    store_url: str, args: list[str], message: str
+) -> None:
+    created = create_key(store_url, "--full-access")
+    result = run(store_url, "update", created["id"], *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    record = show(store_url, created["id"])
+    assert (record["metadata"], record["allowed_ips"], record["credits"]) == ({}, [], None)

@@ -38,7 +38,7 @@ from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import KeyRecord
 
-__all__ = ["Refused", "main"]
+__all__ = ["Refused", "main", "policy_changes", "policy_options"]
 
 
 STORE_ENV = "APIKEYS_STORE_URL"
@@ -54,6 +54,94 @@ class Refused(click.ClickException):
     """The command was understood but cannot be carried out: exit status 1, one line on stderr."""
 
     exit_code = 1
+
+
+def policy_options(*, editing: bool) -> Callable[[_F], _F]:
+    """`--owner`, `--metadata`, `--allow-ip`, `--credits` and `--credit-refill`, as `create`
+    and `update` take them (`update` also takes `--no-…` to clear each)."""
+
+    def decorate(command: _F) -> _F:
+        options = [
+            click.option(
+                "--owner", default=None, help="Who the key is for (a user id, an e-mail)."
+            ),
+            click.option(
+                "--metadata",
+                default=None,
+                metavar="JSON",
+                help="A JSON object for your application (at most 4 KiB). Never a secret.",
+            ),
+            click.option(
+                "--allow-ip",
+                "allowed_ips",
+                multiple=True,
+                metavar="CIDR",
+                help="Accept the key only from these addresses (IPv4 or IPv6 CIDR); repeat it.",
+            ),
+            click.option(
+                "--credits",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Uses left: one is spent per admitted request (default: unlimited).",
+            ),
+            click.option(
+                "--credit-refill",
+                default=None,
+                metavar="N/PERIOD",
+                help="Set credits back to N every UTC day or month: 1000/day, 5000/month.",
+            ),
+        ]
+        if editing:
+            options += [
+                click.option("--no-owner", is_flag=True, help="Clear the owner."),
+                click.option("--no-metadata", is_flag=True, help="Clear the metadata."),
+                click.option("--any-ip", is_flag=True, help="Accept the key from any address."),
+                click.option(
+                    "--unlimited", is_flag=True, help="No credits: the key is not counted down."
+                ),
+            ]
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def policy_changes(ctx: click.Context, values: dict[str, Any], *, editing: bool) -> dict[str, Any]:
+    """The `KeyManager.create`/`update` arguments the policy options ask for."""
+    changes: dict[str, Any] = {}
+    if values.get("owner") is not None:
+        changes["owner"] = values["owner"]
+    if values.get("metadata") is not None:
+        try:
+            changes["metadata"] = json.loads(values["metadata"])
+        except ValueError:
+            raise click.BadParameter(
+                'not JSON: write an object, e.g. \'{"plan": "pro"}\'',
+                ctx,
+                param_hint="'--metadata'",
+            ) from None
+    if values.get("allowed_ips"):
+        changes["allowed_ips"] = list(values["allowed_ips"])
+    if values.get("credits") is not None:
+        changes["credits"] = values["credits"]
+    if values.get("credit_refill") is not None:
+        changes["credit_refill"] = values["credit_refill"]
+    if editing:
+        for flag, field, given in (
+            ("no_owner", "owner", "--owner"),
+            ("no_metadata", "metadata", "--metadata"),
+            ("any_ip", "allowed_ips", "--allow-ip"),
+            ("unlimited", "credits", "--credits"),
+        ):
+            if values.get(flag):
+                if field in changes:
+                    option = "--" + flag.replace("_", "-")
+                    raise click.UsageError(f"{given} and {option} exclude each other", ctx)
+                changes[field] = None
+        if values.get("unlimited"):
+            changes["credit_refill"] = None
+    return changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +374,15 @@ def _summary(record: KeyRecord) -> list[str]:
         rows.append(("replaces", record.replaces))
     if record.replaced_by is not None:
         rows.append(("replaced by", record.replaced_by))
+    if record.owner is not None:
+        rows.append(("owner", record.owner))
+    if record.metadata:
+        rows.append(("metadata", json.dumps(dict(record.metadata), ensure_ascii=False)))
+    if record.allowed_ips:
+        rows.append(("allowed IPs", ", ".join(record.allowed_ips)))
+    if record.credits is not None:
+        refill = f" (refilled to {record.credit_refill})" if record.credit_refill else ""
+        rows.append(("credits", f"{record.credits}{refill}"))
     width = max(len(label) for label, _ in rows) + 2
     return [f"{label + ':':<{width}}{value}" for label, value in rows]
 

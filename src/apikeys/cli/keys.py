@@ -23,6 +23,8 @@ from apikeys.cli.common import (
     _table,
     _when,
     main,
+    policy_changes,
+    policy_options,
 )
 from apikeys.durations import format_duration
 from apikeys.manager import KeyManager
@@ -48,10 +50,12 @@ __all__: list[str] = []
     metavar="DURATION",
     help="Expire the key after this long: 90s, 15m, 24h, 30d, 2w (default: never).",
 )
+@policy_options(editing=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
 def create(
     ctx: click.Context,
+    /,
     name: str,
     workspace: str,
     full_access: bool,
@@ -59,6 +63,7 @@ def create(
     rate_limit: str | None,
     expires_in: timedelta | None,
     as_json: bool,
+    **policies: Any,
 ) -> None:
     """Create a key and print it, once.
 
@@ -74,6 +79,8 @@ def create(
             "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
         )
 
+    policy = policy_changes(ctx, policies, editing=False)
+
     async def work(manager: KeyManager) -> CreatedKey:
         return await manager.create(
             name=name,
@@ -82,6 +89,7 @@ def create(
             full_access=full_access,
             rate_limit=rate_limit,
             expires_in=expires_in,
+            **policy,
         )
 
     created = _run(ctx, work, uses_secrets=True)
@@ -125,10 +133,12 @@ def create(
     help="Expire the key this long from now: 90s, 15m, 24h, 30d, 2w.",
 )
 @click.option("--no-expiry", is_flag=True, help="Make the key never expire.")
+@policy_options(editing=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
 @click.pass_context
 def update(
     ctx: click.Context,
+    /,
     key_id: str,
     name: str | None,
     full_access: bool,
@@ -138,8 +148,10 @@ def update(
     expires_in: timedelta | None,
     no_expiry: bool,
     as_json: bool,
+    **policies: Any,
 ) -> None:
-    """Edit a key: its name, scopes or full access, rate limit, expiry.
+    """Edit a key: its name, scopes or full access, rate limit, expiry, and its policies:
+    owner, metadata, allowed addresses, credits.
 
     Only what is given changes. Narrowing a key (fewer scopes, a sooner expiry) holds for
     its very next request, in every process. A revoked key cannot be edited.
@@ -165,6 +177,7 @@ def update(
         options["expires_in"] = expires_in
     if no_expiry:
         options["expires_at"] = None
+    options.update(policy_changes(ctx, policies, editing=True))
     if not options:
         raise click.UsageError("say what to change: --name, --scope, --rate-limit, …", ctx)
 

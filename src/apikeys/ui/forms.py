@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Final
+from typing import Any, Final
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import ImmutableMultiDict
 from starlette.requests import Request
 
+from apikeys.addresses import parse_allowlist
 from apikeys.durations import MAX_DURATION, parse_duration
 from apikeys.errors import InvalidKeyParameters
+from apikeys.policies import (
+    check_credits,
+    check_metadata,
+    check_owner,
+    dump_metadata,
+    parse_refill,
+)
 from apikeys.ratelimit import parse_rate_limit
 from apikeys.types import KeyRecord, utcnow
 
@@ -29,6 +37,7 @@ __all__ = [
     "parse_expiry",
     "read_form",
     "read_key_form",
+    "read_policies",
     "relative",
 ]
 
@@ -167,6 +176,12 @@ class KeyForm:
     scopes: tuple[str, ...] = ()
     rate_limit: str = ""
     expires: str = ""
+    owner: str = ""
+    metadata: str = ""
+    allowed_ips: str = ""
+    """One CIDR range per line (or separated by commas or spaces)."""
+    credits: str = ""
+    credit_refill: str = ""
 
     @classmethod
     def of(cls, record: KeyRecord) -> KeyForm:
@@ -177,7 +192,17 @@ class KeyForm:
             scopes=record.scopes,
             rate_limit=record.rate_limit or "",
             expires=iso(record.expires_at) if record.expires_at else "",
+            owner=record.owner or "",
+            metadata=dump_metadata(record.metadata) if record.metadata else "",
+            allowed_ips="\n".join(record.allowed_ips),
+            credits="" if record.credits is None else str(record.credits),
+            credit_refill=record.credit_refill or "",
         )
+
+    @property
+    def has_policies(self) -> bool:
+        """Whether any policy field is filled in (the form then shows them unfolded)."""
+        return any((self.owner, self.metadata, self.allowed_ips, self.credits, self.credit_refill))
 
 
 UNCHANGED: Final = object()
@@ -199,6 +224,11 @@ def read_key_form(
         scopes=tuple(dict.fromkeys(form.getlist("scopes"))),
         rate_limit=form.get("rate_limit", "").strip(),
         expires=form.get("expires", "").strip(),
+        owner=form.get("owner", "").strip(),
+        metadata=form.get("metadata", "").strip(),
+        allowed_ips=form.get("allowed_ips", "").strip(),
+        credits=form.get("credits", "").strip(),
+        credit_refill=form.get("credit_refill", "").strip(),
     )
     errors: dict[str, str] = {}
     if not values.name:
@@ -233,3 +263,49 @@ def read_key_form(
         except ValueError as exc:
             errors["expires"] = str(exc)
     return values, errors, expires_at
+
+
+def read_policies(values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
+    """The `KeyManager.create`/`update` policy arguments of the form (None: cleared),
+    adding an error per field that cannot be read."""
+    policy: dict[str, Any] = {
+        "owner": None,
+        "metadata": None,
+        "allowed_ips": None,
+        "credits": None,
+        "credit_refill": None,
+    }
+    checks: list[tuple[str, str, Callable[[], Any]]] = [
+        ("owner", values.owner, lambda: check_owner(values.owner)),
+        ("metadata", values.metadata, lambda: check_metadata(values.metadata)),
+        (
+            "allowed_ips",
+            values.allowed_ips,
+            lambda: parse_allowlist(_RANGES.split(values.allowed_ips)),
+        ),
+        ("credits", values.credits, lambda: _credits(values.credits)),
+        ("credit_refill", values.credit_refill, lambda: str(parse_refill(values.credit_refill))),
+    ]
+    for field, text, check in checks:
+        if not text:
+            continue
+        try:
+            policy[field] = check()
+        except InvalidKeyParameters as exc:
+            errors[field] = _sentence(str(exc))
+    return policy
+
+
+_RANGES = re.compile(r"[\s,]+")
+
+
+def _credits(text: str) -> int:
+    if not text.isascii() or not text.isdigit():
+        raise InvalidKeyParameters("credits must be a whole number, like 1000")
+    value = check_credits(int(text))
+    assert value is not None
+    return value
+
+
+def _sentence(message: str) -> str:
+    return message[:1].upper() + message[1:] + ("" if message.endswith(".") else ".")

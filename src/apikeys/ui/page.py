@@ -60,6 +60,7 @@ from apikeys.ui.forms import (
     iso,
     read_form,
     read_key_form,
+    read_policies,
     relative,
 )
 from apikeys.ui.onetime import Reveal, RevealStore
@@ -538,6 +539,7 @@ async def _list_page(request: Request, user: PageUser) -> Response:
 async def _create(request: Request, user: PageUser, form: Form) -> Response:
     page = _page(request)
     values, errors, expires_at = read_key_form(form, page.scope_labels)
+    policy = read_policies(values, errors)
     if not errors:
         assert expires_at is None or isinstance(expires_at, datetime)
         try:
@@ -548,6 +550,7 @@ async def _create(request: Request, user: PageUser, form: Form) -> Response:
                 full_access=values.access == "full",
                 rate_limit=values.rate_limit or None,
                 expires_at=expires_at,
+                **policy,
             )
         except InvalidKeyParameters as exc:
             errors["form"] = str(exc)
@@ -598,9 +601,13 @@ async def _edit(request: Request, user: PageUser, form: Form) -> Response:
         raise _refused(record, "edited")
     page = _page(request)
     values, errors, expires_at = read_key_form(form, page.scope_labels, current=record)
+    policy = read_policies(values, errors)
     if errors:
         return _show_edit(request, record, values, errors, status=422)
     full = values.access == "full"
+    if values.credits == KeyForm.of(record).credits:
+        # Left as shown: requests may have spent some since the form was drawn.
+        del policy["credits"]
     try:
         await page.manager.update(
             record.id,
@@ -609,6 +616,7 @@ async def _edit(request: Request, user: PageUser, form: Form) -> Response:
             scopes=None if full else values.scopes,
             rate_limit=values.rate_limit or None,
             expires_at=UNSET if expires_at is UNCHANGED else expires_at,  # type: ignore[arg-type]
+            **policy,
         )
     except InvalidTransition:
         raise _refused(await page.manager.get(record.id), "edited") from None
