@@ -6,6 +6,7 @@ the one place that turns a token into a record (`verify`). Stores only keep stat
 
 from __future__ import annotations
 
+import builtins
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -36,10 +37,13 @@ from apikeys.types import (
     ACTIVE,
     DISABLED,
     REVOKED,
+    AuditAction,
+    AuditEvent,
     CreatedKey,
     KeyRecord,
     StoredKey,
     StoredState,
+    jsonable,
     utcnow,
 )
 from apikeys.usage import UsageBuffer
@@ -193,6 +197,7 @@ class KeyManager:
         allowed_ips: Iterable[str] | None = None,
         credits: int | None = None,
         credit_refill: str | None = None,
+        actor: str | None = None,
     ) -> CreatedKey:
         """Create a key. The returned `CreatedKey.key` is the only time the key is shown.
 
@@ -239,6 +244,7 @@ class KeyManager:
             created_at=now,
             expires_at=expiry,
             policy=policy,
+            actor=actor,
         )
 
     @staticmethod
@@ -270,6 +276,7 @@ class KeyManager:
         expires_at: datetime | None,
         replaces: str | None = None,
         policy: Mapping[str, Any] | None = None,
+        actor: str | None = None,
     ) -> CreatedKey:
         for _ in range(_INSERT_ATTEMPTS):
             parsed = generate_key(self.prefix)
@@ -287,9 +294,21 @@ class KeyManager:
                 replaces=replaces,
                 **(policy or {}),
             )
+            # What the key was made with: its grants and policies, never its secret.
+            made = record.to_dict()
+            for volatile in ("id", "prefix", "status", "last_used_at", "request_count"):
+                made.pop(volatile)
+            event = AuditEvent(
+                time=created_at,
+                key_id=record.id,
+                workspace=workspace,
+                action="created",
+                actor=actor,
+                changes={k: v for k, v in made.items() if v not in (None, [], {})},
+            )
             try:
                 secret_hash = await self.hasher.ahash(parsed.secret)
-                await self.store.insert(StoredKey(record, secret_hash))
+                await self.store.insert(StoredKey(record, secret_hash), event=event)
             except DuplicateKeyId:
                 continue
             return CreatedKey(parsed.token, record)
@@ -323,33 +342,93 @@ class KeyManager:
 
     # -- state changes ---------------------------------------------------------------------
 
-    async def disable(self, key_id: str) -> KeyRecord:
-        """Stop a key from authenticating until `enable`. Refused for a revoked key."""
-        return await self._transition(key_id, DISABLED, (ACTIVE,), "disable")
+    async def disable(
+        self, key_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> KeyRecord:
+        """Stop a key from authenticating until `enable`. Refused for a revoked key.
 
-    async def enable(self, key_id: str) -> KeyRecord:
+        Every change takes an `actor` (who made it) for the audit trail; `reason` is noted
+        in the event's changes (the leak responder says `"leaked"`).
+        """
+        return await self._transition(
+            key_id, DISABLED, (ACTIVE,), "disable", "disabled", actor, reason
+        )
+
+    async def enable(self, key_id: str, *, actor: str | None = None) -> KeyRecord:
         """Let a disabled key authenticate again. Refused for a revoked key."""
-        return await self._transition(key_id, ACTIVE, (DISABLED,), "enable")
+        return await self._transition(key_id, ACTIVE, (DISABLED,), "enable", "enabled", actor)
 
-    async def revoke(self, key_id: str) -> KeyRecord:
-        """Revoke a key for good: every later request with it gets 401 `key_revoked`."""
-        return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke")
+    async def revoke(
+        self, key_id: str, *, actor: str | None = None, leaked: bool = False
+    ) -> KeyRecord:
+        """Revoke a key for good: every later request with it gets 401 `key_revoked`.
+
+        `leaked=True` records the revocation as `leak_revoked` in the audit trail.
+        """
+        action: AuditAction = "leak_revoked" if leaked else "revoked"
+        return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke", action, actor)
+
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        """The audit trail: the newest `limit` changes that match, oldest first."""
+        return await self.store.audit(workspace=workspace, key_id=key_id, since=since, limit=limit)
+
+    async def _event(
+        self,
+        action: AuditAction,
+        key_id: str,
+        actor: str | None,
+        changes: Mapping[str, Any],
+        workspace: str | None = None,
+    ) -> AuditEvent:
+        """The audit event of a change about to be made (the key's workspace read first)."""
+        if workspace is None:
+            stored = await self.store.get(key_id)
+            if stored is None:
+                raise KeyNotFound(key_id)
+            workspace = stored.record.workspace
+        return AuditEvent(
+            time=utcnow(),
+            key_id=key_id,
+            workspace=workspace,
+            action=action,
+            actor=actor,
+            changes=jsonable(changes),
+        )
 
     async def _transition(
         self,
         key_id: str,
         target: StoredState,
         allowed_from: tuple[StoredState, ...],
-        action: str,
+        verb: str,
+        action: AuditAction,
+        actor: str | None,
+        reason: str | None = None,
     ) -> KeyRecord:
+        changes: dict[str, Any] = {"state": target}
+        if reason is not None:
+            changes["reason"] = reason
+        event = await self._event(action, key_id, actor, changes)
         record = await self._change(
             key_id,
             lambda notice: self.store.set_state(
-                key_id, target, allowed_from=allowed_from, at=utcnow(), notice=notice
+                key_id,
+                target,
+                allowed_from=allowed_from,
+                at=event.time,
+                notice=notice,
+                event=event,
             ),
         )
         if record.state != target:
-            raise InvalidTransition(key_id, record.status, action)
+            raise InvalidTransition(key_id, record.status, verb)
         return self.usage.apply(record)
 
     async def update(
@@ -367,6 +446,7 @@ class KeyManager:
         allowed_ips: Iterable[str] | _Unset | None = UNSET,
         credits: int | _Unset | None = UNSET,
         credit_refill: str | _Unset | None = UNSET,
+        actor: str | None = None,
     ) -> KeyRecord:
         """Edit a key: its name, access and scopes, rate limit or expiry, and its policies
         (None clears `owner`, `metadata`, `allowed_ips` and `credit_refill`, and makes
@@ -428,8 +508,9 @@ class KeyManager:
                 if changes.get("credits") is None:
                     changes["credits"] = refill.amount
                 changes["credits_refilled_at"] = refill.period_start(utcnow())
+        event = await self._event("updated", key_id, actor, changes)
         record = await self._change(
-            key_id, lambda notice: self.store.update(key_id, changes, notice=notice)
+            key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
         )
         if record.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "update")
@@ -441,6 +522,7 @@ class KeyManager:
         grace: timedelta = timedelta(hours=24),
         *,
         expires_in: timedelta | None = None,
+        actor: str | None = None,
     ) -> CreatedKey:
         """Replace a key with a new one of the same name, workspace, access, scopes and limit.
 
@@ -478,14 +560,23 @@ class KeyManager:
                 "credit_refill": old.credit_refill,
                 "credits_refilled_at": old.credits_refilled_at,
             },
+            actor=actor,
         )
         # The new key exists before the old one is cut short: a failure here never leaves
         # the integration without a working key.
         new_id = created.record.id
+        rolled = AuditEvent(
+            time=now,
+            key_id=key_id,
+            workspace=old.workspace,
+            action="rolled",
+            actor=actor,
+            changes=jsonable({"replaced_by": new_id, "grace_ends_at": now + grace}),
+        )
         old = await self._change(
             key_id,
             lambda notice: self.store.shorten_expiry(
-                key_id, now + grace, replaced_by=new_id, notice=notice
+                key_id, now + grace, replaced_by=new_id, notice=notice, event=rolled
             ),
         )
         if old.state == REVOKED:
@@ -493,7 +584,19 @@ class KeyManager:
             await self._change(
                 new_id,
                 lambda notice: self.store.set_state(
-                    new_id, REVOKED, allowed_from=(ACTIVE, DISABLED), at=utcnow(), notice=notice
+                    new_id,
+                    REVOKED,
+                    allowed_from=(ACTIVE, DISABLED),
+                    at=utcnow(),
+                    notice=notice,
+                    event=AuditEvent(
+                        time=utcnow(),
+                        key_id=new_id,
+                        workspace=old.workspace,
+                        action="revoked",
+                        actor=actor,
+                        changes={"state": REVOKED, "reason": "the key it replaces was revoked"},
+                    ),
                 ),
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
@@ -548,9 +651,15 @@ class KeyManager:
     async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:
         try:
             # Announced, not waited for: either hash verifies the same secret.
+            # The scheme's name only ("hmac-sha256", "argon2"): never the hash.
+            parts = new_hash.split("$")
+            scheme = parts[1] if new_hash.startswith("$") and len(parts) > 1 else parts[0]
+            event = await self._event("rehashed", key_id, "apikeys", {"scheme": scheme})
             await self._change(
                 key_id,
-                lambda notice: self.store.replace_hash(key_id, old_hash, new_hash, notice=notice),
+                lambda notice: self.store.replace_hash(
+                    key_id, old_hash, new_hash, notice=notice, event=event
+                ),
                 wait=False,
             )
         except Exception as exc:

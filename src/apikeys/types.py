@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -9,16 +10,20 @@ from typing import Any, Literal
 
 __all__ = [
     "ACTIVE",
+    "AUDIT_ACTIONS",
     "DISABLED",
     "EXPIRED",
     "REVOKED",
     "Access",
+    "AuditAction",
+    "AuditEvent",
     "CreatedKey",
     "KeyRecord",
     "Status",
     "StoredKey",
     "UsageDelta",
     "isoformat",
+    "jsonable",
     "utcnow",
 ]
 
@@ -158,6 +163,80 @@ class StoredKey:
 
     record: KeyRecord
     secret_hash: str = field(repr=False)
+
+
+AuditAction = Literal[
+    "created", "updated", "disabled", "enabled", "rolled", "revoked", "rehashed", "leak_revoked"
+]
+AUDIT_ACTIONS: tuple[AuditAction, ...] = (
+    "created",
+    "updated",
+    "disabled",
+    "enabled",
+    "rolled",
+    "revoked",
+    "rehashed",
+    "leak_revoked",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One change to a key, as the audit trail keeps it: never a secret, never a hash.
+
+    A store writes it in the same transaction (or script) as the change it records, and
+    only when the change happened.
+    """
+
+    time: datetime
+    key_id: str
+    workspace: str
+    action: AuditAction
+    actor: str | None
+    """Who made the change: a user, `cli:<os user>`, `github-secret-scanning`, or None."""
+    changes: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """What changed: field names and their new values."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data (CONTRACT section 9)."""
+        return {
+            "time": isoformat(self.time),
+            "key_id": self.key_id,
+            "workspace": self.workspace,
+            "action": self.action,
+            "actor": self.actor,
+            "changes": dict(self.changes),
+        }
+
+    def encode(self) -> str:
+        """The event as one line of JSON (what stores keep)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=_json_default)
+
+    @classmethod
+    def decode(cls, text: str) -> AuditEvent:
+        data = json.loads(text)
+        return cls(
+            time=datetime.fromisoformat(data["time"].replace("Z", "+00:00")),
+            key_id=data["key_id"],
+            workspace=data["workspace"],
+            action=data["action"],
+            actor=data["actor"],
+            changes=data["changes"],
+        )
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return isoformat(value)
+    if isinstance(value, tuple | frozenset | set):
+        return list(value)
+    raise TypeError(type(value).__name__)
+
+
+def jsonable(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """`changes` with datetimes as ISO strings and tuples as lists, for an audit event."""
+    decoded: dict[str, Any] = json.loads(json.dumps(dict(changes), default=_json_default))
+    return decoded
 
 
 @dataclass(frozen=True, slots=True)

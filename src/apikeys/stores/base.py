@@ -11,6 +11,7 @@ Every method that talks to a server turns connection failures and timeouts into
 from __future__ import annotations
 
 import abc
+import builtins
 import importlib
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
-from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
     from apikeys.channels.base import Channel
@@ -72,8 +73,13 @@ class KeyStore(abc.ABC):
         """Prepare the backend (create tables, load scripts). Idempotent; may be skipped."""
 
     @abc.abstractmethod
-    async def insert(self, stored: StoredKey) -> None:
-        """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries)."""
+    async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
+        """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries).
+
+        Every method that changes a key takes an `event`, appended to the audit trail in
+        the same transaction (or script) as the change, and only if the change happened:
+        a change without its event, or an event without its change, cannot exist.
+        """
 
     @abc.abstractmethod
     async def get(self, key_id: str) -> StoredKey | None:
@@ -92,6 +98,7 @@ class KeyStore(abc.ABC):
         allowed_from: Collection[StoredState],
         at: datetime,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         """Atomically move a key to `state` if its current state is in `allowed_from`.
 
@@ -109,6 +116,7 @@ class KeyStore(abc.ABC):
         *,
         replaced_by: str | None = None,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         """Atomically set `expires_at` to the earlier of its value and `expires_at`, and
         `replaced_by` when given (`roll` links the old key to the new one).
@@ -119,7 +127,12 @@ class KeyStore(abc.ABC):
 
     @abc.abstractmethod
     async def update(
-        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+        self,
+        key_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         """Atomically set the record's fields in `changes`, unless the key is revoked.
 
@@ -128,6 +141,17 @@ class KeyStore(abc.ABC):
         is. Returns the record afterwards (the caller checks its state); raises
         `KeyNotFound`. A `notice` is published with the change.
         """
+
+    @abc.abstractmethod
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        """The newest `limit` audit events that match, oldest first."""
 
     @abc.abstractmethod
     async def spend_credits(
@@ -144,7 +168,13 @@ class KeyStore(abc.ABC):
 
     @abc.abstractmethod
     async def replace_hash(
-        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+        self,
+        key_id: str,
+        old_hash: str,
+        new_hash: str,
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> bool:
         """Swap the stored hash if it still equals `old_hash` (compare and set).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
@@ -10,7 +11,7 @@ from typing import Any
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
-from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import REVOKED, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
 
 __all__ = ["MemoryStore"]
 
@@ -33,6 +34,7 @@ class MemoryStore(KeyStore):
         self._by_workspace: dict[str, dict[str, None]] = {}
         # usage batch id -> when it was applied (time.monotonic()), oldest first
         self._applied_batches: dict[str, float] = {}
+        self._audit: list[AuditEvent] = []
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -41,12 +43,17 @@ class MemoryStore(KeyStore):
     def __repr__(self) -> str:
         return f"MemoryStore(keys={len(self._keys)})"
 
-    async def insert(self, stored: StoredKey) -> None:
+    def _record(self, event: AuditEvent | None) -> None:
+        if event is not None:
+            self._audit.append(event)
+
+    async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         key_id = stored.record.id
         if key_id in self._keys:
             raise DuplicateKeyId(key_id)
         self._keys[key_id] = stored
         self._by_workspace.setdefault(stored.record.workspace, {})[key_id] = None
+        self._record(event)
 
     async def get(self, key_id: str) -> StoredKey | None:
         return self._keys.get(key_id)
@@ -78,12 +85,14 @@ class MemoryStore(KeyStore):
         allowed_from: Collection[StoredState],
         at: datetime,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
         if record.state == state or record.state not in allowed_from:
             return record
         revoked_at = at if state == REVOKED else record.revoked_at
+        self._record(event)
         return self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
 
     async def shorten_expiry(
@@ -93,6 +102,7 @@ class MemoryStore(KeyStore):
         *,
         replaced_by: str | None = None,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
@@ -102,15 +112,23 @@ class MemoryStore(KeyStore):
             record = replace(record, expires_at=expires_at)
         if replaced_by is not None:
             record = replace(record, replaced_by=replaced_by)
+        if record != stored.record:
+            self._record(event)
         return self._put_record(stored, record)
 
     async def update(
-        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+        self,
+        key_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
         if record.state == REVOKED or not changes:
             return record
+        self._record(event)
         return self._put_record(stored, replace(record, **changes))
 
     async def spend_credits(
@@ -134,13 +152,37 @@ class MemoryStore(KeyStore):
         return left - cost
 
     async def replace_hash(
-        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+        self,
+        key_id: str,
+        old_hash: str,
+        new_hash: str,
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> bool:
         stored = self._keys.get(key_id)
         if stored is None or stored.secret_hash != old_hash:
             return False
         self._keys[key_id] = replace(stored, secret_hash=new_hash)
+        self._record(event)
         return True
+
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        found = [
+            event
+            for event in self._audit
+            if (workspace is None or event.workspace == workspace)
+            and (key_id is None or event.key_id == key_id)
+            and (since is None or event.time >= since)
+        ]
+        return found[-limit:] if limit > 0 else []
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         if not any(delta.count for delta in usage.values()):

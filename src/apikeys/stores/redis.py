@@ -44,6 +44,7 @@ after Redis comes back succeeds.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -63,7 +64,7 @@ from apikeys.channels.redis import RedisChannel, notices_channel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.policies import dump_metadata, load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
-from apikeys.types import Access, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import Access, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
 
 __all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
 
@@ -98,22 +99,32 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
-# KEYS[1] = key hash; ARGV = field, value, field, value, ...
-# Returns 1 when created, 0 when the id is taken.
+# KEYS[1] = key hash, KEYS[2] = the audit list; ARGV = field, value, field, value, ...,
+# then the audit event ('' for none). Returns 1 when created, 0 when the id is taken.
 _INSERT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
+redis.call('HSET', KEYS[1], unpack(ARGV, 1, #ARGV - 1))
+if ARGV[#ARGV] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[#ARGV])
+end
 return 1
 """
 
-# Every change script ends with the same two ARGV: the notice channel and the notice ('' for
-# none), published in the script itself so that no change commits without its notice.
+# Every change script ends with the same three ARGV: the audit event, the notice channel and
+# the notice ('' for none), and has the audit list as KEYS[2]. The event is appended only
+# when the change happened, and the notice published, in the script itself: no change
+# commits without its event and its notice.
 _PUBLISH = """
 local function publish()
   if ARGV[#ARGV] ~= '' then
     redis.call('PUBLISH', ARGV[#ARGV - 1], ARGV[#ARGV])
+  end
+end
+local function record()
+  if ARGV[#ARGV - 2] ~= '' then
+    redis.call('RPUSH', KEYS[2], ARGV[#ARGV - 2])
   end
 end
 """
@@ -128,13 +139,14 @@ if not current then
   return false
 end
 if current ~= ARGV[1] then
-  for i = 3, #ARGV - 2 do
+  for i = 3, #ARGV - 3 do
     if ARGV[i] == current then
       if ARGV[1] == 'revoked' then
         redis.call('HSET', KEYS[1], 'state', ARGV[1], 'revoked_at', ARGV[2])
       else
         redis.call('HSET', KEYS[1], 'state', ARGV[1])
       end
+      record()
       break
     end
   end
@@ -156,9 +168,13 @@ if not state then
   return false
 end
 if state ~= 'revoked' then
+  local changed = false
 """
         + change
         + """
+  if changed then
+    record()
+  end
 end
 publish()
 return redis.call('HGETALL', KEYS[1])
@@ -172,9 +188,11 @@ _SHORTEN_EXPIRY = _unless_revoked(
   local current = redis.call('HGET', KEYS[1], 'expires_at')
   if (not current) or tonumber(ARGV[1]) < tonumber(current) then
     redis.call('HSET', KEYS[1], 'expires_at', ARGV[1])
+    changed = true
   end
   if ARGV[2] ~= '' then
     redis.call('HSET', KEYS[1], 'replaced_by', ARGV[2])
+    changed = true
   end
 """
 )
@@ -187,9 +205,10 @@ _UPDATE = _unless_revoked(
   for i = 2, 1 + 2 * sets, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   end
-  for i = 2 + 2 * sets, #ARGV - 2 do
+  for i = 2 + 2 * sets, #ARGV - 3 do
     redis.call('HDEL', KEYS[1], ARGV[i])
   end
+  changed = true
 """
 )
 
@@ -221,6 +240,7 @@ _REPLACE_HASH = (
     + """
 if redis.call('HGET', KEYS[1], 'secret_hash') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'secret_hash', ARGV[2])
+  record()
   publish()
   return 1
 end
@@ -276,6 +296,10 @@ def _decode_scopes(value: str) -> tuple[str, ...]:
     if value.startswith("["):
         return tuple(str(scope) for scope in json.loads(value))
     return tuple(scope for scope in value.split(",") if scope)
+
+
+def _event(event: AuditEvent | None) -> str:
+    return "" if event is None else event.encode()
 
 
 def _encode_list(values: tuple[str, ...]) -> str:
@@ -485,7 +509,7 @@ class RedisStore(KeyStore):
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def insert(self, stored: StoredKey) -> None:
+    async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
         score = int(_encode_time(record.created_at))
         with self._calls():
@@ -494,7 +518,10 @@ class RedisStore(KeyStore):
                 pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
                 pipe.zadd(self._all_index, {record.id: score}, nx=True)
                 await pipe.execute()
-            created = await self._insert(keys=[self.key_name(record.id)], args=_encode(stored))
+            created = await self._insert(
+                keys=[self.key_name(record.id), self._audit_list],
+                args=[*_encode(stored), _event(event)],
+            )
         if not created:
             raise DuplicateKeyId(record.id)
 
@@ -538,11 +565,12 @@ class RedisStore(KeyStore):
         allowed_from: Collection[StoredState],
         at: datetime,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         with self._calls():
             reply = await self._set_state(
-                keys=[self.key_name(key_id)],
-                args=[state, _encode_time(at), *allowed_from, *self._notice(notice)],
+                keys=[self.key_name(key_id), self._audit_list],
+                args=[state, _encode_time(at), *allowed_from, *self._tail(event, notice)],
             )
         return self._record_from_reply(key_id, reply)
 
@@ -553,11 +581,12 @@ class RedisStore(KeyStore):
         *,
         replaced_by: str | None = None,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         with self._calls():
             reply = await self._shorten_expiry(
-                keys=[self.key_name(key_id)],
-                args=[_encode_time(expires_at), replaced_by or "", *self._notice(notice)],
+                keys=[self.key_name(key_id), self._audit_list],
+                args=[_encode_time(expires_at), replaced_by or "", *self._tail(event, notice)],
             )
         return self._record_from_reply(key_id, reply)
 
@@ -572,16 +601,49 @@ class RedisStore(KeyStore):
         return None if int(left) < 0 else int(left)
 
     async def replace_hash(
-        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+        self,
+        key_id: str,
+        old_hash: str,
+        new_hash: str,
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> bool:
         with self._calls():
             swapped = await self._replace_hash(
-                keys=[self.key_name(key_id)], args=[old_hash, new_hash, *self._notice(notice)]
+                keys=[self.key_name(key_id), self._audit_list],
+                args=[old_hash, new_hash, *self._tail(event, notice)],
             )
         return bool(swapped)
 
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        with self._calls():
+            lines = cast("list[str]", await self._client.lrange(self._audit_list, 0, -1))
+        found = []
+        for line in lines:
+            event = AuditEvent.decode(line)
+            if (
+                (workspace is None or event.workspace == workspace)
+                and (key_id is None or event.key_id == key_id)
+                and (since is None or event.time >= since)
+            ):
+                found.append(event)
+        return found[-limit:] if limit > 0 else []
+
     async def update(
-        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+        self,
+        key_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         sets: list[str] = []
         deletes: list[str] = []
@@ -601,13 +663,18 @@ class RedisStore(KeyStore):
                 sets += [name, str(value)]
         with self._calls():
             reply = await self._update(
-                keys=[self.key_name(key_id)],
-                args=[len(sets) // 2, *sets, *deletes, *self._notice(notice)],
+                keys=[self.key_name(key_id), self._audit_list],
+                args=[len(sets) // 2, *sets, *deletes, *self._tail(event, notice)],
             )
         return self._record_from_reply(key_id, reply)
 
-    def _notice(self, notice: str | None) -> tuple[str, str]:
-        return notices_channel(self._prefix), notice or ""
+    def _tail(self, event: AuditEvent | None, notice: str | None) -> tuple[str, str, str]:
+        """The last ARGV of every change script: the event, the notice channel, the notice."""
+        return _event(event), notices_channel(self._prefix), notice or ""
+
+    @property
+    def _audit_list(self) -> str:
+        return f"{self._prefix}audit"
 
     def channel(self) -> RedisChannel:
         """Redis pub/sub on this store's server and key prefix (see `apikeys.channels.redis`)."""

@@ -55,7 +55,9 @@ instead; reads never ping (a ping would be a second round trip per request).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -91,6 +93,7 @@ from apikeys.stores.sql_engine import (
 from apikeys.stores.sql_schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
+    audit_table,
     changes_table,
     create_concurrently,
     create_private_file,
@@ -103,7 +106,7 @@ from apikeys.stores.sql_schema import (
     store_tables,
     usage_batches_table,
 )
-from apikeys.types import REVOKED, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import REVOKED, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
     import aiosqlite
@@ -114,6 +117,7 @@ __all__ = [
     "SQLStore",
     "UTCDateTime",
     "async_url",
+    "audit_table",
     "changes_table",
     "create_concurrently",
     "create_private_file",
@@ -333,7 +337,7 @@ class SQLStore(KeyStore):
             self._owns_engine = True
         self._url = self._engine.url
         self._tables = store_tables(table_name)
-        self._table, self._batches, self._changes, self._readers = self._tables
+        self._table, self._batches, self._changes, self._readers, self._audit = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
         dialect = self._engine.dialect
@@ -726,10 +730,33 @@ class SQLStore(KeyStore):
         else:
             await conn.execute(sa.select(sa.func.pg_notify(self._notice_channel, notice)))
 
+    async def _record_event(self, conn: AsyncConnection, event: AuditEvent | None) -> None:
+        """Append `event` to the audit trail in the transaction of `conn`."""
+        if event is None:
+            return
+        await conn.execute(
+            sa.insert(self._audit).values(
+                at=event.time,
+                key_id=event.key_id,
+                workspace=event.workspace,
+                action=event.action,
+                actor=event.actor,
+                changes=json.dumps(dict(event.changes), separators=(",", ":")),
+            )
+        )
+
     async def _update_or_current(
-        self, key_id: str, update: sa.Update | None, notice: str | None
+        self,
+        key_id: str,
+        update: sa.Update | None,
+        notice: str | None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
-        """Run a conditional UPDATE of one key; return its record afterwards either way."""
+        """Run a conditional UPDATE of one key; return its record afterwards either way.
+
+        `event` is appended to the audit trail in the same transaction if the UPDATE
+        changed the row, and only then.
+        """
 
         async def work(conn: AsyncConnection) -> KeyRecord:
             record: KeyRecord | None = None
@@ -738,8 +765,10 @@ class SQLStore(KeyStore):
                     row = (await conn.execute(update.returning(*self._columns))).first()
                     if row is not None:
                         record = _record(row)
+                        await self._record_event(conn, event)
                 else:  # pragma: no cover - SQLite < 3.35
-                    await conn.execute(update)
+                    if (await conn.execute(update)).rowcount:
+                        await self._record_event(conn, event)
             if record is None:
                 record = await self._require(conn, key_id)
             await self._publish(conn, notice)
@@ -785,7 +814,7 @@ class SQLStore(KeyStore):
         except Exception as exc:
             raise_translated(self._translate(exc), exc)
 
-    async def insert(self, stored: StoredKey) -> None:
+    async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
         values = {
             "id": record.id,
@@ -820,6 +849,7 @@ class SQLStore(KeyStore):
                 if is_duplicate(exc):
                     raise DuplicateKeyId(record.id) from None
                 raise
+            await self._record_event(conn, event)
 
         await self._run(work)
 
@@ -858,6 +888,7 @@ class SQLStore(KeyStore):
         allowed_from: Collection[StoredState],
         at: datetime,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         table = self._table
         sources = sorted(set(allowed_from) - {state})
@@ -871,7 +902,7 @@ class SQLStore(KeyStore):
                 .where(table.c.id == key_id, table.c.state.in_(sources))
                 .values(values)
             )
-        return await self._update_or_current(key_id, update, notice)
+        return await self._update_or_current(key_id, update, notice, event)
 
     async def shorten_expiry(
         self,
@@ -880,6 +911,7 @@ class SQLStore(KeyStore):
         *,
         replaced_by: str | None = None,
         notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         table = self._table
         later = sa.or_(table.c.expires_at.is_(None), table.c.expires_at > expires_at)
@@ -898,10 +930,15 @@ class SQLStore(KeyStore):
                     replaced_by=replaced_by,
                 )
             )
-        return await self._update_or_current(key_id, update, notice)
+        return await self._update_or_current(key_id, update, notice, event)
 
     async def update(
-        self, key_id: str, changes: Mapping[str, Any], *, notice: str | None = None
+        self,
+        key_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> KeyRecord:
         table = self._table
         update = (
@@ -911,7 +948,7 @@ class SQLStore(KeyStore):
             if changes
             else None
         )
-        return await self._update_or_current(key_id, update, notice)
+        return await self._update_or_current(key_id, update, notice, event)
 
     async def spend_credits(
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
@@ -953,7 +990,13 @@ class SQLStore(KeyStore):
         return await self._run(work)
 
     async def replace_hash(
-        self, key_id: str, old_hash: str, new_hash: str, *, notice: str | None = None
+        self,
+        key_id: str,
+        old_hash: str,
+        new_hash: str,
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
     ) -> bool:
         table = self._table
         update = (
@@ -965,10 +1008,53 @@ class SQLStore(KeyStore):
         async def work(conn: AsyncConnection) -> bool:
             swapped = bool((await conn.execute(update)).rowcount == 1)
             if swapped:
+                await self._record_event(conn, event)
                 await self._publish(conn, notice)
             return swapped
 
         return await self._run(work)
+
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        audit = self._audit
+        statement = sa.select(
+            audit.c.at,
+            audit.c.key_id,
+            audit.c.workspace,
+            audit.c.action,
+            audit.c.actor,
+            audit.c.changes,
+        )
+        if workspace is not None:
+            statement = statement.where(audit.c.workspace == workspace)
+        if key_id is not None:
+            statement = statement.where(audit.c.key_id == key_id)
+        if since is not None:
+            statement = statement.where(audit.c.at >= since)
+        # The newest `limit`, given back oldest first.
+        statement = statement.order_by(audit.c.seq.desc()).limit(limit)
+
+        async def work(conn: AsyncConnection) -> builtins.list[AuditEvent]:
+            rows = (await conn.execute(statement)).all()
+            return [
+                AuditEvent(
+                    time=row[0],
+                    key_id=row[1],
+                    workspace=row[2],
+                    action=row[3],
+                    actor=row[4],
+                    changes=json.loads(row[5]),
+                )
+                for row in reversed(rows)
+            ]
+
+        return await self._run(work, write=False)
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         """One transaction: record `batch_id`, then add the increments.

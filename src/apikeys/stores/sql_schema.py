@@ -1,6 +1,6 @@
 """The SQL store's schema: its tables on `metadata`, and creating them safely.
 
-`keys_table(name)` puts the keys table and the three that go with it on `metadata` (or a
+`keys_table(name)` puts the keys table and the four that go with it on `metadata` (or a
 `MetaData` of yours): the applied usage batches, the change log the key cache reads on
 SQLite, and the registry of processes that cache keys. Add `metadata` to your Alembic
 `target_metadata`, or let `SQLStore.setup()` / `create_tables()` create what is missing.
@@ -120,6 +120,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     usage_batches_table(name, meta)
     changes_table(name, meta)
     readers_table(name, meta)
+    audit_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -244,6 +245,34 @@ def readers_table(
     )
 
 
+def audit_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_audit`: the audit trail, one row per change, appended in the change's
+    own transaction and never updated."""
+    return _companion(
+        keys_table_name,
+        "audit",
+        meta,
+        lambda name: (
+            sa.Column(
+                "seq",
+                sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+                primary_key=True,
+                autoincrement=True,
+            ),
+            sa.Column("at", UTCDateTime(), nullable=False),
+            sa.Column("key_id", sa.String(12), nullable=False),
+            sa.Column("workspace", sa.String(), nullable=False),
+            sa.Column("action", sa.String(16), nullable=False),
+            sa.Column("actor", sa.String(), nullable=True),
+            sa.Column("changes", sa.Text(), nullable=False),
+            sa.Index(f"ix_{name}_workspace_at", "workspace", "at"),
+            sa.Index(f"ix_{name}_key_at", "key_id", "at"),
+        ),
+    )
+
+
 keys = keys_table()
 """The default keys table, `apikeys_keys`."""
 
@@ -255,6 +284,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         usage_batches_table(table_name),
         changes_table(table_name),
         readers_table(table_name),
+        audit_table(table_name),
     )
 
 
