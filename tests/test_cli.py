@@ -8,6 +8,7 @@ Keys are checked with a `KeyManager` on the same SQLite file, the way the servic
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import re
@@ -868,3 +869,39 @@ def test_bad_policies_exit_2_and_change_nothing(
     assert message in result.stderr
     record = show(store_url, created["id"])
     assert (record["metadata"], record["allowed_ips"], record["credits"]) == ({}, [], None)
+
+
+def test_audit_shows_who_changed_a_key_with_the_actor_given_or_the_os_user(
+    store_url: str,
+) -> None:
+    created = create_key(store_url, "--full-access", "--actor", "ops-bot")
+    ok(store_url, "update", created["id"], "--name", "renamed", "--actor", "Jane Doe")
+    ok(store_url, "disable", created["id"])
+    ok(store_url, "revoke", created["id"], "--yes", "--actor", "Jane Doe")
+    events = json.loads(ok(store_url, "audit", "--key", created["id"], "--json").stdout)
+    assert [(e["action"], e["actor"]) for e in events] == [
+        ("created", "ops-bot"),
+        ("updated", "Jane Doe"),
+        ("disabled", f"cli:{getpass.getuser()}"),
+        ("revoked", "Jane Doe"),
+    ]
+    assert events[1]["changes"] == {"name": "renamed"}
+    assert all(
+        set(event) == {"time", "key_id", "workspace", "action", "actor", "changes"}
+        for event in events
+    )
+    assert created["key"] not in json.dumps(events)
+    table = ok(store_url, "audit", "--since", "1h").stdout
+    assert "Jane Doe" in table
+    assert "revoked" in table
+    assert json.loads(ok(store_url, "audit", "--workspace", "elsewhere", "--json").stdout) == []
+    assert run(store_url, "audit", "--since", "soon").exit_code == 2
+
+
+def test_scan_revoke_records_leak_revoked_events(store_url: str, tmp_path: Path) -> None:
+    created = create_key(store_url, "--full-access")
+    (tmp_path / "settings.py").write_text(f'KEY = "{created["key"]}"\n')
+    result = run(store_url, "scan", str(tmp_path), "--revoke", "--actor", "pre-commit")
+    assert result.exit_code == 1
+    events = json.loads(ok(store_url, "audit", "--key", created["id"], "--json").stdout)
+    assert [(e["action"], e["actor"]) for e in events][-1] == ("leak_revoked", "pre-commit")

@@ -296,7 +296,15 @@ class KeyManager:
             )
             # What the key was made with: its grants and policies, never its secret.
             made = record.to_dict()
-            for volatile in ("id", "prefix", "status", "last_used_at", "request_count"):
+            for volatile in (
+                "id",
+                "prefix",
+                "status",
+                "last_used_at",
+                "request_count",
+                "workspace",
+                "created_at",
+            ):
                 made.pop(volatile)
             event = AuditEvent(
                 time=created_at,

@@ -153,7 +153,9 @@ def find_keys(data: bytes, pattern: re.Pattern[bytes]) -> Iterator[tuple[int, Pa
         yield line, parsed
 
 
-async def revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[str, str]:
+async def revoke_found(
+    manager: KeyManager, keys: Sequence[ParsedKey], *, actor: str | None = None
+) -> dict[str, str]:
     """Revoke each key whose secret this store confirms; the outcome of each, by token.
 
     The secret is checked first: a key id is public, so a planted token with a valid
@@ -190,7 +192,7 @@ async def revoke_found(manager: KeyManager, keys: Sequence[ParsedKey]) -> dict[s
             outcomes[parsed.token] = f"not revoked: {exc.code}"
             continue
         try:
-            await manager.revoke(parsed.id)
+            await manager.revoke(parsed.id, actor=actor, leaked=True)
         except KeyNotFound:
             outcomes[parsed.token] = "unknown id in this store"
             continue

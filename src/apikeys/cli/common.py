@@ -4,6 +4,7 @@ store, and printing records."""
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import logging
 import re
@@ -38,7 +39,7 @@ from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import KeyRecord
 
-__all__ = ["Refused", "main", "policy_changes", "policy_options"]
+__all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]
 
 
 STORE_ENV = "APIKEYS_STORE_URL"
@@ -54,6 +55,32 @@ class Refused(click.ClickException):
     """The command was understood but cannot be carried out: exit status 1, one line on stderr."""
 
     exit_code = 1
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in the environment or the password database
+        return "unknown"
+
+
+def actor_option(command: _F) -> _F:
+    """`--actor NAME`: who makes the change, for the audit trail (default: the OS user)."""
+    return click.option(
+        "--actor",
+        default=None,
+        metavar="NAME",
+        help="Who makes the change, for the audit trail (default: your OS user name).",
+    )(command)
+
+
+def actor_of(actor: str | None) -> str:
+    """The actor recorded: `--actor` as given, else `cli:<OS user>`."""
+    if actor is not None:
+        if not actor.strip() or len(actor) > 200 or not actor.isprintable():
+            raise click.BadParameter("give a printable name", param_hint="'--actor'")
+        return actor
+    return f"cli:{_os_user()}"
 
 
 def policy_options(*, editing: bool) -> Callable[[_F], _F]:

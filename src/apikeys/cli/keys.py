@@ -22,6 +22,8 @@ from apikeys.cli.common import (
     _summary,
     _table,
     _when,
+    actor_of,
+    actor_option,
     main,
     policy_changes,
     policy_options,
@@ -51,6 +53,7 @@ __all__: list[str] = []
     help="Expire the key after this long: 90s, 15m, 24h, 30d, 2w (default: never).",
 )
 @policy_options(editing=False)
+@actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
 def create(
@@ -62,6 +65,7 @@ def create(
     scopes: tuple[str, ...],
     rate_limit: str | None,
     expires_in: timedelta | None,
+    actor: str | None,
     as_json: bool,
     **policies: Any,
 ) -> None:
@@ -89,6 +93,7 @@ def create(
             full_access=full_access,
             rate_limit=rate_limit,
             expires_in=expires_in,
+            actor=actor_of(actor),
             **policy,
         )
 
@@ -134,6 +139,7 @@ def create(
 )
 @click.option("--no-expiry", is_flag=True, help="Make the key never expire.")
 @policy_options(editing=True)
+@actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
 @click.pass_context
 def update(
@@ -147,6 +153,7 @@ def update(
     default_rate_limit: bool,
     expires_in: timedelta | None,
     no_expiry: bool,
+    actor: str | None,
     as_json: bool,
     **policies: Any,
 ) -> None:
@@ -182,7 +189,7 @@ def update(
         raise click.UsageError("say what to change: --name, --scope, --rate-limit, …", ctx)
 
     async def work(manager: KeyManager) -> KeyRecord:
-        return await manager.update(key_id, **options)
+        return await manager.update(key_id, actor=actor_of(actor), **options)
 
     record = _run(ctx, work)
     if as_json:
@@ -274,15 +281,17 @@ def show(ctx: click.Context, key_id: str, as_json: bool) -> None:
 def _state_change(
     ctx: click.Context,
     key_id: str,
-    change: Callable[[KeyManager, str], Awaitable[KeyRecord]],
+    change: Callable[..., Awaitable[KeyRecord]],
     past: str,
     target: str,
+    actor: str | None,
 ) -> None:
     key_id = _key_id(key_id)
+    who = actor_of(actor)
 
     async def work(manager: KeyManager) -> tuple[KeyRecord, KeyRecord]:
         before = await manager.get(key_id)
-        return before, await change(manager, key_id)
+        return before, await change(manager, key_id, actor=who)
 
     before, record = _run(ctx, work)
     status = record.status
@@ -297,18 +306,20 @@ def _state_change(
 
 @main.command()
 @click.argument("key_id", metavar="ID")
+@actor_option
 @click.pass_context
-def disable(ctx: click.Context, key_id: str) -> None:
+def disable(ctx: click.Context, key_id: str, actor: str | None) -> None:
     """Stop a key from authenticating until it is enabled again."""
-    _state_change(ctx, key_id, KeyManager.disable, "Disabled", "disabled")
+    _state_change(ctx, key_id, KeyManager.disable, "Disabled", "disabled", actor)
 
 
 @main.command()
 @click.argument("key_id", metavar="ID")
+@actor_option
 @click.pass_context
-def enable(ctx: click.Context, key_id: str) -> None:
+def enable(ctx: click.Context, key_id: str, actor: str | None) -> None:
     """Let a disabled key authenticate again (a revoked key cannot be enabled)."""
-    _state_change(ctx, key_id, KeyManager.enable, "Enabled", "active")
+    _state_change(ctx, key_id, KeyManager.enable, "Enabled", "active", actor)
 
 
 def _interactive() -> bool:
@@ -320,8 +331,9 @@ def _interactive() -> bool:
 @main.command()
 @click.argument("key_id", metavar="ID")
 @click.option("--yes", "-y", is_flag=True, help="Revoke without asking for confirmation.")
+@actor_option
 @click.pass_context
-def revoke(ctx: click.Context, key_id: str, yes: bool) -> None:
+def revoke(ctx: click.Context, key_id: str, yes: bool, actor: str | None) -> None:
     """Revoke a key for good: every later request with it is refused.
 
     The key stays in the list, with status revoked. Asks for confirmation unless --yes;
@@ -349,8 +361,10 @@ def revoke(ctx: click.Context, key_id: str, yes: bool) -> None:
             err=True,
         )
 
+    who = actor_of(actor)
+
     async def work(manager: KeyManager) -> KeyRecord:
-        return await manager.revoke(key_id)
+        return await manager.revoke(key_id, actor=who)
 
     record = _run(ctx, work)
     click.echo(
@@ -374,6 +388,7 @@ def revoke(ctx: click.Context, key_id: str, yes: bool) -> None:
     metavar="DURATION",
     help="Expire the new key after this long (default: the old key's lifetime, from now).",
 )
+@actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
 def roll(
@@ -381,6 +396,7 @@ def roll(
     key_id: str,
     grace: timedelta,
     expires_in: timedelta | None,
+    actor: str | None,
     as_json: bool,
 ) -> None:
     """Replace a key with a new one of the same name, workspace, access, scopes and limit.
@@ -391,9 +407,10 @@ def roll(
     old key's id and `replaced` its record.
     """
     key_id = _key_id(key_id)
+    who = actor_of(actor)
 
     async def work(manager: KeyManager) -> tuple[CreatedKey, KeyRecord]:
-        created = await manager.roll(key_id, grace, expires_in=expires_in)
+        created = await manager.roll(key_id, grace, expires_in=expires_in, actor=who)
         return created, await manager.get(key_id)
 
     created, old = _run(ctx, work, uses_secrets=True)

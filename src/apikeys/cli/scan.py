@@ -7,6 +7,8 @@ import click
 from apikeys.cli.common import (
     _prefixes,
     _run,
+    actor_of,
+    actor_option,
     main,
 )
 from apikeys.keys import (
@@ -44,9 +46,14 @@ __all__: list[str] = []
     show_default=True,
     help="The key prefix to look for; repeat for several.",
 )
+@actor_option
 @click.pass_context
 def scan(
-    ctx: click.Context, paths: tuple[str, ...], revoke_keys: bool, prefixes: tuple[str, ...]
+    ctx: click.Context,
+    paths: tuple[str, ...],
+    revoke_keys: bool,
+    prefixes: tuple[str, ...],
+    actor: str | None,
 ) -> None:
     """Find API keys in files and folders (- reads stdin); exit 1 when any is found.
 
@@ -82,9 +89,10 @@ def scan(
         err=True,
     )
     if revoke_keys:
+        who = actor_of(actor)
 
         async def work(manager: KeyManager) -> dict[str, str]:
-            return await revoke_found(manager, unique)
+            return await revoke_found(manager, unique, actor=who)
 
         outcomes = _run(ctx, work, uses_secrets=True)
         # One verdict per finding, with its place: two findings of one id may be two keys.
