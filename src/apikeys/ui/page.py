@@ -241,6 +241,7 @@ class KeysPage:
                 Route(
                     "/{key_id}/edit", _methods(get=_edit_page, post=_edit), methods=["GET", "POST"]
                 ),
+                Route("/activity", _activity_page, methods=["GET"]),
                 Route("/{key_id}/disable", _disable, methods=["POST"]),
                 Route("/{key_id}/enable", _enable, methods=["POST"]),
                 Route(
@@ -550,6 +551,7 @@ async def _create(request: Request, user: PageUser, form: Form) -> Response:
                 full_access=values.access == "full",
                 rate_limit=values.rate_limit or None,
                 expires_at=expires_at,
+                actor=user.name,
                 **policy,
             )
         except InvalidKeyParameters as exc:
@@ -616,6 +618,7 @@ async def _edit(request: Request, user: PageUser, form: Form) -> Response:
             scopes=None if full else values.scopes,
             rate_limit=values.rate_limit or None,
             expires_at=UNSET if expires_at is UNCHANGED else expires_at,  # type: ignore[arg-type]
+            actor=user.name,
             **policy,
         )
     except InvalidTransition:
@@ -646,7 +649,7 @@ async def _change_state(
             "its grace period ends. Revoke it to stop it now.",
         )
     try:
-        await getattr(manager, method)(record.id)
+        await getattr(manager, method)(record.id, actor=user.name)
     except InvalidTransition:
         current = await manager.get(record.id)
         if current.state != target:  # already done (a second click) is not an error
@@ -747,7 +750,7 @@ async def _roll(request: Request, user: PageUser, form: Form) -> Response:
         )
     page = _page(request)
     try:
-        created = await page.manager.roll(record.id, grace=GRACE_CHOICES[grace][1])
+        created = await page.manager.roll(record.id, grace=GRACE_CHOICES[grace][1], actor=user.name)
     except InvalidTransition:
         raise _refused(await page.manager.get(record.id), "rolled") from None
     old = await page.manager.get(record.id)
@@ -756,6 +759,42 @@ async def _roll(request: Request, user: PageUser, form: Form) -> Response:
     )
     request.session["reveal"] = page.reveals.put(reveal)
     return _redirect(f"{_base(request)}/#new-key")
+
+
+# -- activity ------------------------------------------------------------------------------
+
+ACTIVITY_LIMIT = 200
+
+
+@_view
+async def _activity_page(request: Request, user: PageUser) -> Response:
+    """The workspace's audit trail, newest first; `?key=ID` for one key's."""
+    page = _page(request)
+    key_id = request.query_params.get("key", "")
+    record: KeyRecord | None = None
+    if key_id:
+        if not _KEY_ID.fullmatch(key_id):
+            raise PageError.no_such_key()
+        try:
+            record = await page.manager.get(key_id)
+        except KeyNotFound:
+            raise PageError.no_such_key() from None
+        if record.workspace != user.workspace:
+            raise PageError.no_such_key()
+    events = await page.manager.audit(
+        workspace=user.workspace, key_id=key_id or None, limit=ACTIVITY_LIMIT
+    )
+    names = {r.id: r for r in await page.manager.list(user.workspace)}
+    return _render(
+        request,
+        "activity.html",
+        title="Activity",
+        events=list(reversed(events)),
+        names=names,
+        record=record,
+        now=utcnow(),
+        limit=ACTIVITY_LIMIT,
+    )
 
 
 # -- errors --------------------------------------------------------------------------------
