@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from starlette.requests import Request
@@ -140,7 +140,7 @@ def parse_key_list(body: bytes) -> dict[str, ec.EllipticCurvePublicKey]:
             continue
         try:
             key = serialization.load_pem_public_key(pem.encode("utf-8"))
-        except (ValueError, TypeError, UnicodeError):
+        except (ValueError, TypeError, UnicodeError, UnsupportedAlgorithm):
             key = None
         if not (isinstance(key, ec.EllipticCurvePublicKey) and key.curve.name == "secp256r1"):
             logger.warning("secret scanning: skipped GitHub key %r: not a P-256 key", identifier)

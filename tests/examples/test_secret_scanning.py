@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from examples.contacts_service.leaks import (
     MAX_ALERTS,
     MAX_BODY_BYTES,
@@ -706,10 +706,20 @@ def test_a_key_list_keeps_only_p256_keys() -> None:
     pem = p384.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode()
+    ed25519_pem = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     signer = Signer()
-    body = json.dumps(
-        {"public_keys": [{"key_identifier": "p384", "key": pem}, 7, signer.entry()]}
-    ).encode()
+    entries = [
+        {"key_identifier": "p384", "key": pem},
+        {"key_identifier": "ed25519", "key": ed25519_pem},
+        7,
+        signer.entry(),
+    ]
+    body = json.dumps({"public_keys": entries}).encode()
     assert set(parse_key_list(body)) == {signer.identifier}
 
 
