@@ -42,6 +42,7 @@ import httpx
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -394,9 +395,11 @@ def _signature_headers(request: Request) -> tuple[str, bytes]:
     if not _IDENTIFIER.fullmatch(identifier) or not _SIGNATURE.fullmatch(signature):
         raise Problem.invalid_signature("The signature headers are malformed.")
     try:
-        return identifier, base64.b64decode(signature, validate=True)
+        der = base64.b64decode(signature, validate=True)
+        decode_dss_signature(der)  # not even a signature: refused without fetching any key
     except (binascii.Error, ValueError):
-        raise Problem.invalid_signature("The signature is not base64.") from None
+        raise Problem.invalid_signature("The signature is not base64 DER.") from None
+    return identifier, der
 
 
 async def secret_scanning(request: Request) -> Response:

@@ -447,6 +447,9 @@ def test_if_the_key_identifier_is_unknown_then_401_after_one_refetch(
     ):
         key = service.create_key()
         body = alerts(key)
+        garbage = {"Github-Public-Key-Identifier": "x", "Github-Public-Key-Signature": "AAAA"}
+        assert_problem(service.post(body, garbage), 401, "invalid_signature")
+        assert key_list.fetches == 0  # not even a signature: no fetch for it
 
         problem = assert_problem(
             service.post(body, stranger.headers(body)), 401, "invalid_signature"
