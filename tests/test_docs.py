@@ -32,10 +32,12 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from apikeys import errors
 from apikeys.cli import main
-from apikeys.keys import MalformedAPIKey, parse_key
+from apikeys.keys import BASE62, MalformedAPIKey, ParsedKey, checksum, generate_key, parse_key
 from apikeys.problems import problem_body
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -309,6 +311,99 @@ def test_no_sample_key_has_a_valid_checksum() -> None:
             with pytest.raises(MalformedAPIKey):
                 parse_key(match.group().decode())
     assert samples > 0
+
+
+# -- the key pattern for secret scanners ------------------------------------------------------
+
+
+def documented_key_pattern() -> re.Pattern[str]:
+    """The regular expression docs/leaks.md gives for the default prefix: its `text` block."""
+    [block] = [
+        block
+        for block in blocks(DOCS / "leaks.md")
+        if block.language == "text" and block.code.startswith("ak_")
+    ]
+    return re.compile(block.code.strip())
+
+
+KEY_PATTERN = documented_key_pattern()
+_ids = st.text(BASE62, min_size=12, max_size=12)
+_secrets = st.text(BASE62, min_size=32, max_size=32)
+
+
+def _shape_accepted(text: str) -> bool:
+    """Whether `parse_key(…, "ak")` accepts `text` once its last 6 characters are the right
+    checksum: the shape alone, which is all a regular expression can check."""
+    if len(text) < 6 or not text[:-6].isascii():
+        return False
+    try:
+        parse_key(text[:-6] + checksum(text[:-6]), "ak")
+    except MalformedAPIKey:
+        return False
+    return True
+
+
+def test_the_documented_key_pattern_matches_generated_keys() -> None:
+    for _ in range(100):
+        assert KEY_PATTERN.fullmatch(generate_key().token)
+
+
+@given(key_id=_ids, secret=_secrets)
+def test_the_documented_key_pattern_matches_every_key_parse_key_accepts(
+    key_id: str, secret: str
+) -> None:
+    token = ParsedKey("ak", key_id, secret).token
+    assert parse_key(token, "ak")
+    assert KEY_PATTERN.fullmatch(token)
+
+
+_NOT_BASE62 = st.sampled_from(["_", "-", " ", ".", "é", "\uff13", "\u0660", "\n", "\x00"])
+
+
+@given(
+    key_id=_ids,
+    secret=_secrets,
+    change=st.sampled_from(["delete", "insert", "replace", "prefix"]),
+    position=st.integers(min_value=0),
+    character=_NOT_BASE62,
+    extra=st.sampled_from(BASE62),
+    prefix=st.sampled_from(["AK", "a", "akk", "ak_live", "bk", ""]),
+)
+def test_the_documented_key_pattern_refuses_near_misses(
+    key_id: str,
+    secret: str,
+    change: str,
+    position: int,
+    character: str,
+    extra: str,
+    prefix: str,
+) -> None:
+    token = ParsedKey("ak", key_id, secret).token
+    at = position % len(token)
+    if change == "delete":
+        near = token[:at] + token[at + 1 :]
+    elif change == "insert":
+        near = token[:at] + extra + token[at:]
+    elif change == "replace":
+        near = token[:at] + (character if token[at] != "_" else "-") + token[at + 1 :]
+    else:
+        near = prefix + token[2:]
+    assert near != token
+    assert KEY_PATTERN.fullmatch(near) is None
+    with pytest.raises(MalformedAPIKey):
+        parse_key(near, "ak")
+
+
+@given(
+    text=st.builds(
+        "{}_{}_{}".format,
+        st.sampled_from(["ak", "AK", "a", "ak_x", ""]),
+        st.text(BASE62 + "_-é\uff13", min_size=10, max_size=14),
+        st.text(BASE62 + "_-é\uff13", min_size=36, max_size=40),
+    )
+)
+def test_the_documented_key_pattern_is_the_shape_parse_key_accepts(text: str) -> None:
+    assert (KEY_PATTERN.fullmatch(text) is not None) == _shape_accepted(text)
 
 
 # -- the site -------------------------------------------------------------------------------------

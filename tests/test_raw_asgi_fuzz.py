@@ -26,6 +26,7 @@ PREFIXES = [
     "/api/v1/contacts/",
     "/api/v1/campaigns/",
     "/api/v1/openapi.json",
+    "/api/v1/secret-scanning",
     "/login",
     "/logout",
     "/settings/integrations/api-keys",
@@ -124,6 +125,8 @@ def example_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             "EXAMPLE_DATABASE_URL": f"sqlite:///{directory / 'example.db'}",
             "APIKEYS_LIMITER_URL": "memory://",
             "APIKEYS_RATE_LIMIT": "100000/minute",
+            # Never GitHub: unsigned requests are refused before any key list is fetched.
+            "EXAMPLE_GITHUB_KEYS_URL": "http://127.0.0.1:9/secret_scanning",
             "EXAMPLE_ADMIN_EMAIL": "fuzz@example.com",
             "EXAMPLE_ADMIN_PASSWORD": "fuzz-password-0123456789",
         }.items():

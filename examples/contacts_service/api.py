@@ -195,11 +195,12 @@ def scope_rules() -> dict[str, str]:
 
 
 OPENAPI_PATH = "/api/v1/openapi.json"
-"""The one path under `/api/` served without a key."""
+"""Served without a key under `/api/`, like GitHub's signed alerts (`leaks.PATH`)."""
 
 
 def protected_prefixes() -> list[str]:
-    """What the middleware protects: everything under `/api/` but `OPENAPI_PATH`.
+    """What the middleware protects: everything under `/api/` but its `public` paths
+    (`OPENAPI_PATH`, and `leaks.PATH`, which checks GitHub's signature instead).
 
     So a path no operation serves is authenticated too, and its 404 carries the same
     RateLimit headers as any other answer to a key.

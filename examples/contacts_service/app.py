@@ -9,7 +9,8 @@ Configured by the environment (see `settings.py`). The middleware needs its `Key
 when it is built, so the manager is made when the app is, from the store URL; the lifespan
 prepares the key store and the service's tables (and the admin user, when
 `EXAMPLE_ADMIN_EMAIL` and `EXAMPLE_ADMIN_PASSWORD` are set) at startup and closes both at
-shutdown. The settings UI (`web.py`) uses the same manager as the middleware.
+shutdown. The settings UI (`web.py`) uses the same manager as the middleware, and so does
+`/api/v1/secret-scanning` (`leaks.py`), which revokes the keys GitHub finds in public.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route
 
 from apikeys import APIKeyMiddleware, KeyManager
-from examples.contacts_service import api, web
+from examples.contacts_service import api, leaks, web
 from examples.contacts_service.auth import (
     LoginThrottle,
     SessionCookies,
@@ -71,6 +72,8 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
         *api.routes(),
         # Outside the protected prefixes: readable without a key.
         Route(api.OPENAPI_PATH, openapi_json, methods=["GET"]),
+        # GitHub's secret scanning alerts: signed by GitHub, not sent with a key.
+        Route(leaks.PATH, leaks.secret_scanning, methods=["POST"]),
         # The settings UI: /login, /logout, and the library's keys page, mounted at
         # /settings/integrations/api-keys/ (its static files under it).
         *web.routes(web.keys_page(settings, manager, secret)),
@@ -89,7 +92,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
                 manager=manager,
                 scopes=api.scope_rules(),
                 protect=api.protected_prefixes(),
-                public=[api.OPENAPI_PATH],
+                public=[api.OPENAPI_PATH, leaks.PATH],
                 rate_limit=settings.rate_limit,
                 limiter_url=settings.limiter_url,
             ),
@@ -99,6 +102,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
     )
     app.state.settings = settings
     app.state.manager = manager
+    app.state.github_keys = leaks.GitHubKeys(settings.github_keys_url)
     app.state.ui = web.UI(settings, manager, LoginThrottle())
     return app
 

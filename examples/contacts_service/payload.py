@@ -17,7 +17,14 @@ from starlette.requests import Request
 
 from examples.contacts_service.problems import FieldError, Problem
 
-__all__ = ["MAX_BODY_BYTES", "read_json", "validate_contact"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "media_type_is_json",
+    "parse_json",
+    "read_body",
+    "read_json",
+    "validate_contact",
+]
 
 MAX_BODY_BYTES = 64 * 1024
 NAME_MAX = 200
@@ -31,7 +38,7 @@ CONTACT_FIELDS = frozenset({"name", "phone", "email", "company"})
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def _media_type_is_json(content_type: str | None) -> bool:
+def media_type_is_json(content_type: str | None) -> bool:
     if not content_type:
         return False
     media_type, *params = content_type.split(";")
@@ -58,10 +65,8 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
-    """The request's JSON body, or the matching `Problem` (415, 413 or 400)."""
-    if not _media_type_is_json(request.headers.get("content-type")):
-        raise Problem.unsupported_media_type()
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request's raw body, or `Problem.payload_too_large` (413) past `limit` bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise Problem.payload_too_large(limit)
@@ -71,6 +76,11 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
         body += chunk
         if len(body) > limit:
             raise Problem.payload_too_large(limit)
+    return bytes(body)
+
+
+def parse_json(body: bytes) -> Any:
+    """`body` as UTF-8 JSON (no NaN or Infinity, no duplicate members), else a 400 `Problem`."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -82,6 +92,13 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
     except (ValueError, RecursionError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise Problem.malformed_json(f"is not valid JSON: {reason}") from None
+
+
+async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
+    """The request's JSON body, or the matching `Problem` (415, 413 or 400)."""
+    if not media_type_is_json(request.headers.get("content-type")):
+        raise Problem.unsupported_media_type()
+    return parse_json(await read_body(request, limit))
 
 
 def _text(

@@ -106,6 +106,50 @@ class Problem(Exception):
         )
 
     @classmethod
+    def invalid_payload(cls, errors: Sequence[FieldError]) -> Problem:
+        return cls(
+            400,
+            "invalid_payload",
+            "Invalid payload",
+            "The request body is not what this endpoint takes; see 'errors'.",
+            errors=errors,
+        )
+
+    @classmethod
+    def missing_signature(cls) -> Problem:
+        return cls(
+            401,
+            "missing_signature",
+            "Missing signature",
+            "Sign the body and send Github-Public-Key-Identifier and Github-Public-Key-Signature.",
+        )
+
+    @classmethod
+    def invalid_signature(cls, detail: str) -> Problem:
+        return cls(401, "invalid_signature", "Invalid signature", detail)
+
+    @classmethod
+    def signing_keys_unavailable(cls) -> Problem:
+        return cls(
+            503,
+            "signing_keys_unavailable",
+            "Signing keys unavailable",
+            "GitHub's public keys cannot be fetched right now, so the signature cannot be "
+            "checked. Nothing was done; retry shortly.",
+            headers={"Retry-After": "60"},
+        )
+
+    @classmethod
+    def store_unavailable(cls) -> Problem:
+        return cls(
+            503,
+            "auth_unavailable",
+            "Authentication unavailable",
+            "API keys cannot be checked right now. Retry shortly.",
+            headers={"Retry-After": "1"},
+        )
+
+    @classmethod
     def validation_failed(cls, errors: Sequence[FieldError]) -> Problem:
         return cls(
             422,

@@ -6,9 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["MIN_PASSWORD_LENGTH", "Settings"]
+__all__ = ["GITHUB_KEYS_URL", "LEAK_ACTIONS", "MIN_PASSWORD_LENGTH", "Settings"]
 
 MIN_PASSWORD_LENGTH = 8
+GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
+"""Where GitHub publishes the keys that sign its secret scanning alerts."""
+LEAK_ACTIONS = ("revoke", "disable")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -40,6 +43,11 @@ class Settings:
     secure_cookies: bool = False
     """`EXAMPLE_SECURE_COOKIES=1`: always mark the session cookie `Secure` (it is marked
     so anyway on requests that arrive over https, e.g. through `uvicorn --proxy-headers`)."""
+    github_keys_url: str = GITHUB_KEYS_URL
+    """`EXAMPLE_GITHUB_KEYS_URL`: the list of GitHub's secret scanning public keys, which
+    `/api/v1/secret-scanning` checks alerts against."""
+    leak_action: str = "revoke"
+    """`EXAMPLE_LEAK_ACTION`: what a key GitHub found in public gets, `revoke` or `disable`."""
 
     def __post_init__(self) -> None:
         if (self.admin_email is None) != (self.admin_password is None):
@@ -50,6 +58,10 @@ class Settings:
             raise ValueError(
                 f"EXAMPLE_ADMIN_PASSWORD must be at least {MIN_PASSWORD_LENGTH} characters"
             )
+        if not self.github_keys_url.startswith(("https://", "http://")):
+            raise ValueError("EXAMPLE_GITHUB_KEYS_URL must be an https:// (or http://) URL")
+        if self.leak_action not in LEAK_ACTIONS:
+            raise ValueError("EXAMPLE_LEAK_ACTION must be 'revoke' or 'disable'")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -65,4 +77,8 @@ class Settings:
             admin_password=env.get("EXAMPLE_ADMIN_PASSWORD") or None,
             session_secret=env.get("EXAMPLE_SESSION_SECRET") or None,
             secure_cookies=env.get("EXAMPLE_SECURE_COOKIES", "").strip().lower() in _TRUE,
+            github_keys_url=(env.get("EXAMPLE_GITHUB_KEYS_URL") or "").strip()
+            or defaults.github_keys_url,
+            leak_action=(env.get("EXAMPLE_LEAK_ACTION") or "").strip().lower()
+            or defaults.leak_action,
         )

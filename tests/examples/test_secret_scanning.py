@@ -1,0 +1,762 @@
+"""GitHub's secret scanning alerts at `POST /api/v1/secret-scanning`, over HTTP.
+
+The service runs as a user runs it, with `EXAMPLE_GITHUB_KEYS_URL` pointing at a key-list
+server of the test's own (a thread serving `{"public_keys": [...]}`); the test signs the
+alerts with a P-256 key pair it makes, as GitHub signs them with its own. What the endpoint
+did is checked the way a client would notice it: by using the reported key against the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from examples.contacts_service.leaks import (
+    MAX_ALERTS,
+    MAX_BODY_BYTES,
+    GitHubKeys,
+    KeysUnavailable,
+    parse_key_list,
+    validate_alerts,
+)
+from examples.contacts_service.problems import Problem
+from examples.contacts_service.settings import Settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apikeys import Hasher, KeyManager, generate_key, parse_key, store_from_url
+from apikeys.keys import ParsedKey
+from tests.examples.conftest import PEPPER, free_port, service_env, start_service, stop_service
+
+PATH = "/api/v1/secret-scanning"
+PROBLEM = "application/problem+json"
+TOKEN_TYPE = "apikeys_api_key"
+
+
+# -- GitHub's side: a key pair, its key list, signed alerts ------------------------------------
+
+
+@dataclass
+class Signer:
+    """A P-256 key pair, listed by the key-list server under `identifier`."""
+
+    private: ec.EllipticCurvePrivateKey = field(
+        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
+    )
+
+    @property
+    def pem(self) -> str:
+        return (
+            self.private.public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            .decode()
+        )
+
+    @property
+    def identifier(self) -> str:
+        der = self.private.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        return hashlib.sha256(der).hexdigest()
+
+    def entry(self, *, current: bool = True) -> dict[str, Any]:
+        return {"key_identifier": self.identifier, "key": self.pem, "is_current": current}
+
+    def sign(self, body: bytes) -> str:
+        return base64.b64encode(self.private.sign(body, ec.ECDSA(hashes.SHA256()))).decode()
+
+    def headers(self, body: bytes, identifier: str | None = None) -> dict[str, str]:
+        return {
+            "Github-Public-Key-Identifier": identifier or self.identifier,
+            "Github-Public-Key-Signature": self.sign(body),
+        }
+
+
+class KeyListServer:
+    """`GET /` answers `{"public_keys": keys}` (or `status` with junk); counts fetches."""
+
+    def __init__(self, keys: list[dict[str, Any]]) -> None:
+        self.keys = keys
+        self.status = 200
+        self.fetches = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.fetches += 1
+                if owner.status == 200:
+                    body = json.dumps({"public_keys": owner.keys}).encode()
+                else:
+                    body = b"oops"
+                self.send_response(owner.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/meta/public_keys"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> KeyListServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def alerts(*tokens: str, token_type: str = TOKEN_TYPE) -> bytes:
+    """A body as GitHub sends it: compact JSON, one alert per token."""
+    return json.dumps(
+        [
+            {
+                "token": token,
+                "type": token_type,
+                "url": "https://github.com/octocat/Hello-World/blob/12345600b9cb/foo/bar.txt",
+                "source": "content",
+            }
+            for token in tokens
+        ],
+        separators=(",", ":"),
+    ).encode()
+
+
+def verdicts(*pairs: tuple[str, str]) -> list[dict[str, str]]:
+    return [
+        {"token_raw": token, "token_type": TOKEN_TYPE, "label": label} for token, label in pairs
+    ]
+
+
+def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert (body["status"], body["code"]) == (status, code)
+    return body
+
+
+# -- the service --------------------------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    base_url: str
+    store_url: str
+    signer: Signer
+    log: Path
+
+    def _manager(self) -> KeyManager:
+        return KeyManager(store_from_url(self.store_url), hasher=Hasher(pepper=PEPPER))
+
+    def create_key(self, *, state: str = "active") -> str:
+        async def create() -> str:
+            async with self._manager() as manager:
+                created = await manager.create(
+                    name="leaky", workspace=f"ws-{uuid.uuid4().hex[:8]}", full_access=True
+                )
+                if state == "revoked":
+                    await manager.revoke(created.record.id)
+                elif state == "disabled":
+                    await manager.disable(created.record.id)
+            return created.key
+
+        return asyncio.run(create())
+
+    def status_of(self, key: str) -> str:
+        async def status() -> str:
+            async with self._manager() as manager:
+                return (await manager.get(parse_key(key).id)).status
+
+        return asyncio.run(status())
+
+    def audit_of(self, key: str) -> list[tuple[str, str | None]]:
+        """The key's audit trail, as (action, actor) pairs."""
+
+        async def events() -> list[tuple[str, str | None]]:
+            async with self._manager() as manager:
+                found = await manager.audit(key_id=parse_key(key).id)
+            return [(event.action, event.actor) for event in found]
+
+        return asyncio.run(events())
+
+    def use(self, key: str) -> httpx.Response:
+        """A request with `key`, as the integration holding it would make."""
+        return httpx.get(
+            f"{self.base_url}/api/v1/contacts",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+
+    def post(
+        self,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> httpx.Response:
+        if headers is None:
+            headers = self.signer.headers(body)
+        return httpx.post(
+            f"{self.base_url}{PATH}",
+            content=body,
+            headers={"Content-Type": content_type, **headers},
+            timeout=30,
+        )
+
+
+@contextlib.contextmanager
+def running_service(
+    tmp: Path, signer: Signer, key_list: KeyListServer | None, **env: str
+) -> Iterator[Service]:
+    """The service with its own stores; GitHub's keys at `key_list` (or at a closed port)."""
+    store_url = f"sqlite:///{tmp / 'apikeys.db'}"
+    keys_url = key_list.url if key_list is not None else f"http://127.0.0.1:{free_port()}/keys"
+    environment = service_env(
+        APIKEYS_STORE_URL=store_url,
+        EXAMPLE_DATABASE_URL=f"sqlite:///{tmp / 'example.db'}",
+        EXAMPLE_GITHUB_KEYS_URL=keys_url,
+        **env,
+    )
+    log = tmp / "service.log"
+    process, base_url = start_service(environment, log)
+    try:
+        yield Service(base_url, store_url, signer, log)
+    finally:
+        stop_service(process, log)
+
+
+@pytest.fixture(scope="module")
+def signer() -> Signer:
+    return Signer()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, signer: Signer) -> Iterator[Service]:
+    # An older key of GitHub's is listed too, as the real list does.
+    with (
+        KeyListServer([Signer().entry(current=False), signer.entry()]) as key_list,
+        running_service(tmp_path_factory.mktemp("leaks"), signer, key_list) as running,
+    ):
+        yield running
+
+
+def unknown_token() -> str:
+    """A token in the key format, checksum right, whose id no store holds."""
+    return generate_key().token
+
+
+# -- verdicts ---------------------------------------------------------------------------------
+
+
+def test_if_a_real_key_is_reported_then_it_is_revoked_and_a_true_positive(
+    service: Service,
+) -> None:
+    key = service.create_key()
+    assert service.use(key).status_code == 200
+
+    response = service.post(alerts(key))
+
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == verdicts((key, "true_positive"))
+    assert_problem(service.use(key), 401, "key_revoked")
+    assert service.status_of(key) == "revoked"
+    assert service.audit_of(key)[-1] == ("leak_revoked", "github-secret-scanning")
+
+
+def test_if_the_id_is_unknown_then_a_false_positive(service: Service) -> None:
+    token = unknown_token()
+    response = service.post(alerts(token))
+    assert response.status_code == 200, response.text
+    assert response.json() == verdicts((token, "false_positive"))
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "ak_3xK9pQ2mZ7aB_Vd2hT8kLq4WnYc0uJ5sRb7xE1gMa9oPfQ1w2e3",  # the shape, a bad checksum
+        "ak_short",
+        "not a key at all",
+        "acme_live_3xK9pQ2mZ7aB_Vd2hT8kLq4WnYc0uJ5sRb7xE1gMa9oPfQ1w2e3",
+    ],
+)
+def test_if_not_a_key_of_ours_then_a_false_positive(service: Service, token: str) -> None:
+    response = service.post(alerts(token))
+    assert response.status_code == 200, response.text
+    assert response.json() == verdicts((token, "false_positive"))
+
+
+def test_if_another_prefix_with_a_valid_checksum_then_a_false_positive(
+    service: Service,
+) -> None:
+    token = generate_key("acme_live").token
+    assert service.post(alerts(token)).json() == verdicts((token, "false_positive"))
+
+
+def test_if_a_real_id_comes_with_a_made_up_secret_then_nothing_is_revoked(
+    service: Service,
+) -> None:
+    key = service.create_key()
+    real = parse_key(key)
+    planted = ParsedKey(real.prefix, real.id, generate_key().secret).token
+
+    response = service.post(alerts(planted))
+
+    assert response.json() == verdicts((planted, "false_positive"))
+    assert service.use(key).status_code == 200
+    assert service.status_of(key) == "active"
+
+
+def test_if_the_key_is_already_revoked_then_a_true_positive_and_it_stays_revoked(
+    service: Service,
+) -> None:
+    key = service.create_key(state="revoked")
+
+    response = service.post(alerts(key))
+
+    assert response.json() == verdicts((key, "true_positive"))
+    assert_problem(service.use(key), 401, "key_revoked")
+    assert service.status_of(key) == "revoked"
+
+
+def test_if_the_key_is_disabled_then_a_true_positive_and_it_is_revoked(
+    service: Service,
+) -> None:
+    key = service.create_key(state="disabled")
+
+    assert service.post(alerts(key)).json() == verdicts((key, "true_positive"))
+    assert_problem(service.use(key), 401, "key_revoked")
+
+
+def test_if_a_batch_mixes_tokens_then_one_verdict_each_in_order(service: Service) -> None:
+    first, second, unknown = service.create_key(), service.create_key(), unknown_token()
+    noise = "ak_3xK9pQ2mZ7aB_Vd2hT8kLq4WnYc0uJ5sRb7xE1gMa9oPfQ1w2e3"
+
+    response = service.post(alerts(first, unknown, noise, second, first))
+
+    assert response.json() == verdicts(
+        (first, "true_positive"),
+        (unknown, "false_positive"),
+        (noise, "false_positive"),
+        (second, "true_positive"),
+        (first, "true_positive"),
+    )
+    for key in (first, second):
+        assert_problem(service.use(key), 401, "key_revoked")
+
+
+def test_verdicts_are_logged_with_the_masked_key_never_the_token(service: Service) -> None:
+    key, planted = service.create_key(), unknown_token()
+
+    assert service.post(alerts(key, planted)).status_code == 200
+
+    log = service.log.read_text()
+    assert f"true_positive: {parse_key(key).masked} found in public" in log
+    assert f"key.revoked key={parse_key(key).masked} actor=github-secret-scanning" in log
+    assert key not in log
+    assert planted not in log
+    assert parse_key(key).secret not in log
+
+
+def test_if_the_alert_lists_no_token_then_an_empty_answer(service: Service) -> None:
+    response = service.post(b"[]")
+    assert response.status_code == 200
+    assert response.json() == []
+
+
+def test_if_disable_is_the_leak_action_then_the_key_is_disabled(
+    tmp_path: Path, signer: Signer
+) -> None:
+    with (
+        KeyListServer([signer.entry()]) as key_list,
+        running_service(tmp_path, signer, key_list, EXAMPLE_LEAK_ACTION="disable") as service,
+    ):
+        key = service.create_key()
+        revoked = service.create_key(state="revoked")
+
+        response = service.post(alerts(key, revoked))
+
+        assert response.json() == verdicts((key, "true_positive"), (revoked, "true_positive"))
+        assert_problem(service.use(key), 401, "key_disabled")
+        assert service.status_of(key) == "disabled"
+        assert service.status_of(revoked) == "revoked"  # never "downgraded" to disabled
+
+
+# -- signatures --------------------------------------------------------------------------------
+
+
+def test_if_unsigned_then_401_and_nothing_revoked(service: Service) -> None:
+    key = service.create_key()
+    body = alerts(key)
+    signed = service.signer.headers(body)
+
+    assert_problem(service.post(body, {}), 401, "missing_signature")
+    for name in signed:  # one header of the two
+        only = {name: signed[name]}
+        assert_problem(service.post(body, only), 401, "missing_signature")
+    assert service.use(key).status_code == 200
+
+
+def test_if_the_signature_is_wrong_then_401_and_nothing_revoked(service: Service) -> None:
+    key = service.create_key()
+    body = alerts(key)
+    identifier = service.signer.identifier
+    wrong = [
+        # signed, but another body
+        service.signer.headers(alerts(unknown_token())),
+        # this body, but signed by a key that is not the one the identifier names
+        Signer().headers(body, identifier=identifier),
+        # not base64, not DER, empty
+        {"Github-Public-Key-Identifier": identifier, "Github-Public-Key-Signature": "%%%"},
+        {"Github-Public-Key-Identifier": identifier, "Github-Public-Key-Signature": "AAAA"},
+        {"Github-Public-Key-Identifier": identifier, "Github-Public-Key-Signature": ""},
+        {"Github-Public-Key-Identifier": "", "Github-Public-Key-Signature": "AAAA"},
+    ]
+    for headers in wrong:
+        response = service.post(body, headers)
+        code = "missing_signature" if "" in headers.values() else "invalid_signature"
+        assert_problem(response, 401, code)
+    # The signature of the body with one byte more (the trailing newline of a re-serialised
+    # body): the raw bytes are what is signed.
+    assert_problem(
+        service.post(body + b"\n", service.signer.headers(body)), 401, "invalid_signature"
+    )
+    assert service.use(key).status_code == 200
+
+
+def test_if_the_key_identifier_is_unknown_then_401_after_one_refetch(
+    tmp_path: Path, signer: Signer
+) -> None:
+    stranger = Signer()  # signs well, but GitHub does not list its key
+    with (
+        KeyListServer([signer.entry()]) as key_list,
+        running_service(tmp_path, signer, key_list) as service,
+    ):
+        key = service.create_key()
+        body = alerts(key)
+        garbage = {"Github-Public-Key-Identifier": "x", "Github-Public-Key-Signature": "AAAA"}
+        assert_problem(service.post(body, garbage), 401, "invalid_signature")
+        assert key_list.fetches == 0  # not even a signature: no fetch for it
+
+        problem = assert_problem(
+            service.post(body, stranger.headers(body)), 401, "invalid_signature"
+        )
+        assert "identifier" in problem["detail"]
+        assert key_list.fetches == 1
+        # Within the minute, another unknown identifier does not fetch the list again.
+        assert_problem(service.post(body, stranger.headers(body)), 401, "invalid_signature")
+        assert key_list.fetches == 1
+        assert service.use(key).status_code == 200
+
+        # GitHub's own key still verifies, from the list in memory.
+        assert service.post(body).json() == verdicts((key, "true_positive"))
+        assert key_list.fetches == 1
+
+
+def test_if_the_key_list_cannot_be_fetched_then_503_and_nothing_revoked(
+    tmp_path: Path, signer: Signer
+) -> None:
+    with running_service(tmp_path, signer, None) as service:  # nothing listens there
+        key = service.create_key()
+        response = service.post(alerts(key))
+        assert_problem(response, 503, "signing_keys_unavailable")
+        assert response.headers["retry-after"].isdigit()
+        assert service.use(key).status_code == 200
+        assert service.status_of(key) == "active"
+
+
+def test_if_the_key_list_answers_an_error_then_503_and_nothing_revoked(
+    tmp_path: Path, signer: Signer
+) -> None:
+    with (
+        KeyListServer([signer.entry()]) as key_list,
+        running_service(tmp_path, signer, key_list) as service,
+    ):
+        key_list.status = 500
+        key = service.create_key()
+        assert_problem(service.post(alerts(key)), 503, "signing_keys_unavailable")
+        assert service.use(key).status_code == 200
+
+
+# -- bodies ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "malformed_json"),
+        (b"\xff\xfe", 400, "malformed_json"),
+        (b"", 400, "malformed_json"),
+        (b'{"token": "x"}', 400, "invalid_payload"),
+        (b"[1]", 400, "invalid_payload"),
+        (b'[{"token": "x", "type": "t"}]', 400, "invalid_payload"),  # no url
+        (b'[{"token": 1, "type": "t", "url": ""}]', 400, "invalid_payload"),
+        (b'[{"token": "", "type": "t", "url": ""}]', 400, "invalid_payload"),
+        (b'[{"token": "x", "type": "t", "url": "", "source": 3}]', 400, "invalid_payload"),
+        (b'[{"token": "\\ud800", "type": "t", "url": ""}]', 400, "invalid_payload"),
+        (b'[{"token": "a\\u0000b", "type": "t", "url": ""}]', 400, "invalid_payload"),
+        (
+            json.dumps([{"token": "x" * 5000, "type": "t", "url": ""}]).encode(),
+            400,
+            "invalid_payload",
+        ),
+        (b'[{"token": "x", "token": "y", "type": "t", "url": ""}]', 400, "malformed_json"),
+        (b"[NaN]", 400, "malformed_json"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "malformed_json"),
+    ],
+)
+def test_if_a_signed_body_is_malformed_then_4xx_problem(
+    service: Service, body: bytes, status: int, code: str
+) -> None:
+    assert_problem(service.post(body), status, code)
+
+
+def test_if_too_many_alerts_then_400(service: Service) -> None:
+    body = alerts(*["ak_x"] * (MAX_ALERTS + 1))
+    problem = assert_problem(service.post(body), 400, "invalid_payload")
+    assert str(MAX_ALERTS) in problem["errors"][0]["message"]
+
+
+def test_if_not_json_then_415(service: Service) -> None:
+    body = alerts(unknown_token())
+    assert_problem(service.post(body, content_type="text/plain"), 415, "unsupported_media_type")
+
+
+def test_if_over_one_mebibyte_then_413(service: Service) -> None:
+    key = service.create_key()
+    body = alerts(key) + b" " * MAX_BODY_BYTES
+    assert_problem(service.post(body), 413, "payload_too_large")
+    assert service.use(key).status_code == 200
+
+
+def test_if_not_post_then_405(service: Service) -> None:
+    response = httpx.get(f"{service.base_url}{PATH}", timeout=10)
+    assert_problem(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+
+
+def _json_values() -> st.SearchStrategy[Any]:
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=30),
+        st.builds(lambda: unknown_token()),
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(
+                st.sampled_from(["token", "type", "url", "source", "x"]) | st.text(max_size=5),
+                inner,
+                max_size=5,
+            ),
+        ),
+        max_leaves=20,
+    )
+
+
+_alert_items = st.fixed_dictionaries(
+    {
+        "token": st.one_of(st.text(max_size=90), st.builds(lambda: unknown_token())),
+        "type": st.text(min_size=1, max_size=20),
+        "url": st.text(max_size=40),
+    },
+    optional={"source": st.one_of(st.none(), st.text(max_size=10))},
+)
+
+bodies = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda value: json.dumps(value).encode(), _json_values()),
+    st.builds(
+        lambda items, ascii: json.dumps(items, ensure_ascii=ascii).encode(),
+        st.lists(_alert_items, max_size=5),
+        st.booleans(),
+    ),
+)
+
+
+@given(
+    body=bodies,
+    content_type=st.sampled_from(
+        ["application/json", "application/json; charset=utf-8", "text/plain", ""]
+    ),
+)
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+def test_if_any_body_is_signed_then_never_a_500(
+    service: Service, body: bytes, content_type: str
+) -> None:
+    response = service.post(body, content_type=content_type)
+    assert response.status_code < 500, response.text
+    if response.status_code == 200:
+        answer = response.json()
+        assert isinstance(answer, list)
+        for verdict in answer:
+            assert set(verdict) == {"token_raw", "token_type", "label"}
+            assert verdict["label"] == "false_positive"  # no real key in made-up bodies
+    else:
+        assert response.headers["content-type"] == PROBLEM
+        assert 400 <= response.status_code < 500
+
+
+# -- GitHub's keys, in process -----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_keys_are_refetched_for_an_unknown_identifier_at_most_once_a_minute() -> None:
+    first, rotated = Signer(), Signer()
+    clock = Clock()
+    with KeyListServer([first.entry()]) as server:
+        keys = GitHubKeys(server.url, clock=clock)
+
+        async def scenario() -> None:
+            assert await keys.get(first.identifier) is not None
+            assert await keys.get(first.identifier) is not None
+            assert server.fetches == 1
+            server.keys = [first.entry(current=False), rotated.entry()]  # GitHub rotates
+            clock.now += 30
+            assert await keys.get(rotated.identifier) is None  # fetched 30 s ago: not yet
+            assert server.fetches == 1
+            clock.now += 31
+            assert await keys.get(rotated.identifier) is not None
+            assert server.fetches == 2
+            assert await keys.get("unknown") is None
+            assert await keys.get("unknown") is None
+            assert server.fetches == 2
+
+        asyncio.run(scenario())
+
+
+def test_keys_too_old_are_refetched_and_never_used_when_that_fails() -> None:
+    signer = Signer()
+    clock = Clock()
+    with KeyListServer([signer.entry()]) as server:
+        keys = GitHubKeys(server.url, clock=clock)
+
+        async def scenario() -> None:
+            assert await keys.get(signer.identifier) is not None
+            clock.now += keys.max_age
+            server.status = 503
+            with pytest.raises(KeysUnavailable):
+                await keys.get(signer.identifier)
+            # Within the minute the failure stands, without another fetch.
+            with pytest.raises(KeysUnavailable):
+                await keys.get(signer.identifier)
+            assert server.fetches == 2
+            server.status = 200
+            clock.now += keys.refetch_interval
+            assert await keys.get(signer.identifier) is not None
+            assert server.fetches == 3
+
+        asyncio.run(scenario())
+
+
+def test_a_key_list_that_never_answers_times_out() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # accepts connections into the backlog, never answers
+        keys = GitHubKeys(f"http://127.0.0.1:{silent.getsockname()[1]}/", timeout=0.3)
+        started = time.monotonic()
+        with pytest.raises(KeysUnavailable):
+            asyncio.run(keys.get("any"))
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"public_keys": {}}',
+        b'{"public_keys": []}',
+        b'{"public_keys": [{"key_identifier": "a", "key": "not a pem"}]}',
+    ],
+)
+def test_a_key_list_without_a_usable_key_is_unavailable(body: bytes) -> None:
+    with pytest.raises(KeysUnavailable):
+        parse_key_list(body)
+
+
+def test_a_key_list_keeps_only_p256_keys() -> None:
+    p384 = ec.generate_private_key(ec.SECP384R1()).public_key()
+    pem = p384.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+    ed25519_pem = (
+        ed25519.Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    signer = Signer()
+    entries = [
+        {"key_identifier": "p384", "key": pem},
+        {"key_identifier": "ed25519", "key": ed25519_pem},
+        7,
+        signer.entry(),
+    ]
+    body = json.dumps({"public_keys": entries}).encode()
+    assert set(parse_key_list(body)) == {signer.identifier}
+
+
+def test_validated_alerts_keep_the_token_out_of_their_repr() -> None:
+    token = unknown_token()
+    [alert] = validate_alerts([{"token": token, "type": "t", "url": "", "extra": 1}])
+    assert alert.token == token
+    assert token not in repr(alert)
+    with pytest.raises(Problem):
+        validate_alerts({"token": token})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("EXAMPLE_LEAK_ACTION", "delete"), ("EXAMPLE_GITHUB_KEYS_URL", "ftp://example.com/keys")],
+)
+def test_leak_settings_are_checked(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_leak_settings_default_to_github_and_revoke() -> None:
+    settings = Settings.from_env({"EXAMPLE_LEAK_ACTION": "Disable"})
+    assert settings.leak_action == "disable"
+    assert Settings().github_keys_url == ("https://api.github.com/meta/public_keys/secret_scanning")
+    assert Settings().leak_action == "revoke"
