@@ -25,7 +25,7 @@ import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -308,10 +308,20 @@ def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
     return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
 
 
+class _PolicySet(NamedTuple):
+    """How the headers show a key's several policies: their names and RateLimit-Policy."""
+
+    names: tuple[str, ...]
+    policy_header: tuple[bytes, bytes]
+
+
 @functools.lru_cache(maxsize=256)
-def _policies_header(policies: tuple[tuple[str, int, int], ...]) -> tuple[bytes, bytes]:
+def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> _PolicySet:
     items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
-    return b"ratelimit-policy", ", ".join(items).encode()
+    return _PolicySet(
+        tuple(name for name, _, _ in policies),
+        (b"ratelimit-policy", ", ".join(items).encode()),
+    )
 
 
 def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
@@ -320,19 +330,14 @@ def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
     return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
 
 
-def _policies_headers(decision: PolicyDecision, names: Sequence[str]) -> Headers:
-    statuses = decision.policies
-    policy = _policies_header(
-        tuple(
-            (name, status.limit, status.window)
-            for name, status in zip(names, statuses, strict=True)
-        )
-    )
+def _policies_headers(decision: PolicyDecision, shown: _PolicySet) -> Headers:
     value = ", ".join(
-        f'"{name}";r={status.remaining};t={status.reset_after}'
-        for name, status in zip(names, statuses, strict=True)
+        [
+            f'"{name}";r={status[4]};t={status[5]}'
+            for name, status in zip(shown.names, decision.policies, strict=True)
+        ]
     )
-    return [policy, (b"ratelimit", value.encode())]
+    return [shown.policy_header, (b"ratelimit", value.encode())]
 
 
 def rate_limit_headers(
@@ -345,14 +350,16 @@ def rate_limit_headers(
     unnamed limit) is shown as `policy_name`.
     """
     if isinstance(decision, PolicyDecision):
-        return _policies_headers(decision, _shown_names(decision, policy_name))
+        return _policies_headers(decision, _shown(decision, policy_name))
     return _single_headers(decision, policy_name)
 
 
-def _shown_names(decision: PolicyDecision, policy_name: str) -> tuple[str, ...]:
-    return tuple(
-        policy_name if status.name == DEFAULT_POLICY else status.name
-        for status in decision.policies
+def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
+    return _policy_set(
+        tuple(
+            (policy_name if status.name == DEFAULT_POLICY else status.name, *status[2:4])
+            for status in decision.policies
+        )
     )
 
 
@@ -372,16 +379,18 @@ async def check_rate_limits(
         refusal = None if decision.allowed else RateLimited(decision.reset_after, (name,))
         return _single_headers(decision, name), refusal
     decisions = await limiter.hit_policies(record.id, limit)
-    names = _shown_names(decisions, policy_name)
-    headers = _policies_headers(decisions, names)
+    shown = _shown(decisions, policy_name)
+    headers = _policies_headers(decisions, shown)
     if decisions.allowed:
         return headers, None
-    return headers, RateLimited(decisions.retry_after, _violated(decisions, names))
+    return headers, RateLimited(decisions.retry_after, _violated(decisions, shown))
 
 
-def _violated(decision: PolicyDecision, names: Sequence[str]) -> tuple[str, ...]:
+def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
     return tuple(
-        name for name, status in zip(names, decision.policies, strict=True) if not status.allowed
+        name
+        for name, status in zip(shown.names, decision.policies, strict=True)
+        if not status.allowed
     )
 
 
@@ -443,7 +452,7 @@ class APIKeyMiddleware:
         self.realm = realm
         self.policy_name = _policy_name_text(policy_name)
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
-        self._shapes: dict[str | None, str | tuple[str, ...]] = {}
+        self._shapes: dict[str | None, str | _PolicySet] = {}
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
         self.allow_unmapped = unmapped == "allow"
@@ -481,7 +490,7 @@ class APIKeyMiddleware:
                 record = await self.manager.verify(header_token(values, self.header))
             limit = record.rate_limit
             shape = self._shapes.get(limit) or self._shape(limit)
-            if shape.__class__ is str:
+            if isinstance(shape, str):
                 # One policy: the fast path, as cheap as a key's limit has always been.
                 decision = await self.limiter.hit(record.id, limit)
                 rate_headers = _single_headers(decision, shape)
@@ -525,13 +534,16 @@ class APIKeyMiddleware:
 
         await self.app(scope, receive, send_with_rate_headers)
 
-    def _shape(self, limit: str | None) -> str | tuple[str, ...]:
-        policies = self.limiter.policies(limit)
-        names = tuple(
-            self.policy_name if policy.name == DEFAULT_POLICY else policy.name
-            for policy in policies
+    def _shape(self, limit: str | None) -> str | _PolicySet:
+        shown = tuple(
+            (
+                self.policy_name if policy.name == DEFAULT_POLICY else policy.name,
+                policy.item.amount,
+                policy.item.get_expiry(),
+            )
+            for policy in self.limiter.policies(limit)
         )
-        shape = names[0] if len(names) == 1 else names
+        shape: str | _PolicySet = shown[0][0] if len(shown) == 1 else _policy_set(shown)
         if len(self._shapes) >= 10_000:
             self._shapes.clear()
         self._shapes[limit] = shape

@@ -202,6 +202,13 @@ class PolicyDecision(NamedTuple):
     retry_after: int
 
 
+_new_status = functools.partial(tuple.__new__, PolicyStatus)
+
+
+def _admitted(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
+    return tuple.__new__(PolicyDecision, (True, statuses, (), 0))
+
+
 def _verdict(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
     violated = tuple(status.name for status in statuses if not status.allowed)
     if not violated:
@@ -254,6 +261,11 @@ class FixedWindowMemoryStorage(MemoryStorage):
                 self._sweep(now)
         counts[key] = value
         return value
+
+    def sweep_due(self, now: float) -> None:
+        """Sweep expired counters if `sweep_interval` has passed (a window starts at `now`)."""
+        if now >= self._next_sweep:
+            self._sweep(now)
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + self._sweep_interval
@@ -660,20 +672,36 @@ class RateLimiter:
         # Check every policy, then charge every one or none: nothing awaits in between.
         now = time.time()
         counts, ends = local.storage, local.expirations
-        used = [counts[counter] if ends.get(counter, 0.0) > now else 0 for counter, *_ in plans]
-        admit = all(count < plan[1] for count, plan in zip(used, plans, strict=True))
-        if admit:
-            used = [local.count(counter, window) for counter, _, window, _ in plans]
-            now = time.time()
+        for counter, amount, _, _ in plans:
+            if counts[counter] >= amount and ends.get(counter, 0.0) > now:
+                return RateLimiter._refused_local(local, plans, now)
         statuses = []
-        for (counter, amount, window, name), count in zip(plans, used, strict=True):
-            if admit:
-                seconds = ends[counter] - now
+        for counter, amount, window, name in plans:
+            end = ends.get(counter, 0.0)
+            if end > now:
+                count = counts[counter] + 1
             else:
-                end = ends.get(counter, 0.0)
-                seconds = end - now if count and end > now else window
-            allowed = admit or count < amount
-            statuses.append(_status(name, allowed, amount, window, amount - count, seconds))
+                count = 1
+                end = ends[counter] = now + window
+                local.sweep_due(now)
+            counts[counter] = count
+            reset_after = math.ceil(end - now)
+            statuses.append(
+                _new_status((name, True, amount, window, amount - count, reset_after or 1))
+            )
+        return _admitted(tuple(statuses))
+
+    @staticmethod
+    def _refused_local(
+        local: FixedWindowMemoryStorage, plans: tuple[_Plan, ...], now: float
+    ) -> PolicyDecision:
+        counts, ends = local.storage, local.expirations
+        statuses = []
+        for counter, amount, window, name in plans:
+            end = ends.get(counter, 0.0)
+            count = counts[counter] if end > now else 0
+            seconds = end - now if count else window
+            statuses.append(_status(name, count < amount, amount, window, amount - count, seconds))
         return _verdict(tuple(statuses))
 
     async def _hit_leased_many(self, plans: tuple[_Plan, ...]) -> PolicyDecision:
