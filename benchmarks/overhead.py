@@ -4,6 +4,10 @@ A trivial Starlette endpoint is called through raw ASGI (no server, no client li
 and behind `APIKeyMiddleware` (memory store, memory limiter, default hasher), in
 alternating rounds so that drift in the machine's speed hits both alike. Prints the time
 per request of each, the difference and the ratio. Run: `python benchmarks/overhead.py`.
+
+`--rate-limit` sets the key's limit (one limit that never refuses by default); for
+several policies, say `--rate-limit "a=1000000000/second, b=1000000000/minute,
+c=1000000000/day"`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ async def endpoint(request: Any) -> PlainTextResponse:
     return PlainTextResponse("ok")
 
 
-def build_apps() -> tuple[Any, Any, KeyManager]:
+def build_apps(rate_limit: str = UNLIMITED) -> tuple[Any, Any, KeyManager]:
     bare = Starlette(routes=[Route("/api/v1/contacts", endpoint)])
     manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=os.urandom(32)))
     protected = APIKeyMiddleware(
@@ -41,7 +45,7 @@ def build_apps() -> tuple[Any, Any, KeyManager]:
         manager=manager,
         scopes={"GET /api/v1/contacts": "contacts:read"},
         protect="/api/",
-        rate_limit=UNLIMITED,
+        rate_limit=rate_limit,
     )
     return bare, protected, manager
 
@@ -55,8 +59,8 @@ async def run_round(app: Any, headers: list[tuple[bytes, bytes]], count: int) ->
     return (time.perf_counter() - start) / count
 
 
-async def main(rounds: int, per_round: int) -> None:
-    bare, protected, manager = build_apps()
+async def main(rounds: int, per_round: int, rate_limit: str = UNLIMITED) -> None:
+    bare, protected, manager = build_apps(rate_limit)
     created = await manager.create(name="bench", workspace="bench", scopes=["contacts:read"])
     auth = [(b"authorization", f"Bearer {created.key}".encode())]
     plain = [(b"user-agent", b"bench")]
@@ -72,6 +76,7 @@ async def main(rounds: int, per_round: int) -> None:
     bare_us = min(bare_times) * 1e6
     auth_us = min(auth_times) * 1e6
     print(f"requests per round: {per_round}, rounds: {rounds} (best round of each)")
+    print(f"rate limit:              {rate_limit}")
     print(f"bare Starlette:          {bare_us:8.2f} us/request")
     print(f"with APIKeyMiddleware:   {auth_us:8.2f} us/request")
     print(f"added by the middleware: {auth_us - bare_us:8.2f} us/request")
@@ -82,5 +87,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=5000)
+    parser.add_argument("--rate-limit", default=UNLIMITED, help="the key's limit or policies")
     args = parser.parse_args()
-    asyncio.run(main(args.rounds, args.per_round))
+    asyncio.run(main(args.rounds, args.per_round, args.rate_limit))

@@ -43,6 +43,7 @@ RECORD_FIELDS = {
     "scopes",
     "status",
     "rate_limit",
+    "rate_limits",
     "created_at",
     "expires_at",
     "last_used_at",

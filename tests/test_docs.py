@@ -280,7 +280,7 @@ _ERRORS: dict[str, Callable[[dict[str, Any]], errors.AuthenticationError]] = {
     "key_revoked": lambda body: errors.KeyRevoked(),
     "key_expired": lambda body: errors.KeyExpired(),
     "insufficient_scope": lambda body: errors.InsufficientScope(body["required_scopes"]),
-    "rate_limited": lambda body: errors.RateLimited(body["retry_after"]),
+    "rate_limited": lambda body: errors.RateLimited(body["retry_after"], body["violated_policies"]),
     "auth_unavailable": lambda body: errors.AuthUnavailable(),
 }
 

@@ -20,6 +20,7 @@ from apikeys import (
     KeyExpired,
     KeyManager,
     KeyNotFound,
+    KeyRecord,
     KeyRevoked,
     MalformedAPIKey,
     MemoryStore,
@@ -77,6 +78,7 @@ class TestCreate:
             "scopes",
             "status",
             "rate_limit",
+            "rate_limits",
             "created_at",
             "expires_at",
             "last_used_at",
@@ -629,3 +631,105 @@ def test_if_a_store_moves_to_a_new_event_loop_then_it_keeps_working(
     asyncio.run(served_later(manager))
     del manager
     gc.collect()
+
+
+class TestSeveralRateLimits:
+    async def test_if_created_with_a_mapping_then_stored_as_text_and_read_back_as_policies(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limits={"burst": "10/second", "daily": "10000/day"},
+        )
+        record = await manager.get(created.record.id)
+        assert record.rate_limit == "burst=10/second, daily=10000/day"
+        assert record.rate_limits == (
+            {"name": "burst", "limit": "10/second"},
+            {"name": "daily", "limit": "10000/day"},
+        )
+        data = record.to_dict()
+        assert data["rate_limit"] == "burst=10/second, daily=10000/day"
+        assert data["rate_limits"] == [
+            {"name": "burst", "limit": "10/second"},
+            {"name": "daily", "limit": "10000/day"},
+        ]
+
+    async def test_if_created_with_text_then_several_policies_are_accepted_as_written(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(
+            name="n", workspace="w", full_access=True, rate_limit="burst=5/second;daily=9/day"
+        )
+        assert created.record.rate_limit == "burst=5/second;daily=9/day"
+        assert [policy["name"] for policy in created.record.rate_limits] == ["burst", "daily"]
+
+    async def test_if_one_limit_or_none_then_rate_limits_says_so(self, manager: KeyManager) -> None:
+        one = await manager.create(name="n", workspace="w", full_access=True, rate_limit="5/minute")
+        assert one.record.rate_limits == ({"name": "default", "limit": "5/minute"},)
+        assert one.record.to_dict()["rate_limits"] == [{"name": "default", "limit": "5/minute"}]
+        none = await manager.create(name="n", workspace="w", full_access=True)
+        assert none.record.rate_limits == ()
+        assert none.record.to_dict()["rate_limits"] == []
+        mapped = await manager.create(
+            name="n", workspace="w", full_access=True, rate_limits={"default": "5/minute"}
+        )
+        assert mapped.record.rate_limit == "5/minute"
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"rate_limit": "1/second", "rate_limits": {"a": "1/second"}}, "not both"),
+            ({"rate_limits": {}}, "invalid rate limit"),
+            ({"rate_limits": {"Burst": "1/second"}}, "not a policy name"),
+            ({"rate_limits": {"a": "1/second, b=1/day"}}, "invalid rate limit"),
+            ({"rate_limits": {"a": "lots"}}, "invalid rate limit"),
+            ({"rate_limits": "a=1/second"}, "mapping"),
+            ({"rate_limit": "a=1/second, a=1/day"}, "used twice"),
+            ({"rate_limit": "1/second, 1/day"}, "no name"),
+        ],
+    )
+    async def test_if_policies_invalid_then_refused_and_nothing_stored(
+        self, manager: KeyManager, kwargs: dict[str, Any], message: str
+    ) -> None:
+        with pytest.raises(InvalidKeyParameters, match=message):
+            await manager.create(name="n", workspace="w", scopes=["contacts:read"], **kwargs)
+        assert await manager.list("w") == []
+
+    async def test_if_updated_with_a_mapping_then_the_policies_change(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        key_id = created.record.id
+        record = await manager.update(key_id, rate_limits={"burst": "1/second", "daily": "5/day"})
+        assert record.rate_limit == "burst=1/second, daily=5/day"
+        assert (await manager.get(key_id)).rate_limits == record.rate_limits
+        record = await manager.update(key_id, rate_limit="hourly=7/hour")
+        assert record.rate_limits == ({"name": "hourly", "limit": "7/hour"},)
+        with pytest.raises(InvalidKeyParameters, match="not both"):
+            await manager.update(key_id, rate_limit=None, rate_limits={"a": "1/second"})
+        with pytest.raises(InvalidKeyParameters):
+            await manager.update(key_id, rate_limits={"a": "1/second", "b": "zero"})
+        assert (await manager.get(key_id)).rate_limit == "hourly=7/hour"
+
+    async def test_if_rolled_then_the_new_key_keeps_the_policies(self, manager: KeyManager) -> None:
+        created = await manager.create(
+            name="n", workspace="w", full_access=True, rate_limits={"a": "1/second", "b": "2/day"}
+        )
+        new = await manager.roll(created.record.id)
+        assert new.record.rate_limit == "a=1/second, b=2/day"
+
+    def test_if_stored_text_is_not_apikeys_notation_then_shown_as_is(self) -> None:
+        record = KeyRecord(
+            id="abcdefghijkl",
+            name="n",
+            workspace="w",
+            prefix="ak_abcdefghijkl_…",
+            access="full",
+            scopes=(),
+            state="active",
+            rate_limit="lots",
+            created_at=datetime.now(UTC),
+        )
+        assert record.to_dict()["rate_limits"] == [{"name": "default", "limit": "lots"}]

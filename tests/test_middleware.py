@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
+import http_sf
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,12 +22,20 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from apikeys import APIKeyMiddleware, KeyManager, MemoryStore, ScopeTable, store_from_url
-from apikeys.errors import ConfigurationError
+from apikeys import (
+    APIKeyMiddleware,
+    KeyManager,
+    MemoryStore,
+    RateLimiter,
+    ScopeTable,
+    store_from_url,
+)
+from apikeys.errors import ConfigurationError, InvalidKeyParameters
 from apikeys.hashing import Hasher
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.middleware import bearer_token, header_token
 from apikeys.types import StoredKey
+from tests.conftest import delete_redis_prefix
 from tests.test_manager import wrong_secret
 
 SCOPES = {
@@ -1021,3 +1031,314 @@ class TestHeaderOption:
     def test_if_header_token_padded_then_it_means_the_same(self, before: str, after: str) -> None:
         key = generate_key("ak").token
         assert header_token([f"{before}{key}{after}".encode()]) == key
+
+
+# -- several named rate limits per key ----------------------------------------------------
+
+
+def sf_list(response: httpx.Response, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """A RateLimit header parsed as a structured-field list: (policy name, parameters)."""
+    items = http_sf.parse(response.headers[name].encode("ascii"), tltype="list")
+    parsed: list[tuple[str, dict[str, Any]]] = []
+    for value, params in items:
+        # The draft makes the policy name a String (quoted), never a Token.
+        assert type(value) is str, value
+        parsed.append((value, dict(params)))
+    return parsed
+
+
+def policies_of(response: httpx.Response) -> dict[str, tuple[int, int]]:
+    """{name: (q, w)} from RateLimit-Policy."""
+    items = sf_list(response, "ratelimit-policy")
+    for name, params in items:
+        assert set(params) == {"q", "w"}, name
+    return {name: (params["q"], params["w"]) for name, params in items}
+
+
+def state_of(response: httpx.Response) -> dict[str, tuple[int, int]]:
+    """{name: (r, t)} from RateLimit."""
+    items = sf_list(response, "ratelimit")
+    for name, params in items:
+        assert set(params) == {"r", "t"}, name
+    return {name: (params["r"], params["t"]) for name, params in items}
+
+
+def assert_retry_after_covers_violated(response: httpx.Response) -> list[str]:
+    """Retry-After is the longest t of the violated policies (never earlier than any)."""
+    body = assert_problem(response, 429, "rate_limited")
+    violated = body["violated_policies"]
+    assert violated
+    state = state_of(response)
+    retry_after = int(response.headers["retry-after"])
+    assert retry_after == body["retry_after"]
+    assert retry_after >= 1
+    for name in violated:
+        assert state[name][0] == 0, name
+        assert retry_after >= state[name][1], name
+    assert retry_after == max(state[name][1] for name in violated)
+    return list(violated)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
+    """The middleware's limiter: in memory, or on Redis with a prefix of the test's own."""
+    if request.param == "memory":
+        yield RateLimiter("1000/minute")
+        return
+    url = request.getfixturevalue("redis_url")
+    prefix = f"apikeys-mw-policies-{uuid.uuid4().hex[:12]}"
+    shared = RateLimiter("1000/minute", url, key_prefix=prefix)
+    try:
+        yield shared
+    finally:
+        await shared.aclose()
+        await delete_redis_prefix(url, f"LIMITS:{prefix}")
+
+
+class TestSeveralPolicies:
+    async def test_if_key_has_several_policies_then_one_list_item_per_policy(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limits={"burst": "10/second", "daily": "10000/day"},
+        )
+        assert created.record.rate_limit == "burst=10/second, daily=10000/day"
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert response.status_code == 200
+        assert response.headers["ratelimit-policy"] == ('"burst";q=10;w=1, "daily";q=10000;w=86400')
+        assert policies_of(response) == {"burst": (10, 1), "daily": (10000, 86400)}
+        state = state_of(response)
+        assert list(state) == ["burst", "daily"]
+        assert state["burst"] == (9, 1)
+        assert state["daily"][0] == 9999
+        assert 86400 - 2 <= state["daily"][1] <= 86400 + 1
+        assert response.headers["ratelimit"] == (
+            f'"burst";r=9;t=1, "daily";r=9999;t={state["daily"][1]}'
+        )
+
+    async def test_if_one_policy_refuses_then_429_names_it_and_no_policy_is_charged(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limit="burst=2/minute, daily=5/hour",
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            admitted = [
+                await http.get("/api/v1/contacts", headers=bearer(created.key)) for _ in range(2)
+            ]
+            assert [response.status_code for response in admitted] == [200, 200]
+            assert state_of(admitted[-1])["daily"][0] == 3
+            for _ in range(3):
+                limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+                assert assert_retry_after_covers_violated(limited) == ["burst"]
+                state = state_of(limited)
+                # Refused by burst: neither burst nor daily was charged for it.
+                assert (state["burst"][0], state["daily"][0]) == (0, 3)
+                assert policies_of(limited) == {"burst": (2, 60), "daily": (5, 3600)}
+                assert 1 <= int(limited.headers["retry-after"]) <= 61
+
+    async def test_if_every_policy_refuses_then_all_named_and_retry_after_is_the_longest(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limit="minute=1/minute; hour=1/hour",
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            assert (await http.get("/api/v1/contacts", headers=bearer(created.key))).is_success
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert assert_retry_after_covers_violated(limited) == ["minute", "hour"]
+        assert int(limited.headers["retry-after"]) > 60
+
+    async def test_if_a_short_policy_refuses_then_admitted_again_after_retry_after(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limit="burst=1/second, day=9/day",
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            assert (await http.get("/api/v1/contacts", headers=bearer(created.key))).is_success
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            assert assert_retry_after_covers_violated(limited) == ["burst"]
+            await asyncio.sleep(int(limited.headers["retry-after"]) + 0.05)
+            again = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert again.status_code == 200
+        assert state_of(again)["day"][0] == 7
+
+    async def test_if_default_given_as_mapping_then_keys_without_own_limit_follow_it(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, rate_limit={"burst": "5/second", "daily": "100/day"})
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        assert created.record.rate_limits == ()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert policies_of(response) == {"burst": (5, 1), "daily": (100, 86400)}
+
+    async def test_if_a_policy_is_named_default_then_it_shows_as_the_policy_name(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(
+            memory_manager, rate_limit="default=1/minute, daily=100/day", policy_name="api"
+        )
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            first = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert list(policies_of(first)) == ["api", "daily"]
+        assert assert_retry_after_covers_violated(limited) == ["api"]
+
+    async def test_if_key_has_one_limit_then_it_answers_exactly_as_before(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], rate_limit="100/minute"
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert response.headers["ratelimit-policy"] == '"default";q=100;w=60'
+        assert response.headers["ratelimit"] == '"default";r=99;t=60'
+        assert policies_of(response) == {"default": (100, 60)}
+        assert state_of(response) == {"default": (99, 60)}
+
+    async def test_if_key_has_one_named_limit_then_one_item_with_its_name(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], rate_limits={"daily": "1/day"}
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            first = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert first.headers["ratelimit-policy"] == '"daily";q=1;w=86400'
+        assert state_of(first) == {"daily": (0, 86400)}
+        assert assert_retry_after_covers_violated(limited) == ["daily"]
+
+    async def test_if_one_limit_refuses_then_429_names_the_default_policy(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, rate_limit="1/minute")
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            await http.get("/api/v1/contacts", headers=bearer(created.key))
+            limited = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert assert_retry_after_covers_violated(limited) == ["default"]
+        assert limited.headers["ratelimit"] == f'"default";r=0;t={limited.headers["retry-after"]}'
+
+    async def test_if_the_key_limit_changes_to_several_then_the_next_request_uses_them(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager)
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            before = await http.get("/api/v1/contacts", headers=bearer(created.key))
+            await memory_manager.update(
+                created.record.id, rate_limits={"burst": "3/second", "daily": "9/day"}
+            )
+            after = await http.get("/api/v1/contacts", headers=bearer(created.key))
+        assert policies_of(before) == {"default": (1000, 60)}
+        assert policies_of(after) == {"burst": (3, 1), "daily": (9, 86400)}
+
+    def test_if_default_policies_are_invalid_then_the_middleware_refuses_them(
+        self, memory_manager: KeyManager
+    ) -> None:
+        with pytest.raises(InvalidKeyParameters, match="used twice"):
+            build_app(memory_manager, rate_limit="burst=1/second, burst=2/day")
+        with pytest.raises(InvalidKeyParameters):
+            build_app(memory_manager, rate_limit={"Burst": "1/second"})
+
+    def test_if_policy_name_has_characters_a_string_cannot_hold_then_they_are_dropped(
+        self, memory_manager: KeyManager
+    ) -> None:
+        app = build_app(memory_manager, policy_name='a\\b"c\u00e9\nd')
+        assert app.policy_name == "abcd"
+
+
+@st.composite
+def _policy_texts(draw: st.DrawFn) -> tuple[str, dict[str, tuple[int, int]]]:
+    names = draw(
+        st.lists(
+            st.from_regex(r"[a-z][a-z0-9_-]{0,31}", fullmatch=True),
+            min_size=1,
+            max_size=8,
+            unique=True,
+        )
+    )
+    windows = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+    policies: dict[str, tuple[int, int]] = {}
+    parts = []
+    for name in names:
+        amount = draw(st.integers(1, 6))
+        unit = draw(st.sampled_from(sorted(windows)))
+        per = draw(st.sampled_from(["/", " per "]))
+        policies[name] = (amount, windows[unit])
+        parts.append(f"{name}={amount}{per}{unit}")
+    separator = draw(st.sampled_from([", ", ",", "; ", ";"]))
+    return separator.join(parts), policies
+
+
+@given(limits=_policy_texts(), requests=st.integers(1, 12))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_if_any_policies_then_headers_parse_and_429_matches_the_policies(
+    limits: tuple[str, dict[str, tuple[int, int]]], requests: int
+) -> None:
+    text, policies = limits
+
+    async def scenario() -> None:
+        manager = KeyManager(MemoryStore(), hasher=Hasher(pepper="p" * 32))
+        try:
+            app = build_app(manager, rate_limit="1000/minute")
+            created = await manager.create(
+                name="n", workspace="w", scopes=["contacts:read"], rate_limit=text
+            )
+            transport = httpx.ASGITransport(app=app)
+            used = 0
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for _ in range(requests):
+                    response = await http.get("/api/v1/contacts", headers=bearer(created.key))
+                    assert policies_of(response) == policies
+                    assert list(state_of(response)) == list(policies)
+                    full = [name for name, (amount, _) in policies.items() if used >= amount]
+                    if full and all(window > 1 for _, window in policies.values()):
+                        assert assert_retry_after_covers_violated(response) == full
+                    elif response.status_code == 429:
+                        assert_retry_after_covers_violated(response)
+                    else:
+                        assert response.status_code == 200
+                        used += 1
+                    for name, (remaining, reset) in state_of(response).items():
+                        amount, window = policies[name]
+                        assert 0 <= remaining <= amount
+                        assert 1 <= reset <= window + 1
+        finally:
+            await manager.aclose()
+
+    asyncio.run(scenario())

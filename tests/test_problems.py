@@ -48,7 +48,22 @@ TABLE = [
         id="insufficient-scope",
     ),
     pytest.param(
-        RateLimited(7), 429, "rate_limited", None, "7", {"retry_after": 7}, id="rate-limited"
+        RateLimited(7),
+        429,
+        "rate_limited",
+        None,
+        "7",
+        {"retry_after": 7, "violated_policies": ["default"]},
+        id="rate-limited",
+    ),
+    pytest.param(
+        RateLimited(40210, ["burst", "daily"]),
+        429,
+        "rate_limited",
+        None,
+        "40210",
+        {"retry_after": 40210, "violated_policies": ["burst", "daily"]},
+        id="rate-limited-policies",
     ),
     pytest.param(AuthUnavailable(), 503, "auth_unavailable", None, "1", {}, id="unavailable"),
     pytest.param(

@@ -1,21 +1,31 @@
-"""Per-key rate limiting (CONTRACT §4): notation, counting, windows, Redis, failures."""
+"""Per-key rate limiting (CONTRACT §4): notation, counting, windows, Redis, failures, and
+several named policies per key, checked and charged all or nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from apikeys.errors import ConfigurationError, InvalidKeyParameters, LimiterUnavailable
 from apikeys.ratelimit import (
     DEFAULT_RATE_LIMIT,
+    LEASE_THRESHOLD,
     RATE_LIMIT_ENV,
     FixedWindowMemoryStorage,
+    Policy,
+    PolicyDecision,
     RateLimiter,
+    format_policies,
+    parse_policies,
     parse_rate_limit,
 )
+from tests import services
 
 
 @pytest.fixture(autouse=True)
@@ -380,3 +390,559 @@ async def test_if_shared_limit_exhausted_then_a_hit_after_retry_after_is_admitte
     finally:
         await first.aclose()
         await second.aclose()
+
+
+# -- several named policies: notation ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("100/minute", [("default", 100, 60, "100/minute")]),
+        ("daily=1000/day", [("daily", 1000, 86400, "1000/day")]),
+        (
+            "burst=10/second, daily=10000/day",
+            [("burst", 10, 1, "10/second"), ("daily", 10000, 86400, "10000/day")],
+        ),
+        (
+            " burst = 3 per 2 seconds ;hourly=50/hour,daily=1000/day ",
+            [
+                ("burst", 3, 2, "3 per 2 seconds"),
+                ("hourly", 50, 3600, "50/hour"),
+                ("daily", 1000, 86400, "1000/day"),
+            ],
+        ),
+        ("a-1=1/second, b_2=1/second", [("a-1", 1, 1, "1/second"), ("b_2", 1, 1, "1/second")]),
+        ("default=5/minute", [("default", 5, 60, "5/minute")]),
+        (
+            ",".join(f"p{n}=1/second" for n in range(8)),
+            [(f"p{n}", 1, 1, "1/second") for n in range(8)],
+        ),
+        (f"{'x' * 32}=1/second", [("x" * 32, 1, 1, "1/second")]),
+    ],
+)
+def test_if_policies_well_written_then_parsed_in_order(
+    text: str, expected: list[tuple[str, int, int, str]]
+) -> None:
+    policies = parse_policies(text)
+    assert [(p.name, p.item.amount, p.item.get_expiry(), p.text) for p in policies] == expected
+    assert all(isinstance(policy, Policy) for policy in policies)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        pytest.param("", "no limit", id="empty"),
+        pytest.param("burst=10/second, burst=1/day", "used twice", id="duplicate"),
+        pytest.param("10/second, 5/day", "has no name", id="unnamed-among-several"),
+        pytest.param("burst=10/second, 5/day", "has no name", id="one-unnamed"),
+        pytest.param("Burst=1/second", "not a policy name", id="upper-case"),
+        pytest.param("1burst=1/second", "not a policy name", id="digit-first"),
+        pytest.param(f"{'x' * 33}=1/second", "not a policy name", id="name-too-long"),
+        pytest.param("bürst=1/second", "not a policy name", id="non-ascii"),
+        pytest.param("=1/second", "not a policy name", id="no-name"),
+        pytest.param("a=1/second,", "empty item", id="trailing-comma"),
+        pytest.param("a=1/second;;b=1/day", "empty item", id="empty-item"),
+        pytest.param("a=lots", "not one limit", id="bad-limit"),
+        pytest.param("a=0/second", "not one limit", id="zero"),
+        pytest.param("a=1 per 2 years", "at most a year", id="long-window"),
+        pytest.param("a=1/second|2/minute", "not one limit", id="two-limits-in-one"),
+        pytest.param("a=b=1/second", "not one limit", id="two-equals"),
+        pytest.param(",".join(f"p{n}=1/second" for n in range(9)), "at most 8", id="nine"),
+    ],
+)
+def test_if_policies_badly_written_then_one_line_error_quoting_the_input(
+    text: str, reason: str
+) -> None:
+    with pytest.raises(InvalidKeyParameters, match="invalid rate limit") as caught:
+        parse_policies(text)
+    message = str(caught.value)
+    assert reason in message
+    assert repr(text) in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("text", ["burst=10/second", "a=1/second, b=1/day", "1/second;1/day"])
+def test_if_named_or_several_limits_then_parse_rate_limit_still_refuses(text: str) -> None:
+    # parse_rate_limit keeps reading one bare limit, as its callers expect.
+    with pytest.raises(InvalidKeyParameters):
+        parse_rate_limit(text)
+
+
+@pytest.mark.parametrize(
+    ("given", "text"),
+    [
+        ({"burst": "10/second", "daily": "10000/day"}, "burst=10/second, daily=10000/day"),
+        ({"default": "100/minute"}, "100/minute"),
+        ({"daily": " 1000/day "}, "daily=1000/day"),
+        ({"default": "5/second", "daily": "9/day"}, "default=5/second, daily=9/day"),
+        ("burst=10/second;daily=10000/day", "burst=10/second, daily=10000/day"),
+        ("  100/minute ", "100/minute"),
+    ],
+)
+def test_if_policies_formatted_then_canonical_text_that_parses_back(
+    given: str | dict[str, str], text: str
+) -> None:
+    assert format_policies(given) == text
+    assert format_policies(parse_policies(text)) == text
+    names = list(given) if isinstance(given, dict) else [p.name for p in parse_policies(given)]
+    assert [policy.name for policy in parse_policies(text)] == names
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param({}, id="empty"),
+        pytest.param({"a": "1/second, b=2/second"}, id="smuggled-policy"),
+        pytest.param({"a": "1/second; 2/day"}, id="two-limits"),
+        pytest.param({"a": "b=1/second"}, id="name-in-limit"),
+        pytest.param({"A": "1/second"}, id="bad-name"),
+        pytest.param({"a": 10}, id="not-text"),
+        pytest.param({f"p{n}": "1/second" for n in range(9)}, id="nine"),
+        pytest.param(["1/second"], id="not-policies"),
+    ],
+)
+def test_if_policies_to_format_are_invalid_then_invalid_key_parameters(given: Any) -> None:
+    with pytest.raises(InvalidKeyParameters):
+        format_policies(given)
+
+
+def test_if_default_has_several_policies_then_limiter_takes_text_or_mapping() -> None:
+    assert RateLimiter("burst=1/second, daily=9/day").default == "burst=1/second, daily=9/day"
+    mapped = RateLimiter({"burst": "1/second", "daily": "9/day"})
+    assert mapped.default == "burst=1/second, daily=9/day"
+    assert [policy.name for policy in mapped.policies()] == ["burst", "daily"]
+    assert [policy.name for policy in mapped.policies("5/minute")] == ["default"]
+    with pytest.raises(InvalidKeyParameters):
+        RateLimiter("burst=1/second, burst=9/day")
+
+
+async def test_if_hit_is_asked_for_several_policies_then_it_points_to_hit_policies(
+    limiter: RateLimiter,
+) -> None:
+    with pytest.raises(InvalidKeyParameters, match="hit_policies"):
+        await limiter.hit("key-a", "burst=1/second, daily=9/day")
+
+
+# -- several named policies: counting on memory and Redis ----------------------------------
+
+
+LimiterFactory = Callable[..., RateLimiter]
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def make_limiter(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[LimiterFactory]:
+    """Limiters on one shared storage: a memory storage, or a Redis database."""
+    made: list[RateLimiter] = []
+    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+    shared = FixedWindowMemoryStorage()
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else "memory://"
+
+    def make(default: str | dict[str, str] = "100/minute") -> RateLimiter:
+        if request.param == "memory":
+            limiter = RateLimiter(default, storage=shared, key_prefix=prefix)
+        else:
+            limiter = RateLimiter(default, url, key_prefix=prefix)
+        made.append(limiter)
+        return limiter
+
+    try:
+        yield make
+    finally:
+        for limiter in made:
+            await limiter.aclose()
+        if request.param == "redis":
+            await _delete_keys(url, f"*{prefix}*")
+
+
+def remaining(decision: PolicyDecision) -> dict[str, int]:
+    return {status.name: status.remaining for status in decision.policies}
+
+
+async def test_if_one_policy_is_used_up_then_refused_and_charged_to_none(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("burst=3/minute, daily=5/hour")
+    decisions = [await limiter.hit_policies("key-a") for _ in range(3)]
+    assert [decision.allowed for decision in decisions] == [True] * 3
+    assert [remaining(decision) for decision in decisions] == [
+        {"burst": 2, "daily": 4},
+        {"burst": 1, "daily": 3},
+        {"burst": 0, "daily": 2},
+    ]
+    for _ in range(4):
+        refused = await limiter.hit_policies("key-a")
+        assert not refused.allowed
+        assert refused.violated == ("burst",)
+        # The refusal charged neither the policy that refused it nor the other one.
+        assert remaining(refused) == {"burst": 0, "daily": 2}
+        burst, daily = refused.policies
+        assert (burst.allowed, daily.allowed) == (False, True)
+        assert (burst.limit, burst.window, daily.limit, daily.window) == (3, 60, 5, 3600)
+        assert refused.retry_after == burst.reset_after
+        assert 1 <= burst.reset_after <= 60 + 1
+        assert 60 < daily.reset_after <= 3600 + 1
+
+
+async def test_if_several_policies_are_used_up_then_all_named_and_retry_after_the_longest(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("minute=2/minute, hour=2/hour, day=3/day")
+    assert all([(await limiter.hit_policies("key-a")).allowed for _ in range(2)])
+    refused = await limiter.hit_policies("key-a")
+    assert refused.violated == ("minute", "hour")
+    assert refused.retry_after == max(status.reset_after for status in refused.policies[:2])
+    assert refused.retry_after > 60
+    assert remaining(refused) == {"minute": 0, "hour": 0, "day": 1}
+
+
+async def test_if_keys_or_policies_differ_then_counters_are_apart(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("a=1/minute, b=1/minute")
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert not (await limiter.hit_policies("key-a")).allowed
+    # Same limits under other names, or another key: counted apart.
+    assert (await limiter.hit_policies("key-a", "c=1/minute, d=1/minute")).allowed
+    assert (await limiter.hit_policies("key-b")).allowed
+
+
+async def test_if_policies_given_as_policy_items_then_the_same_as_text(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter()
+    policies = parse_policies("burst=2/minute, daily=5/day")
+    assert (await limiter.hit_policies("key-a", policies)).allowed
+    decision = await limiter.hit_policies("key-a", "burst=2/minute, daily=5/day")
+    assert remaining(decision) == {"burst": 0, "daily": 3}
+    with pytest.raises(InvalidKeyParameters):
+        await limiter.hit_policies("key-a", [policies[0], policies[0]])
+
+
+async def test_if_one_policy_then_hit_policies_counts_what_hit_counts(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("3/minute")
+    single = await limiter.hit("key-a")
+    several = await limiter.hit_policies("key-a")
+    assert several.allowed
+    (status,) = several.policies
+    assert (status.name, status.limit, status.window) == ("default", 3, 60)
+    assert (single.remaining, status.remaining) == (2, 1)
+    assert (await limiter.hit("key-a")).remaining == 0
+    assert not (await limiter.hit_policies("key-a")).allowed
+    assert not (await limiter.hit("key-a")).allowed
+
+
+async def test_if_limiters_share_storage_then_several_policies_hold_across_them(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiters = [make_limiter("burst=4/minute, daily=6/hour") for _ in range(3)]
+    decisions = await asyncio.gather(
+        *(limiters[index % 3].hit_policies("key-a") for index in range(12))
+    )
+    assert sum(decision.allowed for decision in decisions) == 4
+    for decision in decisions:
+        if not decision.allowed:
+            assert decision.violated == ("burst",)
+    # daily was charged the admitted four only: two left, whoever asks.
+    decision = await limiters[0].hit_policies("key-a", "other=9/minute, daily=6/hour")
+    assert remaining(decision)["daily"] == 1
+
+
+async def test_if_a_short_window_passes_then_the_refused_key_is_admitted_again(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("burst=2/second, daily=100/day")
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert (await limiter.hit_policies("key-a")).allowed
+    refused = await limiter.hit_policies("key-a")
+    assert refused.violated == ("burst",)
+    assert refused.retry_after == 1
+    await asyncio.sleep(refused.retry_after + 0.05)
+    again = await limiter.hit_policies("key-a")
+    assert again.allowed
+    assert remaining(again) == {"burst": 1, "daily": 97}
+
+
+async def test_if_the_long_policy_is_used_up_then_retry_after_is_its_window_not_the_short_one(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("burst=5/second, hourly=2/hour")
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert (await limiter.hit_policies("key-a")).allowed
+    refused = await limiter.hit_policies("key-a")
+    assert refused.violated == ("hourly",)
+    burst, hourly = refused.policies
+    assert refused.retry_after == hourly.reset_after > 3000
+    assert burst.allowed
+    assert burst.remaining == 3
+
+
+# -- refunds -------------------------------------------------------------------------------
+
+
+async def test_if_refunded_then_each_policy_gets_its_unit_back(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("burst=2/minute, daily=3/hour")
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert not (await limiter.hit_policies("key-a")).allowed
+    await limiter.refund("key-a")
+    again = await limiter.hit_policies("key-a")
+    assert again.allowed
+    assert remaining(again) == {"burst": 0, "daily": 1}
+    assert not (await limiter.hit_policies("key-a")).allowed
+
+
+async def test_if_a_one_limit_request_is_refunded_then_hit_admits_one_more(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("2/minute")
+    assert (await limiter.hit("key-a")).allowed
+    assert (await limiter.hit("key-a")).allowed
+    for _ in range(3):  # refusals are charged to nothing: the refund is not lost in them
+        assert not (await limiter.hit("key-a")).allowed
+    await limiter.refund("key-a")
+    assert (await limiter.hit("key-a")).remaining == 0
+    assert not (await limiter.hit("key-a")).allowed
+
+
+async def test_if_refunded_after_the_window_ended_then_nothing_is_given(
+    make_limiter: LimiterFactory,
+) -> None:
+    limiter = make_limiter("burst=1 per 1 second, daily=5/hour")
+    assert (await limiter.hit_policies("key-a")).allowed
+    await asyncio.sleep(1.1)
+    assert (await limiter.hit_policies("key-a")).allowed  # the next burst window
+    await limiter.refund("key-a")  # the unit charged in this window comes back
+    assert (await limiter.hit_policies("key-a")).allowed
+    assert not (await limiter.hit_policies("key-a")).allowed
+
+
+async def test_if_nothing_was_charged_then_a_refund_gives_nothing() -> None:
+    limiter = RateLimiter("burst=1/minute, daily=2/hour")
+    try:
+        await limiter.refund("key-a")  # no window open: nothing to give back
+        assert (await limiter.hit_policies("key-a")).allowed
+        assert not (await limiter.hit_policies("key-a")).allowed
+    finally:
+        await limiter.aclose()
+
+
+@pytest.mark.redis
+async def test_if_a_leased_unit_is_refunded_then_it_returns_to_the_lease_without_a_round_trip(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # A large limit leases slices: the refund goes back into this process's slice.
+    limiter = RateLimiter("burst=1000/minute, daily=100000/day", redis_url, key_prefix=redis_prefix)
+    other = RateLimiter("burst=1000/minute, daily=100000/day", redis_url, key_prefix=redis_prefix)
+    try:
+        first = await limiter.hit_policies("key-a")
+        second = await limiter.hit_policies("key-a")
+        calls = 0
+        script = limiter._redis_many
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await script(*args, **kwargs)
+
+        limiter._redis_many = counting
+        await limiter.refund("key-a")
+        after = await limiter.hit_policies("key-a")
+        assert calls == 0
+        assert remaining(after) == remaining(second)
+        assert remaining(second) == {name: count - 1 for name, count in remaining(first).items()}
+        # Another process sees the units leased (never more than what is left).
+        seen = await other.hit_policies("key-a")
+        assert seen.allowed
+        assert seen.policies[0].remaining <= 1000 - 2
+    finally:
+        await limiter.aclose()
+        await other.aclose()
+
+
+@pytest.mark.redis
+async def test_if_a_small_limit_is_refunded_on_redis_then_the_process_admits_one_more(
+    redis_url: str, redis_prefix: str
+) -> None:
+    limiter = RateLimiter("burst=2/minute, daily=3/hour", redis_url, key_prefix=redis_prefix)
+    other = RateLimiter("burst=2/minute, daily=3/hour", redis_url, key_prefix=redis_prefix)
+    try:
+        assert (await limiter.hit_policies("key-a")).allowed
+        assert (await other.hit_policies("key-a")).allowed
+        assert not (await other.hit_policies("key-a")).allowed
+        await limiter.refund("key-a")
+        # The unit is back in this process's slice: here it admits, there it does not.
+        assert not (await other.hit_policies("key-a")).allowed
+        assert (await limiter.hit_policies("key-a")).allowed
+        assert not (await limiter.hit_policies("key-a")).allowed
+    finally:
+        await limiter.aclose()
+        await other.aclose()
+
+
+async def test_if_the_storage_is_another_limits_storage_then_several_policies_still_hold() -> None:
+    from limits.aio.storage import MemoryStorage
+
+    limiter = RateLimiter("burst=2/minute, daily=3/hour", storage=MemoryStorage())
+    try:
+        decisions = [await limiter.hit_policies("key-a") for _ in range(4)]
+        assert [decision.allowed for decision in decisions] == [True, True, False, False]
+        assert remaining(decisions[-1]) == {"burst": 0, "daily": 1}
+        assert decisions[-1].violated == ("burst",)
+        await limiter.refund("key-a")
+        assert (await limiter.hit_policies("key-a")).allowed
+        concurrent = await asyncio.gather(*(limiter.hit_policies("key-b") for _ in range(6)))
+        assert sum(decision.allowed for decision in concurrent) == 2
+    finally:
+        await limiter.aclose()
+
+
+# -- several policies: any limits, any interleaving ----------------------------------------
+
+_UNITS = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+@st.composite
+def policy_sets(draw: st.DrawFn, leased: bool = False) -> tuple[str, dict[str, int]]:
+    """A key's policies as text, and each policy's amount: windows no test outlives.
+
+    With `leased`, some amounts are large enough for Redis to lease them in slices.
+    """
+    names = draw(
+        st.lists(
+            st.from_regex(r"[a-z][a-z0-9_-]{0,5}", fullmatch=True),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
+    amount = st.integers(1, 8)
+    if leased:
+        amount = st.one_of(amount, st.integers(LEASE_THRESHOLD, 5 * LEASE_THRESHOLD))
+    amounts = {name: draw(amount) for name in names}
+    units = [draw(st.sampled_from(sorted(_UNITS))) for _ in names]
+    text = ", ".join(
+        f"{name}={amount}/{unit}"
+        for (name, amount), unit in zip(amounts.items(), units, strict=True)
+    )
+    return text, amounts
+
+
+@given(
+    policies=policy_sets(),
+    plan=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=60),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_if_memory_requests_interleave_then_exactly_what_every_policy_admits(
+    policies: tuple[str, dict[str, int]], plan: list[tuple[int, bool]]
+) -> None:
+    text, amounts = policies
+
+    async def scenario() -> None:
+        storage = FixedWindowMemoryStorage()
+        limiters = [RateLimiter(text, storage=storage) for _ in range(3)]
+        used = dict.fromkeys(amounts, 0)
+        for index, refund in plan:
+            decision = await limiters[index].hit_policies("k")
+            full = tuple(name for name in amounts if used[name] >= amounts[name])
+            # The model: admitted iff no policy is used up; refused ones charge nothing.
+            assert decision.allowed == (not full)
+            assert decision.violated == full
+            if decision.allowed:
+                for name in used:
+                    used[name] += 1
+                if refund:
+                    await limiters[index].refund("k")
+                    for name in used:
+                        used[name] -= 1
+            assert remaining(decision) == {
+                name: amounts[name] - used[name] - (1 if decision.allowed and refund else 0)
+                for name in amounts
+            }
+            assert max(used[name] - amounts[name] for name in amounts) <= 0
+
+    asyncio.run(scenario())
+
+
+def _redis_counts(url: str, counters: list[str]) -> list[int]:
+    from redis import Redis
+
+    client = Redis.from_url(url)
+    try:
+        return [int(client.get(f"LIMITS:{counter}") or 0) for counter in counters]
+    finally:
+        client.close()
+
+
+@pytest.mark.redis
+@given(
+    policies=policy_sets(leased=True),
+    plan=st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=80),
+    concurrent=st.booleans(),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_charged(
+    policies: tuple[str, dict[str, int]], plan: list[tuple[int, bool]], concurrent: bool
+) -> None:
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    url = services.REDIS_URL
+    text, amounts = policies
+    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+
+    async def scenario() -> None:
+        limiters = [RateLimiter(text, url, key_prefix=prefix) for _ in range(3)]
+        admitted = refunded = 0
+        try:
+
+            async def one(index: int, refund: bool) -> None:
+                nonlocal admitted, refunded
+                decision = await limiters[index].hit_policies("k")
+                if decision.allowed:
+                    admitted += 1
+                    if refund:
+                        await limiters[index].refund("k")
+                        refunded += 1
+                else:
+                    assert decision.violated
+                    assert decision.retry_after >= max(
+                        status.reset_after for status in decision.policies if not status.allowed
+                    )
+                for status in decision.policies:
+                    assert 0 <= status.remaining <= status.limit
+
+            if concurrent:
+                await asyncio.gather(*(one(index, refund) for index, refund in plan))
+            else:
+                for index, refund in plan:
+                    await one(index, refund)
+            plans = limiters[0]._plan_set("k", None)
+            counts = _redis_counts(url, [counter for counter, *_ in plans])
+            for (counter, amount, _, name), count in zip(plans, counts, strict=True):
+                held = sum(
+                    limiter._slices[counter].left
+                    for limiter in limiters
+                    if counter in limiter._slices
+                )
+                # Every unit counted in Redis was spent by an admitted request (and not
+                # given back) or is still held by a process: none by a refused request.
+                assert count == admitted - refunded + held, name
+                assert admitted - refunded <= amount, name
+            if (
+                max(amounts.values()) < LEASE_THRESHOLD
+                and not concurrent
+                and not any(refund for _, refund in plan)
+            ):
+                # Units leased one at a time: exactly as strict as one count per request.
+                assert admitted == min(len(plan), *amounts.values())
+        finally:
+            for limiter in limiters:
+                await limiter.aclose()
+            await _delete_keys(url, f"*{prefix}*")
+
+    asyncio.run(scenario())

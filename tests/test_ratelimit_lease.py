@@ -160,3 +160,68 @@ def test_if_hits_interleave_across_limiters_then_never_more_than_the_limit(
             await delete_redis_prefix(url, f"LIMITS:{name}")
 
     asyncio.run(scenario())
+
+
+POLICIES_WORKER = """
+import asyncio, json, sys, time
+from apikeys.ratelimit import RateLimiter
+
+async def main(url, prefix, policies, start_at, seconds):
+    limiter = RateLimiter(policies, url, key_prefix=prefix)
+    admitted, violated = [], set()
+    async def one():
+        decision = await limiter.hit_policies("shared")
+        if decision.allowed:
+            admitted.append(time.time())
+        else:
+            violated.update(decision.violated)
+    await asyncio.sleep(max(0.0, start_at - time.time()))
+    while time.time() < start_at + seconds:
+        await asyncio.gather(*(one() for _ in range(5)))
+        await asyncio.sleep(0.01)
+    await limiter.aclose()
+    print(json.dumps({"admitted": admitted, "violated": sorted(violated)}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])))
+"""
+
+
+@pytest.mark.slow
+async def test_if_processes_share_several_policies_then_exactly_what_each_admits(
+    redis_url: str, prefix: str
+) -> None:
+    # 4 processes want far more than burst=5/second and daily=20/minute allow: daily admits
+    # exactly 20, and burst spreads them over at least four one-second windows.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start_at = time.time() + 2.0
+    command = [
+        sys.executable,
+        "-c",
+        POLICIES_WORKER,
+        redis_url,
+        prefix,
+        "burst=5/second, daily=20/minute",
+        str(start_at),
+        "6",
+    ]
+    processes = [
+        subprocess.Popen(  # noqa: ASYNC220 - started together, then awaited in threads
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for _ in range(4)
+    ]
+    admitted: list[float] = []
+    violated: set[str] = set()
+    for process in processes:
+        out, err = await asyncio.to_thread(process.communicate, timeout=120)
+        assert process.returncode == 0, err.decode()
+        report = json.loads(out)
+        admitted += report["admitted"]
+        violated.update(report["violated"])
+    admitted.sort()
+    assert len(admitted) == 20
+    assert violated == {"burst", "daily"}
+    # At most 5 in any burst window: 11 admissions in a row span a whole window (1 s).
+    for first, last in zip(admitted, admitted[10:], strict=False):
+        assert last - first > 0.9
+    assert admitted[-1] - admitted[0] > 1.9

@@ -32,7 +32,15 @@ from apikeys.hashing import Hasher, slow_context
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.manager import KeyManager, check_usable
 from apikeys.middleware import APIKeyAuth, APIKeyMiddleware, APIKeyUser, ScopeTable
-from apikeys.ratelimit import RateDecision, RateLimiter
+from apikeys.ratelimit import (
+    Policy,
+    PolicyDecision,
+    PolicyStatus,
+    RateDecision,
+    RateLimiter,
+    format_policies,
+    parse_policies,
+)
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
@@ -70,6 +78,9 @@ __all__ = [
     "MemoryStore",
     "MissingAPIKey",
     "ParsedKey",
+    "Policy",
+    "PolicyDecision",
+    "PolicyStatus",
     "RateDecision",
     "RateLimited",
     "RateLimiter",
@@ -79,8 +90,10 @@ __all__ = [
     "UsageDelta",
     "__version__",
     "check_usable",
+    "format_policies",
     "generate_key",
     "parse_key",
+    "parse_policies",
     "register_store",
     "slow_context",
     "store_from_url",

@@ -171,14 +171,19 @@ class InsufficientScope(AuthenticationError):
 
 
 class RateLimited(AuthenticationError):
-    """The key's rate limit is exhausted; `retry_after` is the whole seconds to wait."""
+    """The key's rate limit is exhausted; `retry_after` is the whole seconds to wait.
+
+    `violated_policies` names the key's policies that refused the request (`default` for a
+    key with one limit).
+    """
 
     status = 429
     code = "rate_limited"
     title = "Rate limit exceeded"
 
-    def __init__(self, retry_after: int) -> None:
+    def __init__(self, retry_after: int, violated_policies: Sequence[str] = ("default",)) -> None:
         self.retry_after = max(1, int(retry_after))
+        self.violated_policies = tuple(violated_policies)
         super().__init__(
             f"The API key's rate limit is exhausted; retry in {self.retry_after} seconds."
         )

@@ -30,7 +30,7 @@ from apikeys.errors import (
 from apikeys.hashing import Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.policies import parse_refill, policy_fields
-from apikeys.ratelimit import parse_rate_limit
+from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import KeyStore, store_from_url
 from apikeys.types import (
@@ -93,6 +93,19 @@ def _channel(channel: Channel | str) -> Channel:
             ) from exc
         return RedisChannel(channel, native=False)
     raise ConfigurationError("channel takes a Channel or a redis:// URL")
+
+
+def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -> str | None:
+    """The `rate_limit` text to store: given as text, or made from a `{name: limit}` map."""
+    if rate_limits is not None:
+        if rate_limit is not None:
+            raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
+        if not isinstance(rate_limits, Mapping):
+            raise InvalidKeyParameters("rate_limits takes a mapping of policy names to limits")
+        return format_policies(rate_limits)
+    if rate_limit is not None:
+        parse_policies(rate_limit)
+    return rate_limit
 
 
 def _text(value: str, field: str) -> str:
@@ -190,6 +203,7 @@ class KeyManager:
         scopes: Iterable[str] = (),
         full_access: bool = False,
         rate_limit: str | None = None,
+        rate_limits: Mapping[str, str] | None = None,
         expires_at: datetime | None = None,
         expires_in: timedelta | None = None,
         owner: str | None = None,
@@ -203,7 +217,10 @@ class KeyManager:
 
         A key has `full_access` (every scope, including scopes added later) or the given
         `scopes`; a restricted key without scopes is refused. `rate_limit` overrides the
-        middleware's default (`limits` notation). Expiry is `expires_at` or `expires_in`.
+        middleware's default: one limit in `limits` notation (`100/minute`) or named
+        policies (`burst=10/second, daily=10000/day`); `rate_limits={"burst": "10/second",
+        …}` says the same as a mapping (stored as that text). Expiry is `expires_at` or
+        `expires_in`.
 
         Policies (`apikeys.policies`): `owner` and `metadata` (a JSON object of at most
         4 KiB, never a secret) for the application; `allowed_ips`, CIDR ranges the key may
@@ -220,8 +237,7 @@ class KeyManager:
             raise InvalidKeyParameters(
                 "a restricted key needs at least one scope (or pass full_access=True)"
             )
-        if rate_limit is not None:
-            parse_rate_limit(rate_limit)
+        rate_limit = _rate_limit(rate_limit, rate_limits)
         now = utcnow()
         expiry = self._expiry(now, expires_at, expires_in)
         policy = policy_fields(
@@ -447,6 +463,7 @@ class KeyManager:
         scopes: Iterable[str] | None = None,
         full_access: bool | None = None,
         rate_limit: str | _Unset | None = UNSET,
+        rate_limits: Mapping[str, str] | None = None,
         expires_at: datetime | _Unset | None = UNSET,
         expires_in: timedelta | None = None,
         owner: str | _Unset | None = UNSET,
@@ -462,9 +479,10 @@ class KeyManager:
 
         Only what is given changes. `scopes=[…]` makes the key restricted to those scopes;
         `full_access=True` gives it every scope; `rate_limit=None` returns it to the
-        middleware's default and `expires_at=None` makes it never expire (`expires_in` sets
-        an expiry from now). Like `revoke`, it returns once every process that caches keys
-        has dropped the old record: a narrowed key is narrowed on its very next request.
+        middleware's default (`rate_limits={name: limit}` sets named policies) and
+        `expires_at=None` makes it never expire (`expires_in` sets an expiry from now). Like
+        `revoke`, it returns once every process that caches keys has dropped the old
+        record: a narrowed key is narrowed on its very next request.
         """
         changes: dict[str, object] = {}
         if name is not None:
@@ -481,10 +499,12 @@ class KeyManager:
                 raise InvalidKeyParameters(
                     "a restricted key needs at least one scope (or pass full_access=True)"
                 )
-        if not isinstance(rate_limit, _Unset):
-            if rate_limit is not None:
-                parse_rate_limit(rate_limit)
-            changes["rate_limit"] = rate_limit
+        if rate_limits is not None:
+            if not isinstance(rate_limit, _Unset):
+                raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
+            changes["rate_limit"] = _rate_limit(None, rate_limits)
+        elif not isinstance(rate_limit, _Unset):
+            changes["rate_limit"] = _rate_limit(rate_limit, None)
         if expires_in is not None or not isinstance(expires_at, _Unset):
             given = None if isinstance(expires_at, _Unset) else expires_at
             if given is None and expires_in is None:

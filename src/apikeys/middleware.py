@@ -25,7 +25,7 @@ import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -40,7 +40,7 @@ from apikeys.errors import (
 )
 from apikeys.manager import KeyManager
 from apikeys.problems import Headers, send_problem
-from apikeys.ratelimit import RateDecision, RateLimiter
+from apikeys.ratelimit import DEFAULT_POLICY, PolicyDecision, RateDecision, RateLimiter
 from apikeys.scopes import GrantedScopes, grants_for, validate_scope
 from apikeys.types import ASGIApp, KeyRecord, Message, Receive, Scope, Send
 
@@ -50,6 +50,7 @@ __all__ = [
     "APIKeyUser",
     "ScopeTable",
     "bearer_token",
+    "check_rate_limits",
     "header_token",
     "rate_limit_headers",
 ]
@@ -297,16 +298,100 @@ def _key_header(header: str) -> bytes:
     return header.lower().encode("ascii")
 
 
+def _policy_name_text(name: str) -> str:
+    """`name` as it can stand in a structured-field string: printable ASCII, no `"` or `\\`."""
+    return "".join(char for char in name if " " <= char <= "~" and char not in '"\\')
+
+
 @functools.lru_cache(maxsize=256)
 def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
     return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
 
 
-def rate_limit_headers(decision: RateDecision, policy_name: str = "default") -> Headers:
-    """`RateLimit-Policy` and `RateLimit` (IETF draft) for a limiter decision."""
+class _PolicySet(NamedTuple):
+    """How the headers show a key's several policies: their names and RateLimit-Policy."""
+
+    names: tuple[str, ...]
+    policy_header: tuple[bytes, bytes]
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> _PolicySet:
+    items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
+    return _PolicySet(
+        tuple(name for name, _, _ in policies),
+        (b"ratelimit-policy", ", ".join(items).encode()),
+    )
+
+
+def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
     _, limit, window, remaining, reset_after = decision
     value = b'"%s";r=%d;t=%d' % (policy_name.encode(), remaining, reset_after)
     return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
+
+
+def _policies_headers(decision: PolicyDecision, shown: _PolicySet) -> Headers:
+    value = ", ".join(
+        [
+            f'"{name}";r={status[4]};t={status[5]}'
+            for name, status in zip(shown.names, decision.policies, strict=True)
+        ]
+    )
+    return [shown.policy_header, (b"ratelimit", value.encode())]
+
+
+def rate_limit_headers(
+    decision: RateDecision | PolicyDecision, policy_name: str = "default"
+) -> Headers:
+    """`RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
+
+    One list item per policy: `"burst";q=10;w=1, "daily";q=10000;w=86400` and
+    `"burst";r=3;t=1, "daily";r=9120;t=40210`. The policy named `default` (a key's one
+    unnamed limit) is shown as `policy_name`.
+    """
+    if isinstance(decision, PolicyDecision):
+        return _policies_headers(decision, _shown(decision, policy_name))
+    return _single_headers(decision, policy_name)
+
+
+def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
+    return _policy_set(
+        tuple(
+            (policy_name if status.name == DEFAULT_POLICY else status.name, *status[2:4])
+            for status in decision.policies
+        )
+    )
+
+
+async def check_rate_limits(
+    limiter: RateLimiter, record: KeyRecord, policy_name: str = "default"
+) -> tuple[Headers, RateLimited | None]:
+    """Charge `record`'s request to its policies: the RateLimit headers, and the refusal.
+
+    The refusal (None when admitted) is a `RateLimited` naming the violated policies, with
+    `Retry-After` the longest of their `t`. What the integrations share with the middleware.
+    """
+    limit = record.rate_limit
+    policies = limiter.policies(limit)
+    if len(policies) == 1:
+        name = policy_name if policies[0].name == DEFAULT_POLICY else policies[0].name
+        decision = await limiter.hit(record.id, limit)
+        refusal = None if decision.allowed else RateLimited(decision.reset_after, (name,))
+        return _single_headers(decision, name), refusal
+    decisions = await limiter.hit_policies(record.id, limit)
+    shown = _shown(decisions, policy_name)
+    headers = _policies_headers(decisions, shown)
+    if decisions.allowed:
+        return headers, None
+    return headers, RateLimited(decisions.retry_after, _violated(decisions, shown))
+
+
+def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
+    return tuple(
+        name
+        for name, status in zip(shown.names, decision.policies, strict=True)
+        if not status.allowed
+    )
 
 
 class APIKeyMiddleware:
@@ -316,7 +401,9 @@ class APIKeyMiddleware:
     - `scopes`: `{"METHOD /path/{param}": "resource:action"}` (see `ScopeTable`).
     - `protect`: a path prefix (or several) that needs a key; other paths pass through.
     - `rate_limit`: the default per-key limit (`APIKEYS_RATE_LIMIT`, else `100/minute`); a
-      key's own `rate_limit` overrides it.
+      key's own `rate_limit` overrides it. Several named limits are written
+      `"burst=10/second, daily=10000/day"` or given as `{"burst": "10/second", …}`: a
+      request is admitted only if each admits it (docs/concepts/rate-limits.md).
     - `limiter_url`: `memory://` or `redis://…` shared by every process; or pass `limiter`.
     - `realm`: the realm of the `WWW-Authenticate` challenge.
     - `public`: exact paths under `protect` served without a key (an API's own OpenAPI
@@ -342,7 +429,7 @@ class APIKeyMiddleware:
         manager: KeyManager,
         scopes: Mapping[str, str | Sequence[str]] | None = None,
         protect: str | Sequence[str] = "/",
-        rate_limit: str | None = None,
+        rate_limit: str | Mapping[str, str] | None = None,
         limiter_url: str = "memory://",
         limiter: RateLimiter | None = None,
         realm: str = "api",
@@ -363,7 +450,9 @@ class APIKeyMiddleware:
         self._owns_limiter = limiter is None
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
         self.realm = realm
-        self.policy_name = policy_name.replace('"', "")
+        self.policy_name = _policy_name_text(policy_name)
+        # a key's rate_limit -> the name its one policy is shown with, or those of its policies
+        self._shapes: dict[str | None, str | _PolicySet] = {}
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
         self.allow_unmapped = unmapped == "allow"
@@ -399,10 +488,19 @@ class APIKeyMiddleware:
                 record = await self.manager.verify(bearer_token(values))
             else:
                 record = await self.manager.verify(header_token(values, self.header))
-            decision = await self.limiter.hit(record.id, record.rate_limit)
-            rate_headers = self._rate_headers(decision)
-            if not decision.allowed:
-                raise RateLimited(decision.reset_after)
+            limit = record.rate_limit
+            shape = self._shapes.get(limit) or self._shape(limit)
+            if isinstance(shape, str):
+                # One policy: the fast path, as cheap as a key's limit has always been.
+                decision = await self.limiter.hit(record.id, limit)
+                rate_headers = _single_headers(decision, shape)
+                if not decision.allowed:
+                    raise RateLimited(decision.reset_after, (shape,))
+            else:
+                decisions = await self.limiter.hit_policies(record.id, limit)
+                rate_headers = _policies_headers(decisions, shape)
+                if not decisions.allowed:
+                    raise RateLimited(decisions.retry_after, _violated(decisions, shape))
             grants = grants_for(record.scopes, record.access == "full")
             required = self.scopes.required(scope.get("method", "GET"), path)
             if required is None:
@@ -436,8 +534,20 @@ class APIKeyMiddleware:
 
         await self.app(scope, receive, send_with_rate_headers)
 
-    def _rate_headers(self, decision: RateDecision) -> Headers:
-        return rate_limit_headers(decision, self.policy_name)
+    def _shape(self, limit: str | None) -> str | _PolicySet:
+        shown = tuple(
+            (
+                self.policy_name if policy.name == DEFAULT_POLICY else policy.name,
+                policy.item.amount,
+                policy.item.get_expiry(),
+            )
+            for policy in self.limiter.policies(limit)
+        )
+        shape: str | _PolicySet = shown[0][0] if len(shown) == 1 else _policy_set(shown)
+        if len(self._shapes) >= 10_000:
+            self._shapes.clear()
+        self._shapes[limit] = shape
+        return shape
 
     async def _refuse(
         self,

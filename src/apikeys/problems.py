@@ -48,6 +48,7 @@ def problem_body(exc: AuthenticationError) -> dict[str, Any]:
         body["required_scopes"] = list(exc.required_scopes)
     if isinstance(exc, RateLimited):
         body["retry_after"] = exc.retry_after
+        body["violated_policies"] = list(exc.violated_policies)
     return body
 
 

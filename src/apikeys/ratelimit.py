@@ -8,6 +8,13 @@ limit, and a busy key costs a Redis round trip per slice, not per request. Slice
 the window fills and are a single unit when little is left, so small limits are exactly as
 strict as one increment per request. Leased units count as used in Redis, so another
 process's `RateLimit` remaining may be lower than what is really left (never higher).
+
+A key may have several named limits (*policies*), `burst=10/second, daily=10000/day`: a
+request is admitted only if every policy admits it, and a refused request is charged to
+none. In memory that is one check-then-charge with nothing awaited in between; on Redis it
+is an all-or-nothing admission over this process's slices of every policy, and a call that
+leases more for one or several policies is one script that grants nothing unless each of
+them has a unit left.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import asyncio
 import functools
 import math
 import os
+import re
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from limits import RateLimitItem, parse_many
@@ -28,10 +37,17 @@ from limits.storage import storage_from_string
 from apikeys.errors import ConfigurationError, InvalidKeyParameters, LimiterUnavailable
 
 __all__ = [
+    "DEFAULT_POLICY",
     "DEFAULT_RATE_LIMIT",
+    "MAX_POLICIES",
     "RATE_LIMIT_ENV",
+    "Policy",
+    "PolicyDecision",
+    "PolicyStatus",
     "RateDecision",
     "RateLimiter",
+    "format_policies",
+    "parse_policies",
     "parse_rate_limit",
 ]
 
@@ -40,6 +56,12 @@ RATE_LIMIT_ENV = "APIKEYS_RATE_LIMIT"
 MAX_WINDOW_SECONDS = 366 * 24 * 3600
 MAX_AMOUNT = 10**12
 DEFAULT_RATE_LIMIT = "100/minute"
+DEFAULT_POLICY = "default"
+"""The name of a key's limit when it is written without one (`100/minute`)."""
+MAX_POLICIES = 8
+_POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_SEPARATORS = re.compile(r"[,;]")
+_NOTATION = "write one limit as '100/minute' or named ones as 'burst=10/second, daily=10000/day'"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -59,6 +81,88 @@ def parse_rate_limit(limit: str) -> RateLimitItem:
     return item
 
 
+class Policy(NamedTuple):
+    """One named limit of a key: `burst` at `10/second`."""
+
+    name: str
+    item: RateLimitItem
+    text: str
+    """The limit as written, without its name (`10/second`)."""
+
+
+def _invalid(text: object, reason: str) -> InvalidKeyParameters:
+    return InvalidKeyParameters(f"invalid rate limit {text!r}: {reason}; {_NOTATION}")
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_policies(text: str) -> tuple[Policy, ...]:
+    """Parse a key's limits: `100/minute` (one policy, `default`) or named policies.
+
+    Named policies are `name=limit` items separated by commas or semicolons
+    (`burst=10/second, daily=10000/day`): names match `[a-z][a-z0-9_-]{0,31}` and are
+    unique, at most `MAX_POLICIES` items, each limit in `limits` notation with a window of
+    at most a year. Raises `InvalidKeyParameters` with a one-line message.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise _invalid(text, "no limit given")
+    parts = [part.strip() for part in _SEPARATORS.split(text)]
+    if len(parts) > MAX_POLICIES:
+        raise _invalid(text, f"{len(parts)} limits, at most {MAX_POLICIES} are allowed")
+    policies: list[Policy] = []
+    for part in parts:
+        name, equals, limit = part.partition("=")
+        if not equals:
+            if len(parts) > 1:
+                reason = f"{part!r} has no name (name every limit when there are several)"
+                raise _invalid(text, reason if part else "an empty item")
+            name, limit = DEFAULT_POLICY, part
+        name, limit = name.strip(), limit.strip()
+        if _POLICY_NAME.fullmatch(name) is None:
+            raise _invalid(text, f"{name!r} is not a policy name (a-z, 0-9, _ and -, 32 at most)")
+        if any(policy.name == name for policy in policies):
+            raise _invalid(text, f"the name {name!r} is used twice")
+        try:
+            item = parse_rate_limit(limit)
+        except InvalidKeyParameters:
+            reason = f"{limit!r} is not one limit with a window of at most a year"
+            raise _invalid(text, reason) from None
+        policies.append(Policy(name, item, limit))
+    return tuple(policies)
+
+
+def format_policies(policies: str | Mapping[str, str] | Iterable[Policy]) -> str:
+    """The canonical text of a key's limits, as `KeyRecord.rate_limit` stores it.
+
+    Takes `{name: limit}` (`{"burst": "10/second", "daily": "10000/day"}`), `Policy`
+    items, or text. One policy named `default` is its bare limit (`100/minute`); otherwise
+    `burst=10/second, daily=10000/day`, in the order given. Raises `InvalidKeyParameters`.
+    """
+    if isinstance(policies, str):
+        parsed = parse_policies(policies)
+    else:
+        pairs: list[tuple[object, object]]
+        if isinstance(policies, Mapping):
+            pairs = list(policies.items())
+        else:
+            pairs = []
+            for policy in policies:
+                if not isinstance(policy, Policy):
+                    raise InvalidKeyParameters(f"invalid rate limit {policy!r}: not a Policy")
+                pairs.append((policy.name, policy.text))
+        if not pairs:
+            raise _invalid({}, "no limit given")
+        for name, limit in pairs:
+            # A limit holding a separator would smuggle in another policy.
+            if not isinstance(name, str) or not isinstance(limit, str) or "=" in limit:
+                raise _invalid({name: limit}, "names and limits must be text, one limit each")
+            if _SEPARATORS.search(limit):
+                raise _invalid({name: limit}, "one limit per name")
+        parsed = parse_policies(", ".join(f"{name}={limit}" for name, limit in pairs))
+    if len(parsed) == 1 and parsed[0].name == DEFAULT_POLICY:
+        return parsed[0].text
+    return ", ".join(f"{policy.name}={policy.text}" for policy in parsed)
+
+
 class RateDecision(NamedTuple):
     """The limiter's answer for one request."""
 
@@ -68,6 +172,63 @@ class RateDecision(NamedTuple):
     remaining: int
     reset_after: int
     """Whole seconds until the window resets (at least 1)."""
+
+
+class PolicyStatus(NamedTuple):
+    """One policy's part of a `PolicyDecision`."""
+
+    name: str
+    allowed: bool
+    """False when this policy refused the request (it is among the violated ones)."""
+    limit: int
+    window: int
+    remaining: int
+    """Requests left in the window (after this one, when it was admitted)."""
+    reset_after: int
+    """Whole seconds until the window resets (at least 1)."""
+
+
+class PolicyDecision(NamedTuple):
+    """The limiter's answer for one request over all of a key's policies.
+
+    `allowed` only if every policy admitted it; a refused request is charged to none.
+    `violated` names the policies that refused it, and `retry_after` is the longest of
+    their `reset_after` (0 when admitted).
+    """
+
+    allowed: bool
+    policies: tuple[PolicyStatus, ...]
+    violated: tuple[str, ...]
+    retry_after: int
+
+
+_new_status = functools.partial(tuple.__new__, PolicyStatus)
+
+
+def _admitted(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
+    return tuple.__new__(PolicyDecision, (True, statuses, (), 0))
+
+
+def _verdict(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
+    violated = tuple(status.name for status in statuses if not status.allowed)
+    if not violated:
+        return PolicyDecision(True, statuses, (), 0)
+    retry_after = max(status.reset_after for status in statuses if not status.allowed)
+    return PolicyDecision(False, statuses, violated, max(1, retry_after))
+
+
+def _status(
+    name: str, allowed: bool, amount: int, window: int, remaining: int, seconds_left: float
+) -> PolicyStatus:
+    reset_after = math.ceil(seconds_left)
+    return PolicyStatus(
+        name,
+        allowed,
+        amount,
+        window,
+        remaining if remaining > 0 else 0,
+        reset_after if reset_after > 1 else 1,
+    )
 
 
 class FixedWindowMemoryStorage(MemoryStorage):
@@ -100,6 +261,11 @@ class FixedWindowMemoryStorage(MemoryStorage):
                 self._sweep(now)
         counts[key] = value
         return value
+
+    def sweep_due(self, now: float) -> None:
+        """Sweep expired counters if `sweep_interval` has passed (a window starts at `now`)."""
+        if now >= self._next_sweep:
+            self._sweep(now)
 
     def _sweep(self, now: float) -> None:
         self._next_sweep = now + self._sweep_interval
@@ -138,6 +304,45 @@ end
 return {granted, count + granted, ttl}
 """
 
+# KEYS = the windows' counters; ARGV = limit, window (ms), units asked, for each in turn.
+# All or nothing: grants units only if every counter has one left. Asking 0 units reads.
+# Returns {granted, count after, PTTL in ms} for each counter, flattened.
+_LEASE_MANY = """
+local counts, ttls = {}, {}
+local open = true
+for i = 1, #KEYS do
+  local count = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl < 0 then
+    count = 0
+    ttl = tonumber(ARGV[3 * i - 1])
+  end
+  counts[i] = count
+  ttls[i] = ttl
+  if count >= tonumber(ARGV[3 * i - 2]) then
+    open = false
+  end
+end
+local result = {}
+for i = 1, #KEYS do
+  local granted = 0
+  if open then
+    granted = math.min(tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i - 2]) - counts[i])
+  end
+  if granted > 0 then
+    if counts[i] == 0 then
+      redis.call('SET', KEYS[i], granted, 'PX', ttls[i])
+    else
+      redis.call('INCRBY', KEYS[i], granted)
+    end
+  end
+  result[3 * i - 2] = granted
+  result[3 * i - 1] = counts[i] + granted
+  result[3 * i] = ttls[i]
+end
+return result
+"""
+
 
 class _Slice:
     """The units of one window this process has leased and not spent yet."""
@@ -150,6 +355,20 @@ class _Slice:
         self.spend_until = 0.0  # monotonic: the window surely lasts until then
         self.reset_at = 0.0  # monotonic: the window has surely ended by then
         self.pending: asyncio.Future[None] | None = None
+
+
+def _lease_size(amount: int, previous: _Slice | None, now: float) -> int:
+    """The units to ask for: a slice of what is left of the window everywhere."""
+    left_everywhere = amount
+    if previous is not None and now < previous.spend_until:
+        left_everywhere = amount - previous.seen
+    if left_everywhere >= LEASE_THRESHOLD:
+        return min(LEASE_MAX, left_everywhere // LEASE_FRACTION)
+    return 1
+
+
+# One policy of a key as the limiter counts it: (counter key, amount, window seconds, name).
+_Plan = tuple[str, int, int, str]
 
 
 def _decision(amount: int, window: int, count: int, seconds_left: float) -> RateDecision:
@@ -190,20 +409,29 @@ class RateLimiter:
     """Counts requests per key in a `limits` storage and decides admission.
 
     `storage_url` is `memory://` (one process) or `redis://host:port/db` (shared by every
-    process, so a key's limit holds across all of them). `default` is the limit of keys
-    without their own `rate_limit`: `APIKEYS_RATE_LIMIT`, or `100/minute`.
+    process, so a key's limits hold across all of them). `default` is the limit of keys
+    without their own `rate_limit`: one limit (`100/minute`), named policies
+    (`burst=10/second, daily=10000/day`, or a mapping `{name: limit}`), else
+    `APIKEYS_RATE_LIMIT`, else `100/minute`.
+
+    `hit` checks a key with one policy (the fast path); `hit_policies` checks and charges
+    every policy of a key at once; `refund` gives back what an admitted request was charged.
+    Several policies are atomic on `memory://` and `redis://`; on other `limits` storages
+    they are checked, then charged, and a charge that overshot is taken back.
     """
 
     def __init__(
         self,
-        default: str | None = None,
+        default: str | Mapping[str, str] | None = None,
         storage_url: str = "memory://",
         *,
         key_prefix: str = "apikeys",
         storage: Storage | None = None,
     ) -> None:
+        if isinstance(default, Mapping):
+            default = format_policies(default)
         self.default = default or os.environ.get(RATE_LIMIT_ENV) or DEFAULT_RATE_LIMIT
-        parse_rate_limit(self.default)
+        parse_policies(self.default)
         if storage is None and storage_url.split("://", 1)[0].lower() in ("memory", "async+memory"):
             storage = FixedWindowMemoryStorage()
         if storage is None:
@@ -226,21 +454,33 @@ class RateLimiter:
         bridge = getattr(storage, "bridge", None)
         client = getattr(bridge, "storage", None)
         self._redis: Any = None
+        self._redis_many: Any = None
         self._slices: dict[str, _Slice] = {}
         if self._local is None and client is not None and hasattr(client, "register_script"):
             self._redis = client.register_script(_LEASE)
+            self._redis_many = client.register_script(_LEASE_MANY)
             self._prefixed = getattr(bridge, "prefixed_key", lambda key: key)
         self._key_prefix = key_prefix
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
         # (key id, limit) -> (counter key, amount, window seconds)
         self._plans: dict[tuple[str, str | None], tuple[str, int, int]] = {}
+        # (key id, limit or policies) -> one plan per policy
+        self._plan_sets: dict[tuple[str, object], tuple[_Plan, ...]] = {}
 
     def __repr__(self) -> str:
         return f"RateLimiter(default={self.default!r}, storage={type(self.storage).__name__})"
 
+    def policies(self, limit: str | None = None) -> tuple[Policy, ...]:
+        """The policies of a key whose `rate_limit` is `limit` (None: the default)."""
+        return parse_policies(limit or self.default)
+
     async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
-        """Count one request of `key_id` against `limit` (or the default) and decide."""
+        """Count one request of `key_id` against `limit` (or the default) and decide.
+
+        For a key with one policy; a key with several is checked with `hit_policies`
+        (`hit` raises `InvalidKeyParameters` for it).
+        """
         counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
         local = self._local
         if local is not None:
@@ -260,6 +500,61 @@ class RateLimiter:
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
         return _decision(amount, window, count, end - now)
+
+    async def hit_policies(
+        self, key_id: str, policies: str | Sequence[Policy] | None = None
+    ) -> PolicyDecision:
+        """Check and charge one request of `key_id` against every one of its policies.
+
+        `policies` is a key's `rate_limit` text (None: the default) or `Policy` items. The
+        request is admitted only if every policy admits it, and then charged one unit of
+        each; a refused request is charged to none.
+        """
+        if policies.__class__ is list:
+            policies = tuple(policies)  # hashable, as the plans are cached by it
+        plans = self._plan_sets.get((key_id, policies)) or self._plan_set(key_id, policies)
+        local = self._local
+        if local is not None:
+            return self._decide_local_many(local, plans)
+        if self._redis_many is not None:
+            return await self._hit_leased_many(plans)
+        return await self._hit_generic_many(plans)
+
+    async def refund(self, key_id: str, policies: str | Sequence[Policy] | None = None) -> None:
+        """Give back the unit of each policy that an admitted request of `key_id` was charged.
+
+        For a request the limits admitted but that is refused for another reason (say, no
+        credits left). Call it while handling that request, with the `rate_limit` it was
+        checked with: a unit is given back to the current window of each policy, and
+        nothing once that window has ended. With Redis, the unit returns to this process's
+        slice of the window (no round trip).
+        """
+        if policies.__class__ is list:
+            policies = tuple(policies)  # hashable, as the plans are cached by it
+        plans = self._plan_sets.get((key_id, policies)) or self._plan_set(key_id, policies)
+        local = self._local
+        if local is not None:
+            now = time.time()
+            counts, ends = local.storage, local.expirations
+            for counter, *_ in plans:
+                if ends.get(counter, 0.0) > now and counts[counter] > 0:
+                    counts[counter] -= 1
+            return
+        if self._redis is not None:
+            now = time.monotonic()
+            for counter, *_ in plans:
+                lease = self._slices.get(counter)
+                if lease is not None and now < lease.spend_until:
+                    lease.left += 1
+            return
+        for counter, _, window, _ in plans:
+            try:
+                if await self.storage.get(counter) > 0:
+                    await self.storage.incr(counter, window, -1)
+            except (StorageError, OSError) as exc:
+                raise LimiterUnavailable(exc) from exc
+
+    # -- one policy ------------------------------------------------------------------------
 
     async def _hit_leased(self, counter: str, amount: int, window: int) -> RateDecision:
         slices = self._slices
@@ -286,10 +581,7 @@ class RateLimiter:
     ) -> RateDecision:
         now = time.monotonic()
         current = previous is not None and now < previous.spend_until
-        left_everywhere = amount - previous.seen if current and previous else amount
-        ask = 1
-        if left_everywhere >= LEASE_THRESHOLD:
-            ask = min(LEASE_MAX, left_everywhere // LEASE_FRACTION)
+        ask = _lease_size(amount, previous, now)
         lease = previous if current and previous is not None else _Slice()
         self._slices[counter] = lease
         if len(self._slices) > 100_000:
@@ -327,17 +619,228 @@ class RateLimiter:
         local: FixedWindowMemoryStorage, counter: str, amount: int, window: int
     ) -> RateDecision:
         count = local.count(counter, window)
+        if count > amount:
+            local.storage[counter] = count - 1  # refused: charged nothing
         # In-process, the window's end is known exactly: no second look-up, no rounding up.
         return _decision(amount, window, count, local.expirations[counter] - time.time())
 
     def _plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
-        item = parse_rate_limit(limit or self.default)
-        window = item.get_expiry()
-        plan = (f"{self._key_prefix}/{key_id}/{item.amount}/{window}", item.amount, window)
+        policies = self.policies(limit)
+        if len(policies) != 1:
+            raise InvalidKeyParameters(
+                f"rate limit {limit or self.default!r} has {len(policies)} policies: "
+                "check it with RateLimiter.hit_policies"
+            )
+        counter, amount, window, _ = self._policy_plan(key_id, policies[0])
+        plan = (counter, amount, window)
         if len(self._plans) >= 100_000:
             self._plans.clear()
         self._plans[key_id, limit] = plan
         return plan
+
+    def _policy_plan(self, key_id: str, policy: Policy) -> _Plan:
+        amount, window = policy.item.amount, policy.item.get_expiry()
+        # The default policy keeps the counter a key's one limit has always had.
+        counter = f"{self._key_prefix}/{key_id}/{amount}/{window}"
+        if policy.name != DEFAULT_POLICY:
+            counter = f"{self._key_prefix}/{key_id}/{policy.name}/{amount}/{window}"
+        return counter, amount, window, policy.name
+
+    def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> tuple[_Plan, ...]:
+        if policies is None or isinstance(policies, str):
+            parsed = self.policies(policies)
+            cache_key: object = policies
+        else:
+            parsed = tuple(policies)
+            if not parsed or not all(isinstance(policy, Policy) for policy in parsed):
+                raise InvalidKeyParameters("policies must be rate limit text or Policy items")
+            if len({policy.name for policy in parsed}) != len(parsed):
+                raise InvalidKeyParameters("policy names must be unique")
+            cache_key = parsed
+        plans = tuple(self._policy_plan(key_id, policy) for policy in parsed)
+        if len(self._plan_sets) >= 100_000:
+            self._plan_sets.clear()
+        self._plan_sets[key_id, cache_key] = plans
+        return plans
+
+    # -- several policies ------------------------------------------------------------------
+
+    @staticmethod
+    def _decide_local_many(
+        local: FixedWindowMemoryStorage, plans: tuple[_Plan, ...]
+    ) -> PolicyDecision:
+        # Check every policy, then charge every one or none: nothing awaits in between.
+        now = time.time()
+        counts, ends = local.storage, local.expirations
+        for counter, amount, _, _ in plans:
+            if counts[counter] >= amount and ends.get(counter, 0.0) > now:
+                return RateLimiter._refused_local(local, plans, now)
+        statuses = []
+        for counter, amount, window, name in plans:
+            end = ends.get(counter, 0.0)
+            if end > now:
+                count = counts[counter] + 1
+            else:
+                count = 1
+                end = ends[counter] = now + window
+                local.sweep_due(now)
+            counts[counter] = count
+            reset_after = math.ceil(end - now)
+            statuses.append(
+                _new_status((name, True, amount, window, amount - count, reset_after or 1))
+            )
+        return _admitted(tuple(statuses))
+
+    @staticmethod
+    def _refused_local(
+        local: FixedWindowMemoryStorage, plans: tuple[_Plan, ...], now: float
+    ) -> PolicyDecision:
+        counts, ends = local.storage, local.expirations
+        statuses = []
+        for counter, amount, window, name in plans:
+            end = ends.get(counter, 0.0)
+            count = counts[counter] if end > now else 0
+            seconds = end - now if count else window
+            statuses.append(_status(name, count < amount, amount, window, amount - count, seconds))
+        return _verdict(tuple(statuses))
+
+    async def _hit_leased_many(self, plans: tuple[_Plan, ...]) -> PolicyDecision:
+        while True:
+            slices = self._slices
+            now = time.monotonic()
+            leases = [slices.get(plan[0]) for plan in plans]
+            pending = next((lease.pending for lease in leases if lease and lease.pending), None)
+            if pending is not None:
+                await asyncio.shield(pending)  # one lease in flight per counter
+                continue
+            unknown: list[int] = []  # policies whose window this process knows nothing of
+            short: list[int] = []  # policies with units left in Redis, none in hand
+            exhausted = False  # a policy is used up everywhere as far as Redis said
+            for index, lease in enumerate(leases):
+                if lease is None or now >= lease.spend_until:
+                    unknown.append(index)
+                elif lease.left <= 0:
+                    if lease.seen >= plans[index][1]:
+                        exhausted = True
+                    else:
+                        short.append(index)
+            if exhausted:
+                # Refused whatever the others say: only read the windows nobody knows here.
+                if unknown:
+                    await self._lease_many(plans, unknown, read_only=True)
+                refused = self._refused_leased(plans)
+                if refused is not None:
+                    return refused
+                continue  # a refund gave a unit back meanwhile: decide again
+            if unknown or short:
+                # One script leases every policy that lacks a unit, all or none; the
+                # units are spent (or the refusal found) on the next turn.
+                await self._lease_many(plans, unknown + short, read_only=False)
+                continue
+            # Every policy has a unit in hand: all spent at once, nothing awaited between.
+            statuses = []
+            for (_, amount, window, name), lease in zip(plans, leases, strict=True):
+                assert lease is not None
+                lease.left -= 1
+                remaining = max(0, amount - lease.seen) + lease.left
+                statuses.append(
+                    _status(name, True, amount, window, remaining, lease.reset_at - now)
+                )
+            return PolicyDecision(True, tuple(statuses), (), 0)
+
+    async def _lease_many(
+        self, plans: tuple[_Plan, ...], indexes: list[int], read_only: bool
+    ) -> bool:
+        """Lease more of the policies at `indexes` in one script; True if each got a unit."""
+        now = time.monotonic()
+        loop_future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        leases: list[tuple[_Slice, bool]] = []
+        keys: list[str] = []
+        args: list[int] = []
+        for index in indexes:
+            counter, amount, window, _ = plans[index]
+            previous = self._slices.get(counter)
+            current = previous is not None and now < previous.spend_until
+            lease = previous if current and previous is not None else _Slice()
+            lease.pending = loop_future
+            leases.append((lease, current))
+            self._slices[counter] = lease
+            keys.append(self._prefixed(counter))
+            args += (amount, window * 1000, 0 if read_only else _lease_size(amount, previous, now))
+        if len(self._slices) > 100_000:
+            self._slices = {
+                plans[index][0]: lease for index, (lease, _) in zip(indexes, leases, strict=True)
+            }
+        sent = time.monotonic()
+        try:
+            answer = await self._redis_many(keys=keys, args=args)
+        except Exception as exc:
+            # Redis unreachable, timed out, or answering oddly: fail closed (503).
+            raise LimiterUnavailable(exc) from exc
+        finally:
+            for lease, _ in leases:
+                lease.pending = None
+            loop_future.set_result(None)
+        received = time.monotonic()
+        every = True
+        for position, (lease, current) in enumerate(leases):
+            granted, seen, pttl = (int(value) for value in answer[3 * position : 3 * position + 3])
+            seconds = pttl / 1000
+            if not current or lease.spend_until <= sent:
+                lease.left = 0
+            lease.spend_until = sent + seconds
+            lease.reset_at = received + seconds
+            lease.seen = seen
+            lease.left += granted
+            every = every and granted > 0
+        return every
+
+    def _refused_leased(self, plans: tuple[_Plan, ...]) -> PolicyDecision | None:
+        """The refusal as this process's slices tell it; None if no policy refuses now."""
+        now = time.monotonic()
+        statuses = []
+        for counter, amount, window, name in plans:
+            lease = self._slices.get(counter)
+            if lease is None:  # pragma: no cover - every policy was read just before
+                statuses.append(_status(name, True, amount, window, amount, window))
+                continue
+            allowed = lease.left > 0 or lease.seen < amount
+            remaining = max(0, amount - lease.seen) + lease.left
+            statuses.append(_status(name, allowed, amount, window, remaining, lease.reset_at - now))
+        decision = _verdict(tuple(statuses))
+        return None if decision.allowed else decision
+
+    async def _hit_generic_many(self, plans: tuple[_Plan, ...]) -> PolicyDecision:
+        storage = self.storage
+        try:
+            used = [await storage.get(counter) for counter, *_ in plans]
+            allowed = [count < plan[1] for count, plan in zip(used, plans, strict=True)]
+            admit = all(allowed)
+            if admit:
+                used = [await storage.incr(counter, window) for counter, _, window, _ in plans]
+                allowed = [count <= plan[1] for count, plan in zip(used, plans, strict=True)]
+                if not all(allowed):
+                    # Another request got in between: take this one's charges back.
+                    for counter, _, window, _ in plans:
+                        await storage.incr(counter, window, -1)
+                    used, admit = [count - 1 for count in used], False
+        except (StorageError, OSError) as exc:
+            raise LimiterUnavailable(exc) from exc
+        now = time.monotonic()
+        statuses = []
+        for (counter, amount, window, name), count, ok in zip(plans, used, allowed, strict=True):
+            if count <= 0 or (admit and count == 1):
+                end = now + window
+                if count == 1:
+                    self._remember(counter, end)
+            else:
+                end = self._window_ends.get(counter, 0.0)
+                if end <= now:
+                    end = await self._fetch_window_end(counter, now)
+            statuses.append(_status(name, ok, amount, window, amount - count, end - now))
+        return _verdict(tuple(statuses))
+
+    # -- windows ---------------------------------------------------------------------------
 
     async def _fetch_window_end(self, counter: str, now: float) -> float:
         try:

@@ -13,7 +13,7 @@ manager = KeyManager(store, metrics=True, on_event=print)
   | `apikeys.verifications` | counter | `outcome` (`ok` or the error code), `store` |
   | `apikeys.verification.duration` | histogram, seconds | `outcome`, `store` |
   | `apikeys.cache.lookups` | counter | `result` (`hit` or `miss`), `store` |
-  | `apikeys.limiter.decisions` | counter | `decision` (`allowed`, `rate_limited`, `credits_exhausted`) |
+  | `apikeys.limiter.decisions` | counter | `decision` (allowed, rate_limited, …) |
   | `apikeys.usage.flush_failures` | counter | `store` |
 
 - `on_event(event)` is called with a `TelemetryEvent` for each verification, limiter

@@ -122,6 +122,24 @@ class KeyRecord:
         """True for a full-access key, which passes every scope check."""
         return self.access == "full"
 
+    @property
+    def rate_limits(self) -> tuple[dict[str, str], ...]:
+        """The key's own policies as `{"name": …, "limit": …}`, in order; empty if it has none.
+
+        Derived from `rate_limit`: `100/minute` is one policy named `default`.
+        """
+        if self.rate_limit is None:
+            return ()
+        from apikeys.errors import InvalidKeyParameters
+        from apikeys.ratelimit import parse_policies
+
+        try:
+            policies = parse_policies(self.rate_limit)
+        except InvalidKeyParameters:
+            # Not written by apikeys: shown as it is stored rather than failing to show it.
+            return ({"name": "default", "limit": self.rate_limit},)
+        return tuple({"name": policy.name, "limit": policy.text} for policy in policies)
+
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready data, with the field names of the contract."""
         return {
@@ -133,6 +151,7 @@ class KeyRecord:
             "scopes": list(self.scopes),
             "status": self.status,
             "rate_limit": self.rate_limit,
+            "rate_limits": list(self.rate_limits),
             "created_at": isoformat(self.created_at),
             "expires_at": isoformat(self.expires_at),
             "last_used_at": isoformat(self.last_used_at),

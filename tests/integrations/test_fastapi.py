@@ -297,3 +297,24 @@ def test_if_header_is_not_an_http_header_name_then_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match="not an HTTP header name"):
         APIKeySecurity(memory_manager, header=header)
+
+
+async def test_if_key_has_several_policies_then_headers_list_them_and_429_names_one(
+    memory_manager: KeyManager,
+) -> None:
+    app = build(memory_manager, limiter=RateLimiter())
+    created = await memory_manager.create(
+        name="n",
+        workspace="acme",
+        full_access=True,
+        rate_limits={"burst": "1/minute", "daily": "5/day"},
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        first = await http.get("/me", headers=bearer(created.key))
+        limited = await http.get("/me", headers=bearer(created.key))
+    assert first.headers["ratelimit-policy"] == '"burst";q=1;w=60, "daily";q=5;w=86400'
+    assert first.headers["ratelimit"].startswith('"burst";r=0;t=60, "daily";r=4;t=')
+    assert limited.status_code == 429
+    assert limited.json()["violated_policies"] == ["burst"]
+    assert int(limited.headers["retry-after"]) >= 1

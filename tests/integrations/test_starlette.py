@@ -200,3 +200,22 @@ def test_if_header_is_not_an_http_header_name_then_refused(
 ) -> None:
     with pytest.raises(ConfigurationError, match="not an HTTP header name"):
         APIKeyBackend(memory_manager, header=header)
+
+
+async def test_if_key_has_several_policies_then_429_names_the_violated_one(
+    memory_manager: KeyManager,
+) -> None:
+    created = await memory_manager.create(
+        name="n", workspace="acme", full_access=True, rate_limit="burst=1/minute, daily=5/day"
+    )
+    transport = httpx.ASGITransport(app=build(memory_manager, RateLimiter()))
+    headers = {"Authorization": f"Bearer {created.key}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        assert (await http.get("/anyone", headers=headers)).status_code == 200
+        limited = await http.get("/anyone", headers=headers)
+    assert limited.status_code == 429
+    assert limited.json()["violated_policies"] == ["burst"]
+    assert limited.headers["ratelimit-policy"] == '"burst";q=1;w=60, "daily";q=5;w=86400'
+    burst, daily = limited.headers["ratelimit"].split(", ")
+    assert burst == f'"burst";r=0;t={limited.headers["retry-after"]}'
+    assert daily.startswith('"daily";r=4;t=')

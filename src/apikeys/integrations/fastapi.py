@@ -43,8 +43,8 @@ from apikeys.middleware import (
     _header_error,
     _key_header,
     bearer_token,
+    check_rate_limits,
     header_token,
-    rate_limit_headers,
 )
 from apikeys.problems import encode_problem, problem_body, problem_headers
 from apikeys.ratelimit import RateLimiter
@@ -130,11 +130,9 @@ class APIKeySecurity(HTTPBearer):
             record = await self.manager.verify(bearer_token(values))
         else:
             record = await self.manager.verify(header_token(values, self.header))
-        decision = await self.limiter.hit(record.id, record.rate_limit)
-        rate_headers = tuple(rate_limit_headers(decision))
-        refusal: errors.AuthenticationError | None = None
-        if not decision.allowed:
-            refusal = errors.RateLimited(decision.reset_after)
+        headers, limited = await check_rate_limits(self.limiter, record)
+        rate_headers = tuple(headers)
+        refusal: errors.AuthenticationError | None = limited
         grants = grants_for(record.scopes, record.access == "full")
         if refusal is None and required and not grants.covers(required):
             refusal = errors.InsufficientScope(required)

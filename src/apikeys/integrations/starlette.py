@@ -35,8 +35,8 @@ from apikeys.middleware import (
     _header_error,
     _key_header,
     bearer_token,
+    check_rate_limits,
     header_token,
-    rate_limit_headers,
 )
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
@@ -91,10 +91,9 @@ class APIKeyBackend(AuthenticationBackend):
                 record = await self.manager.verify(bearer_token(values))
             else:
                 record = await self.manager.verify(header_token(values, self.header))
-            decision = await self.limiter.hit(record.id, record.rate_limit)
-            if not decision.allowed:
-                limited = errors.RateLimited(decision.reset_after)
-                limited.headers = tuple(rate_limit_headers(decision))
+            rate_headers, limited = await check_rate_limits(self.limiter, record)
+            if limited is not None:
+                limited.headers = tuple(rate_headers)
                 raise limited
         except errors.AuthenticationError as exc:
             if not self._bearer:
