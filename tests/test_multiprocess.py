@@ -486,3 +486,34 @@ async def test_if_key_revoked_then_401_in_every_process(cluster: Cluster) -> Non
         for _ in range(2):
             for answer in await _each(cluster.urls, token):
                 assert_problem(answer, 401, "key_revoked")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_if_a_key_has_credits_then_exactly_that_many_are_admitted_across_processes(
+    cluster: Cluster,
+) -> None:
+    credits = 30
+    async with cluster.config.manager() as manager:
+        created = await manager.create(
+            name="credits",
+            workspace="mp",
+            scopes=["contacts:read"],
+            rate_limit="100000/minute",
+            credits=credits,
+        )
+        load = [(cluster.urls[i % 2] + "/api/v1/contacts", created.key) for i in range(120)]
+        answers = await fire(load)
+
+        admitted = [answer for answer in answers if answer.status_code == 200]
+        assert len(admitted) == credits
+        for answer in answers:
+            if answer.status_code != 200:
+                body = assert_problem(answer, 429, "credits_exhausted")
+                assert "retry-after" not in answer.headers  # no refill: no time to wait for
+                assert "retry_after" not in body
+        left = sorted(
+            int(answer.headers["ratelimit"].split('"credits";r=')[1].split(";")[0].split(",")[0])
+            for answer in admitted
+        )
+        assert left == list(range(credits))  # each credit spent once, none below zero
+        assert (await manager.get(created.record.id)).credits == 0

@@ -15,7 +15,9 @@ APIKeyError                       root of everything apikeys raises
     ├── KeyRevoked                401 key_revoked
     ├── KeyExpired                401 key_expired
     ├── InsufficientScope         403 insufficient_scope
+    ├── IPNotAllowed              403 ip_not_allowed
     ├── RateLimited               429 rate_limited
+    ├── CreditsExhausted          429 credits_exhausted
     └── AuthUnavailable           503 auth_unavailable (fail closed)
         ├── StoreUnavailable      the key store could not be reached
         └── LimiterUnavailable    the rate-limit storage could not be reached
@@ -35,7 +37,9 @@ __all__ = [
     "AuthUnavailable",
     "AuthenticationError",
     "ConfigurationError",
+    "CreditsExhausted",
     "DuplicateKeyId",
+    "IPNotAllowed",
     "InsufficientScope",
     "InvalidAPIKey",
     "InvalidKeyParameters",
@@ -187,6 +191,34 @@ class RateLimited(AuthenticationError):
         super().__init__(
             f"The API key's rate limit is exhausted; retry in {self.retry_after} seconds."
         )
+
+
+class IPNotAllowed(AuthenticationError):
+    """The request comes from an address outside the key's allowlist."""
+
+    status = 403
+    code = "ip_not_allowed"
+    title = "Address not allowed"
+    detail = "This API key may not be used from this address."
+
+
+class CreditsExhausted(AuthenticationError):
+    """The key's credits are used up; `retry_after` is the whole seconds to the next refill,
+    or None when the key has no refill."""
+
+    status = 429
+    code = "credits_exhausted"
+    title = "Credits exhausted"
+
+    def __init__(self, retry_after: int | None = None) -> None:
+        self.retry_after = None if retry_after is None else max(1, int(retry_after))
+        if self.retry_after is None:
+            super().__init__("The API key's credits are used up.")
+        else:
+            super().__init__(
+                "The API key's credits are used up; they are refilled in "
+                f"{self.retry_after} seconds."
+            )
 
 
 class AuthUnavailable(AuthenticationError):

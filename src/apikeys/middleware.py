@@ -23,26 +23,32 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
+from apikeys.addresses import Allowlist, client_address
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
     ConfigurationError,
+    CreditsExhausted,
     InsufficientScope,
+    IPNotAllowed,
     MalformedAPIKey,
     MissingAPIKey,
     RateLimited,
 )
 from apikeys.manager import KeyManager
+from apikeys.policies import Refill, parse_refill
 from apikeys.problems import Headers, send_problem
 from apikeys.ratelimit import DEFAULT_POLICY, PolicyDecision, RateDecision, RateLimiter
 from apikeys.scopes import GrantedScopes, grants_for, validate_scope
-from apikeys.types import ASGIApp, KeyRecord, Message, Receive, Scope, Send
+from apikeys.types import ASGIApp, KeyRecord, Message, Receive, Scope, Send, utcnow
 
 __all__ = [
     "APIKeyAuth",
@@ -51,6 +57,7 @@ __all__ = [
     "ScopeTable",
     "bearer_token",
     "check_rate_limits",
+    "credit_headers",
     "header_token",
     "rate_limit_headers",
 ]
@@ -363,6 +370,25 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
+def credit_headers(headers: Headers, left: int, refill: Refill | None, now: datetime) -> Headers:
+    """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
+    seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
+    item = f'"credits";r={left}'
+    policy = None
+    if refill is not None:
+        start, end = refill.period_start(now), refill.next_start(now)
+        item += f";t={max(1, math.ceil((end - now).total_seconds()))}"
+        policy = f'"credits";q={refill.amount};w={int((end - start).total_seconds())}'
+    updated: Headers = []
+    for name, value in headers:
+        if name == b"ratelimit":
+            value = value + b", " + item.encode()
+        elif name == b"ratelimit-policy" and policy is not None:
+            value = value + b", " + policy.encode()
+        updated.append((name, value))
+    return updated
+
+
 async def check_rate_limits(
     limiter: RateLimiter, record: KeyRecord, policy_name: str = "default"
 ) -> tuple[Headers, RateLimited | None]:
@@ -419,6 +445,16 @@ class APIKeyMiddleware:
       cannot send Authorization. Refusals still carry `WWW-Authenticate: Bearer realm=…`.
       A name that is not a valid HTTP header name raises `ConfigurationError`.
 
+    - `trusted_proxies`: how many proxies in front of the app append to `X-Forwarded-For`;
+      the client address, checked against a key's `allowed_ips`, is then the one they wrote
+      (counting from the right). 0 (the default) uses the connection's address and never
+      reads the header.
+
+    A key's policies are checked in this order: its address (403 `ip_not_allowed`, charged
+    to nothing), its rate limits (429 `rate_limited`), its scopes (403
+    `insufficient_scope`), then one of its credits is spent (429 `credits_exhausted`, and
+    the rate limits charged for the request are given back).
+
     On `lifespan.shutdown` it writes the manager's buffered usage counts.
     """
 
@@ -437,6 +473,7 @@ class APIKeyMiddleware:
         unmapped: Literal["deny", "allow"] = "deny",
         public: Sequence[str] = (),
         header: str = "Authorization",
+        trusted_proxies: int = 0,
     ) -> None:
         self.app = app
         self.manager = manager
@@ -456,6 +493,11 @@ class APIKeyMiddleware:
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
         self.allow_unmapped = unmapped == "allow"
+        if isinstance(trusted_proxies, bool) or not isinstance(trusted_proxies, int):
+            raise ConfigurationError("trusted_proxies takes a whole number of proxies")
+        if trusted_proxies < 0:
+            raise ConfigurationError("trusted_proxies must not be negative")
+        self.trusted_proxies = trusted_proxies
         self.header = header
         self._header_name = _key_header(header)
         self._bearer = self._header_name == b"authorization"
@@ -488,6 +530,8 @@ class APIKeyMiddleware:
                 record = await self.manager.verify(bearer_token(values))
             else:
                 record = await self.manager.verify(header_token(values, self.header))
+            if record.allowed_ips and not self._address_allowed(scope, record):
+                raise IPNotAllowed()  # before any limit or credit is charged
             limit = record.rate_limit
             shape = self._shapes.get(limit) or self._shape(limit)
             if isinstance(shape, str):
@@ -509,6 +553,8 @@ class APIKeyMiddleware:
                     raise InsufficientScope(())
             elif not grants.covers(required):
                 raise InsufficientScope(required)
+            if record.credits is not None:
+                rate_headers = await self._spend_credits(record, limit, rate_headers)
         except AuthenticationError as exc:
             if not self._bearer:
                 exc = _header_error(exc, self.header)
@@ -548,6 +594,26 @@ class APIKeyMiddleware:
             self._shapes.clear()
         self._shapes[limit] = shape
         return shape
+
+    def _address_allowed(self, scope: Scope, record: KeyRecord) -> bool:
+        allowlist = Allowlist.parse(record.allowed_ips)
+        return allowlist is None or allowlist.allows(client_address(scope, self.trusted_proxies))
+
+    async def _spend_credits(
+        self, record: KeyRecord, limit: str | None, rate_headers: Headers
+    ) -> Headers:
+        """Spend one of the key's credits, or refuse with `credits_exhausted` and give back
+        what the rate limits charged: a refused request is charged to nothing."""
+        left = await self.manager.spend_credits(record)
+        refill = parse_refill(record.credit_refill)
+        now = utcnow()
+        if left is None:
+            await self.limiter.refund(record.id, limit)
+            retry = None
+            if refill is not None:
+                retry = math.ceil((refill.next_start(now) - now).total_seconds())
+            raise CreditsExhausted(retry)
+        return credit_headers(rate_headers, left, refill, now)
 
     async def _refuse(
         self,

@@ -14,6 +14,7 @@ from typing import Any
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
+    CreditsExhausted,
     InsufficientScope,
     MissingAPIKey,
     RateLimited,
@@ -49,6 +50,8 @@ def problem_body(exc: AuthenticationError) -> dict[str, Any]:
     if isinstance(exc, RateLimited):
         body["retry_after"] = exc.retry_after
         body["violated_policies"] = list(exc.violated_policies)
+    if isinstance(exc, CreditsExhausted) and exc.retry_after is not None:
+        body["retry_after"] = exc.retry_after
     return body
 
 
@@ -68,7 +71,10 @@ def problem_headers(exc: AuthenticationError, realm: str = "api") -> Headers:
         scope = " ".join(exc.required_scopes)
         challenge += f', error="insufficient_scope", scope="{_quote(scope)}"'
         headers.append((b"www-authenticate", challenge.encode("latin-1")))
-    elif isinstance(exc, RateLimited | AuthUnavailable):
+    elif (
+        isinstance(exc, RateLimited | AuthUnavailable | CreditsExhausted)
+        and exc.retry_after is not None
+    ):
         headers.append((b"retry-after", str(exc.retry_after).encode("latin-1")))
     return headers
 
@@ -103,7 +109,7 @@ async def send_problem(
     if (
         extra
         or exc.headers
-        or isinstance(exc, InsufficientScope | RateLimited)
+        or isinstance(exc, InsufficientScope | RateLimited | CreditsExhausted)
         or exc.detail != type(exc).detail
     ):
         headers, body = _encode(exc, realm, extra or [])
