@@ -282,6 +282,8 @@ _ERRORS: dict[str, Callable[[dict[str, Any]], errors.AuthenticationError]] = {
     "insufficient_scope": lambda body: errors.InsufficientScope(body["required_scopes"]),
     "rate_limited": lambda body: errors.RateLimited(body["retry_after"], body["violated_policies"]),
     "auth_unavailable": lambda body: errors.AuthUnavailable(),
+    "ip_not_allowed": lambda body: errors.IPNotAllowed(),
+    "credits_exhausted": lambda body: errors.CreditsExhausted(body.get("retry_after")),
 }
 
 

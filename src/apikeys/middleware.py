@@ -56,10 +56,12 @@ __all__ = [
     "APIKeyUser",
     "ScopeTable",
     "bearer_token",
+    "check_address",
     "check_rate_limits",
     "credit_headers",
     "header_token",
     "rate_limit_headers",
+    "spend_credit",
 ]
 
 logger = logging.getLogger("apikeys")
@@ -370,6 +372,32 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
+def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
+    """Raise `IPNotAllowed` unless the request's client address is in the key's allowlist
+    (a key without one allows every address). `trusted_proxies` as the middleware's."""
+    allowlist = Allowlist.parse(record.allowed_ips)
+    if allowlist is not None and not allowlist.allows(client_address(scope, trusted_proxies)):
+        raise IPNotAllowed()
+
+
+async def spend_credit(
+    manager: KeyManager, limiter: RateLimiter, record: KeyRecord, headers: Headers
+) -> Headers:
+    """Spend one of the key's credits and add them to the RateLimit `headers`; or refuse with
+    `CreditsExhausted` after giving back what the rate limits charged the request, so a
+    refused request is charged to nothing."""
+    left = await manager.spend_credits(record)
+    refill = parse_refill(record.credit_refill)
+    now = utcnow()
+    if left is None:
+        await limiter.refund(record.id, record.rate_limit)
+        retry = None
+        if refill is not None:
+            retry = math.ceil((refill.next_start(now) - now).total_seconds())
+        raise CreditsExhausted(retry)
+    return credit_headers(headers, left, refill, now)
+
+
 def credit_headers(headers: Headers, left: int, refill: Refill | None, now: datetime) -> Headers:
     """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
     seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
@@ -530,8 +558,8 @@ class APIKeyMiddleware:
                 record = await self.manager.verify(bearer_token(values))
             else:
                 record = await self.manager.verify(header_token(values, self.header))
-            if record.allowed_ips and not self._address_allowed(scope, record):
-                raise IPNotAllowed()  # before any limit or credit is charged
+            if record.allowed_ips:
+                check_address(scope, record, self.trusted_proxies)  # before any charge
             limit = record.rate_limit
             shape = self._shapes.get(limit) or self._shape(limit)
             if isinstance(shape, str):
@@ -554,7 +582,7 @@ class APIKeyMiddleware:
             elif not grants.covers(required):
                 raise InsufficientScope(required)
             if record.credits is not None:
-                rate_headers = await self._spend_credits(record, limit, rate_headers)
+                rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
         except AuthenticationError as exc:
             if not self._bearer:
                 exc = _header_error(exc, self.header)
@@ -594,26 +622,6 @@ class APIKeyMiddleware:
             self._shapes.clear()
         self._shapes[limit] = shape
         return shape
-
-    def _address_allowed(self, scope: Scope, record: KeyRecord) -> bool:
-        allowlist = Allowlist.parse(record.allowed_ips)
-        return allowlist is None or allowlist.allows(client_address(scope, self.trusted_proxies))
-
-    async def _spend_credits(
-        self, record: KeyRecord, limit: str | None, rate_headers: Headers
-    ) -> Headers:
-        """Spend one of the key's credits, or refuse with `credits_exhausted` and give back
-        what the rate limits charged: a refused request is charged to nothing."""
-        left = await self.manager.spend_credits(record)
-        refill = parse_refill(record.credit_refill)
-        now = utcnow()
-        if left is None:
-            await self.limiter.refund(record.id, limit)
-            retry = None
-            if refill is not None:
-                retry = math.ceil((refill.next_start(now) - now).total_seconds())
-            raise CreditsExhausted(retry)
-        return credit_headers(rate_headers, left, refill, now)
 
     async def _refuse(
         self,

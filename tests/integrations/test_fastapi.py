@@ -318,3 +318,22 @@ async def test_if_key_has_several_policies_then_headers_list_them_and_429_names_
     assert limited.status_code == 429
     assert limited.json()["violated_policies"] == ["burst"]
     assert int(limited.headers["retry-after"]) >= 1
+
+
+async def test_policies_hold_in_the_dependency_too(memory_manager: KeyManager) -> None:
+    app = build(memory_manager)
+    fenced = await memory_manager.create(
+        name="fenced", scopes=["contacts:read"], allowed_ips=["10.0.0.0/8"]
+    )
+    metered = await memory_manager.create(name="metered", scopes=["contacts:read"], credits=1)
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1234))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        outside = await http.get("/contacts", headers=bearer(fenced.key))
+        assert outside.status_code == 403
+        assert outside.json()["code"] == "ip_not_allowed"
+        first = await http.get("/contacts", headers=bearer(metered.key))
+        assert first.status_code == 200
+        assert '"credits";r=0' in first.headers["ratelimit"]
+        second = await http.get("/contacts", headers=bearer(metered.key))
+        assert second.status_code == 429
+        assert second.json()["code"] == "credits_exhausted"

@@ -219,3 +219,22 @@ async def test_if_key_has_several_policies_then_429_names_the_violated_one(
     burst, daily = limited.headers["ratelimit"].split(", ")
     assert burst == f'"burst";r=0;t={limited.headers["retry-after"]}'
     assert daily.startswith('"daily";r=4;t=')
+
+
+async def test_policies_hold_in_the_backend_too(memory_manager: KeyManager) -> None:
+    app = build(memory_manager)
+    fenced = await memory_manager.create(
+        name="fenced", scopes=["contacts:read"], allowed_ips=["10.0.0.0/8"]
+    )
+    metered = await memory_manager.create(name="metered", scopes=["contacts:read"], credits=1)
+    transport = httpx.ASGITransport(app=app, client=("192.0.2.1", 1234))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        outside = await http.get("/contacts", headers={"Authorization": f"Bearer {fenced.key}"})
+        assert outside.status_code == 403
+        assert outside.json()["code"] == "ip_not_allowed"
+        assert (
+            await http.get("/contacts", headers={"Authorization": f"Bearer {metered.key}"})
+        ).status_code == 200
+        second = await http.get("/contacts", headers={"Authorization": f"Bearer {metered.key}"})
+        assert second.status_code == 429
+        assert second.json()["code"] == "credits_exhausted"

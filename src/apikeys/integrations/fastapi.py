@@ -43,8 +43,10 @@ from apikeys.middleware import (
     _header_error,
     _key_header,
     bearer_token,
+    check_address,
     check_rate_limits,
     header_token,
+    spend_credit,
 )
 from apikeys.problems import encode_problem, problem_body, problem_headers
 from apikeys.ratelimit import RateLimiter
@@ -76,6 +78,7 @@ class APIKeySecurity(HTTPBearer):
         description: str | None = None,
         realm: str = "api",
         header: str = "Authorization",
+        trusted_proxies: int = 0,
     ) -> None:
         header_name = _key_header(header)
         bearer = header_name == b"authorization"
@@ -90,6 +93,7 @@ class APIKeySecurity(HTTPBearer):
         self.manager = manager
         self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
+        self.trusted_proxies = trusted_proxies
         self.header = header
         self._header_name = header_name
         self._bearer = bearer
@@ -130,12 +134,19 @@ class APIKeySecurity(HTTPBearer):
             record = await self.manager.verify(bearer_token(values))
         else:
             record = await self.manager.verify(header_token(values, self.header))
+        if record.allowed_ips:
+            check_address(request.scope, record, self.trusted_proxies)  # before any charge
         headers, limited = await check_rate_limits(self.limiter, record)
-        rate_headers = tuple(headers)
         refusal: errors.AuthenticationError | None = limited
         grants = grants_for(record.scopes, record.access == "full")
         if refusal is None and required and not grants.covers(required):
             refusal = errors.InsufficientScope(required)
+        if refusal is None and record.credits is not None:
+            try:
+                headers = await spend_credit(self.manager, self.limiter, record, headers)
+            except errors.CreditsExhausted as exhausted:
+                refusal = exhausted
+        rate_headers = tuple(headers)
         if refusal is not None:
             refusal.headers = rate_headers
             raise refusal

@@ -35,8 +35,10 @@ from apikeys.middleware import (
     _header_error,
     _key_header,
     bearer_token,
+    check_address,
     check_rate_limits,
     header_token,
+    spend_credit,
 )
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
@@ -73,8 +75,10 @@ class APIKeyBackend(AuthenticationBackend):
         limiter: RateLimiter | None = None,
         realm: str = "api",
         header: str = "Authorization",
+        trusted_proxies: int = 0,
     ) -> None:
         self.manager = manager
+        self.trusted_proxies = trusted_proxies
         self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
         self.header = header
@@ -91,10 +95,15 @@ class APIKeyBackend(AuthenticationBackend):
                 record = await self.manager.verify(bearer_token(values))
             else:
                 record = await self.manager.verify(header_token(values, self.header))
+            if record.allowed_ips:
+                check_address(conn.scope, record, self.trusted_proxies)  # before any charge
             rate_headers, limited = await check_rate_limits(self.limiter, record)
             if limited is not None:
                 limited.headers = tuple(rate_headers)
                 raise limited
+            if record.credits is not None:
+                # Spent here, when the key is authenticated: `requires()` checks scopes later.
+                rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
         except errors.AuthenticationError as exc:
             if not self._bearer:
                 exc = _header_error(exc, self.header)
