@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "CreatedKey",
+    "DailyUsage",
     "KeyRecord",
     "Status",
     "StoredKey",
@@ -264,6 +265,29 @@ class UsageDelta:
 
     count: int
     last_used_at: datetime
+    daily: Mapping[tuple[str, str], int] = field(default_factory=dict, hash=False)
+    """`{(UTC day "YYYY-MM-DD", outcome): requests}`: outcome `admitted`, or the code the
+    request was refused with (`insufficient_scope`, `rate_limited`, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DailyUsage:
+    """One key's requests on one UTC day: admitted, and refused by code."""
+
+    day: date
+    admitted: int = 0
+    refused: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    @property
+    def total(self) -> int:
+        return self.admitted + sum(self.refused.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "day": self.day.isoformat(),
+            "admitted": self.admitted,
+            "refused": dict(self.refused),
+        }
 
 
 @dataclass(frozen=True, slots=True)

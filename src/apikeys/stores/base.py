@@ -13,18 +13,25 @@ from __future__ import annotations
 import abc
 import builtins
 import importlib
-from collections.abc import Collection, Mapping
-from datetime import datetime, timedelta
+from collections.abc import Collection, Iterable, Mapping
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
-from apikeys.types import AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
     from apikeys.channels.base import Channel
 
-__all__ = ["USAGE_BATCH_RETENTION", "KeyStore", "register_store", "store_from_url"]
+__all__ = [
+    "ADMITTED",
+    "USAGE_BATCH_RETENTION",
+    "KeyStore",
+    "days_of",
+    "register_store",
+    "store_from_url",
+]
 
 USAGE_BATCH_RETENTION: Final = timedelta(hours=24)
 """How long a store remembers the id of a usage batch it applied (see `KeyStore.add_usage`).
@@ -154,6 +161,11 @@ class KeyStore(abc.ABC):
         """The newest `limit` audit events that match, oldest first."""
 
     @abc.abstractmethod
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        """The key's requests per UTC day from `since` on, as the usage batches added them:
+        only days with requests, oldest first."""
+
+    @abc.abstractmethod
     async def spend_credits(
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
     ) -> int | None:
@@ -217,6 +229,26 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "redis": ("apikeys.stores.redis:RedisStore", "redis"),
     "rediss": ("apikeys.stores.redis:RedisStore", "redis"),
 }
+
+
+def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
+    """`DailyUsage` per day from `(day "YYYY-MM-DD", outcome, count)` rows, oldest first."""
+    by_day: dict[str, dict[str, int]] = {}
+    for day, outcome, count in rows:
+        outcomes = by_day.setdefault(day, {})
+        outcomes[outcome] = outcomes.get(outcome, 0) + count
+    return [
+        DailyUsage(
+            day=date.fromisoformat(day),
+            admitted=outcomes.pop(ADMITTED, 0),
+            refused=dict(sorted(outcomes.items())),
+        )
+        for day, outcomes in sorted(by_day.items())
+    ]
+
+
+ADMITTED = "admitted"
+"""The outcome of a request that reached the application."""
 
 
 def register_store(scheme: str, target: str, extra: str = "") -> None:

@@ -6,12 +6,20 @@ import builtins
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
-from apikeys.types import REVOKED, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of
+from apikeys.types import (
+    REVOKED,
+    AuditEvent,
+    DailyUsage,
+    KeyRecord,
+    StoredKey,
+    StoredState,
+    UsageDelta,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -35,6 +43,8 @@ class MemoryStore(KeyStore):
         # usage batch id -> when it was applied (time.monotonic()), oldest first
         self._applied_batches: dict[str, float] = {}
         self._audit: list[AuditEvent] = []
+        # (key id, day, outcome) -> requests
+        self._daily: dict[tuple[str, str, str], int] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -197,6 +207,17 @@ class MemoryStore(KeyStore):
             if stored is not None:
                 record = stored.record.with_usage(delta.count, delta.last_used_at)
                 self._keys[key_id] = replace(stored, record=record)
+                for (day, outcome), count in delta.daily.items():
+                    slot = (key_id, day, outcome)
+                    self._daily[slot] = self._daily.get(slot, 0) + count
+
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        start = since.isoformat()
+        return days_of(
+            (day, outcome, count)
+            for (key, day, outcome), count in self._daily.items()
+            if key == key_id and day >= start
+        )
 
     def _forget_batches_before(self, cutoff: float) -> None:
         # Insertion order is application order, so the expired ids are at the front.

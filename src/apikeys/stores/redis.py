@@ -49,8 +49,8 @@ import json
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Final, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -63,8 +63,16 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from apikeys.channels.redis import RedisChannel, notices_channel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
-from apikeys.types import Access, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of
+from apikeys.types import (
+    Access,
+    AuditEvent,
+    DailyUsage,
+    KeyRecord,
+    StoredKey,
+    StoredState,
+    UsageDelta,
+)
 
 __all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
 
@@ -251,6 +259,8 @@ return 0
 # KEYS[1] = key hash, KEYS[2] = the batch's marker; ARGV[1] = count, ARGV[2] = last_used_at
 # (µs), ARGV[3] = this send's nonce, ARGV[4] = the marker's TTL in seconds.
 # Returns 1 if applied, 0 for an unknown id (nothing is created) or a batch applied before.
+# KEYS[3..] = the key's daily usage hashes (one per day in the batch); ARGV[5] = the daily
+# hashes' TTL in seconds, then (key index, outcome, count) triples naming them.
 _ADD_USAGE = """
 local marker = redis.call('GET', KEYS[2])
 if not marker then
@@ -266,8 +276,16 @@ local current = redis.call('HGET', KEYS[1], 'last_used_at')
 if (not current) or tonumber(ARGV[2]) > tonumber(current) then
   redis.call('HSET', KEYS[1], 'last_used_at', ARGV[2])
 end
+for i = 6, #ARGV, 3 do
+  local day = KEYS[tonumber(ARGV[i])]
+  redis.call('HINCRBY', day, ARGV[i + 1], ARGV[i + 2])
+  redis.call('EXPIRE', day, ARGV[5])
+end
 return 1
 """
+
+# How long a key's daily usage is kept on Redis.
+DAILY_USAGE_RETENTION_DAYS: Final = 400
 
 
 @contextmanager
@@ -478,6 +496,26 @@ class RedisStore(KeyStore):
     def workspace_index_name(self, workspace: str) -> str:
         """The Redis key of the sorted set that indexes `workspace`."""
         return f"{self._prefix}ws:{workspace}"
+
+    def daily_usage_name(self, key_id: str, day: str) -> str:
+        """The hash of one key's requests on one UTC day, by outcome."""
+        return f"{self._prefix}usage:{key_id}:{day}"
+
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        today = datetime.now(UTC).date()
+        days = [since + timedelta(days=n) for n in range(max(0, (today - since).days) + 1)]
+        if not days:
+            return []
+        with self._calls():
+            async with self._client.pipeline(transaction=False) as pipe:
+                for day in days:
+                    pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
+                replies: list[dict[str, str]] = await pipe.execute()
+        return days_of(
+            (day.isoformat(), outcome, int(count))
+            for day, reply in zip(days, replies, strict=True)
+            for outcome, count in reply.items()
+        )
 
     def usage_batch_name(self, batch_id: str) -> str:
         """The Redis key that marks usage batch `batch_id` as applied."""
@@ -713,14 +751,24 @@ class RedisStore(KeyStore):
         ttl = str(int(USAGE_BATCH_RETENTION.total_seconds()))
         async with self._client.pipeline(transaction=True) as pipe:
             for key_id, delta in batch:
+                days = sorted({day for day, _ in delta.daily})
+                slots = {day: index for index, day in enumerate(days, start=3)}
+                triples = [
+                    item
+                    for (day, outcome), count in sorted(delta.daily.items())
+                    for item in (str(slots[day]), outcome, str(count))
+                ]
                 pipe.evalsha(
                     sha,
-                    2,
+                    2 + len(days),
                     self.key_name(key_id),
                     marker,
+                    *(self.daily_usage_name(key_id, day) for day in days),
                     str(delta.count),
                     _encode_time(delta.last_used_at),
                     nonce,
                     ttl,
+                    str(DAILY_USAGE_RETENTION_DAYS * 86400),
+                    *triples,
                 )
             await pipe.execute()

@@ -64,11 +64,12 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
@@ -80,6 +81,7 @@ from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.policies import load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.base import days_of as _days
 from apikeys.stores.sql_engine import (
     MissingTable,
     async_url,
@@ -106,7 +108,15 @@ from apikeys.stores.sql_schema import (
     store_tables,
     usage_batches_table,
 )
-from apikeys.types import REVOKED, AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import (
+    REVOKED,
+    AuditEvent,
+    DailyUsage,
+    KeyRecord,
+    StoredKey,
+    StoredState,
+    UsageDelta,
+)
 
 if TYPE_CHECKING:
     import aiosqlite
@@ -337,7 +347,14 @@ class SQLStore(KeyStore):
             self._owns_engine = True
         self._url = self._engine.url
         self._tables = store_tables(table_name)
-        self._table, self._batches, self._changes, self._readers, self._audit = self._tables
+        (
+            self._table,
+            self._batches,
+            self._changes,
+            self._readers,
+            self._audit,
+            self._daily,
+        ) = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
         dialect = self._engine.dialect
@@ -399,16 +416,24 @@ class SQLStore(KeyStore):
         # `add_usage` records its batch id first; a conflict means "applied before".
         self._claim_batch: sa.Insert = sa.insert(batches)
         if dialect.name == "postgresql":
-            from sqlalchemy.dialects import postgresql
-
             self._claim_batch = postgresql.insert(batches).on_conflict_do_nothing(
                 index_elements=[batches.c.batch_id]
             )
         elif dialect.name == "sqlite":
-            from sqlalchemy.dialects import sqlite
-
             self._claim_batch = sqlite.insert(batches).on_conflict_do_nothing(
                 index_elements=[batches.c.batch_id]
+            )
+        # Daily usage: add to a (key, day, outcome) row, made on first use.
+        daily = self._daily
+        increment = {"count": daily.c.count + sa.literal_column("excluded.count")}
+        self._add_daily: sa.Insert | None = None
+        if dialect.name == "postgresql":
+            self._add_daily = postgresql.insert(daily).on_conflict_do_update(
+                index_elements=[daily.c.key_id, daily.c.day, daily.c.outcome], set_=increment
+            )
+        elif dialect.name == "sqlite":
+            self._add_daily = sqlite.insert(daily).on_conflict_do_update(
+                index_elements=[daily.c.key_id, daily.c.day, daily.c.outcome], set_=increment
             )
         self._prune_batches = sa.delete(batches).where(
             batches.c.applied_at < sa.bindparam("cutoff", type_=UTCDateTime())
@@ -1091,6 +1116,12 @@ class SQLStore(KeyStore):
             )
         )
         claim = {"batch_id": batch_id, "applied_at": datetime.now(UTC)}
+        daily_rows = [
+            {"key_id": key_id, "day": day, "outcome": outcome, "count": count}
+            for key_id, delta in sorted(usage.items())
+            for (day, outcome), count in sorted(delta.daily.items())
+            if count
+        ]
 
         async def work(conn: AsyncConnection) -> None:
             try:
@@ -1103,9 +1134,49 @@ class SQLStore(KeyStore):
                 await conn.rollback()  # applied before: nothing to do
                 return
             await conn.execute(statement, params)
+            if daily_rows:
+                # Only for keys that exist, as the counts above (an unknown id adds nothing).
+                ids = {row["key_id"] for row in daily_rows}
+                known = set(
+                    (await conn.execute(sa.select(table.c.id).where(table.c.id.in_(ids))))
+                    .scalars()
+                    .all()
+                )
+                rows = [row for row in daily_rows if row["key_id"] in known]
+                if rows:
+                    await self._add_daily_usage(conn, rows)
 
         await self._run(work)
         await self._maybe_prune_batches()
+
+    async def _add_daily_usage(
+        self, conn: AsyncConnection, rows: builtins.list[dict[str, Any]]
+    ) -> None:
+        if self._add_daily is not None:
+            await conn.execute(self._add_daily, rows)
+            return
+        daily = self._daily  # pragma: no cover - a dialect without ON CONFLICT
+        for row in rows:  # pragma: no cover
+            key = (daily.c.key_id == row["key_id"]) & (daily.c.day == row["day"])
+            key &= daily.c.outcome == row["outcome"]
+            updated = await conn.execute(
+                sa.update(daily).where(key).values(count=daily.c.count + row["count"])
+            )
+            if not updated.rowcount:
+                await conn.execute(sa.insert(daily).values(row))
+
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        daily = self._daily
+        statement = (
+            sa.select(daily.c.day, daily.c.outcome, daily.c.count)
+            .where(daily.c.key_id == key_id, daily.c.day >= since.isoformat())
+            .order_by(daily.c.day)
+        )
+
+        async def work(conn: AsyncConnection) -> builtins.list[DailyUsage]:
+            return _days([(row[0], row[1], int(row[2])) for row in await conn.execute(statement)])
+
+        return await self._run(work, write=False)
 
     async def _maybe_prune_batches(self) -> None:
         """Delete batch ids older than the retention window, at most once a minute.

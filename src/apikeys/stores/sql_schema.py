@@ -121,6 +121,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     changes_table(name, meta)
     readers_table(name, meta)
     audit_table(name, meta)
+    usage_daily_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -273,6 +274,24 @@ def audit_table(
     )
 
 
+def usage_daily_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_usage_daily`: requests per key, UTC day and outcome (`admitted` or a
+    refusal code), added to by the usage batches, in their transaction."""
+    return _companion(
+        keys_table_name,
+        "usage_daily",
+        meta,
+        lambda name: (
+            sa.Column("key_id", sa.String(12), primary_key=True),
+            sa.Column("day", sa.String(10), primary_key=True),
+            sa.Column("outcome", sa.String(32), primary_key=True),
+            sa.Column("count", sa.BigInteger(), nullable=False),
+        ),
+    )
+
+
 keys = keys_table()
 """The default keys table, `apikeys_keys`."""
 
@@ -285,6 +304,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         changes_table(table_name),
         readers_table(table_name),
         audit_table(table_name),
+        usage_daily_table(table_name),
     )
 
 
