@@ -195,14 +195,14 @@ async def test_if_store_severed_then_503_until_restored_and_usage_is_exact(
 
     rig.proxy.sever()
     # Nothing flushed yet (the first flush is FLUSH_INTERVAL after the first request).
-    assert rig.manager.usage.pending(rig.key_id)[0] == 10
+    assert rig.manager.usage_buffer.pending(rig.key_id)[0] == 10
 
     for _ in range(3):
         for response in await rig.calls(10):
             assert_unavailable(response)
     with pytest.raises(StoreUnavailable):
         await rig.manager.flush()
-    assert rig.manager.usage.pending(rig.key_id)[0] == 10
+    assert rig.manager.usage_buffer.pending(rig.key_id)[0] == 10
     # The background flush fails too, and keeps the counts for its next attempt.
     deadline = time.monotonic() + 3 * FLUSH_INTERVAL
     while "usage flush failed" not in caplog.text:
@@ -269,10 +269,10 @@ async def test_if_usage_flush_loses_its_answer_then_counts_are_not_applied_twice
         await flush
     # The batch stays queued under its id; this process still counts it (as well as the
     # store, until the retry confirms it).
-    assert rig.manager.usage.pending(rig.key_id)[0] == 5
+    assert rig.manager.usage_buffer.pending(rig.key_id)[0] == 5
     rig.proxy.restore()
     await rig.manager.flush()
-    assert rig.manager.usage.pending(rig.key_id)[0] == 0
+    assert rig.manager.usage_buffer.pending(rig.key_id)[0] == 0
     assert (await rig.count()).request_count == 5
     assert (await rig.manager.get(rig.key_id)).request_count == 5
 
@@ -292,7 +292,7 @@ async def test_if_manager_closes_while_a_usage_flush_is_in_flight_then_counts_ar
     await asyncio.sleep(0.2)
     rig.proxy.resume()
     await asyncio.wait_for(closing, 10)
-    assert rig.manager.usage.pending(rig.key_id)[0] == 0
+    assert rig.manager.usage_buffer.pending(rig.key_id)[0] == 0
     assert (await rig.count()).request_count == 5
 
 

@@ -368,7 +368,7 @@ class TestUsage:
         assert (await lazy.get(created.record.id)).request_count == 3
         [listed] = await lazy.list("w")
         assert listed.request_count == 3
-        await lazy.usage.aclose()
+        await lazy.usage_buffer.aclose()
         stored = await store.get(created.record.id)
         assert stored is not None
         assert stored.record.request_count == 3
@@ -570,7 +570,7 @@ class TestUpdate:
                 await reader.verify(created.key)
         finally:
             for closing in (reader, writer):
-                await closing.usage.aclose()
+                await closing.usage_buffer.aclose()
                 if closing.cache is not None:
                     await closing.cache.aclose()
 

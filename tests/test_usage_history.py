@@ -58,3 +58,56 @@ def test_daily_usage_to_dict() -> None:
         "admitted": 3,
         "refused": {"insufficient_scope": 1},
     }
+
+
+async def test_the_middleware_counts_each_request_as_admitted_or_refused_by_code(
+    manager: KeyManager,
+) -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from apikeys import APIKeyMiddleware
+
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = APIKeyMiddleware(
+        Starlette(routes=[Route("/api/read", ok), Route("/api/write", ok, methods=["POST"])]),
+        manager=manager,
+        scopes={"GET /api/read": "items:read", "POST /api/write": "items:write"},
+        protect="/api/",
+        rate_limit="3/minute",
+    )
+    created = await manager.create(name="n", scopes=["items:read"])
+    fenced = await manager.create(name="f", scopes=["items:read"], allowed_ips=["10.0.0.0/8"])
+    headers = {"Authorization": f"Bearer {created.key}"}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        statuses = [(await http.get("/api/read", headers=headers)).status_code for _ in range(2)]
+        statuses.append((await http.post("/api/write", headers=headers)).status_code)
+        statuses.append((await http.get("/api/read", headers=headers)).status_code)
+        statuses.append(
+            (await http.get("/api/read", headers={"Authorization": "Bearer x"})).status_code
+        )
+        fenced_status = (
+            await http.get("/api/read", headers={"Authorization": f"Bearer {fenced.key}"})
+        ).status_code
+    assert statuses == [200, 200, 403, 429, 401]
+    assert fenced_status == 403
+
+    # Before and after the flush: the same history (unwritten counts are included).
+    for _ in range(2):
+        [today] = await manager.usage(created.record.id, days=1)
+        assert today == DailyUsage(
+            TODAY, admitted=2, refused={"insufficient_scope": 1, "rate_limited": 1}
+        )
+        [fenced_today] = await manager.usage(fenced.record.id, days=1)
+        assert fenced_today.refused == {"ip_not_allowed": 1}
+        assert fenced_today.admitted == 0
+        await manager.flush()
+    week = await manager.usage(created.record.id, days=7)
+    assert [day.day for day in week] == [TODAY - timedelta(days=n) for n in range(6, -1, -1)]
+    assert sum(day.total for day in week) == 4
+    assert (await manager.get(created.record.id)).request_count == 4

@@ -32,7 +32,7 @@ from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefi
 from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scopes
-from apikeys.stores.base import KeyStore, store_from_url
+from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
 from apikeys.types import (
     ACTIVE,
     DISABLED,
@@ -40,6 +40,7 @@ from apikeys.types import (
     AuditAction,
     AuditEvent,
     CreatedKey,
+    DailyUsage,
     KeyRecord,
     StoredKey,
     StoredState,
@@ -156,7 +157,7 @@ class KeyManager:
         self.store = store_from_url(store) if isinstance(store, str) else store
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
-        self.usage = UsageBuffer(self.store, usage_flush_interval)
+        self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)
         self.cache: KeyCache | None = None
         if cache:
             chosen = _channel(channel) if channel is not None else self.store.channel()
@@ -181,7 +182,7 @@ class KeyManager:
     async def aclose(self) -> None:
         """Write buffered usage, stop the cache and close the store."""
         try:
-            await self.usage.aclose()
+            await self.usage_buffer.aclose()
         finally:
             try:
                 if self.cache is not None:
@@ -191,7 +192,7 @@ class KeyManager:
 
     async def flush(self) -> None:
         """Write buffered usage counts to the store now."""
-        await self.usage.flush()
+        await self.usage_buffer.flush()
 
     # -- issuing ---------------------------------------------------------------------------
 
@@ -358,11 +359,11 @@ class KeyManager:
         stored = await self.store.get(key_id)
         if stored is None:
             raise KeyNotFound(key_id)
-        return self.usage.apply(stored.record)
+        return self.usage_buffer.apply(stored.record)
 
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
         """The records of `workspace` (or of all workspaces), oldest first."""
-        return [self.usage.apply(record) for record in await self.store.list(workspace)]
+        return [self.usage_buffer.apply(record) for record in await self.store.list(workspace)]
 
     # -- state changes ---------------------------------------------------------------------
 
@@ -391,6 +392,28 @@ class KeyManager:
         """
         action: AuditAction = "leak_revoked" if leaked else "revoked"
         return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke", action, actor)
+
+    async def usage(self, key_id: str, days: int = 30) -> builtins.list[DailyUsage]:
+        """The key's requests per UTC day over the last `days` days (today included),
+        oldest first, one entry per day (zero on days without requests): admitted, and
+        refused by code. Includes this process's counts not yet written."""
+        if not 1 <= days <= 3660:
+            raise InvalidKeyParameters("days must be from 1 to 3660")
+        await self.get(key_id)  # KeyNotFound for an unknown id
+        today = utcnow().date()
+        first = today - timedelta(days=days - 1)
+        counts: dict[tuple[str, str], int] = {}
+        for day in await self.store.usage_history(key_id, first):
+            counts[(day.day.isoformat(), ADMITTED)] = day.admitted
+            for code, count in day.refused.items():
+                counts[(day.day.isoformat(), code)] = count
+        for slot, count in self.usage_buffer.pending_daily(key_id).items():
+            counts[slot] = counts.get(slot, 0) + count
+        history = {day.day: day for day in days_of((d, o, n) for (d, o), n in counts.items())}
+        return [
+            history.get(first + timedelta(days=n), DailyUsage(first + timedelta(days=n)))
+            for n in range(days)
+        ]
 
     async def audit(
         self,
@@ -453,7 +476,7 @@ class KeyManager:
         )
         if record.state != target:
             raise InvalidTransition(key_id, record.status, verb)
-        return self.usage.apply(record)
+        return self.usage_buffer.apply(record)
 
     async def update(
         self,
@@ -542,7 +565,7 @@ class KeyManager:
         )
         if record.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "update")
-        return self.usage.apply(record)
+        return self.usage_buffer.apply(record)
 
     async def roll(
         self,
@@ -673,7 +696,7 @@ class KeyManager:
             new_hash = verdict.new_hash or await hasher.ahash(secret)
             await self._rehash(key_id, secret_hash, new_hash)
         if record_usage:
-            self.usage.record(key_id)
+            self.usage_buffer.record(key_id)
         return record
 
     async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:

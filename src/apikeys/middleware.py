@@ -372,6 +372,12 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
+REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
+    {"ip_not_allowed", "rate_limited", "insufficient_scope", "credits_exhausted"}
+)
+"""The refusals of a request whose key was verified: its usage history counts them."""
+
+
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
     """Raise `IPNotAllowed` unless the request's client address is in the key's allowlist
     (a key without one allows every address). `trusted_proxies` as the middleware's."""
@@ -551,6 +557,7 @@ class APIKeyMiddleware:
             return
 
         rate_headers: Headers | None = None
+        record: KeyRecord | None = None
         try:
             header_name = self._header_name
             values = [value for name, value in scope["headers"] if name == header_name]
@@ -584,6 +591,9 @@ class APIKeyMiddleware:
             if record.credits is not None:
                 rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
         except AuthenticationError as exc:
+            if record is not None and exc.code in REFUSED_AFTER_AUTHENTICATION:
+                # Counted as a request of the key, and in its history as refused.
+                self.manager.usage_buffer.refused(record.id, exc.code)
             if not self._bearer:
                 exc = _header_error(exc, self.header)
             await self._refuse(scope, send, exc, rate_headers)

@@ -25,9 +25,10 @@ import logging
 import time
 import uuid
 from collections import deque
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from apikeys.stores.base import KeyStore
+from apikeys.stores.base import ADMITTED, KeyStore
 from apikeys.types import KeyRecord, UsageDelta
 
 __all__ = ["UsageBuffer"]
@@ -68,8 +69,11 @@ class UsageBuffer:
     def __init__(self, store: KeyStore, interval: float = 1.0) -> None:
         self.store = store
         self.interval = interval
-        # Counted since the last batch was sealed: key id -> [count, last use as Unix time].
-        self._open: dict[str, list[float]] = {}
+        # Counted since the last batch was sealed: key id -> [count, last use as Unix time,
+        # {(UTC day, outcome): count}].
+        self._open: dict[str, list[Any]] = {}
+        self._day = ""
+        self._day_ends = 0.0  # Unix time at which `_day` ends
         # Sealed batches not yet confirmed written, oldest first. The open accumulator is
         # sealed only once this is empty, so it holds at most a batch or so.
         self._queue: deque[_Batch] = deque()
@@ -79,15 +83,52 @@ class UsageBuffer:
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._closing = False
 
+    def _today(self, now: float) -> str:
+        """The UTC day of `now`, "YYYY-MM-DD": worked out once a day, not per request."""
+        if now >= self._day_ends:
+            day = datetime.fromtimestamp(now, UTC).date()
+            self._day = day.isoformat()
+            self._day_ends = datetime.combine(
+                day + timedelta(days=1), datetime.min.time(), UTC
+            ).timestamp()
+        return self._day
+
     def record(self, key_id: str) -> None:
-        """Count one request of `key_id`, now. Never awaits, never fails."""
+        """Count one request of `key_id`, now, as admitted. Never awaits, never fails."""
+        now = time.time()
+        slot = (self._today(now), ADMITTED)
         entry = self._open.get(key_id)
         if entry is None:
-            self._open[key_id] = [1, time.time()]
+            self._open[key_id] = [1, now, {slot: 1}]
             self._ensure_task()
         else:
             entry[0] += 1
-            entry[1] = time.time()
+            entry[1] = now
+            daily = entry[2]
+            daily[slot] = daily.get(slot, 0) + 1
+
+    def refused(self, key_id: str, code: str) -> None:
+        """Count the request of `key_id` just recorded as refused with `code` (its scope, a
+        rate limit, its credits, its address) in the daily history, not as admitted."""
+        day = self._today(time.time())
+        entry = self._open.get(key_id)
+        if entry is None:  # sealed into a batch meanwhile: correct it in the next one
+            entry = self._open[key_id] = [0, time.time(), {}]
+            self._ensure_task()
+        daily = entry[2]
+        daily[(day, ADMITTED)] = daily.get((day, ADMITTED), 0) - 1
+        daily[(day, code)] = daily.get((day, code), 0) + 1
+
+    def pending_daily(self, key_id: str) -> dict[tuple[str, str], int]:
+        """`key_id`'s daily counts not yet confirmed written, by (day, outcome)."""
+        found: dict[tuple[str, str], int] = {}
+        entry = self._open.get(key_id)
+        parts = [entry[2]] if entry is not None else []
+        parts += [batch.usage[key_id].daily for batch in self._queue if key_id in batch.usage]
+        for daily in parts:
+            for slot, count in daily.items():
+                found[slot] = found.get(slot, 0) + count
+        return found
 
     def _has_pending(self) -> bool:
         return bool(self._open or self._queue)
@@ -153,8 +194,12 @@ class UsageBuffer:
             sealed, self._open = self._open, {}
             batch = _Batch(
                 {
-                    key_id: UsageDelta(int(count), datetime.fromtimestamp(last, UTC))
-                    for key_id, (count, last) in sealed.items()
+                    key_id: UsageDelta(
+                        int(count),
+                        datetime.fromtimestamp(last, UTC),
+                        {slot: n for slot, n in daily.items() if n},
+                    )
+                    for key_id, (count, last, daily) in sealed.items()
                 }
             )
             self._queue.append(batch)

@@ -289,7 +289,7 @@ class TestClosing:
     def used_on_a_loop(self, runner: asyncio.Runner) -> tuple[KeyManager, str]:
         manager = in_memory_manager()
         key = KeyFactory(manager).sync().key
-        manager.usage.interval = 3600  # the task sleeps: it is pending when we close
+        manager.usage_buffer.interval = 3600  # the task sleeps: it is pending when we close
 
         async def use() -> str:
             return (await manager.verify(key)).id

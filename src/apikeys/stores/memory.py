@@ -195,7 +195,7 @@ class MemoryStore(KeyStore):
         return found[-limit:] if limit > 0 else []
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
-        if not any(delta.count for delta in usage.values()):
+        if not any(delta.count or delta.daily for delta in usage.values()):
             return
         now = time.monotonic()
         self._forget_batches_before(now - USAGE_BATCH_RETENTION.total_seconds())

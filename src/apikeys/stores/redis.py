@@ -271,10 +271,12 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-redis.call('HINCRBY', KEYS[1], 'request_count', ARGV[1])
-local current = redis.call('HGET', KEYS[1], 'last_used_at')
-if (not current) or tonumber(ARGV[2]) > tonumber(current) then
-  redis.call('HSET', KEYS[1], 'last_used_at', ARGV[2])
+if tonumber(ARGV[1]) ~= 0 then
+  redis.call('HINCRBY', KEYS[1], 'request_count', ARGV[1])
+  local current = redis.call('HGET', KEYS[1], 'last_used_at')
+  if (not current) or tonumber(ARGV[2]) > tonumber(current) then
+    redis.call('HSET', KEYS[1], 'last_used_at', ARGV[2])
+  end
 end
 for i = 6, #ARGV, 3 do
   local day = KEYS[tonumber(ARGV[i])]
@@ -725,7 +727,7 @@ class RedisStore(KeyStore):
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
-        batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count]
+        batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count or delta.daily]
         if not batch:
             return
         # One nonce per send: the scripts of this transaction apply only if the marker is

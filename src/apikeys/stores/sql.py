@@ -1096,7 +1096,13 @@ class SQLStore(KeyStore):
             for key_id, delta in sorted(usage.items())
             if delta.count
         ]
-        if not params:
+        daily_rows = [
+            {"key_id": key_id, "day": day, "outcome": outcome, "count": count}
+            for key_id, delta in sorted(usage.items())
+            for (day, outcome), count in sorted(delta.daily.items())
+            if count
+        ]
+        if not params and not daily_rows:
             return
         table = self._table
         last = sa.bindparam("b_last", type_=UTCDateTime())
@@ -1116,12 +1122,6 @@ class SQLStore(KeyStore):
             )
         )
         claim = {"batch_id": batch_id, "applied_at": datetime.now(UTC)}
-        daily_rows = [
-            {"key_id": key_id, "day": day, "outcome": outcome, "count": count}
-            for key_id, delta in sorted(usage.items())
-            for (day, outcome), count in sorted(delta.daily.items())
-            if count
-        ]
 
         async def work(conn: AsyncConnection) -> None:
             try:
@@ -1133,7 +1133,8 @@ class SQLStore(KeyStore):
             if not claimed:
                 await conn.rollback()  # applied before: nothing to do
                 return
-            await conn.execute(statement, params)
+            if params:
+                await conn.execute(statement, params)
             if daily_rows:
                 # Only for keys that exist, as the counts above (an unknown id adds nothing).
                 ids = {row["key_id"] for row in daily_rows}

@@ -30,7 +30,9 @@ CONTRACT_STATUS: Mapping[str, int] = {
     "key_revoked": 401,
     "key_expired": 401,
     "insufficient_scope": 403,
+    "ip_not_allowed": 403,
     "rate_limited": 429,
+    "credits_exhausted": 429,
     "auth_unavailable": 503,
 }
 """The HTTP status of every error code of the contract (CONTRACT section 4)."""
@@ -135,8 +137,9 @@ def assert_problem(response: ResponseLike, code: str, status: int | None = None)
     `Content-Type: application/problem+json`, the body's `type`, `title`, `status`,
     `detail` and `code` (and `required_scopes` for `insufficient_scope`), the RFC 6750
     `WWW-Authenticate` challenge of a 401 or an `insufficient_scope` 403, a `Retry-After`
-    of whole seconds on a 429 or 503, and that no stack trace is shown. Every failed check
-    is listed in one `AssertionError`, with the body (long base62 runs masked).
+    of whole seconds on a 429 or 503 (optional for `credits_exhausted`: a key whose credits
+    are never refilled has no time to wait for), and that no stack trace is shown. Every
+    failed check is listed in one `AssertionError`, with the body (long base62 runs masked).
 
     ```python
     response = client.get("/api/v1/contacts", headers={"Authorization": "Bearer nope"})
@@ -172,10 +175,13 @@ def assert_problem(response: ResponseLike, code: str, status: int | None = None)
         problems.append("the body shows a stack trace")
     if status_code == 401 or code == "insufficient_scope":
         _check_challenge(code, _header(headers, "www-authenticate"), problems)
-    if status_code in (429, 503):
-        retry_after = _header(headers, "retry-after")
-        if retry_after is None or not _SECONDS.fullmatch(retry_after) or int(retry_after) < 1:
-            problems.append(f"Retry-After is {retry_after!r}, expected whole seconds, at least 1")
+    # `credits_exhausted` without a refill has no time to wait for: no Retry-After.
+    retry_after = _header(headers, "retry-after")
+    waits = status_code in (429, 503) and (code != "credits_exhausted" or retry_after is not None)
+    if waits and (
+        retry_after is None or not _SECONDS.fullmatch(retry_after) or int(retry_after) < 1
+    ):
+        problems.append(f"Retry-After is {retry_after!r}, expected whole seconds, at least 1")
     if problems:
         raise AssertionError(
             f"not a {code!r} problem response:\n  - "
