@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from apikeys import KeyManager
+from apikeys import KeyManager, store_from_url
 from apikeys.cli import keys as cli_module
 from apikeys.cli import main
 from apikeys.durations import MAX_DURATION, format_duration, parse_duration
 from apikeys.errors import InvalidAPIKey, KeyDisabled, KeyExpired, KeyRevoked
 from apikeys.keys import ParsedKey, generate_key, parse_key
-from apikeys.types import KeyRecord
+from apikeys.types import KeyRecord, UsageDelta
 
 pytestmark = pytest.mark.sqlite
 
@@ -906,3 +906,46 @@ def test_scan_revoke_records_leak_revoked_events(store_url: str, tmp_path: Path)
     assert result.exit_code == 1
     events = json.loads(ok(store_url, "audit", "--key", created["id"], "--json").stdout)
     assert [(e["action"], e["actor"]) for e in events][-1] == ("leak_revoked", "pre-commit")
+
+
+def test_usage_shows_a_key_s_requests_per_day_admitted_and_refused(store_url: str) -> None:
+    created = create_key(store_url, "--full-access")
+    today = datetime.now(UTC).date()
+
+    async def traffic() -> None:
+        store = store_from_url(store_url)
+        try:
+            await store.add_usage(
+                {
+                    created["id"]: UsageDelta(
+                        4,
+                        datetime.now(UTC),
+                        {
+                            (today.isoformat(), "admitted"): 3,
+                            (today.isoformat(), "rate_limited"): 1,
+                            ((today - timedelta(days=1)).isoformat(), "admitted"): 0,
+                        },
+                    )
+                },
+                batch_id="cli-usage",
+            )
+        finally:
+            await store.aclose()
+
+    asyncio.run(traffic())
+    report = json.loads(ok(store_url, "usage", created["id"], "--days", "3", "--json").stdout)
+    assert report["key_id"] == created["id"]
+    assert (report["admitted"], report["refused"]) == (3, 1)
+    assert [day["day"] for day in report["days"]] == [
+        (today - timedelta(days=n)).isoformat() for n in (2, 1, 0)
+    ]
+    assert report["days"][-1] == {
+        "day": today.isoformat(),
+        "admitted": 3,
+        "refused": {"rate_limited": 1},
+    }
+    table = ok(store_url, "usage", created["id"], "--days", "2").stdout
+    assert "rate_limited" in table
+    assert "Total: 3 admitted, 1 refused." in table
+    assert run(store_url, "usage", created["id"], "--days", "0").exit_code == 2
+    assert run(store_url, "usage", "AAAAAAAAAAAA").exit_code == 1

@@ -34,7 +34,7 @@ from apikeys.keys import (
     validate_prefix,
 )
 from apikeys.manager import KeyManager
-from apikeys.ratelimit import parse_rate_limit
+from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import KeyRecord
@@ -197,16 +197,16 @@ def _duration(allow_zero: bool = False) -> Callable[..., timedelta | None]:
     return convert
 
 
-def _rate_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Check a rate limit in `limits` notation (`100/minute`, `3 per 2 seconds`)."""
-    if value is None:
+def _rate_limit(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> str | None:
+    """The key's limits as one text: `--rate-limit 100/minute`, or named and repeated,
+    `--rate-limit burst=10/second --rate-limit daily=10000/day` (or one comma-separated)."""
+    if not values:
         return None
-    text = value.strip()
+    text = ", ".join(value.strip() for value in values)
     try:
-        parse_rate_limit(text)
+        return format_policies(parse_policies(text))
     except InvalidKeyParameters as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-    return text
 
 
 def _prefixes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> tuple[str, ...]:

@@ -44,7 +44,10 @@ __all__: list[str] = []
 @click.option(
     "--rate-limit",
     callback=_rate_limit,
-    help="The key's own rate limit, e.g. '10/second' (default: the service's).",
+    multiple=True,
+    metavar="LIMIT",
+    help="The key's own rate limit, e.g. '10/second' (default: the service's); several, "
+    "named: --rate-limit burst=10/second --rate-limit daily=10000/day.",
 )
 @click.option(
     "--expires-in",
@@ -124,7 +127,9 @@ def create(
 @click.option(
     "--rate-limit",
     callback=_rate_limit,
-    help="The key's own rate limit, e.g. '10/second'.",
+    multiple=True,
+    metavar="LIMIT",
+    help="The key's own rate limit, e.g. '10/second'; repeat for several named limits.",
 )
 @click.option(
     "--default-rate-limit",

@@ -1,0 +1,62 @@
+"""`apikeys usage`: how much a key was used, per UTC day."""
+
+from __future__ import annotations
+
+import click
+
+from apikeys.cli.common import _echo_json, _key_id, _run, _table, main
+from apikeys.manager import KeyManager
+from apikeys.types import DailyUsage, KeyRecord
+
+__all__: list[str] = []
+
+
+@main.command()
+@click.argument("key_id", metavar="ID")
+@click.option(
+    "--days",
+    type=click.IntRange(min=1, max=3660),
+    default=30,
+    show_default=True,
+    help="How many UTC days, today included.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
+    """Show a key's requests per UTC day: admitted, and refused by reason.
+
+    Refusals are counted by code: insufficient_scope, rate_limited, credits_exhausted,
+    ip_not_allowed. Requests with a wrong secret are not the key's and are not counted.
+    """
+    key_id = _key_id(key_id)
+
+    async def work(manager: KeyManager) -> tuple[KeyRecord, list[DailyUsage]]:
+        record = await manager.get(key_id)
+        return record, await manager.usage(key_id, days=days)
+
+    record, history = _run(ctx, work)
+    if as_json:
+        _echo_json(
+            {
+                "key_id": record.id,
+                "days": [day.to_dict() for day in history],
+                "admitted": sum(day.admitted for day in history),
+                "refused": sum(day.total - day.admitted for day in history),
+            }
+        )
+        return
+    codes = sorted({code for day in history for code in day.refused})
+    rows = [
+        (
+            day.day.isoformat(),
+            str(day.admitted),
+            *(str(day.refused.get(code, 0)) for code in codes),
+        )
+        for day in history
+    ]
+    click.echo(f"API key {record.id} ({record.name!r}), the last {days} UTC days:")
+    for line in _table(("day", "admitted", *codes), rows):
+        click.echo(line)
+    admitted = sum(day.admitted for day in history)
+    refused = sum(day.total - day.admitted for day in history)
+    click.echo(f"Total: {admitted} admitted, {refused} refused.")
