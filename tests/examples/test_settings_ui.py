@@ -37,7 +37,7 @@ from playwright.sync_api import (
 )
 
 from apikeys import Hasher, KeyManager, parse_key, store_from_url
-from apikeys.types import KeyRecord
+from apikeys.types import KeyRecord, UsageDelta
 from apikeys.ui import Reveal, RevealStore
 from apikeys.ui.forms import parse_expiry, relative
 from tests import services
@@ -81,6 +81,7 @@ def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
 class UIService:
     base_url: str
     store_url: str
+    zapier_id: str = ""
 
     def manager(self) -> KeyManager:
         return KeyManager(store_from_url(self.store_url), hasher=Hasher(pepper=PEPPER))
@@ -670,9 +671,24 @@ def showcase(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIService]:
                 name="Reporting", workspace="acme", scopes=["campaigns:read"]
             )
             await manager.roll(reporting.record.id, grace=timedelta(hours=24))
-        return [zapier.key, sync.key]
+            # Four weeks of traffic for Zapier's usage chart, some of it refused.
+            today = datetime.now(UTC).date()
+            daily = {}
+            for back in range(28):
+                day = (today - timedelta(days=back)).isoformat()
+                daily[(day, "admitted")] = (back * 37) % 200 + (0 if back % 7 in (1, 2) else 150)
+                if back % 5 == 0:
+                    daily[(day, "rate_limited")] = 20 + back
+                if back % 9 == 0:
+                    daily[(day, "insufficient_scope")] = 6
+            await manager.store.add_usage(
+                {zapier.record.id: UsageDelta(sum(daily.values()), datetime.now(UTC), daily)},
+                batch_id="seed",
+            )
+        return [zapier.key, sync.key, zapier.record.id]
 
-    used = run_async(seed)
+    *used, zapier_id = run_async(seed)
+    service.zapier_id = zapier_id
     log = tmp / "service.log"
     process, service.base_url = start_service(env, log)
     try:
@@ -735,7 +751,29 @@ def test_settings_page_screenshots(
         page.goto(f"{KEYS}/{parse_key(key).id}/revoke")
         page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-revoke.png")
         page.goto(f"{KEYS}/{parse_key(key).id}/edit")
+        page.locator("details.policies summary").click()
         page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-edit.png", full_page=True)
+
+        # Zapier's last 30 days, as a server-drawn SVG chart.
+        page.goto(f"{KEYS}/{showcase.zapier_id}/usage")
+        expect(page.locator("h1")).to_contain_text("Usage of key «Zapier»")
+        bars = page.locator("#usage-chart .bar")
+        expect(bars).to_have_count(30)
+        expect(page.locator("#usage-chart rect.refused").first).to_be_visible()
+        assert int(page.locator("#usage-admitted").inner_text().replace(",", "")) > 3000
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= viewport["width"], f"the usage page is {width}px wide"
+        page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-usage.png", full_page=True)
+
+        # The activity view: every change, newest first, with who made it.
+        page.goto(f"{KEYS}/activity")
+        expect(page.locator("tr.event").first).to_be_visible()
+        actions = page.locator("tr.event .badge-event").all_inner_texts()
+        assert {"created", "rolled", "revoked", "disabled"} <= set(actions), actions
+        expect(page.locator("tr.event .actor").first).to_have_text("admin@acme.example")
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= viewport["width"], f"the activity page is {width}px wide"
+        page.screenshot(path=ARTIFACTS / f"settings-ui-{name}-activity.png", full_page=True)
     finally:
         context.close()
 

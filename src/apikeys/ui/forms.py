@@ -22,7 +22,7 @@ from apikeys.policies import (
     dump_metadata,
     parse_refill,
 )
-from apikeys.ratelimit import parse_rate_limit
+from apikeys.ratelimit import parse_policies
 from apikeys.types import KeyRecord, utcnow
 
 __all__ = [
@@ -248,11 +248,12 @@ def read_key_form(
             errors["scopes"] = "Pick at least one scope, or choose full access."
     if values.rate_limit:
         try:
-            parse_rate_limit(values.rate_limit)
+            parse_policies(values.rate_limit)
         except InvalidKeyParameters:
             errors["rate_limit"] = (
                 "Write the rate limit as a number per period, like 100/minute, 10/second "
-                "or 3 per 2 seconds."
+                "or 3 per 2 seconds; several limits are named: burst=10/second, "
+                "daily=10000/day."
             )
     expires_at: datetime | object | None = None
     if current is not None and values.expires == KeyForm.of(current).expires:
