@@ -321,6 +321,7 @@ class KeyManager:
                 "request_count",
                 "workspace",
                 "created_at",
+                "rate_limits",  # derived from rate_limit
             ):
                 made.pop(volatile)
             event = AuditEvent(
