@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -17,6 +18,7 @@ from typing import Any, Final, Self, TypeVar
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
 from apikeys.errors import (
+    AuthenticationError,
     ConfigurationError,
     DuplicateKeyId,
     InvalidAPIKey,
@@ -33,6 +35,7 @@ from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
+from apikeys.telemetry import EventHook, Telemetry
 from apikeys.types import (
     ACTIVE,
     DISABLED,
@@ -80,6 +83,15 @@ class _Unset:
 
 
 UNSET: Final = _Unset()
+
+
+def _kind(store: KeyStore) -> str:
+    """The store's kind, for metrics: memory, sqlite, postgresql, redis (or its class)."""
+    engine = getattr(store, "engine", None)
+    dialect = getattr(getattr(engine, "dialect", None), "name", None)
+    if isinstance(dialect, str):
+        return dialect
+    return type(store).__name__.removesuffix("Store").lower()
 
 
 def _channel(channel: Channel | str) -> Channel:
@@ -153,11 +165,16 @@ class KeyManager:
         channel: Channel | str | None = None,
         cache_lease: float = DEFAULT_LEASE,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        metrics: Any = False,
+        on_event: EventHook | None = None,
     ) -> None:
         self.store = store_from_url(store) if isinstance(store, str) else store
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
+        self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)
+        if self.telemetry.active:
+            self.usage_buffer.on_flush_failure = self.telemetry.usage_flush_failed
         self.cache: KeyCache | None = None
         if cache:
             chosen = _channel(channel) if channel is not None else self.store.channel()
@@ -337,8 +354,14 @@ class KeyManager:
                 await self.store.insert(StoredKey(record, secret_hash), event=event)
             except DuplicateKeyId:
                 continue
+            self._announce(event)
             return CreatedKey(parsed.token, record)
         raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
+
+    def _announce(self, event: AuditEvent) -> None:
+        """Tell `on_event` about a change that was made (the store wrote `event` with it)."""
+        if self.telemetry.active:
+            self.telemetry.key_changed(event)
 
     async def _change(
         self, key_id: str, apply: Callable[[str | None], Awaitable[_T]], *, wait: bool = True
@@ -463,7 +486,10 @@ class KeyManager:
         changes: dict[str, Any] = {"state": target}
         if reason is not None:
             changes["reason"] = reason
-        event = await self._event(action, key_id, actor, changes)
+        before = await self.store.get(key_id)
+        if before is None:
+            raise KeyNotFound(key_id)
+        event = await self._event(action, key_id, actor, changes, before.record.workspace)
         record = await self._change(
             key_id,
             lambda notice: self.store.set_state(
@@ -477,6 +503,8 @@ class KeyManager:
         )
         if record.state != target:
             raise InvalidTransition(key_id, record.status, verb)
+        if before.record.state != target:
+            self._announce(event)
         return self.usage_buffer.apply(record)
 
     async def update(
@@ -566,6 +594,8 @@ class KeyManager:
         )
         if record.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "update")
+        if changes:
+            self._announce(event)
         return self.usage_buffer.apply(record)
 
     async def roll(
@@ -652,6 +682,7 @@ class KeyManager:
                 ),
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
+        self._announce(rolled)
         return created
 
     async def spend_credits(self, record: KeyRecord, cost: int = 1) -> int | None:
@@ -674,12 +705,28 @@ class KeyManager:
         `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
         Counts the request in the key's usage unless `record_usage` is false.
         """
+        if not self.telemetry.active:
+            return await self._verify(token, record_usage)
+        started = time.perf_counter()
+        try:
+            record = await self._verify(token, record_usage)
+        except AuthenticationError as exc:
+            self.telemetry.verification(None, exc.code, time.perf_counter() - started)
+            raise
+        self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
+        return record
+
+    async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         prefix, key_id, secret = split_key(token, self.prefix)
         cache = self.cache
         if cache is None:
             stored = await self.store.get(key_id)
         else:
-            stored = cache.get(key_id) or await cache.load(key_id)
+            stored = cache.get(key_id)
+            if self.telemetry.active:
+                self.telemetry.cache_lookup(stored is not None)
+            if stored is None:
+                stored = await cache.load(key_id)
         # The prefix is part of the key: a test key re-prefixed as live is another key.
         if stored is None or stored.record.key_prefix != prefix:
             raise InvalidAPIKey()
@@ -707,13 +754,15 @@ class KeyManager:
             parts = new_hash.split("$")
             scheme = parts[1] if new_hash.startswith("$") and len(parts) > 1 else parts[0]
             event = await self._event("rehashed", key_id, "apikeys", {"scheme": scheme})
-            await self._change(
+            swapped = await self._change(
                 key_id,
                 lambda notice: self.store.replace_hash(
                     key_id, old_hash, new_hash, notice=notice, event=event
                 ),
                 wait=False,
             )
+            if swapped:
+                self._announce(event)
         except Exception as exc:
             # The request was verified; migration simply happens on a later one.
             logger.warning("apikeys: could not re-hash key %s: %s", key_id, type(exc).__name__)

@@ -376,6 +376,7 @@ REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
     {"ip_not_allowed", "rate_limited", "insufficient_scope", "credits_exhausted"}
 )
 """The refusals of a request whose key was verified: its usage history counts them."""
+_LIMITER_CODES = frozenset({"rate_limited", "credits_exhausted"})
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -594,6 +595,8 @@ class APIKeyMiddleware:
             if record is not None and exc.code in REFUSED_AFTER_AUTHENTICATION:
                 # Counted as a request of the key, and in its history as refused.
                 self.manager.usage_buffer.refused(record.id, exc.code)
+                if self.manager.telemetry.active and exc.code in _LIMITER_CODES:
+                    self.manager.telemetry.limiter(record.id, exc.code)
             if not self._bearer:
                 exc = _header_error(exc, self.header)
             await self._refuse(scope, send, exc, rate_headers)
@@ -604,6 +607,8 @@ class APIKeyMiddleware:
             await self._refuse(scope, send, AuthUnavailable(), None)
             return
 
+        if self.manager.telemetry.active:
+            self.manager.telemetry.limiter(record.id, "allowed")
         scope["apikey"] = record
         scope["auth"] = APIKeyAuth(grants)
         scope["user"] = APIKeyUser(record)

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -82,6 +83,8 @@ class UsageBuffer:
         # Serialises flushes; one per event loop (a manager may outlive the loop it ran on).
         self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._closing = False
+        # Told of each background flush that failed (its batch is retried): for metrics.
+        self.on_flush_failure: Callable[[BaseException], None] | None = None
 
     def _today(self, now: float) -> str:
         """The UTC day of `now`, "YYYY-MM-DD": worked out once a day, not per request."""
@@ -155,6 +158,8 @@ class UsageBuffer:
             except Exception as exc:
                 # The batch stays queued, with its id, and goes out first next time.
                 logger.warning("apikeys: usage flush failed, will retry: %s", type(exc).__name__)
+                if self.on_flush_failure is not None:
+                    self.on_flush_failure(exc)
 
     def pending(self, key_id: str) -> tuple[int, datetime | None]:
         """Requests of `key_id` counted here but not yet confirmed written to the store."""
