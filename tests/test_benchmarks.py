@@ -78,7 +78,7 @@ def test_the_revoke_benchmark_runs_and_finds_no_stale_admit(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stderr
     measured = json.loads(out.read_text())["stores"]["sqlite"]
-    assert measured["stale_admits"] == 0, measured
+    assert measured.get("stale_admits") == 0, measured
     assert measured["samples"] == 2
 
 
