@@ -211,3 +211,13 @@ def test_the_wheel_serves_the_mounted_settings_page(venv: Path, dist: Path, tmp_
         server.send_signal(signal.SIGINT)
         server.wait(30)
         log.close()
+
+
+@pytest.mark.parametrize("missing", ["jinja2", "itsdangerous"])
+def test_without_the_ui_extra_the_settings_page_names_it(missing: str) -> None:
+    code = f"import sys; sys.modules[{missing!r}] = None\nimport apikeys.ui\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+    assert "pip install 'apikeys[ui]'" in result.stderr

@@ -135,7 +135,11 @@ class APIKeySecurity(HTTPBearer):
         else:
             record = await self.manager.verify(header_token(values, self.header))
         if record.allowed_ips:
-            check_address(request.scope, record, self.trusted_proxies)  # before any charge
+            try:
+                check_address(request.scope, record, self.trusted_proxies)  # before any charge
+            except errors.IPNotAllowed:
+                self.manager.usage_buffer.refused(record.id, "ip_not_allowed")
+                raise
         headers, limited = await check_rate_limits(self.limiter, record)
         refusal: errors.AuthenticationError | None = limited
         grants = grants_for(record.scopes, record.access == "full")
@@ -148,6 +152,7 @@ class APIKeySecurity(HTTPBearer):
                 refusal = exhausted
         rate_headers = tuple(headers)
         if refusal is not None:
+            self.manager.usage_buffer.refused(record.id, refusal.code)
             refusal.headers = rate_headers
             raise refusal
         for name, value in rate_headers:

@@ -90,6 +90,7 @@ class APIKeyBackend(AuthenticationBackend):
         values = [value for name, value in conn.scope["headers"] if name == header_name]
         if not values:
             return None
+        record = None
         try:
             if self._bearer:
                 record = await self.manager.verify(bearer_token(values))
@@ -105,6 +106,8 @@ class APIKeyBackend(AuthenticationBackend):
                 # Spent here, when the key is authenticated: `requires()` checks scopes later.
                 rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
         except errors.AuthenticationError as exc:
+            if record is not None:  # the key's request, refused: in its usage history
+                self.manager.usage_buffer.refused(record.id, exc.code)
             if not self._bearer:
                 exc = _header_error(exc, self.header)
             raise APIKeyRefused(exc, self.realm) from None
