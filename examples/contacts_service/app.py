@@ -100,6 +100,9 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
         exception_handlers=web.exception_handlers(exception_handlers),
         lifespan=lifespan,
     )
+    # No redirect to a path's slashed twin: Starlette builds that URL by decoding the query
+    # string as UTF-8, and other bytes there would make it answer 500.
+    app.router.redirect_slashes = False
     app.state.settings = settings
     app.state.manager = manager
     app.state.github_keys = leaks.GitHubKeys(settings.github_keys_url)

@@ -33,6 +33,7 @@ from apikeys import KeyManager
 from apikeys.errors import AuthUnavailable
 from apikeys.ui import KeysPage, PageUser
 from apikeys.ui.forms import Form, FormRefused, read_form
+from apikeys.ui.page import PAGE_HEADERS
 from examples.contacts_service import api
 from examples.contacts_service.auth import (
     CSRF_FIELD,
@@ -67,17 +68,6 @@ SCOPE_LABELS = {
 }
 SCOPES: tuple[str, ...] = tuple(dict.fromkeys(op.scope for op in api.OPERATIONS))
 """The API's scopes, in the order of its operations."""
-
-PAGE_HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
-        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "Referrer-Policy": "same-origin",
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-}
 
 
 class PageError(Exception):
@@ -405,5 +395,6 @@ def routes(page: KeysPage) -> list[BaseRoute]:
         Route("/", home, methods=["GET"]),
         Route("/login", by_method(get=login_form, post=login), methods=["GET", "POST"]),
         Route("/logout", by_method(get=logout_form, post=logout), methods=["GET", "POST"]),
+        Route(KEYS_PATH, home, methods=["GET"]),  # the list is at KEYS_PATH + "/"
         Mount(KEYS_PATH, app=page),
     ]

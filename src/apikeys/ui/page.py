@@ -282,6 +282,9 @@ class KeysPage:
                 AuthUnavailable: _unavailable,
             },
         )
+        # Never redirect a path to its slashed twin: Starlette builds that URL from the query
+        # string as UTF-8, and any other bytes there would make it fail with a 500.
+        self._app.router.redirect_slashes = False
         self._app.state.page = self
 
     def __repr__(self) -> str:
