@@ -624,3 +624,16 @@ def test_if_a_store_moves_to_a_new_event_loop_then_it_keeps_working(
     asyncio.run(served_later(manager))
     del manager
     gc.collect()
+
+
+async def test_if_closed_right_after_its_first_verification_then_aclose_returns(
+    store: KeyStore, hasher: Hasher
+) -> None:
+    # The first verification starts the cache's probing; on Redis, a cancellation arriving
+    # as a probe command was answered used to be swallowed, and aclose waited forever.
+    for _ in range(5):
+        manager = KeyManager(store, hasher=hasher)
+        created = await manager.create(name="n", workspace="w", full_access=True)
+        await manager.verify(created.key)
+        async with asyncio.timeout(10):
+            await manager.aclose()
