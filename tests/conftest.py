@@ -135,7 +135,7 @@ async def manager(store: KeyStore, hasher: Hasher) -> AsyncIterator[KeyManager]:
     """A `KeyManager` on each store of the table."""
     key_manager = KeyManager(store, hasher=hasher, usage_flush_interval=0.05)
     yield key_manager
-    await key_manager.usage_buffer.aclose()
+    await key_manager.aclose()
 
 
 @pytest.fixture

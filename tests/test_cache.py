@@ -200,9 +200,13 @@ class CacheMachine(RuleBasedStateMachine):
             self.floor[key_id] = 0
 
     def teardown(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        self.runner.close()
+        try:
+            for manager in self.managers:
+                self.run(manager.aclose())
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            self.runner.close()
 
     def _cache(self, index: int) -> KeyCache:
         cache = self.managers[index].cache
@@ -363,6 +367,7 @@ async def test_if_cached_then_no_secret_is_held() -> None:
     assert held
     assert not any(secret in text for text in held)
     assert secret not in repr(manager.cache)
+    await manager.aclose()
 
 
 async def test_if_not_proven_fresh_then_the_store_is_read() -> None:

@@ -312,12 +312,12 @@ async def test_if_slow_scheme_then_create_and_migration_hash_off_the_event_loop(
             return super().hash(secret)
 
     store = MemoryStore()
-    created = await KeyManager(store, hasher=Hasher(PEPPER)).create(
-        name="n", workspace="w", full_access=True
-    )
-    slow = KeyManager(store, hasher=Recording(PEPPER, context=_fast_context("pbkdf2_sha256")))
-    await slow.create(name="m", workspace="w", full_access=True)
-    await slow.verify(created.key)
+    async with KeyManager(store, hasher=Hasher(PEPPER)) as fast:
+        created = await fast.create(name="n", workspace="w", full_access=True)
+    slow_hasher = Recording(PEPPER, context=_fast_context("pbkdf2_sha256"))
+    async with KeyManager(store, hasher=slow_hasher) as slow:
+        await slow.create(name="m", workspace="w", full_access=True)
+        await slow.verify(created.key)
     stored = await store.get(created.record.id)
     assert stored is not None
     assert stored.secret_hash.startswith("$pbkdf2-sha256$")

@@ -162,12 +162,15 @@ class TestVerify:
     async def test_if_prefix_differs_from_managers_then_malformed(
         self, store: KeyStore, hasher: Hasher
     ) -> None:
-        issuing = KeyManager(store, hasher=hasher, prefix="sk_live")
-        created = await issuing.create(name="n", workspace="w", scopes=["contacts:read"])
-        assert created.key.startswith("sk_live_")
-        assert (await issuing.verify(created.key)).id == created.record.id
-        with pytest.raises(MalformedAPIKey):
-            await KeyManager(store, hasher=hasher).verify(created.key)
+        async with (
+            KeyManager(store, hasher=hasher, prefix="sk_live") as issuing,
+            KeyManager(store, hasher=hasher) as other,
+        ):
+            created = await issuing.create(name="n", workspace="w", scopes=["contacts:read"])
+            assert created.key.startswith("sk_live_")
+            assert (await issuing.verify(created.key)).id == created.record.id
+            with pytest.raises(MalformedAPIKey):
+                await other.verify(created.key)
 
     async def test_if_secret_wrong_for_revoked_key_then_invalid_not_revoked(
         self, manager: KeyManager
@@ -345,7 +348,6 @@ class TestUsage:
     async def test_if_two_managers_share_a_store_then_no_increment_is_lost(
         self, manager: KeyManager, hasher: Hasher
     ) -> None:
-        other = KeyManager(manager.store, hasher=hasher, usage_flush_interval=0.01)
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
 
         async def burst(target: KeyManager, count: int) -> None:
@@ -353,9 +355,10 @@ class TestUsage:
                 await target.verify(created.key)
                 await asyncio.sleep(0)
 
-        await asyncio.gather(burst(manager, 150), burst(other, 150))
-        await manager.flush()
-        await other.flush()
+        async with KeyManager(manager.store, hasher=hasher, usage_flush_interval=0.01) as other:
+            await asyncio.gather(burst(manager, 150), burst(other, 150))
+            await manager.flush()
+            await other.flush()
         assert (await manager.get(created.record.id)).request_count == 300
 
     async def test_if_not_flushed_yet_then_get_includes_this_process_counts(
@@ -368,7 +371,7 @@ class TestUsage:
         assert (await lazy.get(created.record.id)).request_count == 3
         [listed] = await lazy.list("w")
         assert listed.request_count == 3
-        await lazy.usage_buffer.aclose()
+        await lazy.aclose()
         stored = await store.get(created.record.id)
         assert stored is not None
         assert stored.record.request_count == 3
@@ -379,12 +382,14 @@ class TestUsage:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
         before = datetime.now(UTC)
         await manager.verify(created.key)
-        observer = KeyManager(manager.store, hasher=hasher)
-        for _ in range(40):
-            record = await observer.get(created.record.id)
-            if record.request_count == 1:
-                break
-            await asyncio.sleep(0.05)
+        async with KeyManager(manager.store, hasher=hasher) as observer:
+            for _ in range(40):
+                record = await observer.get(created.record.id)
+                if record.request_count == 1:
+                    break
+                await asyncio.sleep(0.05)
+            # The store they share closes with the observer: not under a write in flight.
+            await manager.flush()
         assert record.request_count == 1
         assert record.last_used_at is not None
         assert record.last_used_at >= before - timedelta(seconds=1)
@@ -413,24 +418,24 @@ class TestAcrossManagers:
     async def test_if_revoked_through_one_manager_then_other_refuses_next_request(
         self, manager: KeyManager, hasher: Hasher
     ) -> None:
-        other = KeyManager(manager.store, hasher=hasher)
-        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
-        await other.verify(created.key)
-        await manager.revoke(created.record.id)
-        with pytest.raises(KeyRevoked):
+        async with KeyManager(manager.store, hasher=hasher) as other:
+            created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
             await other.verify(created.key)
+            await manager.revoke(created.record.id)
+            with pytest.raises(KeyRevoked):
+                await other.verify(created.key)
 
     async def test_if_disabled_through_one_manager_then_other_refuses_next_request(
         self, manager: KeyManager, hasher: Hasher
     ) -> None:
-        other = KeyManager(manager.store, hasher=hasher)
-        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
-        await other.verify(created.key)
-        await manager.disable(created.record.id)
-        with pytest.raises(KeyDisabled):
+        async with KeyManager(manager.store, hasher=hasher) as other:
+            created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
             await other.verify(created.key)
-        await manager.enable(created.record.id)
-        await other.verify(created.key)
+            await manager.disable(created.record.id)
+            with pytest.raises(KeyDisabled):
+                await other.verify(created.key)
+            await manager.enable(created.record.id)
+            await other.verify(created.key)
 
 
 class TestRollRace:
@@ -444,14 +449,19 @@ class TestRollRace:
             """Revokes the old key from 'another process' while the new one is hashed."""
 
             async def ahash(self, secret: str) -> str:
-                await KeyManager(store, hasher=hasher).revoke(created.record.id)
+                async with KeyManager(store, hasher=hasher) as elsewhere:
+                    await elsewhere.revoke(created.record.id)
                 return await super().ahash(secret)
 
         racing = KeyManager(store, hasher=RevokeDuringIssue(pepper="test-pepper-0123456789abcdef"))
-        with pytest.raises(InvalidTransition, match="revoked"):
-            await racing.roll(created.record.id)
-        # The old key and the one the interrupted roll issued: both revoked, none usable.
-        assert [record.status for record in await manager.list("w")] == ["revoked", "revoked"]
+        try:
+            with pytest.raises(InvalidTransition, match="revoked"):
+                await racing.roll(created.record.id)
+            # The old key and the one the interrupted roll issued: both revoked, none usable.
+            assert [record.status for record in await manager.list("w")] == ["revoked", "revoked"]
+        finally:
+            await racing.aclose()
+            await manager.aclose()
 
 
 class TestKeyPrefixBinding:
@@ -460,14 +470,16 @@ class TestKeyPrefixBinding:
     ) -> None:
         # Finding 7: two managers on one store; a test key rewritten with the live prefix
         # (checksum recomputed) verified as a live key.
-        testing = KeyManager(store, hasher=hasher, prefix="sk_test", cache=False)
-        live = KeyManager(store, hasher=hasher, prefix="sk_live", cache=False)
-        created = await testing.create(name="n", workspace="w", scopes=["contacts:read"])
-        parsed = parse_key(created.key)
-        forged = type(parsed)("sk_live", parsed.id, parsed.secret).token
-        with pytest.raises(InvalidAPIKey):
-            await live.verify(forged)
-        assert (await testing.verify(created.key)).id == created.record.id
+        async with (
+            KeyManager(store, hasher=hasher, prefix="sk_test", cache=False) as testing,
+            KeyManager(store, hasher=hasher, prefix="sk_live", cache=False) as live,
+        ):
+            created = await testing.create(name="n", workspace="w", scopes=["contacts:read"])
+            parsed = parse_key(created.key)
+            forged = type(parsed)("sk_live", parsed.id, parsed.secret).token
+            with pytest.raises(InvalidAPIKey):
+                await live.verify(forged)
+            assert (await testing.verify(created.key)).id == created.record.id
 
     @given(
         prefixes=st.lists(
@@ -484,13 +496,15 @@ class TestKeyPrefixBinding:
         hasher = Hasher(pepper="prefix-test-pepper-0123456789")
 
         async def scenario() -> None:
-            issuing = KeyManager(store, hasher=hasher, prefix=issuing_prefix)
-            other = KeyManager(store, hasher=hasher, prefix=other_prefix)
-            created = await issuing.create(name="n", workspace="w", full_access=True)
-            parsed = parse_key(created.key, issuing_prefix)
-            forged = type(parsed)(other_prefix, parsed.id, parsed.secret).token
-            with pytest.raises(InvalidAPIKey):
-                await other.verify(forged)
+            async with (
+                KeyManager(store, hasher=hasher, prefix=issuing_prefix) as issuing,
+                KeyManager(store, hasher=hasher, prefix=other_prefix) as other,
+            ):
+                created = await issuing.create(name="n", workspace="w", full_access=True)
+                parsed = parse_key(created.key, issuing_prefix)
+                forged = type(parsed)(other_prefix, parsed.id, parsed.secret).token
+                with pytest.raises(InvalidAPIKey):
+                    await other.verify(forged)
 
         asyncio.run(scenario())
 
@@ -569,10 +583,8 @@ class TestUpdate:
             with pytest.raises(KeyExpired):
                 await reader.verify(created.key)
         finally:
-            for closing in (reader, writer):
-                await closing.usage_buffer.aclose()
-                if closing.cache is not None:
-                    await closing.cache.aclose()
+            await reader.aclose()
+            await writer.aclose()
 
     async def test_if_revoked_then_an_edit_is_refused(self, manager: KeyManager) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
@@ -733,3 +745,16 @@ class TestSeveralRateLimits:
             created_at=datetime.now(UTC),
         )
         assert record.to_dict()["rate_limits"] == [{"name": "default", "limit": "lots"}]
+
+
+async def test_if_closed_right_after_its_first_verification_then_aclose_returns(
+    store: KeyStore, hasher: Hasher
+) -> None:
+    # The first verification starts the cache's probing; on Redis, a cancellation arriving
+    # as a probe command was answered used to be swallowed, and aclose waited forever.
+    for _ in range(5):
+        manager = KeyManager(store, hasher=hasher)
+        created = await manager.create(name="n", workspace="w", full_access=True)
+        await manager.verify(created.key)
+        async with asyncio.timeout(10):
+            await manager.aclose()

@@ -286,7 +286,7 @@ class TestStatusTable:
             response = await http.get("/api/v1/contacts", headers=bearer(token))
         assert_problem(response, 503, "auth_unavailable")
         assert response.headers["retry-after"] == "1"
-        await manager.store.aclose()
+        await manager.aclose()
 
     async def test_if_limiter_unreachable_then_503_fail_closed(
         self, memory_manager: KeyManager
@@ -397,6 +397,7 @@ class TestLifespanAndWebSocket:
         final = asyncio.run(store.get(created.record.id))
         assert final is not None
         assert final.record.request_count == 5
+        asyncio.run(manager.aclose())
 
     def test_if_websocket_under_protect_then_key_required(self, hasher: Any) -> None:
         manager = KeyManager(MemoryStore(), hasher=hasher)
@@ -412,6 +413,7 @@ class TestLifespanAndWebSocket:
                 http.websocket_connect("/api/v1/socket") as ws,
             ):
                 ws.receive_text()
+            http.portal.call(manager.aclose)
 
 
 class CountingStore(MemoryStore):
@@ -457,14 +459,15 @@ class TestHostileHeaders:
         app = build_app(manager)
 
         async def scenario() -> tuple[int, dict[str, Any]]:
-            created = await manager.create(name="n", workspace="w", full_access=True)
-            key = created.key
-            position = data.draw(st.integers(0, len(key) - 1))
-            replacement = data.draw(
-                st.characters(codec="ascii").filter(lambda c: c != key[position])
-            )
-            damaged = key[:position] + replacement + key[position + 1 :]
-            return await _call(app, [(b"authorization", b"Bearer " + damaged.encode())])
+            async with manager:
+                created = await manager.create(name="n", workspace="w", full_access=True)
+                key = created.key
+                position = data.draw(st.integers(0, len(key) - 1))
+                replacement = data.draw(
+                    st.characters(codec="ascii").filter(lambda c: c != key[position])
+                )
+                damaged = key[:position] + replacement + key[position + 1 :]
+                return await _call(app, [(b"authorization", b"Bearer " + damaged.encode())])
 
         status, body = asyncio.run(scenario())
         assert status == 401
@@ -533,6 +536,7 @@ class TestShutdown:
         stored = asyncio.run(store.get(created.record.id))
         assert stored is not None
         assert stored.record.request_count == 3
+        asyncio.run(manager.aclose())
 
     async def test_if_app_fails_its_own_startup_then_the_failure_is_not_hidden(
         self, hasher: Hasher
@@ -954,6 +958,7 @@ class TestHeaderOption:
                 http.websocket_connect("/api/v1/socket", headers=bearer(created.key)) as ws,
             ):
                 ws.receive_text()
+            http.portal.call(manager.aclose)
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(data=st.data())
@@ -964,21 +969,24 @@ class TestHeaderOption:
         app = build_app(manager, header="X-API-Key")
 
         async def scenario() -> tuple[bytes, bytes, tuple[int, dict[str, Any]]]:
-            created = await manager.create(name="n", workspace="w", full_access=True)
-            key = created.key.encode()
-            position = data.draw(st.integers(0, len(key) - 1))
-            damaged = key[:position] + bytes([data.draw(st.integers(0, 255))]) + key[position + 1 :]
-            core = data.draw(
-                st.one_of(
-                    st.just(key),
-                    st.just(damaged),
-                    st.binary(max_size=300),
-                    st.just(b"Bearer " + key),
-                    st.binary(max_size=20).map(lambda extra: key + extra),
+            async with manager:
+                created = await manager.create(name="n", workspace="w", full_access=True)
+                key = created.key.encode()
+                position = data.draw(st.integers(0, len(key) - 1))
+                damaged = (
+                    key[:position] + bytes([data.draw(st.integers(0, 255))]) + key[position + 1 :]
                 )
-            )
-            value = data.draw(_PADDING) + core + data.draw(_PADDING)
-            return key, value, await _call(app, [(b"x-api-key", value)])
+                core = data.draw(
+                    st.one_of(
+                        st.just(key),
+                        st.just(damaged),
+                        st.binary(max_size=300),
+                        st.just(b"Bearer " + key),
+                        st.binary(max_size=20).map(lambda extra: key + extra),
+                    )
+                )
+                value = data.draw(_PADDING) + core + data.draw(_PADDING)
+                return key, value, await _call(app, [(b"x-api-key", value)])
 
         key, value, (status, body) = asyncio.run(scenario())
         assert status in (200, 401), (value, status)

@@ -306,7 +306,10 @@ class KeyCache:
                 if self._ready is not None:
                     self._ready.set()
                 slow = 0
-                while True:
+                # `_closed` is checked as well as the cancellation `aclose` sends: a client
+                # library may swallow a cancellation (redis-py can, in a command answered as
+                # it is cancelled), and `aclose` waits for this task to end.
+                while not self._closed:
                     try:
                         async with asyncio.timeout(self.lease / 2):
                             await self.refresh()

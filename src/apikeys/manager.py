@@ -6,10 +6,13 @@ the one place that turns a token into a record (`verify`). Stores only keep stat
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import logging
 import re
 import time
+import warnings
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -50,7 +53,7 @@ from apikeys.types import (
     jsonable,
     utcnow,
 )
-from apikeys.usage import UsageBuffer
+from apikeys.usage import UsageBuffer, write_at_exit
 
 __all__ = ["KeyManager", "check_usable"]
 
@@ -60,6 +63,13 @@ _MAX_TEXT = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _INSERT_ATTEMPTS = 5
 _T = TypeVar("_T")
+
+# How long interpreter exit may spend writing the counts of managers left unclosed.
+_EXIT_TIMEOUT: Final = 5.0
+# Managers that have done work and have not been closed (see `KeyManager._use`).
+_unclosed: weakref.WeakSet[KeyManager] = weakref.WeakSet()
+# The usage buffers of unclosed managers collected with counts unwritten: written at exit.
+_orphans: list[UsageBuffer] = []
 
 
 def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
@@ -152,7 +162,19 @@ class KeyManager:
     `redis://` URL for Redis pub/sub in front of any store. `cache_lease` bounds how long a
     change waits for a process that does not answer (seconds); `cache_size` bounds the
     records kept. `cache=False` reads the store on every verification.
+
+    Close a manager when done with it: `await manager.aclose()`, or use it as
+    `async with KeyManager(...) as manager:`. One that has done work (issued, read, changed
+    or verified a key) and is garbage-collected or reaches interpreter exit unclosed emits a
+    `ResourceWarning`, once (Python shows it with `-W always::ResourceWarning` or `-X dev`);
+    at exit, the usage counts it still buffers are written if the store answers within a
+    few seconds, and a logged warning says how many were lost if not. A manager that has
+    done nothing holds nothing, and is never warned about.
     """
+
+    # Class defaults: `__del__` may run on an instance whose `__init__` raised.
+    _in_use = False
+    _warned = False
 
     def __init__(
         self,
@@ -185,6 +207,7 @@ class KeyManager:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
 
     async def __aenter__(self) -> Self:
+        self._use()
         await self.store.setup()
         return self
 
@@ -198,6 +221,7 @@ class KeyManager:
 
     async def aclose(self) -> None:
         """Write buffered usage, stop the cache and close the store."""
+        self._release()
         try:
             await self.usage_buffer.aclose()
         finally:
@@ -210,6 +234,44 @@ class KeyManager:
     async def flush(self) -> None:
         """Write buffered usage counts to the store now."""
         await self.usage_buffer.flush()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _use(self) -> None:
+        """Note that this manager has done work: from now on it holds what `aclose` releases
+        (connections, a cache, buffered counts), and is warned about if never closed."""
+        if not self._in_use:
+            self._in_use = True
+            _unclosed.add(self)
+
+    def _release(self) -> None:
+        """Forget that this manager has done work, without closing anything: `aclose` does
+        this first, and so does a helper manager sharing another's store, holding nothing
+        of its own."""
+        self._in_use = False
+        _unclosed.discard(self)
+
+    def _warn_unclosed(self, _warnings: Any = warnings) -> None:
+        """The `ResourceWarning` of an unclosed manager, at most once."""
+        if self._warned:
+            return
+        self._warned = True
+        _warnings.warn(
+            f"unclosed {self!r}: close it with `await manager.aclose()` when done with it, "
+            "or use it as `async with KeyManager(...) as manager:`",
+            ResourceWarning,
+            source=self,
+        )
+
+    def __del__(self, _warnings: Any = warnings) -> None:
+        if not self._in_use:
+            return
+        usage = self.__dict__.get("usage")
+        if isinstance(usage, UsageBuffer) and usage.unwritten():
+            # Counts nothing else would write once this manager is gone: written at exit.
+            _orphans[:] = [buffer for buffer in _orphans if buffer.unwritten()]
+            _orphans.append(usage)
+        self._warn_unclosed(_warnings)
 
     # -- issuing ---------------------------------------------------------------------------
 
@@ -312,6 +374,7 @@ class KeyManager:
         policy: Mapping[str, Any] | None = None,
         actor: str | None = None,
     ) -> CreatedKey:
+        self._use()
         for _ in range(_INSERT_ATTEMPTS):
             parsed = generate_key(self.prefix)
             record = KeyRecord(
@@ -372,6 +435,7 @@ class KeyManager:
         cache, this returns once every process caching keys has dropped the key (or a lease
         has passed): see `KeyCache.change`.
         """
+        self._use()
         if self.cache is None:
             return await apply(None)
         return await self.cache.change(key_id, apply, wait=wait)
@@ -380,6 +444,7 @@ class KeyManager:
 
     async def get(self, key_id: str) -> KeyRecord:
         """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`."""
+        self._use()
         stored = await self.store.get(key_id)
         if stored is None:
             raise KeyNotFound(key_id)
@@ -387,6 +452,7 @@ class KeyManager:
 
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
         """The records of `workspace` (or of all workspaces), oldest first."""
+        self._use()
         return [self.usage_buffer.apply(record) for record in await self.store.list(workspace)]
 
     # -- state changes ---------------------------------------------------------------------
@@ -615,6 +681,7 @@ class KeyManager:
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
+        self._use()
         stored = await self.store.get(key_id)
         if stored is None:
             raise KeyNotFound(key_id)
@@ -718,6 +785,8 @@ class KeyManager:
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         prefix, key_id, secret = split_key(token, self.prefix)
+        if not self._in_use:
+            self._use()
         cache = self.cache
         if cache is None:
             stored = await self.store.get(key_id)
@@ -766,3 +835,32 @@ class KeyManager:
         except Exception as exc:
             # The request was verified; migration simply happens on a later one.
             logger.warning("apikeys: could not re-hash key %s: %s", key_id, type(exc).__name__)
+
+
+@atexit.register
+def _at_exit() -> None:
+    """At interpreter exit: warn about each manager left unclosed, and write the usage
+    counts still buffered (theirs, and those of unclosed managers already collected).
+
+    Never raises: an exception here would print a traceback.
+    """
+    try:
+        managers = [manager for manager in list(_unclosed) if manager._in_use]
+        _unclosed.clear()
+        for manager in managers:
+            try:
+                manager._warn_unclosed()
+            except Exception as exc:  # ResourceWarning made an error (-W error)
+                logger.warning("apikeys: %s", exc)
+        buffers = {id(buffer): buffer for buffer in _orphans}
+        buffers.update((id(manager.usage_buffer), manager.usage_buffer) for manager in managers)
+        _orphans.clear()
+        lost = write_at_exit(buffers.values(), _EXIT_TIMEOUT)
+        if lost:
+            logger.warning(
+                "apikeys: %d request count(s) buffered by an unclosed KeyManager could not "
+                "be written at exit (close managers with `await manager.aclose()`)",
+                lost,
+            )
+    except Exception as exc:  # pragma: no cover - a last resort
+        logger.warning("apikeys: cleaning up at exit failed: %r", exc)

@@ -161,14 +161,30 @@ async def revoke_found(
     The secret is checked first: a key id is public, so a planted token with a valid
     checksum but a made-up secret must not get someone else's key revoked.
     """
-    outcomes: dict[str, str] = {}
     # `verify` checks the manager's own prefix: one checker per prefix, on the same store.
-    # They record no usage, so they hold nothing that `aclose` would have to release.
+    # Without a cache and recording no usage, they hold nothing of their own to close.
     checkers: dict[str, KeyManager] = {manager.prefix: manager}
+    try:
+        return await _revoke_found(manager, keys, checkers, actor)
+    finally:
+        for checker in checkers.values():
+            if checker is not manager:
+                checker._release()
+
+
+async def _revoke_found(
+    manager: KeyManager,
+    keys: Sequence[ParsedKey],
+    checkers: dict[str, KeyManager],
+    actor: str | None,
+) -> dict[str, str]:
+    outcomes: dict[str, str] = {}
     for parsed in keys:
         checker = checkers.get(parsed.prefix)
         if checker is None:
-            checker = KeyManager(manager.store, hasher=manager.hasher, prefix=parsed.prefix)
+            checker = KeyManager(
+                manager.store, hasher=manager.hasher, prefix=parsed.prefix, cache=False
+            )
             checkers[parsed.prefix] = checker
         try:
             await checker.verify(parsed.token, record_usage=False)

@@ -15,26 +15,33 @@ Newer requests go on being counted in the open accumulator meanwhile.
 Nothing cancels a write in flight: the store call runs shielded, so a cancelled `flush()`
 leaves its batch queued (with its id) while the write goes on, and `aclose()` waits for the
 background task to finish the flush it is in, then writes what is left.
+
+At interpreter exit, the counts of managers that were never closed are written by
+`write_at_exit`, on an event loop of its own, within a time limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from apikeys.stores.base import ADMITTED, KeyStore
 from apikeys.types import KeyRecord, UsageDelta
 
-__all__ = ["UsageBuffer"]
+__all__ = ["UsageBuffer", "write_at_exit"]
 
 logger = logging.getLogger("apikeys")
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 class _Batch:
@@ -135,6 +142,17 @@ class UsageBuffer:
 
     def _has_pending(self) -> bool:
         return bool(self._open or self._queue)
+
+    def unwritten(self) -> int:
+        """How many requests were counted here and are not yet confirmed written."""
+        count = sum(int(entry[0]) for entry in self._open.values())
+        return count + sum(delta.count for batch in self._queue for delta in batch.usage.values())
+
+    def _busy_elsewhere(self) -> bool:
+        """True while the background task lives on an event loop that is running (in
+        another thread): its counts are that loop's to write."""
+        task = self._task
+        return task is not None and not task.done() and task.get_loop().is_running()
 
     def _ensure_task(self) -> None:
         try:
@@ -262,3 +280,69 @@ class UsageBuffer:
             self._closing = False
             if self._has_pending():
                 self._ensure_task()  # counts recorded while closing, or a failed write
+
+
+class _InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """An executor that runs each call at once, in the calling thread.
+
+    At interpreter exit no executor takes work any more (and Python 3.12 starts no thread),
+    yet asyncio resolves host names through the loop's executor: the exit loop resolves
+    them inline instead. Nothing else runs then, so blocking the loop costs nothing.
+    """
+
+    def submit(
+        self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> concurrent.futures.Future[_T]:
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+async def _write_and_close(buffers: list[UsageBuffer]) -> None:
+    async def write(buffer: UsageBuffer) -> None:
+        try:
+            await buffer.flush()
+        except Exception as exc:
+            logger.debug("apikeys: usage flush at exit failed: %s", type(exc).__name__)
+
+    # The writes, all at once, then the stores' connections are closed.
+    stores = list({id(buffer.store): buffer.store for buffer in buffers}.values())
+    await asyncio.gather(*(write(buffer) for buffer in buffers))
+    await asyncio.gather(*(store.aclose() for store in stores), return_exceptions=True)
+
+
+def write_at_exit(buffers: Iterable[UsageBuffer], timeout: float) -> int:
+    """Write what `buffers` hold, on a new event loop, within `timeout` seconds, then close
+    their stores; return how many counted requests could not be written.
+
+    For interpreter exit, when the loops the buffers ran on are gone: the stores reconnect
+    on this one. A buffer whose background task still lives on a running loop (in another
+    thread) is left to it, and its counts are reported as not written. Never raises.
+    """
+    pending = [buffer for buffer in buffers if buffer.unwritten()]
+    mine = [buffer for buffer in pending if not buffer._busy_elsewhere()]
+    if mine:
+        try:
+            loop = asyncio.new_event_loop()
+        except Exception as exc:  # pragma: no cover - no event loop at all
+            logger.debug("apikeys: no event loop at exit: %s", type(exc).__name__)
+        else:
+            try:
+                loop.set_default_executor(_InlineExecutor())
+                with contextlib.suppress(TimeoutError):
+                    loop.run_until_complete(asyncio.wait_for(_write_and_close(mine), timeout))
+                # Whatever outlived the time limit is cancelled, not left pending.
+                leftover = asyncio.all_tasks(loop)
+                for task in leftover:
+                    task.cancel()
+                if leftover:
+                    loop.run_until_complete(asyncio.wait(leftover, timeout=1.0))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            except Exception as exc:
+                logger.debug("apikeys: usage flush at exit failed: %s", type(exc).__name__)
+            finally:
+                loop.close()
+    return sum(buffer.unwritten() for buffer in pending)

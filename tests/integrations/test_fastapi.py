@@ -160,10 +160,11 @@ async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> N
         async def get(self, key_id: str) -> None:
             raise RuntimeError("the store broke in a way nobody foresaw")
 
-    transport = httpx.ASGITransport(app=build(KeyManager(BrokenStore(), hasher=hasher)))
-    token = generate_key().token
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-        response = await http.get("/me", headers=bearer(token))
+    async with KeyManager(BrokenStore(), hasher=hasher) as manager:
+        transport = httpx.ASGITransport(app=build(manager))
+        token = generate_key().token
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/me", headers=bearer(token))
     assert response.status_code == 503
     assert response.json()["code"] == "auth_unavailable"
 

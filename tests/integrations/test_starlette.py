@@ -107,11 +107,11 @@ async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> N
         async def get(self, key_id: str) -> None:
             raise RuntimeError("the store broke in a way nobody foresaw")
 
-    manager = KeyManager(BrokenStore(), hasher=hasher)
-    transport = httpx.ASGITransport(app=build(manager))
-    token = generate_key().token
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-        response = await http.get("/anyone", headers={"Authorization": f"Bearer {token}"})
+    async with KeyManager(BrokenStore(), hasher=hasher) as manager:
+        transport = httpx.ASGITransport(app=build(manager))
+        token = generate_key().token
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            response = await http.get("/anyone", headers={"Authorization": f"Bearer {token}"})
     assert response.status_code == 503
     assert response.json()["code"] == "auth_unavailable"
 

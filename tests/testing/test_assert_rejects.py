@@ -20,6 +20,7 @@ from apikeys.testing import (
     async_assert_rejects_bad_credentials,
     in_memory_manager,
 )
+from apikeys.testing.factory import close_manager
 from apikeys.types import Message, Receive, Scope, Send, StoredKey
 
 EXAMPLES = 100
@@ -91,22 +92,27 @@ class TestPasses:
 
     def test_with_another_method_and_prefix(self) -> None:
         manager = in_memory_manager(prefix="acme_live")
-        key = KeyFactory(manager).sync(full_access=True).key
-        assert_rejects_bad_credentials(
-            protected(manager), "/api/contacts", method="post", valid_key=key, max_examples=50
-        )
-        assert_rejects_bad_credentials(
-            protected(manager), "/api/contacts", prefix="acme_live", max_examples=50
-        )
+        try:
+            key = KeyFactory(manager).sync(full_access=True).key
+            assert_rejects_bad_credentials(
+                protected(manager), "/api/contacts", method="post", valid_key=key, max_examples=50
+            )
+            assert_rejects_bad_credentials(
+                protected(manager), "/api/contacts", prefix="acme_live", max_examples=50
+            )
+        finally:
+            close_manager(manager)
 
     def test_when_the_store_is_down_503_auth_unavailable_is_failing_closed(self) -> None:
         class DownStore(MemoryStore):
             async def get(self, key_id: str) -> StoredKey | None:
                 raise ConnectionError("down")
 
-        assert_rejects_bad_credentials(
-            protected(KeyManager(DownStore())), "/api/contacts", max_examples=50
-        )
+        manager = KeyManager(DownStore())
+        try:
+            assert_rejects_bad_credentials(protected(manager), "/api/contacts", max_examples=50)
+        finally:
+            close_manager(manager)
 
     async def test_async_variant_runs_on_the_tests_loop(
         self, app: APIKeyMiddleware, make_key: KeyFactory

@@ -92,10 +92,10 @@ class TestEveryCodeOfTheContract:
 
     async def test_auth_unavailable(self, make_key: KeyFactory) -> None:
         created = await make_key()
-        app = build_app(KeyManager(DownStore()))
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-            response = await http.get("/api/contacts", headers=bearer(created.key))
+        async with KeyManager(DownStore()) as manager:
+            transport = httpx.ASGITransport(app=build_app(manager))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                response = await http.get("/api/contacts", headers=bearer(created.key))
         assert_problem(response, "auth_unavailable")
 
     def test_with_starlette_test_client(

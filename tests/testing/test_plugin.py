@@ -314,9 +314,14 @@ class TestClosing:
 
     def test_unknown_keys_stay_unknown(self) -> None:
         manager = in_memory_manager()
-        with pytest.raises(InvalidAPIKey):
-            run_sync(manager.verify(KeyFactory(in_memory_manager()).sync().key))
-        close_manager(manager)
+        elsewhere = in_memory_manager()
+        try:
+            key = KeyFactory(elsewhere).sync().key
+            with pytest.raises(InvalidAPIKey):
+                run_sync(manager.verify(key))
+        finally:
+            close_manager(elsewhere)
+            close_manager(manager)
 
 
 def test_sync_helpers_leave_the_threads_event_loop_alone(make_key: KeyFactory) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -19,7 +19,7 @@ from apikeys.middleware import bearer_token
 from apikeys.ratelimit import parse_rate_limit
 from apikeys.scopes import validate_scope, validate_scopes
 from apikeys.testing import KeyFactory, in_memory_manager, strategies
-from apikeys.testing.factory import run_sync
+from apikeys.testing.factory import close_manager, run_sync
 from apikeys.testing.strategies import (
     _DAMAGES,
     _layout,
@@ -92,11 +92,14 @@ def refused(token: str, prefix: str | None = None) -> bool:
 
 
 @pytest.fixture(scope="module")
-def manager_and_key() -> tuple[KeyManager, str]:
+def manager_and_key() -> Iterator[tuple[KeyManager, str]]:
     """One manager holding one usable key, shared by the property tests of this module."""
     manager = in_memory_manager()
-    created = KeyFactory(manager).sync(scopes=["contacts:read"])
-    return manager, created.key
+    try:
+        created = KeyFactory(manager).sync(scopes=["contacts:read"])
+        yield manager, created.key
+    finally:
+        close_manager(manager)
 
 
 class TestKeys:
@@ -271,7 +274,11 @@ class TestScopesAndRateLimits:
     def test_scope_sets_create_keys(self, scopes: list[str]) -> None:
         assert len(set(scopes)) == len(scopes) >= 1
         assert validate_scopes(scopes) == tuple(sorted(scopes))
-        created = KeyFactory(in_memory_manager()).sync(scopes=scopes)
+        manager = in_memory_manager()
+        try:
+            created = KeyFactory(manager).sync(scopes=scopes)
+        finally:
+            close_manager(manager)
         assert created.record.scopes == tuple(sorted(scopes))
 
     @settings(max_examples=200, deadline=None, database=None)

@@ -157,7 +157,17 @@ class SQLiteChannel(Channel):
                 raise ChannelError(f"cannot write the registry: {exc}") from exc
 
         async with self._write_lock:
-            await asyncio.to_thread(run)
+            # A cancellation cannot stop the thread: the lock is held until the write ends,
+            # so that neither another write nor `disconnect` (closing the connection) uses
+            # the connection meanwhile, which can crash sqlite3.
+            write = asyncio.ensure_future(asyncio.to_thread(run))
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                while not write.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([write])
+                raise
 
     async def register(self, ttl: float) -> None:
         await self._execute(
@@ -219,9 +229,10 @@ class SQLiteChannel(Channel):
                     f'DELETE FROM "{self._readers}" WHERE reader_id = ?',  # noqa: S608
                     (self.ident,),
                 )
-        for connection in (self._read, self._write):
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    connection.close()
-        self._read = self._write = None
+        async with self._write_lock:  # not while a write is running in its thread
+            for connection in (self._read, self._write):
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+            self._read = self._write = None
         self._on_notice = None
