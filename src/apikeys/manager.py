@@ -266,7 +266,7 @@ class KeyManager:
     def __del__(self, _warnings: Any = warnings) -> None:
         if not self._in_use:
             return
-        usage = self.__dict__.get("usage")
+        usage = self.__dict__.get("usage_buffer")
         if isinstance(usage, UsageBuffer) and usage.unwritten():
             # Counts nothing else would write once this manager is gone: written at exit.
             _orphans[:] = [buffer for buffer in _orphans if buffer.unwritten()]
