@@ -218,3 +218,25 @@ async def test_a_forged_forwarded_chain_never_changes_the_verdict(
             "/api/items", headers={**bearer(created.key), "X-Forwarded-For": chain}
         )
     assert response.status_code == (200 if expected else 403), (chain, response.text)
+
+
+async def test_a_route_can_cost_several_credits(manager: KeyManager) -> None:
+    app = make_app(manager, costs={"POST /api/items": 3})
+    created = await manager.create(name="n", scopes=["items:read", "items:write"], credits=4)
+    async with client_for(app) as http:
+        expensive = await http.post("/api/items", headers=bearer(created.key))
+        assert expensive.status_code == 200
+        assert ratelimit(expensive)["credits"]["r"] == 1
+        refused = await http.post("/api/items", headers=bearer(created.key))
+        assert_problem(refused, 429, "credits_exhausted")
+        cheap = await http.get("/api/items", headers=bearer(created.key))  # no rule: 1
+        assert cheap.status_code == 200
+        assert ratelimit(cheap)["credits"]["r"] == 0
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, "3"])
+def test_a_cost_is_a_whole_number_of_credits(manager: KeyManager, bad: Any) -> None:
+    from apikeys import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="whole number of credits"):
+        make_app(manager, costs={"POST /api/items": bad})

@@ -759,6 +759,8 @@ class KeyManager:
         across processes: the store takes them in one atomic step. A key without credits
         (unlimited) is not for this method.
         """
+        if not record.credit_refill:
+            return await self.store.spend_credits(record.id, cost)
         refill = parse_refill(record.credit_refill)
         window = None if refill is None else (refill.amount, refill.period_start(utcnow()))
         return await self.store.spend_credits(record.id, cost, refill=window)

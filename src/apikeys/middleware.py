@@ -27,7 +27,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -54,6 +54,7 @@ __all__ = [
     "APIKeyAuth",
     "APIKeyMiddleware",
     "APIKeyUser",
+    "CostTable",
     "ScopeTable",
     "bearer_token",
     "check_address",
@@ -388,29 +389,32 @@ def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> 
 
 
 async def spend_credit(
-    manager: KeyManager, limiter: RateLimiter, record: KeyRecord, headers: Headers
+    manager: KeyManager, limiter: RateLimiter, record: KeyRecord, headers: Headers, cost: int = 1
 ) -> Headers:
-    """Spend one of the key's credits and add them to the RateLimit `headers`; or refuse with
-    `CreditsExhausted` after giving back what the rate limits charged the request, so a
+    """Spend `cost` of the key's credits and add them to the RateLimit `headers`; or refuse
+    with `CreditsExhausted` after giving back what the rate limits charged the request, so a
     refused request is charged to nothing."""
-    left = await manager.spend_credits(record)
-    refill = parse_refill(record.credit_refill)
-    now = utcnow()
+    left = await manager.spend_credits(record, cost)
+    refill = parse_refill(record.credit_refill) if record.credit_refill else None
     if left is None:
         await limiter.refund(record.id, record.rate_limit)
         retry = None
         if refill is not None:
+            now = utcnow()
             retry = math.ceil((refill.next_start(now) - now).total_seconds())
         raise CreditsExhausted(retry)
-    return credit_headers(headers, left, refill, now)
+    return credit_headers(headers, left, refill)
 
 
-def credit_headers(headers: Headers, left: int, refill: Refill | None, now: datetime) -> Headers:
+def credit_headers(
+    headers: Headers, left: int, refill: Refill | None, now: datetime | None = None
+) -> Headers:
     """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
     seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
     item = f'"credits";r={left}'
     policy = None
     if refill is not None:
+        now = now or utcnow()
         start, end = refill.period_start(now), refill.next_start(now)
         item += f";t={max(1, math.ceil((end - now).total_seconds()))}"
         policy = f'"credits";q={refill.amount};w={int((end - start).total_seconds())}'
@@ -455,6 +459,27 @@ def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
     )
 
 
+class CostTable(ScopeTable):
+    """Maps `"METHOD /path/{param}"` rules to the credits a request costs (1 where no rule
+    matches), with `ScopeTable`'s matching: `{"POST /api/v1/campaigns/{id}/trigger": 5}`."""
+
+    @staticmethod
+    def _parse_scopes(rule: str, required: Any) -> tuple[str, ...]:
+        if isinstance(required, bool) or not isinstance(required, int) or required < 1:
+            raise ConfigurationError(
+                f"cost rule {rule!r}: a cost is a whole number of credits, at least 1"
+            )
+        return (str(required),)
+
+    def __init__(self, rules: Mapping[str, int] | None = None) -> None:
+        super().__init__(cast("Mapping[str, str]", rules))
+
+    def cost(self, method: str, path: str) -> int:
+        """What a request to `method path` costs: its rule's credits, else 1."""
+        found = self.required(method, path)
+        return int(found[0]) if found else 1
+
+
 class APIKeyMiddleware:
     """Authenticate every HTTP and WebSocket request under `protect` with an API key.
 
@@ -480,6 +505,8 @@ class APIKeyMiddleware:
       cannot send Authorization. Refusals still carry `WWW-Authenticate: Bearer realm=…`.
       A name that is not a valid HTTP header name raises `ConfigurationError`.
 
+    - `costs`: what a request costs in credits, by route (`{"POST /api/v1/campaigns/{id}/
+      trigger": 5}`, the rules of `scopes`); 1 where no rule matches. For keys with credits.
     - `trusted_proxies`: how many proxies in front of the app append to `X-Forwarded-For`;
       the client address, checked against a key's `allowed_ips`, is then the one they wrote
       (counting from the right). 0 (the default) uses the connection's address and never
@@ -509,6 +536,7 @@ class APIKeyMiddleware:
         public: Sequence[str] = (),
         header: str = "Authorization",
         trusted_proxies: int = 0,
+        costs: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.manager = manager
@@ -533,6 +561,7 @@ class APIKeyMiddleware:
         if trusted_proxies < 0:
             raise ConfigurationError("trusted_proxies must not be negative")
         self.trusted_proxies = trusted_proxies
+        self.costs = CostTable(costs) if costs else None
         self.header = header
         self._header_name = _key_header(header)
         self._bearer = self._header_name == b"authorization"
@@ -590,7 +619,10 @@ class APIKeyMiddleware:
             elif not grants.covers(required):
                 raise InsufficientScope(required)
             if record.credits is not None:
-                rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
+                cost = 1 if self.costs is None else self.costs.cost(scope.get("method", ""), path)
+                rate_headers = await spend_credit(
+                    self.manager, self.limiter, record, rate_headers, cost
+                )
         except AuthenticationError as exc:
             if record is not None and exc.code in REFUSED_AFTER_AUTHENTICATION:
                 # Counted as a request of the key, and in its history as refused.
