@@ -423,17 +423,21 @@ class SQLStore(KeyStore):
             self._claim_batch = sqlite.insert(batches).on_conflict_do_nothing(
                 index_elements=[batches.c.batch_id]
             )
-        # Daily usage: add to a (key, day, outcome) row, made on first use.
-        daily = self._daily
-        increment = {"count": daily.c.count + sa.literal_column("excluded.count")}
-        self._add_daily: sa.Insert | None = None
-        if dialect.name == "postgresql":
-            self._add_daily = postgresql.insert(daily).on_conflict_do_update(
-                index_elements=[daily.c.key_id, daily.c.day, daily.c.outcome], set_=increment
-            )
-        elif dialect.name == "sqlite":
-            self._add_daily = sqlite.insert(daily).on_conflict_do_update(
-                index_elements=[daily.c.key_id, daily.c.day, daily.c.outcome], set_=increment
+        # Daily usage: add to a (key, day, outcome) row, made on first use, for a key that
+        # exists (as the counts above): one statement, so the batch's write transaction
+        # stays short when the process is busy.
+        self._add_daily: sa.TextClause | None = None
+        if dialect.name in ("postgresql", "sqlite"):
+            quote = dialect.identifier_preparer.format_table
+            daily_name, keys_name = quote(self._daily), quote(table)
+            # Table names quoted by the dialect; every value is a bound parameter.
+            self._add_daily = sa.text(
+                f"INSERT INTO {daily_name} (key_id, day, outcome, count) "  # noqa: S608
+                "SELECT CAST(:key_id AS VARCHAR(12)), CAST(:day AS VARCHAR(10)), "
+                "CAST(:outcome AS VARCHAR(32)), CAST(:count AS BIGINT) "
+                f"WHERE EXISTS (SELECT 1 FROM {keys_name} WHERE id = CAST(:key_id AS VARCHAR(12))) "
+                "ON CONFLICT (key_id, day, outcome) "
+                f"DO UPDATE SET count = {daily_name}.count + excluded.count"
             )
         self._prune_batches = sa.delete(batches).where(
             batches.c.applied_at < sa.bindparam("cutoff", type_=UTCDateTime())
@@ -1136,16 +1140,7 @@ class SQLStore(KeyStore):
             if params:
                 await conn.execute(statement, params)
             if daily_rows:
-                # Only for keys that exist, as the counts above (an unknown id adds nothing).
-                ids = {row["key_id"] for row in daily_rows}
-                known = set(
-                    (await conn.execute(sa.select(table.c.id).where(table.c.id.in_(ids))))
-                    .scalars()
-                    .all()
-                )
-                rows = [row for row in daily_rows if row["key_id"] in known]
-                if rows:
-                    await self._add_daily_usage(conn, rows)
+                await self._add_daily_usage(conn, daily_rows)
 
         await self._run(work)
         await self._maybe_prune_batches()
@@ -1156,8 +1151,11 @@ class SQLStore(KeyStore):
         if self._add_daily is not None:
             await conn.execute(self._add_daily, rows)
             return
-        daily = self._daily  # pragma: no cover - a dialect without ON CONFLICT
+        daily, table = self._daily, self._table  # pragma: no cover - no ON CONFLICT
         for row in rows:  # pragma: no cover
+            known = await conn.execute(sa.select(table.c.id).where(table.c.id == row["key_id"]))
+            if known.first() is None:
+                continue  # an unknown id adds nothing
             key = (daily.c.key_id == row["key_id"]) & (daily.c.day == row["day"])
             key &= daily.c.outcome == row["outcome"]
             updated = await conn.execute(
