@@ -344,11 +344,16 @@ _SCHEMA_LOCK: Final = 0x61706B6579
 
 
 def _already_exists(exc: BaseException) -> bool:
-    """Whether `exc` says another process created the object first."""
+    """Whether `exc` says another process created the object first, or (SQLite) holds the
+    file's lock while it does: either way, running the creation again settles it."""
     orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
     # duplicate_table, duplicate_object, and unique_violation (of pg_type's index)
-    return sqlstate in ("42P07", "42710", "23505") or "already exists" in str(orig)
+    if sqlstate in ("42P07", "42710", "23505") or "already exists" in str(orig):
+        return True
+    # A reader upgrading to a writer while another process writes gets SQLITE_BUSY at once,
+    # without waiting out the busy timeout.
+    return "database is locked" in str(orig)
 
 
 async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connection], None]) -> None:
@@ -359,7 +364,8 @@ async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connecti
     exists". On PostgreSQL the creators take turns (a transaction-scoped advisory lock); on
     both, a creation that lost the race is run again, and finds everything there.
     """
-    for attempt in range(5):
+    attempts = 10
+    for attempt in range(attempts):
         try:
             async with engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
@@ -369,7 +375,7 @@ async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connecti
                 await conn.run_sync(create)
             return
         except sa_exc.DBAPIError as exc:
-            if attempt == 4 or not _already_exists(exc):
+            if attempt == attempts - 1 or not _already_exists(exc):
                 raise
             await asyncio.sleep(0.02 * (attempt + 1))
 
