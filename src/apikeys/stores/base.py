@@ -30,6 +30,7 @@ __all__ = [
     "KeyStore",
     "days_of",
     "register_store",
+    "select_events",
     "store_from_url",
 ]
 
@@ -245,6 +246,26 @@ def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
         )
         for day, outcomes in sorted(by_day.items())
     ]
+
+
+def select_events(
+    events: Iterable[AuditEvent],
+    *,
+    workspace: str | None,
+    key_id: str | None,
+    since: datetime | None,
+    limit: int,
+) -> list[AuditEvent]:
+    """The newest `limit` of `events` (oldest first) that match: `audit` of a store that
+    keeps its events in order and filters them itself."""
+    found = [
+        event
+        for event in events
+        if (workspace is None or event.workspace == workspace)
+        and (key_id is None or event.key_id == key_id)
+        and (since is None or event.time >= since)
+    ]
+    return found[-limit:] if limit > 0 else []
 
 
 ADMITTED = "admitted"

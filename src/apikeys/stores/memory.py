@@ -10,7 +10,7 @@ from datetime import date, datetime
 from typing import Any
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
 from apikeys.types import (
     REVOKED,
     AuditEvent,
@@ -198,14 +198,9 @@ class MemoryStore(KeyStore):
         since: datetime | None = None,
         limit: int = 1000,
     ) -> builtins.list[AuditEvent]:
-        found = [
-            event
-            for event in self._audit
-            if (workspace is None or event.workspace == workspace)
-            and (key_id is None or event.key_id == key_id)
-            and (since is None or event.time >= since)
-        ]
-        return found[-limit:] if limit > 0 else []
+        return select_events(
+            self._audit, workspace=workspace, key_id=key_id, since=since, limit=limit
+        )
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         if not any(delta.count or delta.daily for delta in usage.values()):

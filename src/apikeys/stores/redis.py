@@ -63,7 +63,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from apikeys.channels.redis import RedisChannel, notices_channel
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
 from apikeys.types import (
     Access,
     AuditEvent,
@@ -666,16 +666,13 @@ class RedisStore(KeyStore):
     ) -> builtins.list[AuditEvent]:
         with self._calls():
             lines = cast("list[str]", await self._client.lrange(self._audit_list, 0, -1))
-        found = []
-        for line in lines:
-            event = AuditEvent.decode(line)
-            if (
-                (workspace is None or event.workspace == workspace)
-                and (key_id is None or event.key_id == key_id)
-                and (since is None or event.time >= since)
-            ):
-                found.append(event)
-        return found[-limit:] if limit > 0 else []
+        return select_events(
+            map(AuditEvent.decode, lines),
+            workspace=workspace,
+            key_id=key_id,
+            since=since,
+            limit=limit,
+        )
 
     async def update(
         self,
