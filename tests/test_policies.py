@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,38 @@ class TestCredits:
         assert sum(result is not None for result in results) == 40
         assert sorted(r for r in results if r is not None) == list(range(40))
         assert (await manager.get(record.id)).credits == 0
+
+    async def test_every_read_and_write_after_a_spend_sees_what_is_left(
+        self, manager: KeyManager, store: KeyStore
+    ) -> None:
+        record = (await manager.create(name="n", full_access=True, credits=10)).record
+        assert await manager.spend_credits(record, 3) == 7
+        assert (await store.get(record.id)).record.credits == 7  # type: ignore[union-attr]
+        assert await manager.spend_credits(record, 2) == 5
+        assert [listed.credits for listed in await store.list(record.workspace)] == [5]
+        assert await manager.spend_credits(record) == 4
+        # A write of another field keeps what is left; a write of the credits replaces it.
+        assert (await store.update(record.id, {"name": "renamed"})).credits == 4
+        assert await manager.spend_credits(record) == 3
+        assert (await store.update(record.id, {"credits": 20})).credits == 20
+        assert await manager.spend_credits(record) == 19
+        assert (await store.update(record.id, {"credits": None})).credits is None
+        assert await manager.spend_credits(record) is None
+        assert (await manager.get(record.id)).credits is None
+
+    async def test_the_verification_read_is_the_key_whatever_was_spent(
+        self, manager: KeyManager, store: KeyStore
+    ) -> None:
+        created = await manager.create(name="n", full_access=True, credits=10)
+        await manager.spend_credits(created.record, 4)
+        verifying = await store.get_for_verification(created.record.id)
+        read = await store.get(created.record.id)
+        assert read is not None
+        assert verifying is not None
+        assert verifying.secret_hash == read.secret_hash
+        # Only the count may lag there: spending reads it in its own atomic step.
+        assert replace(verifying.record, credits=6) == read.record
+        assert await store.get_for_verification("0" * 12) is None
 
     async def test_a_revoked_key_spends_nothing(self, manager: KeyManager) -> None:
         record = (await manager.create(name="n", full_access=True, credits=3)).record

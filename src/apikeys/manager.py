@@ -791,7 +791,7 @@ class KeyManager:
             self._use()
         cache = self.cache
         if cache is None:
-            stored = await self.store.get(key_id)
+            stored = await self.store.get_for_verification(key_id)
         else:
             stored = cache.get(key_id)
             if self.telemetry.active:

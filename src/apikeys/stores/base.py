@@ -93,6 +93,17 @@ class KeyStore(abc.ABC):
     async def get(self, key_id: str) -> StoredKey | None:
         """The key with this id, or None. The verification hot path: one round trip."""
 
+    async def get_for_verification(self, key_id: str) -> StoredKey | None:
+        """`get`, for `KeyManager.verify`: the same key, except that its record's `credits`
+        and `credits_refilled_at` may be older than the count `spend_credits` keeps.
+
+        Verification only asks whether a key has credits; spending reads and takes the count
+        in one atomic step of its own. A store that keeps the count apart from the record
+        (the memory store) answers without folding it in; the default is `get`. Everything
+        else, state, scopes, expiry, limits and hash, must be exactly what `get` returns.
+        """
+        return await self.get(key_id)
+
     @abc.abstractmethod
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
         """The records of one workspace (or all), oldest first (by `created_at`, then id)."""

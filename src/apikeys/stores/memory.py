@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import date, datetime
 from typing import Any
 
@@ -24,18 +24,6 @@ from apikeys.types import (
 __all__ = ["MemoryStore"]
 
 
-_FIELDS = tuple(field.name for field in fields(KeyRecord))
-
-
-def _with_credits(record: KeyRecord, credits: int) -> KeyRecord:
-    """`replace(record, credits=credits)`, at a third of the cost."""
-    copy = object.__new__(KeyRecord)
-    for name in _FIELDS:
-        object.__setattr__(copy, name, getattr(record, name))
-    object.__setattr__(copy, "credits", credits)
-    return copy
-
-
 class MemoryStore(KeyStore):
     """Keys in a dict, O(1) by id, with a per-workspace index for listing.
 
@@ -44,6 +32,11 @@ class MemoryStore(KeyStore):
 
     The ids of applied usage batches are kept for `USAGE_BATCH_RETENTION` (then forgotten),
     so a batch sent again within that window is skipped.
+
+    Spending credits writes the count beside the record, not a new record: a key with
+    credits spends on every request, and copying its record each time would cost more than
+    the rest of the spend. `get` and every other read fold the count back into the record;
+    `get_for_verification` leaves it out (see `KeyStore.get_for_verification`).
     """
 
     schemes = ("memory",)
@@ -57,6 +50,8 @@ class MemoryStore(KeyStore):
         self._audit: list[AuditEvent] = []
         # (key id, day, outcome) -> requests
         self._daily: dict[tuple[str, str, str], int] = {}
+        # key id -> (credits, credits_refilled_at) spent since its record was last written
+        self._spent: dict[str, tuple[int, datetime | None]] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -78,9 +73,24 @@ class MemoryStore(KeyStore):
         self._record(event)
 
     async def get(self, key_id: str) -> StoredKey | None:
+        return self._current(key_id)
+
+    async def get_for_verification(self, key_id: str) -> StoredKey | None:
         return self._keys.get(key_id)
 
+    def _current(self, key_id: str) -> StoredKey | None:
+        """The stored key, its record first given the credits spent since it was written."""
+        spent = self._spent.pop(key_id, None)
+        if spent is None:
+            return self._keys.get(key_id)
+        stored = self._keys[key_id]
+        record = replace(stored.record, credits=spent[0], credits_refilled_at=spent[1])
+        stored = self._keys[key_id] = replace(stored, record=record)
+        return stored
+
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
+        for key_id in builtins.list(self._spent):
+            self._current(key_id)
         if workspace is None:
             records = [stored.record for stored in self._keys.values()]
         else:
@@ -90,10 +100,10 @@ class MemoryStore(KeyStore):
         return records
 
     def _require(self, key_id: str) -> StoredKey:
-        try:
-            return self._keys[key_id]
-        except KeyError:
-            raise KeyNotFound(key_id) from None
+        stored = self._current(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        return stored
 
     def _put_record(self, stored: StoredKey, record: KeyRecord) -> KeyRecord:
         self._keys[record.id] = replace(stored, record=record)
@@ -157,21 +167,24 @@ class MemoryStore(KeyStore):
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
     ) -> int | None:
         stored = self._keys.get(key_id)
-        if stored is None or stored.record.credits is None or stored.record.state == REVOKED:
+        if stored is None:
             return None
         record = stored.record
-        left = record.credits
-        assert left is not None
-        if refill is not None and (
-            record.credits_refilled_at is None or record.credits_refilled_at < refill[1]
-        ):
-            left = refill[0]
-            record = replace(record, credits=left, credits_refilled_at=refill[1])
-        if left < cost:
-            self._put_record(stored, record)
+        if record.credits is None or record.state == REVOKED:
             return None
-        # The hot path of a key with credits: one record copy, no `dataclasses.replace`.
-        self._keys[key_id] = StoredKey(_with_credits(record, left - cost), stored.secret_hash)
+        left, refilled_at = self._spent.get(key_id) or (
+            record.credits,
+            record.credits_refilled_at,
+        )
+        refilled = False
+        if refill is not None and (refilled_at is None or refilled_at < refill[1]):
+            left, refilled_at = refill
+            refilled = True
+        if left < cost:
+            if refilled:  # too few even after the refill: the new period still began
+                self._spent[key_id] = (left, refilled_at)
+            return None
+        self._spent[key_id] = (left - cost, refilled_at)
         return left - cost
 
     async def replace_hash(
