@@ -1,7 +1,8 @@
 """A hypothesis state machine over KeyManager, checked against a plain model, on every store.
 
-Rules create, disable, enable, revoke, roll and verify keys in any order; after every step
-the store's view (statuses, counts) must equal the model's, and every verification must
+Rules create, disable, enable, revoke, roll and verify keys, and spend and set their credits,
+in any order; whenever it is looked at (all records listed, or one read), the store's view
+(statuses, counts, credits) must equal the model's, and every verification and spend must
 give exactly the outcome the model predicts.
 """
 
@@ -22,7 +23,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
-    invariant,
     rule,
     run_state_machine_as_test,
 )
@@ -33,6 +33,7 @@ from apikeys import (
     KeyDisabled,
     KeyExpired,
     KeyManager,
+    KeyRecord,
     KeyRevoked,
     store_from_url,
 )
@@ -45,6 +46,7 @@ from tests.test_manager import wrong_secret
 T = TypeVar("T")
 HASHER = Hasher(pepper="state-machine-pepper-0123456789")
 WORKSPACE = "machine"
+CREDITS = st.integers(0, 30) | st.none()
 
 
 @dataclass
@@ -52,6 +54,7 @@ class ModelKey:
     state: str = "active"
     expired: bool = False
     uses: int = 0
+    credits: int | None = None
 
     @property
     def status(self) -> str:
@@ -78,6 +81,7 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             self.store = self.run(make_store())
             self.manager = KeyManager(self.store, hasher=HASHER, usage_flush_interval=3600)
             self.model: dict[str, ModelKey] = {}
+            self.records: dict[str, KeyRecord] = {}  # as created: spending needs only the id
             self.cleanup: Callable[[], Awaitable[None]] | None = getattr(
                 self.store, "test_cleanup", None
             )
@@ -96,21 +100,26 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             finally:
                 self.runner.close()
 
-        def _add(self, created: Any) -> tuple[str, str]:
-            self.model[created.record.id] = ModelKey()
+        def _add(self, created: Any, credits: int | None) -> tuple[str, str]:
+            self.model[created.record.id] = ModelKey(credits=credits)
+            self.records[created.record.id] = created.record
             return created.record.id, created.key
 
-        @rule(target=tokens, full=st.booleans())
-        def create(self, full: bool) -> tuple[str, str]:
+        @rule(target=tokens, full=st.booleans(), credits=CREDITS)
+        def create(self, full: bool, credits: int | None) -> tuple[str, str]:
             if full:
                 created = self.run(
-                    self.manager.create(name="k", workspace=WORKSPACE, full_access=True)
+                    self.manager.create(
+                        name="k", workspace=WORKSPACE, full_access=True, credits=credits
+                    )
                 )
             else:
                 created = self.run(
-                    self.manager.create(name="k", workspace=WORKSPACE, scopes=["contacts:read"])
+                    self.manager.create(
+                        name="k", workspace=WORKSPACE, scopes=["contacts:read"], credits=credits
+                    )
                 )
-            return self._add(created)
+            return self._add(created, credits)
 
         def _transition(self, action: str, key: tuple[str, str], target: str) -> None:
             key_id = key[0]
@@ -147,7 +156,41 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             created = self.run(self.manager.roll(key_id, grace=grace))
             if immediate:
                 entry.expired = True
-            return self._add(created)
+            return self._add(created, entry.credits)  # the new key starts with what was left
+
+        @rule(key=tokens, cost=st.integers(1, 3))
+        def spend(self, key: tuple[str, str], cost: int) -> None:
+            key_id = key[0]
+            entry = self.model[key_id]
+            left = self.run(self.manager.spend_credits(self.records[key_id], cost))
+            if entry.state == "revoked" or entry.credits is None or entry.credits < cost:
+                assert left is None
+            else:
+                entry.credits -= cost
+                assert left == entry.credits
+
+        @rule(key=tokens, credits=CREDITS, direct=st.booleans())
+        def set_credits(self, key: tuple[str, str], credits: int | None, direct: bool) -> None:
+            key_id = key[0]
+            entry = self.model[key_id]
+            if direct:  # the store's own contract, without the reads the manager makes first
+                record = self.run(self.store.update(key_id, {"credits": credits}))
+                if entry.state != "revoked":
+                    assert record.credits == credits
+                    entry.credits = credits
+                return
+            if entry.state == "revoked":
+                with pytest.raises(InvalidTransition):
+                    self.run(self.manager.update(key_id, credits=credits))
+                return
+            assert self.run(self.manager.update(key_id, credits=credits)).credits == credits
+            entry.credits = credits
+
+        @rule(key=tokens)
+        def get(self, key: tuple[str, str]) -> None:
+            key_id = key[0]
+            record = self.run(self.manager.get(key_id))
+            assert record.credits == self.model[key_id].credits
 
         @rule(key=tokens, tamper=st.booleans())
         def verify(self, key: tuple[str, str], tamper: bool) -> None:
@@ -169,13 +212,16 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
         def flush(self) -> None:
             self.run(self.manager.flush())
 
-        @invariant()
+        # A rule, not an invariant: reading every record after every step would hide a
+        # store that folds changes into its records lazily (the memory store's credits).
+        @rule()
         def store_matches_model(self) -> None:
             records = {record.id: record for record in self.run(self.manager.list(WORKSPACE))}
             assert set(records) == set(self.model)
             for key_id, entry in self.model.items():
                 assert records[key_id].status == entry.status, key_id
                 assert records[key_id].request_count == entry.uses, key_id
+                assert records[key_id].credits == entry.credits, key_id
 
     return ManagerMachine
 
@@ -189,7 +235,7 @@ def test_manager_state_machine_matches_model(
         async def make_store() -> KeyStore:
             return store_from_url("memory://")
 
-        examples = 60
+        examples = 150
     else:
         if store_kind == "sqlite":
             pytest.importorskip("sqlalchemy")
