@@ -202,11 +202,8 @@ class PolicyDecision(NamedTuple):
     retry_after: int
 
 
-_new_status = functools.partial(tuple.__new__, PolicyStatus)
-
-
-def _admitted(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
-    return tuple.__new__(PolicyDecision, (True, statuses, (), 0))
+# Builds a named tuple from a tuple without its __new__'s argument parsing (the hot path).
+_tuple_new = tuple.__new__
 
 
 def _verdict(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
@@ -679,17 +676,16 @@ class RateLimiter:
         for counter, amount, window, name in plans:
             end = ends.get(counter, 0.0)
             if end > now:
-                count = counts[counter] + 1
+                count = counts[counter] = counts[counter] + 1
             else:
-                count = 1
+                count = counts[counter] = 1
                 end = ends[counter] = now + window
                 local.sweep_due(now)
-            counts[counter] = count
-            reset_after = math.ceil(end - now)
+            reset_after = math.ceil(end - now) or 1
             statuses.append(
-                _new_status((name, True, amount, window, amount - count, reset_after or 1))
+                _tuple_new(PolicyStatus, (name, True, amount, window, amount - count, reset_after))
             )
-        return _admitted(tuple(statuses))
+        return _tuple_new(PolicyDecision, (True, tuple(statuses), (), 0))
 
     @staticmethod
     def _refused_local(
