@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import date, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
@@ -40,6 +40,17 @@ class MemoryStore(KeyStore):
     """
 
     schemes = ("memory",)
+    # True in a subclass that overrides `get` but not `get_for_verification`.
+    _verify_through_get: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A test double that overrides `get` (to fail, count or wait) is verified through
+        # it, as it always was, unless it also says how keys are read for verification.
+        cls._verify_through_get = (
+            cls.get is not MemoryStore.get
+            and cls.get_for_verification is MemoryStore.get_for_verification
+        )
 
     def __init__(self) -> None:
         self._keys: dict[str, StoredKey] = {}
@@ -76,6 +87,8 @@ class MemoryStore(KeyStore):
         return self._current(key_id)
 
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
+        if self._verify_through_get:
+            return await self.get(key_id)
         return self._keys.get(key_id)
 
     def _current(self, key_id: str) -> StoredKey | None:
