@@ -758,3 +758,24 @@ async def test_if_closed_right_after_its_first_verification_then_aclose_returns(
         await manager.verify(created.key)
         async with asyncio.timeout(10):
             await manager.aclose()
+
+
+async def test_a_memory_store_subclass_that_overrides_get_is_verified_through_it(
+    hasher: Hasher,
+) -> None:
+    class DownStore(MemoryStore):
+        async def get(self, key_id: str) -> Any:
+            raise ConnectionError("down")
+
+    class DownForVerification(DownStore):
+        async def get_for_verification(self, key_id: str) -> Any:
+            return self._keys.get(key_id)
+
+    for store, fails in ((DownStore(), True), (DownForVerification(), False)):
+        async with KeyManager(store, hasher=hasher) as manager:
+            created = await manager.create(name="n", full_access=True)
+            if fails:
+                with pytest.raises(ConnectionError):
+                    await manager.verify(created.key)
+            else:
+                assert (await manager.verify(created.key)).id == created.record.id
