@@ -1,7 +1,8 @@
 """The `KeyStore` interface every backend implements, and the URL registry.
 
 A store keeps `StoredKey`s (a `KeyRecord` and the hash of its secret) and answers the one
-question of the hot path, `get(key_id)`, in a single round trip. Everything that decides
+question of the hot path, `get(key_id)` (asked as `get_for_verification`), in a single
+round trip. Everything that decides
 validity lives in `KeyManager`; a store only keeps state and changes it atomically.
 
 Every method that talks to a server turns connection failures and timeouts into
@@ -91,7 +92,8 @@ class KeyStore(abc.ABC):
 
     @abc.abstractmethod
     async def get(self, key_id: str) -> StoredKey | None:
-        """The key with this id, or None. The verification hot path: one round trip."""
+        """The key with this id, or None, in one round trip. Verification reads through
+        `get_for_verification`, which is this unless a store says otherwise."""
 
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
         """`get`, for `KeyManager.verify`: the same key, except that its record's `credits`
