@@ -11,6 +11,17 @@ with TcpProxy.to_url(postgres_url) as proxy:
     proxy.round_trips # request/reply exchanges seen, over all connections
 ```
 
+Given a `notifications` pattern, it tells a cache's notification connection apart from the
+others by what the client sends on it (`LISTEN` on PostgreSQL, `SUBSCRIBE` or `CLIENT
+TRACKING` on Redis: `NOTIFICATIONS[scheme]`), and can fault those connections alone:
+
+```python
+proxy = TcpProxy("127.0.0.1", 5432, notifications=NOTIFICATIONS["postgresql"]).start()
+proxy.black_hole_notifications()  # their bytes held both ways, connections kept open
+proxy.cut_notifications()         # reset, and so is each new one as soon as it shows itself
+proxy.restore()                   # both undone; held bytes are forwarded
+```
+
 It runs its own event loop in a daemon thread, so it serves sync and async code alike, in
 this process or in servers started as subprocesses, and its methods block until done.
 
@@ -23,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import re
 import threading
 import time
 from collections.abc import Coroutine
@@ -30,10 +42,23 @@ from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["TcpProxy", "rewrite_url"]
+__all__ = ["NOTIFICATIONS", "TcpProxy", "rewrite_url"]
 
 _T = TypeVar("_T")
 _DEFAULT_PORTS = {"postgresql": 5432, "postgres": 5432, "redis": 6379, "rediss": 6379}
+
+_LISTEN = re.compile(rb"(?i)\blisten\s")
+_SUBSCRIBE = re.compile(rb"(?i)\r\n[ps]?subscribe\r\n|\r\ntracking\r\n")
+NOTIFICATIONS: dict[str, re.Pattern[bytes]] = {
+    "postgresql": _LISTEN,
+    "postgres": _LISTEN,
+    "redis": _SUBSCRIBE,
+    "rediss": _SUBSCRIBE,
+}
+"""What a client sends on a notification connection, by URL scheme: `LISTEN` (PostgreSQL),
+`SUBSCRIBE`/`PSUBSCRIBE`/`SSUBSCRIBE` or `CLIENT TRACKING` (Redis, RESP-encoded)."""
+# Bytes of the previous read kept to find a pattern split across two reads.
+_TAIL = 64
 
 
 def rewrite_url(url: str, host: str, port: int) -> str:
@@ -47,13 +72,15 @@ def rewrite_url(url: str, host: str, port: int) -> str:
 class _Link:
     """One client connection and its upstream connection."""
 
-    __slots__ = ("awaiting_reply", "client", "tasks", "upstream")
+    __slots__ = ("awaiting_reply", "client", "notifications", "seen", "tasks", "upstream")
 
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.client = client
         self.upstream = upstream
         self.tasks: list[asyncio.Task[None]] = []
         self.awaiting_reply = False
+        self.notifications = False  # the client showed it is a notification connection
+        self.seen = b""  # the end of what the client sent last
 
     def abort(self) -> None:
         for writer in (self.client, self.upstream):
@@ -61,14 +88,30 @@ class _Link:
 
 
 class TcpProxy:
-    """Forwards `127.0.0.1:<port>` to `target_host:target_port` until told otherwise."""
+    """Forwards `<host>:<port>` to `target_host:target_port` until told otherwise.
 
-    def __init__(self, target_host: str, target_port: int, *, host: str = "127.0.0.1") -> None:
+    `host` is 127.0.0.1 unless given (e.g. the root side of a network namespace's link);
+    `notifications` is the pattern that marks a notification connection (`NOTIFICATIONS`).
+    """
+
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        host: str = "127.0.0.1",
+        notifications: re.Pattern[bytes] | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
         self.host = host
         self.port = 0
         self.round_trips = 0
         self.connections = 0
+        self.notification_connections = 0  # connections that showed themselves as such
+        self.notifications_cut = 0  # of those, how many were reset by `cut_notifications`
+        self._notifications = notifications
+        self._notices_flowing: asyncio.Event | None = None
+        self._cut_notices = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -80,14 +123,20 @@ class TcpProxy:
         self._held = threading.Event()
 
     @classmethod
-    def to_url(cls, url: str) -> TcpProxy:
-        """A proxy (not yet started) to the host and port of `url`."""
+    def to_url(cls, url: str, *, host: str = "127.0.0.1") -> TcpProxy:
+        """A proxy (not yet started) on `host` to the host and port of `url`, which knows
+        the notification connections of `url`'s scheme."""
         parts = urlsplit(url)
         scheme = parts.scheme.split("+")[0]
         port = parts.port or _DEFAULT_PORTS.get(scheme)
         if port is None:
             raise ValueError(f"no port in {scheme}:// URL")
-        return cls(parts.hostname or "127.0.0.1", port)
+        return cls(
+            parts.hostname or "127.0.0.1",
+            port,
+            host=host,
+            notifications=NOTIFICATIONS.get(scheme),
+        )
 
     def url(self, url: str) -> str:
         """`url` pointed at this proxy instead of its own host and port."""
@@ -101,6 +150,10 @@ class TcpProxy:
     def active_connections(self) -> int:
         return len(self._links)
 
+    @property
+    def active_notification_connections(self) -> int:
+        return sum(link.notifications for link in self._links)
+
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self) -> Self:
@@ -112,6 +165,7 @@ class TcpProxy:
         self._thread.start()
         self._requests = self._call(self._make_event())
         self._replies = self._call(self._make_event())
+        self._notices_flowing = self._call(self._make_event())
         self._call(self._listen())
         return self
 
@@ -146,8 +200,30 @@ class TcpProxy:
         self._call(self._sever())
 
     def restore(self) -> None:
-        """Listen again on the same port and forward data again (undoes `pause` too)."""
+        """Listen again on the same port and forward data again (undoes `pause` and the
+        notification faults too)."""
         self._call(self._restore())
+
+    def black_hole_notifications(self) -> None:
+        """Hold the bytes of every notification connection, both ways, now and later.
+
+        The connections stay open and nothing on them is answered, as behind a firewall
+        that drops their packets; a new one is held from the moment it shows itself (its
+        `LISTEN` or `SUBSCRIBE` never reaches the server). Other connections flow.
+        """
+        self._require_pattern()
+        self._held.clear()
+        self._call(self._set_notices(flowing=False, cut=False))
+
+    def cut_notifications(self) -> None:
+        """Reset every notification connection, and each new one as soon as it shows itself
+        (before what showed it reaches the server). Other connections flow."""
+        self._require_pattern()
+        self._call(self._set_notices(flowing=True, cut=True))
+
+    def _require_pattern(self) -> None:
+        if self._notifications is None:
+            raise RuntimeError("this proxy was not told how notification connections look")
 
     def pause(self, direction: Literal["both", "requests", "replies"] = "both") -> None:
         """Keep connections open but hold data: whatever is sent now waits, unanswered.
@@ -213,6 +289,19 @@ class TcpProxy:
     async def _arm(self, marker: bytes) -> None:
         self._marker = marker
 
+    async def _set_notices(self, *, flowing: bool, cut: bool) -> None:
+        assert self._notices_flowing is not None
+        self._cut_notices = cut
+        if flowing:
+            self._notices_flowing.set()
+        else:
+            self._notices_flowing.clear()
+        if cut:
+            for link in [link for link in self._links if link.notifications]:
+                self.notifications_cut += 1
+                self._links.discard(link)
+                link.abort()
+
     async def _listen(self) -> None:
         # The same port again after a sever: retry briefly while the old socket lets go.
         deadline = time.monotonic() + 5.0
@@ -244,6 +333,7 @@ class TcpProxy:
 
     async def _restore(self) -> None:
         await self._set_flowing("both", True)
+        await self._set_notices(flowing=True, cut=False)
         if self._server is None:
             await self._listen()
 
@@ -276,9 +366,20 @@ class TcpProxy:
         from_client: bool,
     ) -> None:
         flowing = self._requests if from_client else self._replies
+        notices = self._notices_flowing
         assert flowing is not None
+        assert notices is not None
         try:
             while data := await source.read(65536):
+                if from_client and self._notifications is not None and not link.notifications:
+                    seen = link.seen + data
+                    if self._notifications.search(seen):
+                        link.notifications = True
+                        self.notification_connections += 1
+                        if self._cut_notices:
+                            self.notifications_cut += 1
+                            break
+                    link.seen = seen[-_TAIL:]
                 if from_client:
                     link.awaiting_reply = True
                     if self._marker is not None and self._marker in data:
@@ -288,9 +389,11 @@ class TcpProxy:
                 elif link.awaiting_reply:
                     link.awaiting_reply = False
                     self.round_trips += 1
-                if not flowing.is_set():
+                while not flowing.is_set() or (link.notifications and not notices.is_set()):
                     self._held.set()
-                    await flowing.wait()
+                    await (notices if flowing.is_set() else flowing).wait()
+                if link.notifications and self._cut_notices:
+                    break
                 sink.write(data)
                 await sink.drain()
         except (ConnectionError, OSError):
