@@ -9,7 +9,7 @@ with Hosts(["a", "b"], services=[postgres_url, redis_url]) as (a, b):
     b.heal()
 ```
 
-Each host is a namespace `ak-<tag>-<name>` linked to the root namespace by a veth pair, with
+Each host is a namespace `ak-<pid>-<tag>-<name>` linked to the root namespace by a veth pair, with
 the two addresses of a /30 of its own (the root side `.1`, the host `.2`). PostgreSQL and
 Redis listen on 127.0.0.1 of the root namespace only, so for every service each host gets a
 `TcpProxy` bound to its root-side address that forwards to it: that forwarder is the host's
@@ -19,6 +19,8 @@ address.
 
 Everything is undone on exit, whatever happened: the processes started in a host (every
 process still in its namespace is killed), the forwarders, the namespaces and their links.
+Empty namespaces of a test process that was killed outright (its pid is in their names) are
+deleted by the next run.
 """
 
 from __future__ import annotations
@@ -53,9 +55,7 @@ _POOL = ipaddress.ip_network("10.231.0.0/16")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ip", *args], capture_output=True, text=True, timeout=30, check=check, stdin=None
-    )
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
 def netns_unavailable() -> str | None:
@@ -94,6 +94,18 @@ def _taken_networks() -> list[ipaddress.IPv4Network]:
             with contextlib.suppress(ValueError):
                 taken.append(ipaddress.ip_network(destination, strict=False))
     return taken
+
+
+def _sweep() -> None:
+    """Delete the empty namespaces left by a test process that was killed before it could."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) != 4 or parts[0] != "ak" or not parts[1].isdigit():
+            continue
+        if Path(f"/proc/{parts[1]}").exists() or _ip("netns", "pids", name, check=False).stdout:
+            continue  # its test still runs, or something runs in it: not ours to undo
+        _ip("netns", "delete", name, check=False)
 
 
 def _free_subnets(count: int) -> list[ipaddress.IPv4Network]:
@@ -273,10 +285,12 @@ class Hosts:
         reason = netns_unavailable()
         if reason is not None:
             require_netns(reason)
+        _sweep()
         try:
             subnets = _free_subnets(len(self.names))
             for name, subnet in zip(self.names, subnets, strict=True):
-                host = Host(name, f"ak-{self.tag}-{name}", f"ak{self.tag}{name}o", subnet)
+                netns = f"ak-{os.getpid()}-{self.tag}-{name}"
+                host = Host(name, netns, f"ak{self.tag}{name}o", subnet)
                 self.hosts.append(host)
                 try:
                     host.create()

@@ -1,8 +1,9 @@
 """A writer that `test_hosts.py` runs inside host a: JSON lines in, JSON lines out.
 
 `{"op": "create"}` makes a key (workspace `acme`, scope `contacts:read`) and answers its id
-and secret; `{"op": "revoke", "id": ...}` revokes it and answers how long `revoke` took, in
-seconds (`KeyManager.revoke` returns once every reader acknowledged, or a lease passed). The
+and secret; `{"op": "revoke", "id": ...}` revokes it and answers when `revoke` started and
+returned, on `time.monotonic()` (the machine's clock, the same in every namespace).
+`KeyManager.revoke` returns once every reader acknowledged, or a lease passed. The
 store is `APIKEYS_STORE_URL` with the options `APIKEYS_TEST_STORE_OPTIONS`; the manager has a
 cache, as a service's would.
 """
@@ -39,9 +40,10 @@ async def serve() -> None:
                     )
                     answer = {"id": created.record.id, "key": created.key}
                 elif request["op"] == "revoke":
-                    started = time.perf_counter()
+                    started = time.monotonic()
                     await manager.revoke(request["id"])
-                    answer = {"elapsed": time.perf_counter() - started}
+                    returned = time.monotonic()
+                    answer = {"started": started, "returned": returned}
                 else:
                     answer = {"error": f"unknown op {request['op']!r}"}
             except Exception as exc:
