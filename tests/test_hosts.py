@@ -399,14 +399,21 @@ async def revoke_under_load(
     keys: Sequence[tuple[str, str]],
     *,
     partition: Callable[[], None] | None = None,
+    heal: Callable[[], None] | None = None,
+    delays: Sequence[float] = (),
 ) -> Outcome:
-    """Under load on every worker, revoke `keys` one by one through host a's writer."""
+    """Under load on every worker, revoke `keys` one by one through host a's writer.
+
+    `partition` is made once, after the keys are cached everywhere; or, given `heal` too,
+    before each revoke (which then starts `delays[i]` seconds after it) and healed after it,
+    and the next one waits until every cache of b listens again and had time to be fresh.
+    """
     assert deployment.writer is not None
     tokens = [key for _, key in keys]
     await warm(workers, tokens)
     for host in deployment.hosts:
         await wait_for_channels(host)  # every cache is listening: the partition will bite
-    if partition is not None:
+    if partition is not None and heal is None:
         partition()
     load = Load(workers, tokens)
     started: dict[int, float] = {}
@@ -415,10 +422,21 @@ async def revoke_under_load(
     load.start()
     try:
         for index, (key_id, _) in enumerate(keys):
-            await asyncio.sleep(0.3)
+            if partition is not None and heal is not None:
+                if index:
+                    await wait_for_channels(deployment.b)
+                    await asyncio.sleep(1.5)  # proofs renewed, keys cached again by the load
+                partition()
+                await asyncio.sleep(delays[index] if index < len(delays) else 0.3)
+            else:
+                await asyncio.sleep(0.3)
             # The writer's own times: a request sent after `returned` (by the same clock)
             # was sent after `revoke` returned.
-            started[index], returned[index] = await deployment.writer.revoke(key_id)
+            try:
+                started[index], returned[index] = await deployment.writer.revoke(key_id)
+            finally:
+                if heal is not None:
+                    heal()
             latencies.append(returned[index] - started[index])
         # Until every worker answered a request for every key sent after its revoke.
         deadline = time.monotonic() + ANSWERS_WITHIN
@@ -529,27 +547,51 @@ async def test_host_b_cut_off_from_the_notifications_admits_no_revoked_key(
     assert deployment.writer is not None
     b = deployment.b
     async with pinned_workers(deployment) as workers:
-        keys = [await deployment.writer.create() for _ in range(5)]
         before: list[int] = []
 
         def partition() -> None:
-            before.append(sum(proxy.notification_connections for proxy in b.proxies.values()))
-            before.append(sum(proxy.notifications_cut for proxy in b.proxies.values()))
-            before.append(b.notification_connections())
+            if not before:
+                before.append(sum(p.notification_connections for p in b.proxies.values()))
+                before.append(sum(p.notifications_cut for p in b.proxies.values()))
+                before.append(b.notification_connections())
             b.partition_notifications(mode)
 
+        def counts() -> str:
+            tried = sum(p.notification_connections for p in b.proxies.values()) - before[0]
+            cut = sum(p.notifications_cut for p in b.proxies.values()) - before[1]
+            return f"b's channels: {before[2]} open before, {tried} opened, {cut} reset"
+
+        # Held through five revokes: the first comes while b's proofs are still young, the
+        # later ones once b gave up on its channel.
+        keys = [await deployment.writer.create() for _ in range(5)]
         try:
             outcome = await revoke_under_load(deployment, workers, keys, partition=partition)
-            tried = sum(proxy.notification_connections for proxy in b.proxies.values())
-            tried -= before[0]
-            cut = sum(proxy.notifications_cut for proxy in b.proxies.values()) - before[1]
         finally:
             b.heal()
         report(
             capsys,
-            f"{deployment.kind}, b's notifications {mode}: {outcome.describe()};"
-            f" b's notification connections: {before[2]} open before, {tried} tried"
-            f" during the partition, {cut} reset",
+            f"{deployment.kind}, b's notifications {mode}, held: {outcome.describe()}; {counts()}",
+        )
+        assert sum(outcome.stale.values()) == 0
+        for name, answers in outcome.first.items():
+            assert answers == [(401, "key_revoked")] * len(keys), name
+
+        # Made afresh for each revoke, 0 to 0.9 s before it, and healed after it: each revoke
+        # meets b's caches at another point of their proof, or of their reconnection.
+        before.clear()
+        keys = [await deployment.writer.create() for _ in range(7)]
+        outcome = await revoke_under_load(
+            deployment,
+            workers,
+            keys,
+            partition=partition,
+            heal=b.heal,
+            delays=[0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9],
+        )
+        report(
+            capsys,
+            f"{deployment.kind}, b's notifications {mode}, one per revoke:"
+            f" {outcome.describe()}; {counts()}",
         )
         assert sum(outcome.stale.values()) == 0
         for name, answers in outcome.first.items():
