@@ -45,7 +45,7 @@ import pytest
 from tests.services import REQUIRE_SERVICES
 from tests.tcpproxy import TcpProxy, rewrite_url
 
-__all__ = ["Host", "Hosts", "require_netns"]
+__all__ = ["Host", "Hosts", "Mode", "netns_unavailable", "require_netns", "wait_until"]
 
 Mode = Literal["black_hole", "cut"]
 
@@ -277,6 +277,8 @@ class Hosts:
 
     def __init__(self, names: Iterable[str], services: Sequence[str]) -> None:
         self.names = list(names)
+        if any(len(name) > 7 or not name.isalnum() for name in self.names):
+            raise ValueError("host names are 1 to 7 letters or digits (link names are short)")
         self.services = list(services)
         self.tag = secrets.token_hex(3)
         self.hosts: list[Host] = []

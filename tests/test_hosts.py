@@ -29,6 +29,7 @@ import math
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -45,7 +46,7 @@ import pytest
 
 from tests import services
 from tests.conftest import TEST_PEPPER, delete_redis_prefix
-from tests.hosts import Host, Hosts, Mode, require_netns
+from tests.hosts import Host, Hosts, Mode, require_netns, wait_until
 from tests.test_middleware import bearer
 
 pytestmark = pytest.mark.slow
@@ -632,3 +633,127 @@ async def test_host_b_cut_off_from_the_store_fails_closed_and_recovers(
                     await asyncio.sleep(0.2)
                 assert answer.code == "key_revoked"
         await check_recovered(deployment, workers, capsys, f"b cut off from the store ({mode})")
+
+
+# --- the harness itself ---------------------------------------------------------------------
+
+
+def test_hosts_and_their_processes_are_gone_after_a_failing_test(postgres_url: str) -> None:
+    require_netns()
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    made: list[Host] = []
+    started: list[subprocess.Popen[Any]] = []
+
+    def failing_test() -> None:
+        with Hosts(["a", "b"], services=[postgres_url, services.REDIS_URL]) as hosts:
+            made.extend(hosts)
+            a = hosts[0]
+            started.append(a.popen(["sleep", "600"], env=dict(os.environ), cwd=ROOT, stdout=None))
+            assert wait_until(lambda: a.pids() == [started[0].pid], within=30)
+            assert a.proxies["postgresql"].host == a.gateway
+            raise RuntimeError("the test failed")
+
+    with pytest.raises(RuntimeError, match="the test failed"):
+        failing_test()
+    assert started[0].returncode == -signal.SIGKILL
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for host in made:
+        assert host.netns not in namespaces
+        assert f" {host.outside}@" not in links
+        assert f" {host.outside}:" not in links
+        assert not host.proxies
+
+
+async def test_the_forwarder_holds_or_cuts_only_listening_postgres_connections(
+    postgres_url: str,
+) -> None:
+    import asyncpg
+
+    from tests.tcpproxy import TcpProxy
+
+    with TcpProxy.to_url(postgres_url) as proxy:
+        url = proxy.url(postgres_url)
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        listener = await asyncpg.connect(url)
+        other = await asyncpg.connect(url)
+        try:
+            await listener.add_listener("netns_harness", lambda *args: heard.put_nowait(args[3]))
+            assert (proxy.notification_connections, proxy.active_notification_connections) == (1, 1)
+
+            proxy.black_hole_notifications()
+            await other.execute("SELECT pg_notify('netns_harness', 'held')")
+            assert await other.fetchval("SELECT 1") == 1  # other connections flow
+            await asyncio.sleep(0.5)
+            assert heard.empty()
+            proxy.restore()  # the held bytes arrive
+            assert await asyncio.wait_for(heard.get(), 30) == "held"
+
+            proxy.cut_notifications()
+            for _ in range(300):
+                if listener.is_closed():
+                    break
+                await asyncio.sleep(0.05)
+            assert listener.is_closed()
+            again = await asyncpg.connect(url)  # connects: it has not listened yet
+            with pytest.raises((OSError, asyncpg.exceptions.ConnectionDoesNotExistError)):
+                await again.add_listener("netns_harness", lambda *args: None)
+            again.terminate()
+            assert await other.fetchval("SELECT 2") == 2
+            assert proxy.notifications_cut == 2
+        finally:
+            listener.terminate()
+            other.terminate()
+
+
+async def test_the_forwarder_holds_or_cuts_only_redis_subscriptions() -> None:
+    import redis.asyncio
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from tests.tcpproxy import TcpProxy
+
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    channel = f"apikeys-netns-harness-{uuid.uuid4().hex[:8]}"
+    with TcpProxy.to_url(services.REDIS_URL) as proxy:
+        client = redis.asyncio.Redis.from_url(proxy.url(services.REDIS_URL))
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(channel)
+            assert proxy.active_notification_connections == 1
+
+            proxy.black_hole_notifications()
+            assert await client.publish(channel, "held") == 1  # the server still sees it
+            assert await client.ping()
+            assert await pubsub.get_message(timeout=0.5) is None
+            proxy.restore()
+            message = None
+            for _ in range(60):
+                message = await pubsub.get_message(timeout=0.5)
+                if message is not None:
+                    break
+            assert message is not None
+            assert message["data"] == b"held"
+
+            proxy.cut_notifications()
+            with pytest.raises((RedisConnectionError, OSError)):
+                await _messages(pubsub)
+            fresh = client.pubsub()
+            try:
+                with pytest.raises((RedisConnectionError, OSError)):
+                    await _subscribe_and_read(fresh, channel)
+            finally:
+                await fresh.aclose()
+            assert await client.ping()
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+
+
+async def _messages(pubsub: Any) -> None:
+    for _ in range(60):
+        await pubsub.get_message(timeout=0.5)
+
+
+async def _subscribe_and_read(pubsub: Any, channel: str) -> None:
+    await pubsub.subscribe(channel)
+    await _messages(pubsub)
