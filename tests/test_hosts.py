@@ -6,6 +6,7 @@ only through forwarders of its own. Each runs the example contacts service
 writer (`tests/netns_writer.py`, a `KeyManager` with a cache, as a service's) and the CLI.
 The test process, in the root namespace, keeps one connection to each of the four workers
 (keep-alive pins a connection to the worker that accepted it) and sends requests on them.
+Rate limits are counted in memory, per worker: what is under test is the key store.
 
 - Without a fault, a key revoked through host a gets 401 from every worker on both hosts on
   the next request.
