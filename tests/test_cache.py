@@ -506,4 +506,5 @@ async def test_if_a_change_is_never_announced_then_the_next_probe_still_drops_th
     await _probe_round(cache, channel)
     assert cache.get("cccccccccccc") is None
     stored = await cache.load("cccccccccccc")
-    assert stored is not None and stored.record.state == REVOKED
+    assert stored is not None
+    assert stored.record.state == REVOKED
