@@ -6,6 +6,7 @@ with Hosts(["a", "b"], services=[postgres_url, redis_url]) as (a, b):
     a.popen(["python", ...])   # a process inside host a (`ip netns exec`)
     b.partition_notifications("black_hole")  # or "cut": the caches' notification links
     b.partition_store("cut")   # or "black_hole": every connection to every service
+    b.drop_postgres_notices()  # NOTIFY messages lost, listening connections otherwise fine
     b.heal()
 ```
 
@@ -39,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -192,9 +194,17 @@ class Host:
     # -- using -----------------------------------------------------------------------------
 
     def url(self, service_url: str) -> str:
-        """`service_url` as seen from inside this host: through its forwarder."""
+        """`service_url` as seen from inside this host: through its forwarder.
+
+        PostgreSQL URLs get `ssl=disable` unless they say otherwise: the forwarder tells
+        connections apart by what they send, which it cannot read inside TLS.
+        """
         proxy = self.proxies[_service(service_url)]
-        return rewrite_url(service_url, proxy.host, proxy.port)
+        url = rewrite_url(service_url, proxy.host, proxy.port)
+        query = urlsplit(url).query
+        if _service(url) == "postgresql" and "ssl" not in query:
+            url += ("&" if query else "?") + "ssl=disable"
+        return url
 
     def command(self, args: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.netns, *args]
@@ -257,6 +267,11 @@ class Host:
                 proxy.pause()
             else:
                 proxy.sever()
+
+    def drop_postgres_notices(self, channel: str | None = None) -> None:
+        """Lose the PostgreSQL notifications on `channel` (every one if None) on the way to
+        this host; the listening connections stay up and everything else on them flows."""
+        self.proxies["postgresql"].drop_notices(channel)
 
     def heal(self) -> None:
         for proxy in self.proxies.values():

@@ -20,6 +20,7 @@ proxy = TcpProxy("127.0.0.1", 5432, notifications=NOTIFICATIONS["postgresql"]).s
 proxy.black_hole_notifications()  # their bytes held both ways, connections kept open
 proxy.cut_notifications()         # reset, and so is each new one as soon as it shows itself
 proxy.restore()                   # both undone; held bytes are forwarded
+proxy.drop_notices()              # PostgreSQL: NOTIFY messages to them lost, the rest flows
 ```
 
 It runs its own event loop in a daemon thread, so it serves sync and async code alike, in
@@ -72,7 +73,15 @@ def rewrite_url(url: str, host: str, port: int) -> str:
 class _Link:
     """One client connection and its upstream connection."""
 
-    __slots__ = ("awaiting_reply", "client", "notifications", "seen", "tasks", "upstream")
+    __slots__ = (
+        "awaiting_reply",
+        "client",
+        "notifications",
+        "partial",
+        "seen",
+        "tasks",
+        "upstream",
+    )
 
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.client = client
@@ -81,6 +90,7 @@ class _Link:
         self.awaiting_reply = False
         self.notifications = False  # the client showed it is a notification connection
         self.seen = b""  # the end of what the client sent last
+        self.partial = b""  # PostgreSQL: the start of a server message not yet whole
 
     def abort(self) -> None:
         for writer in (self.client, self.upstream):
@@ -112,6 +122,9 @@ class TcpProxy:
         self._notifications = notifications
         self._notices_flowing: asyncio.Event | None = None
         self._cut_notices = False
+        self._drop_notices = False
+        self._drop_channel: bytes | None = None
+        self.notices_dropped = 0  # PostgreSQL NotificationResponse messages not delivered
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -221,6 +234,15 @@ class TcpProxy:
         self._require_pattern()
         self._call(self._set_notices(flowing=True, cut=True))
 
+    def drop_notices(self, channel: str | None = None) -> None:
+        """PostgreSQL only: lose the notifications (`NOTIFY`) sent to a listening connection
+        on `channel` (on every channel if None), now and later, and forward everything else
+        on it, as PgBouncer in transaction mode does to a client that is not linked to a
+        server connection when another session notifies."""
+        if self._notifications is not _LISTEN:
+            raise RuntimeError("drop_notices is for a proxy in front of PostgreSQL")
+        self._call(self._set_drop(True, channel))
+
     def _require_pattern(self) -> None:
         if self._notifications is None:
             raise RuntimeError("this proxy was not told how notification connections look")
@@ -289,6 +311,10 @@ class TcpProxy:
     async def _arm(self, marker: bytes) -> None:
         self._marker = marker
 
+    async def _set_drop(self, drop: bool, channel: str | None = None) -> None:
+        self._drop_notices = drop
+        self._drop_channel = None if channel is None else channel.encode() + b"\0"
+
     async def _set_notices(self, *, flowing: bool, cut: bool) -> None:
         assert self._notices_flowing is not None
         self._cut_notices = cut
@@ -301,6 +327,36 @@ class TcpProxy:
                 self.notifications_cut += 1
                 self._links.discard(link)
                 link.abort()
+
+    def _without_notices(self, link: _Link, data: bytes) -> bytes:
+        """Whole PostgreSQL messages of `data` (the rest waits for its end), less the
+        NotificationResponses ('A') while notices are dropped.
+
+        A listening connection is framed from its `LISTEN` on: the server has answered
+        everything before it, so its next byte starts a message.
+        """
+        buffer = link.partial + data
+        whole = bytearray()
+        start = 0
+        while len(buffer) - start >= 5:
+            end = start + 1 + int.from_bytes(buffer[start + 1 : start + 5], "big")
+            if end > len(buffer):
+                break
+            # NotificationResponse: 'A', length, the sender's pid, channel, payload.
+            if (
+                buffer[start : start + 1] == b"A"
+                and self._drop_notices
+                and (
+                    self._drop_channel is None
+                    or buffer.startswith(self._drop_channel, start + 9, end)
+                )
+            ):
+                self.notices_dropped += 1
+            else:
+                whole += buffer[start:end]
+            start = end
+        link.partial = buffer[start:]
+        return bytes(whole)
 
     async def _listen(self) -> None:
         # The same port again after a sever: retry briefly while the old socket lets go.
@@ -334,6 +390,7 @@ class TcpProxy:
     async def _restore(self) -> None:
         await self._set_flowing("both", True)
         await self._set_notices(flowing=True, cut=False)
+        self._drop_notices = False
         if self._server is None:
             await self._listen()
 
@@ -380,6 +437,10 @@ class TcpProxy:
                             self.notifications_cut += 1
                             break
                     link.seen = seen[-_TAIL:]
+                if link.notifications and not from_client and self._notifications is _LISTEN:
+                    data = self._without_notices(link, data)
+                    if not data:
+                        continue
                 if from_client:
                     link.awaiting_reply = True
                     if self._marker is not None and self._marker in data:

@@ -601,6 +601,49 @@ async def test_host_b_cut_off_from_the_notifications_admits_no_revoked_key(
         await check_recovered(deployment, workers, capsys, f"b's notifications {mode}")
 
 
+@pytest.mark.parametrize("deployment", ["postgres"], indirect=True)
+@pytest.mark.parametrize("lost", ["notices", "every notification"])
+async def test_host_b_losing_postgres_notifications_admits_no_revoked_key(
+    deployment: Deployment, lost: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What PgBouncer in transaction mode does to a listening client: notifications sent
+    while it is not linked to a server connection are lost, its own statements are not.
+
+    `notices`: only those on the store's notice channel (the readers' acknowledgements to
+    the writer still arrive); `every notification`: all of them. The connections stay up.
+    """
+    from apikeys.channels.postgres import notice_channel_name
+
+    assert deployment.writer is not None
+    b = deployment.b
+    proxy = b.proxies["postgresql"]
+    channel = notice_channel_name(deployment.options["table_name"]) if lost == "notices" else None
+    async with pinned_workers(deployment) as workers:
+        keys = [await deployment.writer.create() for _ in range(7)]
+        before: list[int] = []
+
+        def partition() -> None:
+            before.extend([proxy.notices_dropped, proxy.notification_connections])
+            b.drop_postgres_notices(channel)
+
+        try:
+            outcome = await revoke_under_load(deployment, workers, keys, partition=partition)
+            dropped = proxy.notices_dropped - before[0]
+            opened = proxy.notification_connections - before[1]
+        finally:
+            b.heal()
+        report(
+            capsys,
+            f"postgres, b loses {lost}: {outcome.describe()}; notifications lost on the way to"
+            f" b {dropped}; b's channels opened meanwhile {opened}",
+        )
+        assert dropped >= len(keys)  # b's two workers lost the notices of the revokes
+        assert sum(outcome.stale.values()) == 0
+        for name, answers in outcome.first.items():
+            assert answers == [(401, "key_revoked")] * len(keys), name
+        await check_recovered(deployment, workers, capsys, f"b lost {lost}")
+
+
 @pytest.mark.parametrize("mode", ["cut", "black_hole"])
 async def test_host_b_cut_off_from_the_store_fails_closed_and_recovers(
     deployment: Deployment, mode: Mode, capsys: pytest.CaptureFixture[str]
