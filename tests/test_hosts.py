@@ -534,7 +534,7 @@ async def test_a_key_revoked_through_host_a_gets_401_from_every_worker_on_both_h
         )
 
         # Through the manager of a long-running process in host a, under load.
-        keys = [await deployment.writer.create() for _ in range(10)]
+        keys = [await deployment.writer.create() for _ in range(20)]
         outcome = await revoke_under_load(deployment, workers, keys)
         report(capsys, f"{deployment.kind}, no fault: {outcome.describe()}")
         assert sum(outcome.stale.values()) == 0
