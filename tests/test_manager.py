@@ -27,7 +27,7 @@ from apikeys import (
     store_from_url,
 )
 from apikeys.hashing import Hasher
-from apikeys.keys import parse_key
+from apikeys.keys import generate_key, parse_key
 from apikeys.stores import KeyStore
 from apikeys.types import isoformat
 
@@ -810,3 +810,22 @@ async def test_a_memory_store_subclass_that_overrides_get_is_verified_through_it
                     await manager.verify(created.key)
             else:
                 assert (await manager.verify(created.key)).id == created.record.id
+
+
+async def test_an_unknown_id_and_a_wrong_secret_do_the_same_hash_work(
+    manager: KeyManager, hasher: Hasher
+) -> None:
+    created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+    calls: list[str] = []
+    original = manager.hasher.verify
+
+    def counted(secret: str, stored: str) -> Any:
+        calls.append(stored)
+        return original(secret, stored)
+
+    manager.hasher.verify = counted  # type: ignore[method-assign]
+    with pytest.raises(InvalidAPIKey):
+        await manager.verify(wrong_secret(created.key))
+    with pytest.raises(InvalidAPIKey):
+        await manager.verify(generate_key(key_id="Q" * 12).token)
+    assert len(calls) == 2

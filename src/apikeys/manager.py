@@ -209,6 +209,15 @@ class KeyManager:
     # Class defaults: `__del__` may run on an instance whose `__init__` raised.
     _in_use = False
     _warned = False
+    _decoy: str | None = None
+
+    def _decoy_hash(self) -> str:
+        """A hash of a random secret, made as keys' hashes are: checked against when the
+        key id is unknown."""
+        decoy = self._decoy
+        if decoy is None:
+            decoy = self._decoy = self.hasher.hash(generate_key().secret)
+        return decoy
 
     def __init__(
         self,
@@ -841,13 +850,20 @@ class KeyManager:
             stored = cache.get(key_id)
             if self.telemetry.active:
                 self.telemetry.cache_lookup(stored is not None)
-            if stored is None:
+            if stored is None and not cache.missing(key_id):
                 stored = await cache.load(key_id)
+        hasher = self.hasher
         # The prefix is part of the key: a test key re-prefixed as live is another key.
         if stored is None or stored.record.key_prefix != prefix:
+            # The same hash work as a wrong secret for a key that exists, so that the time
+            # of a refusal does not tell whether an id exists.
+            decoy = self._decoy_hash()
+            if hasher.is_fast(decoy):
+                hasher.verify(secret, decoy)
+            else:
+                await hasher.averify(secret, decoy)
             raise InvalidAPIKey()
         secret_hash = stored.secret_hash
-        hasher = self.hasher
         if hasher.is_fast(secret_hash):
             verdict = hasher.verify(secret, secret_hash)
         else:
