@@ -298,6 +298,22 @@ async def test_if_the_pooler_refuses_more_clients_then_store_unavailable() -> No
     assert "max_client_conn" in caught.value.hint
 
 
+async def test_if_the_pooler_is_in_statement_mode_then_store_unavailable_naming_the_modes(
+    postgres_url: str,
+) -> None:
+    with PgBouncer(pool_mode="statement") as bouncer:
+        url = with_query(bouncer.via(postgres_url), NO_PREPARED)
+        key_store = store_from_url(url, table_name=unique_table())
+        try:
+            with pytest.raises(StoreUnavailable) as caught:
+                await key_store.setup()
+        finally:
+            await key_store.aclose()
+    assert caught.value.hint is not None
+    assert "transaction mode" in caught.value.hint
+    assert "session mode" in caught.value.hint
+
+
 async def test_if_the_pooler_loses_its_server_connection_mid_statement_then_unavailable(
     pgbouncer: PgBouncer, postgres_url: str, admin: asyncpg.Connection
 ) -> None:

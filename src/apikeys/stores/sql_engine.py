@@ -306,8 +306,8 @@ def is_unavailable(exc: BaseException) -> bool:
 
 
 _PREPARED_STATEMENTS_HINT: Final = (
-    "the server connection changed between statements: behind PgBouncer in transaction "
-    "mode (or another transaction pooler), add ?prepared_statements=false to the store URL"
+    "statements prepared on one server connection are missing or taken on another: behind "
+    "PgBouncer in transaction mode, add ?prepared_statements=false to the store URL"
 )
 
 # What to do about PgBouncer's refusals, found by their message (all of SQLSTATE class 08).
@@ -331,6 +331,11 @@ _POOLER_HINTS: Final = (
         "cannot connect to server",
         "the pooler cannot reach PostgreSQL: check that the server is up and the pooler's "
         "[databases] entry",
+    ),
+    (
+        "transaction blocks not allowed",
+        "the pooler runs in statement mode, which cannot run the store's transactions: use "
+        "transaction mode (with ?prepared_statements=false in the store URL) or session mode",
     ),
     (
         "server conn crashed",
