@@ -280,11 +280,13 @@ def test_if_the_pooler_cannot_reach_postgresql_then_the_cli_exits_1_with_one_lin
     assert "PostgreSQL is up" in lines[0]
 
 
-async def test_if_the_pooler_refuses_more_clients_then_store_unavailable() -> None:
+async def test_if_the_pooler_refuses_more_clients_then_store_unavailable(
+    postgres_url: str,
+) -> None:
     with PgBouncer(settings={"max_client_conn": 1}) as bouncer:
-        holder = await asyncpg.connect(bouncer.url())
+        holder = await asyncpg.connect(bouncer.via(postgres_url))
         try:
-            key_store = store_from_url(with_query(bouncer.url(), NO_PREPARED))
+            key_store = store_from_url(with_query(bouncer.via(postgres_url), NO_PREPARED))
             try:
                 with pytest.raises(StoreUnavailable) as caught:
                     await key_store.get("0123456789ab")
