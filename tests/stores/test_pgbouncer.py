@@ -280,6 +280,21 @@ def test_if_the_pooler_cannot_reach_postgresql_then_the_cli_exits_1_with_one_lin
     assert "PostgreSQL is up" in lines[0]
 
 
+async def test_if_the_pooler_is_refused_by_postgresql_then_store_unavailable(
+    pgbouncer: PgBouncer,
+) -> None:
+    url = with_query(pgbouncer.url(f"no_such_database_{uuid.uuid4().hex[:8]}"), NO_PREPARED)
+    key_store = store_from_url(url)
+    try:
+        with pytest.raises(StoreUnavailable) as caught:
+            await key_store.get("0123456789ab")
+    finally:
+        await key_store.aclose()
+    assert "does not exist" in str(caught.value.original)
+    assert caught.value.hint is not None
+    assert "[databases]" in caught.value.hint
+
+
 async def test_if_the_pooler_refuses_more_clients_then_store_unavailable(
     postgres_url: str,
 ) -> None:

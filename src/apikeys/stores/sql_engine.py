@@ -328,6 +328,11 @@ _POOLER_HINTS: Final = (
         "pooler's [databases] entry and credentials are right",
     ),
     (
+        "does not exist",  # the server refused the pooler's login: no such database or role
+        "PostgreSQL refused the pooler's login: check the database and user in the store URL "
+        "and the pooler's [databases] entry",
+    ),
+    (
         "cannot connect to server",
         "the pooler cannot reach PostgreSQL: check that the server is up and the pooler's "
         "[databases] entry",
