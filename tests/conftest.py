@@ -10,6 +10,7 @@ import pytest
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import services
+from tests.pgbouncer import PgBouncer
 
 # One table of stores for every test that takes the `store` fixture (or `store_url`): each
 # behaviour runs on memory, SQLite, PostgreSQL and Redis alike.
@@ -144,3 +145,23 @@ async def memory_manager(hasher: Hasher) -> AsyncIterator[KeyManager]:
     key_manager = KeyManager(MemoryStore(), hasher=hasher, usage_flush_interval=0.05)
     yield key_manager
     await key_manager.aclose()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A PgBouncer of the session's own in transaction mode, in front of the test server.
+
+    Started the first time a test asks for it; skipped (or failed, with
+    `APIKEYS_REQUIRE_SERVICES=1`) when pgbouncer is not installed.
+    """
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    with PgBouncer(pool_mode="transaction") as bouncer:
+        yield bouncer
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session() -> Iterator[PgBouncer]:
+    """As `pgbouncer`, in session mode: each client keeps one server connection."""
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    with PgBouncer(pool_mode="session") as bouncer:
+        yield bouncer

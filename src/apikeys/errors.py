@@ -231,18 +231,22 @@ class AuthUnavailable(AuthenticationError):
     detail = "API keys cannot be checked right now. Retry shortly."
     retry_after = 1
 
-    def __init__(self, original: BaseException | None = None) -> None:
+    def __init__(self, original: BaseException | None = None, *, hint: str | None = None) -> None:
         self.original = original
+        self.hint = hint
         super().__init__()
 
     def __str__(self) -> str:
-        if self.original is None:
-            return self.detail
-        return f"{self.detail} ({type(self.original).__name__})"
+        text = self.detail
+        if self.original is not None:
+            text = f"{text} ({type(self.original).__name__})"
+        return f"{text} {self.hint[:1].upper()}{self.hint[1:]}." if self.hint else text
 
 
 class StoreUnavailable(AuthUnavailable):
-    """The key store raised a connection or timeout error; `original` holds it."""
+    """The key store raised a connection or timeout error; `original` holds it, and `hint`
+    what to do about it when apikeys knows (a pooler needs `?prepared_statements=false`
+    in the store URL, say). Neither is ever sent to the client."""
 
 
 class LimiterUnavailable(AuthUnavailable):

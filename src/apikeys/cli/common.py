@@ -271,7 +271,8 @@ def _unavailable_reason(exc: StoreUnavailable) -> str:
         return str(exc)
     detail = _first_line(str(original))
     name = type(original).__name__
-    return f"{name}: {detail}" if detail else name
+    reason = f"{name}: {detail}" if detail else name
+    return f"{reason}; {exc.hint}" if exc.hint else reason
 
 
 class _Mute(logging.Filter):
