@@ -129,6 +129,13 @@ def test_a_channel_url_is_ignored_with_a_warning(tmp_path: Path) -> None:
         manager = KeyManager(store, channel="redis://127.0.0.1:6379/13")
     assert manager.cache is not None
     assert type(manager.cache.channel) is SQLiteChannel
+    # A channel object that publishes notices itself (outside the store's log): the same.
+    from apikeys.channels.redis import RedisChannel
+
+    with pytest.warns(DeprecationWarning, match="store's own change log"):
+        other = KeyManager(store, channel=RedisChannel("redis://127.0.0.1:6379/13", native=False))
+    assert other.cache is not None
+    assert type(other.cache.channel) is SQLiteChannel
 
 
 # --- writers that are not apikeys --------------------------------------------------------------

@@ -338,8 +338,11 @@ class KeyCache:
                 while not self._closed:
                     if not self._serving:
                         # A writer that serves nothing (`cache=False`) needs the connection
-                        # for acknowledgements only: no registration, no probes.
-                        await asyncio.sleep(interval)
+                        # for acknowledgements only: no registration, and a probe now and
+                        # then, only to find out that the connection died.
+                        await asyncio.sleep(self.lease)
+                        async with asyncio.timeout(self.lease):
+                            await self.channel.probe()
                         continue
                     try:
                         async with asyncio.timeout(self.lease / 2):

@@ -105,15 +105,16 @@ def _kind(store: KeyStore) -> str:
 
 
 def _channel(channel: Channel | str) -> Channel | None:
-    if isinstance(channel, Channel):
+    if isinstance(channel, Channel) and channel.native:
         return channel
-    if isinstance(channel, str):
+    if isinstance(channel, str | Channel):
         # A channel of its own in front of the store split the truth about change in two
         # (a writer on the other channel went unheard). The store's own change log is now
         # the truth for every writer, so the store's own channel is always used.
         warnings.warn(
-            "KeyManager(channel=<url>) is no longer needed and is ignored: the store's own "
-            "change log tells every process of every change (docs/consistency.md)",
+            "KeyManager(channel=<url or a channel of another kind>) is no longer needed and is "
+            "ignored: the store's own change log tells every process of every change "
+            "(docs/consistency.md)",
             DeprecationWarning,
             stacklevel=3,
         )
@@ -211,12 +212,12 @@ class KeyManager:
     _warned = False
     _decoy: str | None = None
 
-    def _decoy_hash(self) -> str:
+    async def _decoy_hash(self) -> str:
         """A hash of a random secret, made as keys' hashes are: checked against when the
         key id is unknown."""
         decoy = self._decoy
         if decoy is None:
-            decoy = self._decoy = self.hasher.hash(generate_key().secret)
+            decoy = self._decoy = await self.hasher.ahash(generate_key().secret)
         return decoy
 
     def __init__(
@@ -857,7 +858,7 @@ class KeyManager:
         if stored is None or stored.record.key_prefix != prefix:
             # The same hash work as a wrong secret for a key that exists, so that the time
             # of a refusal does not tell whether an id exists.
-            decoy = self._decoy_hash()
+            decoy = self._decoy or await self._decoy_hash()
             if hasher.is_fast(decoy):
                 hasher.verify(secret, decoy)
             else:

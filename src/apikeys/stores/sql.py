@@ -95,7 +95,7 @@ from apikeys.stores.sql_engine import (
     split_url_options,
     unavailable_hint,
 )
-from apikeys.stores.sql_log import install_change_log
+from apikeys.stores.sql_log import install_change_log, table_schema, trigger_names
 from apikeys.stores.sql_schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
@@ -845,6 +845,8 @@ class SQLStore(KeyStore):
                 self._reader_path,
                 changes_table=self._changes.name,
                 log_table=self._log.name,
+                keys_table=self._table.name,
+                triggers=trigger_names(self._table, "sqlite"),
                 readers_table=self._readers.name,
                 busy_timeout=self._busy_timeout,
                 prepare=self.setup,
@@ -862,7 +864,22 @@ class SQLStore(KeyStore):
             log_table=self._log.name,
             readers_table=self._readers.name,
             prepare=self.setup,
+            locate=self._keys_schema,
         )
+
+    async def _keys_schema(self) -> str:
+        """The PostgreSQL schema the keys table is in, as this store's connections see it
+        (the tables are made first when they are missing)."""
+
+        async def work(conn: AsyncConnection) -> str:
+            found = await conn.run_sync(lambda sync: table_schema(sync, self._table))
+            return found
+
+        try:
+            return await self._run(work, write=False)
+        except sa_exc.NoResultFound:
+            await self.setup()
+            return await self._run(work, write=False)
 
     def _create_schema(self, connection: sa.Connection) -> None:
         create_tables_on(connection, self._tables)

@@ -220,7 +220,12 @@ def changes_table(
         "changes",
         meta,
         lambda name: (
-            sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
+            sa.Column(
+                "seq",
+                sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+                primary_key=True,
+                autoincrement=True,
+            ),
             sa.Column("notice", sa.String(64), nullable=False),
             sa.Index(f"ix_{name}_notice", "notice"),
         ),
