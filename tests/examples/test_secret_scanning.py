@@ -27,21 +27,21 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from examples.contacts_service.leaks import (
-    MAX_ALERTS,
-    MAX_BODY_BYTES,
-    GitHubKeys,
-    KeysUnavailable,
-    parse_key_list,
-    validate_alerts,
-)
-from examples.contacts_service.problems import Problem
 from examples.contacts_service.settings import Settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apikeys import Hasher, KeyManager, generate_key, parse_key, store_from_url
+from apikeys.errors import InvalidPayload
+from apikeys.errors import SigningKeysUnavailable as KeysUnavailable
 from apikeys.keys import ParsedKey
+from apikeys.leaks.github import (
+    MAX_ALERTS,
+    MAX_BODY_BYTES,
+    GitHubKeys,
+    parse_key_list,
+    validate_alerts,
+)
 from tests.examples.conftest import PEPPER, free_port, service_env, start_service, stop_service
 
 PATH = "/api/v1/secret-scanning"
@@ -742,7 +742,7 @@ def test_validated_alerts_keep_the_token_out_of_their_repr() -> None:
     [alert] = validate_alerts([{"token": token, "type": "t", "url": "", "extra": 1}])
     assert alert.token == token
     assert token not in repr(alert)
-    with pytest.raises(Problem):
+    with pytest.raises(InvalidPayload):
         validate_alerts({"token": token})
 
 
