@@ -9,23 +9,19 @@ did is checked the way a client would notice it: by using the reported key again
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from examples.contacts_service.settings import Settings
 from hypothesis import HealthCheck, given, settings
@@ -43,106 +39,13 @@ from apikeys.leaks.github import (
     validate_alerts,
 )
 from tests.examples.conftest import PEPPER, free_port, service_env, start_service, stop_service
+from tests.leaks.github_side import TOKEN_TYPE, KeyListServer, Signer, alerts
 
 PATH = "/api/v1/secret-scanning"
 PROBLEM = "application/problem+json"
-TOKEN_TYPE = "apikeys_api_key"
 
 
 # -- GitHub's side: a key pair, its key list, signed alerts ------------------------------------
-
-
-@dataclass
-class Signer:
-    """A P-256 key pair, listed by the key-list server under `identifier`."""
-
-    private: ec.EllipticCurvePrivateKey = field(
-        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
-    )
-
-    @property
-    def pem(self) -> str:
-        return (
-            self.private.public_key()
-            .public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            .decode()
-        )
-
-    @property
-    def identifier(self) -> str:
-        der = self.private.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        return hashlib.sha256(der).hexdigest()
-
-    def entry(self, *, current: bool = True) -> dict[str, Any]:
-        return {"key_identifier": self.identifier, "key": self.pem, "is_current": current}
-
-    def sign(self, body: bytes) -> str:
-        return base64.b64encode(self.private.sign(body, ec.ECDSA(hashes.SHA256()))).decode()
-
-    def headers(self, body: bytes, identifier: str | None = None) -> dict[str, str]:
-        return {
-            "Github-Public-Key-Identifier": identifier or self.identifier,
-            "Github-Public-Key-Signature": self.sign(body),
-        }
-
-
-class KeyListServer:
-    """`GET /` answers `{"public_keys": keys}` (or `status` with junk); counts fetches."""
-
-    def __init__(self, keys: list[dict[str, Any]]) -> None:
-        self.keys = keys
-        self.status = 200
-        self.fetches = 0
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.fetches += 1
-                if owner.status == 200:
-                    body = json.dumps({"public_keys": owner.keys}).encode()
-                else:
-                    body = b"oops"
-                self.send_response(owner.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/meta/public_keys"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> KeyListServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
-def alerts(*tokens: str, token_type: str = TOKEN_TYPE) -> bytes:
-    """A body as GitHub sends it: compact JSON, one alert per token."""
-    return json.dumps(
-        [
-            {
-                "token": token,
-                "type": token_type,
-                "url": "https://github.com/octocat/Hello-World/blob/12345600b9cb/foo/bar.txt",
-                "source": "content",
-            }
-            for token in tokens
-        ],
-        separators=(",", ":"),
-    ).encode()
 
 
 def verdicts(*pairs: tuple[str, str]) -> list[dict[str, str]]:
