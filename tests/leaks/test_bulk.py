@@ -308,6 +308,13 @@ async def test_behind_trusted_proxies_the_forwarded_client_is_limited(
     assert_accepted(await post(app, [], address=proxy, headers={"X-Forwarded-For": "198.51.100.2"}))
 
 
+async def test_the_defaults_are_githubs_limit_and_the_bulk_revoke_actor(
+    memory_manager: KeyManager,
+) -> None:
+    app = BulkRevoke(memory_manager)
+    assert (app.rate_limit, app.actor, app.trusted_proxies) == ("60/hour", "bulk-revoke", 0)
+
+
 async def test_a_shared_limiter_counts_for_every_app_using_it(memory_manager: KeyManager) -> None:
     limiter = RateLimiter("1/hour")
     first = BulkRevoke(memory_manager, rate_limit="1/hour", limiter=limiter)

@@ -23,8 +23,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from apikeys import ConfigurationError, Hasher, KeyManager, generate_key, parse_key
-from apikeys.errors import InvalidPayload
-from apikeys.errors import SigningKeysUnavailable as KeysUnavailable
+from apikeys.errors import InvalidPayload, SigningKeysUnavailable
 from apikeys.leaks import BulkRevoke, SecretScanningReceiver
 from apikeys.leaks.github import GitHubKeys, parse_key_list, validate_alerts
 from tests.conftest import TEST_PEPPER
@@ -231,10 +230,10 @@ def test_keys_too_old_are_refetched_and_never_used_when_that_fails() -> None:
             assert await keys.get(signer.identifier) is not None
             clock.now += keys.max_age
             server.status = 503
-            with pytest.raises(KeysUnavailable):
+            with pytest.raises(SigningKeysUnavailable):
                 await keys.get(signer.identifier)
             # Within the minute the failure stands, without another fetch.
-            with pytest.raises(KeysUnavailable):
+            with pytest.raises(SigningKeysUnavailable):
                 await keys.get(signer.identifier)
             assert server.fetches == 2
             server.status = 200
@@ -251,7 +250,7 @@ def test_a_key_list_that_never_answers_times_out() -> None:
         silent.listen()  # accepts connections into the backlog, never answers
         keys = GitHubKeys(f"http://127.0.0.1:{silent.getsockname()[1]}/", timeout=0.3)
         started = time.monotonic()
-        with pytest.raises(KeysUnavailable):
+        with pytest.raises(SigningKeysUnavailable):
             asyncio.run(keys.get("any"))
         assert time.monotonic() - started < 5
 
@@ -267,7 +266,7 @@ def test_a_key_list_that_never_answers_times_out() -> None:
     ],
 )
 def test_a_key_list_without_a_usable_key_is_unavailable(body: bytes) -> None:
-    with pytest.raises(KeysUnavailable):
+    with pytest.raises(SigningKeysUnavailable):
         parse_key_list(body)
 
 
