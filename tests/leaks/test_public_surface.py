@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +93,25 @@ def test_the_docs_import_only_exported_names_from_the_leak_modules() -> None:
                 seen += 1
                 assert item in module.__all__, f"{page.name}: {module_name}.{item}"
     assert seen > 0
+
+
+@pytest.mark.parametrize("missing", ["cryptography", "httpx"])
+def test_without_the_github_extra_the_receiver_names_it_and_bulk_revoke_still_imports(
+    missing: str,
+) -> None:
+    block = f"import sys; sys.modules[{missing!r}] = None\n"
+    bulk = subprocess.run(
+        [sys.executable, "-c", block + "from apikeys.leaks import BulkRevoke\n"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bulk.returncode == 0, bulk.stderr
+    receiver = subprocess.run(
+        [sys.executable, "-c", block + "from apikeys.leaks import SecretScanningReceiver\n"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert receiver.returncode != 0
+    assert "pip install 'apikeys[github]'" in receiver.stderr
