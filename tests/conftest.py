@@ -1,15 +1,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import services
+
+# A property test is about inputs, not speed: no deadline, so a loaded machine (CI, two
+# cores shared by several runs) cannot fail a test that is right. `ci` is the default;
+# HYPOTHESIS_PROFILE=dev runs fewer examples while writing a test.
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=20)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # One table of stores for every test that takes the `store` fixture (or `store_url`): each
 # behaviour runs on memory, SQLite, PostgreSQL and Redis alike.
