@@ -20,8 +20,7 @@ TESTS = ROOT / "tests"
 
 def _test_modules() -> list[str]:
     return sorted(
-        ".".join(path.relative_to(ROOT).with_suffix("").parts)
-        for path in TESTS.rglob("test_*.py")
+        ".".join(path.relative_to(ROOT).with_suffix("").parts) for path in TESTS.rglob("test_*.py")
     )
 
 
@@ -42,9 +41,12 @@ def test_no_test_sets_a_deadline_of_its_own() -> None:
     offending = []
     for path in [*TESTS.rglob("*.py"), *(ROOT / "src" / "apikeys" / "testing").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.keyword) and node.arg == "deadline":
-                if not (isinstance(node.value, ast.Constant) and node.value.value is None):
-                    offending.append(f"{path.relative_to(ROOT)}:{node.value.lineno}")
+            if (
+                isinstance(node, ast.keyword)
+                and node.arg == "deadline"
+                and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+            ):
+                offending.append(f"{path.relative_to(ROOT)}:{node.value.lineno}")
     assert not offending, offending
 
 
