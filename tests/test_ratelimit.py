@@ -4,7 +4,6 @@ several named policies per key, checked and charged all or nothing."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ from apikeys.ratelimit import (
     parse_rate_limit,
 )
 from tests import services
+from tests.conftest import redis_prefix as tagged_prefix
 
 
 @pytest.fixture(autouse=True)
@@ -287,7 +287,7 @@ async def _delete_keys(redis_url: str, pattern: str) -> None:
 
 @pytest.fixture
 async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
-    prefix = f"apikeys-ratelimit-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("ratelimit")
     try:
         yield prefix
     finally:
@@ -536,7 +536,7 @@ async def make_limiter(
 ) -> AsyncIterator[LimiterFactory]:
     """Limiters on one shared storage: a memory storage, or a Redis database."""
     made: list[RateLimiter] = []
-    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("policies")
     shared = FixedWindowMemoryStorage()
     url = request.getfixturevalue("redis_url") if request.param == "redis" else "memory://"
 
@@ -893,7 +893,7 @@ def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_cha
     services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
     url = services.REDIS_URL
     text, amounts = policies
-    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("policies")
 
     async def scenario() -> None:
         limiters = [RateLimiter(text, url, key_prefix=prefix) for _ in range(3)]
