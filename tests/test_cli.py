@@ -949,3 +949,27 @@ def test_usage_shows_a_key_s_requests_per_day_admitted_and_refused(store_url: st
     assert "Total: 3 admitted, 1 refused." in table
     assert run(store_url, "usage", created["id"], "--days", "0").exit_code == 2
     assert run(store_url, "usage", "AAAAAAAAAAAA").exit_code == 1
+
+
+def test_if_the_environment_names_the_store_then_a_bare_manager_finds_the_cli_keys(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `KeyManager()` reads what the CLI reads: APIKEYS_STORE_URL, APIKEYS_PEPPER and
+    # APIKEYS_OLD_PEPPERS. A key the CLI made is found by the app with no argument at all,
+    # also after the pepper was rotated.
+    monkeypatch.setenv("APIKEYS_STORE_URL", store_url)
+    result = CliRunner().invoke(main, ["create", "--name", "n", "--scope", "a:read", "--json"])
+    assert result.exit_code == 0, result.output
+    created = json.loads(result.stdout)
+    monkeypatch.setenv("APIKEYS_PEPPER", "a-newer-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
+
+    async def check() -> KeyRecord:
+        async with KeyManager() as manager:
+            return await manager.verify(created["key"], record_usage=False)
+
+    assert asyncio.run(check()).id == created["id"]
+
+
+def test_if_the_environment_names_no_store_then_a_bare_manager_keeps_keys_in_memory() -> None:
+    assert type(KeyManager().store).__name__ == "MemoryStore"

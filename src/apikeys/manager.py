@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import logging
+import os
 import re
 import time
 import warnings
@@ -55,9 +56,12 @@ from apikeys.types import (
 )
 from apikeys.usage import UsageBuffer, write_at_exit
 
-__all__ = ["KeyManager", "check_usable"]
+__all__ = ["STORE_URL_ENV", "KeyManager", "check_usable"]
 
 logger = logging.getLogger("apikeys")
+
+STORE_URL_ENV: Final = "APIKEYS_STORE_URL"
+"""The variable naming the key store, read by `KeyManager()` without a store and by the CLI."""
 
 _MAX_TEXT = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -151,8 +155,11 @@ class KeyManager:
     record = await manager.verify(created.key)
     ```
 
-    `store` is a `KeyStore` or a store URL. `hasher` defaults to `Hasher()` (HMAC-SHA256
-    keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
+    `store` is a `KeyStore` or a store URL; without one, the manager reads the variables the
+    `apikeys` command line reads, so both find the same keys: the store URL in
+    `APIKEYS_STORE_URL` (`memory://` when it is unset), and, through `Hasher()`,
+    `APIKEYS_PEPPER` and `APIKEYS_OLD_PEPPERS`. `hasher` defaults to `Hasher()`
+    (HMAC-SHA256 keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
     `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
 
     Records are cached in process (`cache`, on by default for SQLite, PostgreSQL and Redis)
@@ -178,7 +185,7 @@ class KeyManager:
 
     def __init__(
         self,
-        store: KeyStore | str = "memory://",
+        store: KeyStore | str | None = None,
         *,
         hasher: Hasher | None = None,
         prefix: str = DEFAULT_PREFIX,
@@ -190,6 +197,8 @@ class KeyManager:
         metrics: Any = False,
         on_event: EventHook | None = None,
     ) -> None:
+        if store is None:
+            store = os.environ.get(STORE_URL_ENV) or "memory://"
         self.store = store_from_url(store) if isinstance(store, str) else store
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)

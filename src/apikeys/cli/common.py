@@ -33,7 +33,7 @@ from apikeys.keys import (
     parse_key,
     validate_prefix,
 )
-from apikeys.manager import KeyManager
+from apikeys.manager import STORE_URL_ENV, KeyManager
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
@@ -42,7 +42,7 @@ from apikeys.types import KeyRecord
 __all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]
 
 
-STORE_ENV = "APIKEYS_STORE_URL"
+STORE_ENV = STORE_URL_ENV
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
 
 _T = TypeVar("_T")
