@@ -4,6 +4,8 @@ several named policies per key, checked and charged all or nothing."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -232,6 +234,28 @@ def test_if_default_passed_then_it_wins_over_env(monkeypatch: pytest.MonkeyPatch
 def test_if_limiter_url_scheme_unknown_then_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError):
         RateLimiter(storage_url=url)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:s3cret@127.0.0.1:6379/13", "rediss://cache.internal:6380/0"]
+)
+def test_if_redis_is_not_installed_then_the_redis_limiter_names_the_pip_line(url: str) -> None:
+    # The redis extra missing, as in a fresh `pip install apikeys`: the error says what
+    # to install, not which limits storage classes exist.
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from apikeys import RateLimiter\n"
+        f"RateLimiter(storage_url={url!r})\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("apikeys.errors.ConfigurationError: ")
+    assert "pip install 'apikeys[redis]'" in last
+    assert "async+" not in last
+    assert "s3cret" not in result.stderr
 
 
 def test_if_limiter_printed_then_no_url_credentials_shown() -> None:
