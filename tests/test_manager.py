@@ -26,6 +26,7 @@ from apikeys import (
     MemoryStore,
     store_from_url,
 )
+from apikeys.errors import StoreUnavailable
 from apikeys.hashing import Hasher
 from apikeys.keys import parse_key
 from apikeys.stores import KeyStore
@@ -779,3 +780,68 @@ async def test_a_memory_store_subclass_that_overrides_get_is_verified_through_it
                     await manager.verify(created.key)
             else:
                 assert (await manager.verify(created.key)).id == created.record.id
+
+
+# -- a store that cannot be reached at startup -------------------------------------------------
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("kind", "shown", "cause"),
+    [
+        pytest.param(
+            "postgresql://bob:s3cret@127.0.0.1:{port}/keys",
+            "postgresql://bob:***@127.0.0.1:{port}/keys",
+            "ConnectionRefusedError: ",
+            id="postgres",
+        ),
+        pytest.param(
+            "redis://:s3cret@127.0.0.1:{port}/13",
+            "redis://:***@127.0.0.1:{port}/13",
+            "ConnectionError: ",
+            id="redis",
+        ),
+        pytest.param(
+            "sqlite:///{tmp}/no-such-folder/keys.db",
+            "sqlite:///{tmp}/no-such-folder/keys.db",
+            "FileNotFoundError: no folder '{tmp}/no-such-folder'",
+            id="sqlite",
+        ),
+    ],
+)
+@pytest.mark.parametrize("given_as", ["url", "store"])
+async def test_if_the_store_is_unreachable_at_startup_then_the_log_and_error_name_it(
+    kind: str,
+    shown: str,
+    cause: str,
+    given_as: str,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What an operator reads when the app cannot start: which store (password masked) and
+    # why, as the CLI says it; never only the text meant for API clients.
+    values = {"port": _refused_port(), "tmp": str(tmp_path)}
+    url, shown, cause = (text.format(**values) for text in (kind, shown, cause))
+    store = store_from_url(url)
+    manager = KeyManager(url if given_as == "url" else store)
+    with pytest.raises(StoreUnavailable) as raised:
+        async with manager:
+            pass
+    message = str(raised.value)
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged == [f"apikeys: {message}"]
+    # A store given as an object is named by its repr, which never holds a password.
+    where = shown if given_as == "url" else repr(store)
+    assert message.startswith(f"key store unavailable: {where}: {cause}")
+    assert "s3cret" not in message
+    assert "cannot be checked right now" not in message
+    # Clients are still told only that authentication is unavailable.
+    assert raised.value.detail == "API keys cannot be checked right now. Retry shortly."

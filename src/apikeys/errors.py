@@ -241,7 +241,21 @@ class AuthUnavailable(AuthenticationError):
 
 
 class StoreUnavailable(AuthUnavailable):
-    """The key store raised a connection or timeout error; `original` holds it."""
+    """The key store raised a connection or timeout error; `original` holds it.
+
+    Raised when a manager starts (`async with manager`), it also carries `operator_text`,
+    which `str()` then gives: the store (password masked) and the cause, for the log.
+    Clients still get only `detail`.
+    """
+
+    def __init__(
+        self, original: BaseException | None = None, *, operator_text: str | None = None
+    ) -> None:
+        self.operator_text = operator_text
+        super().__init__(original)
+
+    def __str__(self) -> str:
+        return self.operator_text or super().__str__()
 
 
 class LimiterUnavailable(AuthUnavailable):

@@ -32,11 +32,13 @@ from apikeys.errors import (
     KeyExpired,
     KeyNotFound,
     KeyRevoked,
+    StoreUnavailable,
 )
 from apikeys.hashing import Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
+from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
 from apikeys.telemetry import EventHook, Telemetry
@@ -199,7 +201,10 @@ class KeyManager:
     ) -> None:
         if store is None:
             store = os.environ.get(STORE_URL_ENV) or "memory://"
+        self._url = store if isinstance(store, str) else None
         self.store = store_from_url(store) if isinstance(store, str) else store
+        # How logs name the store: its URL without the password, else its repr (no secret).
+        self._where = safe_url(store) if isinstance(store, str) else repr(store)
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
@@ -217,8 +222,29 @@ class KeyManager:
 
     async def __aenter__(self) -> Self:
         self._use()
-        await self.store.setup()
+        try:
+            await self._setup_store()
+        except BaseException:
+            self._release()  # it never started: nothing to close, nothing to warn about
+            raise
         return self
+
+    async def _setup_store(self) -> None:
+        """`store.setup()`, and when it fails, a log line naming the store and the cause."""
+        try:
+            await self.store.setup()
+        except StoreUnavailable as exc:
+            cause = exc.original if exc.original is not None else exc
+            text = f"key store unavailable: {self._where}: {self._redact(failure_reason(cause))}"
+            logger.error("apikeys: %s", text)
+            raise StoreUnavailable(exc.original, operator_text=text) from exc
+        except Exception as exc:
+            text = f"key store error: {self._where}: {self._redact(failure_reason(exc))}"
+            logger.error("apikeys: %s", text)
+            raise
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._url) if self._url is not None else text
 
     async def __aexit__(
         self,

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import click
 
@@ -35,6 +34,7 @@ from apikeys.keys import (
 )
 from apikeys.manager import STORE_URL_ENV, KeyManager
 from apikeys.ratelimit import format_policies, parse_policies
+from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import KeyRecord
@@ -236,42 +236,12 @@ def _split_scopes(
 # -- shared plumbing ------------------------------------------------------------------------
 
 
-def _safe_url(url: str) -> str:
-    """`url` with its password, if any, replaced by `***`."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<the key store URL>"
-    if not password:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def _redact(text: str, url: str) -> str:
-    """`text` with any password of `url` replaced by `***`."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        for form in {password, unquote(password)}:
-            text = text.replace(form, "***")
-    return text
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+_safe_url = safe_url
+_redact = redact
 
 
 def _unavailable_reason(exc: StoreUnavailable) -> str:
-    original = exc.original
-    if original is None:
-        return str(exc)
-    detail = _first_line(str(original))
-    name = type(original).__name__
-    return f"{name}: {detail}" if detail else name
+    return str(exc) if exc.original is None else failure_reason(exc.original)
 
 
 class _Mute(logging.Filter):
