@@ -973,3 +973,16 @@ def test_if_the_environment_names_the_store_then_a_bare_manager_finds_the_cli_ke
 
 def test_if_the_environment_names_no_store_then_a_bare_manager_keeps_keys_in_memory() -> None:
     assert type(KeyManager().store).__name__ == "MemoryStore"
+
+
+def test_scan_revoke_checks_keys_hashed_with_a_pepper_in_apikeys_old_peppers(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/concepts/hashing.md: the command line reads APIKEYS_OLD_PEPPERS too, so after a
+    # pepper rotation it still recognises (and revokes) a key hashed with the old pepper.
+    created = create_key(store_url)
+    monkeypatch.setenv("APIKEYS_PEPPER", "the-new-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
+    (tmp_path / "leak.txt").write_text(created["key"] + "\n", encoding="utf-8")
+    result = run(store_url, "scan", str(tmp_path / "leak.txt"), "--revoke")
+    assert _verdicts(result.stdout)[f"ak_{created['id']}_…"] == "revoked"
