@@ -1,8 +1,8 @@
 """What the example tests share: the contacts service, started as a user starts it.
 
-`python -m uvicorn examples.contacts_service.app:app` runs in a subprocess from the
-repository root, with an environment of the test's own (no `APIKEYS_*` or `EXAMPLE_*`
-variable of the caller leaks in).
+`python -m uvicorn examples.contacts_service.app:app --no-proxy-headers` (its documented
+command line) runs in a subprocess from the repository root, with an environment of the
+test's own (no `APIKEYS_*` or `EXAMPLE_*` variable of the caller leaks in).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def start_service(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[byte
         "-m",
         "uvicorn",
         "examples.contacts_service.app:app",
+        "--no-proxy-headers",
         "--host",
         "127.0.0.1",
         "--port",
