@@ -986,3 +986,18 @@ def test_scan_revoke_checks_keys_hashed_with_a_pepper_in_apikeys_old_peppers(
     (tmp_path / "leak.txt").write_text(created["key"] + "\n", encoding="utf-8")
     result = run(store_url, "scan", str(tmp_path / "leak.txt"), "--revoke")
     assert _verdicts(result.stdout)[f"ak_{created['id']}_…"] == "revoked"
+
+
+def test_if_the_cli_has_another_pepper_than_the_store_then_create_refuses_in_one_line(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Keys made with the wrong pepper would be invalid_api_key for the service, silently.
+    create_key(store_url)
+    monkeypatch.setenv("APIKEYS_PEPPER", "not-the-service-pepper-0123456789")
+    result = run(store_url, "create", "--name", "wrong", "--scope", "a:read")
+    assert result.exit_code == 1
+    line = refused_with_one_line(result)
+    assert "another pepper" in line
+    assert "not-the-service-pepper" not in result.output
+    # Commands that neither hash nor check a secret still work.
+    ok(store_url, "list")

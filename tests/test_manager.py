@@ -26,11 +26,12 @@ from apikeys import (
     MemoryStore,
     store_from_url,
 )
-from apikeys.errors import StoreUnavailable
+from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.hashing import Hasher
 from apikeys.keys import parse_key
 from apikeys.stores import KeyStore
 from apikeys.types import isoformat
+from tests.conftest import TEST_PEPPER
 
 KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -845,3 +846,50 @@ async def test_if_the_store_is_unreachable_at_startup_then_the_log_and_error_nam
     assert "cannot be checked right now" not in message
     # Clients are still told only that authentication is unavailable.
     assert raised.value.detail == "API keys cannot be checked right now. Retry shortly."
+
+
+# -- the pepper a store's keys are hashed with -------------------------------------------------
+
+OTHER_PEPPER = "another-pepper-0123456789abcdef"
+
+
+async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_why(
+    store_url: str,
+    store_options: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The store records a fingerprint of the pepper (never the pepper); a process whose
+    # pepper differs refuses to start, where it once answered every key invalid_api_key.
+    monkeypatch.delenv("APIKEYS_PEPPER", raising=False)
+    monkeypatch.delenv("APIKEYS_OLD_PEPPERS", raising=False)
+    memory = MemoryStore()
+
+    def manager(hasher: Hasher) -> KeyManager:
+        store = memory if store_url == "memory://" else store_from_url(store_url, **store_options)
+        return KeyManager(store, hasher=hasher)
+
+    async with manager(Hasher(TEST_PEPPER)) as first:
+        created = await first.create(name="n", full_access=True)
+    with pytest.raises(ConfigurationError) as refused:
+        async with manager(Hasher(OTHER_PEPPER)):
+            pass
+    message = str(refused.value)
+    assert "another pepper" in message
+    assert "APIKEYS_PEPPER" in message
+    for secret in (TEST_PEPPER, OTHER_PEPPER):
+        assert secret not in message
+        assert secret not in caplog.text
+    # Without a pepper at all, too.
+    with pytest.raises(ConfigurationError):
+        async with manager(Hasher()):
+            pass
+    # The right pepper, or the old one listed while rotating, starts; after a rotation the
+    # store records the new pepper, and the old one alone no longer starts.
+    async with manager(Hasher(TEST_PEPPER)) as same:
+        assert (await same.verify(created.key, record_usage=False)).id == created.record.id
+    async with manager(Hasher(OTHER_PEPPER, old_peppers=[TEST_PEPPER])) as rotating:
+        assert (await rotating.verify(created.key, record_usage=False)).id == created.record.id
+    with pytest.raises(ConfigurationError):
+        async with manager(Hasher(TEST_PEPPER)):
+            pass

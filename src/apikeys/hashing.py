@@ -50,6 +50,8 @@ logger = logging.getLogger("apikeys")
 PEPPER_ENV = "APIKEYS_PEPPER"
 OLD_PEPPERS_ENV = "APIKEYS_OLD_PEPPERS"
 MIN_PEPPER_LENGTH = 16
+UNPEPPERED = "unpeppered"
+"""The pepper fingerprint of a hasher without a pepper."""
 _HMAC_SCHEME = "hmac-sha256$"
 _SHA256_SCHEME = "sha256$"
 
@@ -213,6 +215,24 @@ class Hasher:
 
     def __repr__(self) -> str:
         return f"Hasher(scheme={self.scheme!r})"
+
+    @property
+    def pepper_fingerprint(self) -> str:
+        """What names this hasher's pepper in the store (`KeyManager` records it there): the
+        pepper's id, which every hash made with it already shows, or `unpeppered`.
+
+        Never the pepper, and nothing about it that the stored hashes do not already say.
+        """
+        return self._current_id or UNPEPPERED
+
+    @property
+    def old_pepper_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprints of the retired peppers this hasher still verifies (and, with
+        `allow_unpeppered`, `unpeppered`): a store recording one of them moves to this one."""
+        retired = tuple(key for key in self._peppers if key != self._current_id)
+        if self._current_id is not None and self._allow_unpeppered:
+            retired += (UNPEPPERED,)
+        return retired
 
     @property
     def scheme(self) -> str:

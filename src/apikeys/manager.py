@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ from apikeys.errors import (
     KeyRevoked,
     StoreUnavailable,
 )
-from apikeys.hashing import Hasher
+from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
@@ -223,11 +224,54 @@ class KeyManager:
     async def __aenter__(self) -> Self:
         self._use()
         try:
-            await self._setup_store()
+            await self.setup()
         except BaseException:
-            self._release()  # it never started: nothing to close, nothing to warn about
+            # It never started: let go of what setting up opened, and warn about nothing.
+            with contextlib.suppress(Exception):
+                await self.aclose()
+            self._release()
             raise
         return self
+
+    async def setup(self) -> None:
+        """Prepare the store and check this process's pepper against it (`async with`
+        does this).
+
+        The store records the fingerprint of the pepper its keys are hashed with
+        (`Hasher.pepper_fingerprint`, never the pepper). A process with another pepper, or
+        none where the store's keys have one, raises `ConfigurationError` here rather than
+        answering every key `invalid_api_key`. A process that lists the recorded pepper in
+        its old peppers (a rotation) records its new one.
+        """
+        await self._setup_store()
+        await self._check_pepper()
+
+    async def _check_pepper(self) -> None:
+        mine = self.hasher.pepper_fingerprint
+        recorded = await self.store.claim_setting(
+            "pepper", mine, replacing=self.hasher.old_pepper_fingerprints
+        )
+        if recorded is None or recorded == mine:
+            return
+        if recorded == UNPEPPERED:
+            text = (
+                f"the keys in {self._where} were hashed without a pepper, and this process "
+                "has one (APIKEYS_PEPPER): to move them to it, pass "
+                "Hasher(allow_unpeppered=True)"
+            )
+        else:
+            problem = (
+                "this process has none (APIKEYS_PEPPER is not set)"
+                if mine == UNPEPPERED
+                else f"this process has another pepper (fingerprint {mine})"
+            )
+            text = (
+                f"the keys in {self._where} are hashed with a pepper of fingerprint "
+                f"{recorded}, and {problem}. Give every process the same APIKEYS_PEPPER "
+                "(and list a retired one in APIKEYS_OLD_PEPPERS while rotating)"
+            )
+        logger.error("apikeys: %s", text)
+        raise ConfigurationError(text)
 
     async def _setup_store(self) -> None:
         """`store.setup()`, and when it fails, a log line naming the store and the cause."""

@@ -293,7 +293,10 @@ def _run(
 
     async def session() -> _T:
         try:
-            await store.setup()
+            if uses_secrets:
+                await manager.setup()  # also refuses a pepper other than the store's
+            else:
+                await store.setup()
             return await work(manager)
         finally:
             await manager.aclose()
