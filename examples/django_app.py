@@ -1,7 +1,7 @@
 """A Django project behind `APIKeyMiddleware`: the middleware wraps Django's ASGI application.
 
 ```shell
-APIKEYS_PEPPER=… uvicorn examples.django_app:application
+APIKEYS_PEPPER=… uvicorn examples.django_app:application --no-proxy-headers
 ```
 
 Django's views read the key from the ASGI scope (`request.scope["apikey"]`, the

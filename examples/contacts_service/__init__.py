@@ -1,7 +1,7 @@
 """A contacts and campaigns API whose `/api/v1/` endpoints are protected by API keys.
 
 ```shell
-python -m uvicorn examples.contacts_service.app:app
+python -m uvicorn examples.contacts_service.app:app --no-proxy-headers
 ```
 
 - `settings.py`: configuration from the environment.

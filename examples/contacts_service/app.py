@@ -1,7 +1,7 @@
 """The contacts service: a Starlette app whose API is protected by `APIKeyMiddleware`.
 
 ```shell
-python -m uvicorn examples.contacts_service.app:app
+python -m uvicorn examples.contacts_service.app:app --no-proxy-headers
 curl -H "Authorization: Bearer <key>" http://127.0.0.1:8000/api/v1/contacts
 ```
 

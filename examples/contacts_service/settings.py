@@ -42,7 +42,8 @@ class Settings:
     """`EXAMPLE_SESSION_SECRET`: signs the session cookie (else `.example-session-secret`)."""
     secure_cookies: bool = False
     """`EXAMPLE_SECURE_COOKIES=1`: always mark the session cookie `Secure` (it is marked
-    so anyway on requests that arrive over https, e.g. through `uvicorn --proxy-headers`)."""
+    so anyway on requests that arrive over https, e.g. through a proxy that uvicorn's
+    `--forwarded-allow-ips` names)."""
     github_keys_url: str = GITHUB_KEYS_URL
     """`EXAMPLE_GITHUB_KEYS_URL`: the list of GitHub's secret scanning public keys, which
     `/api/v1/secret-scanning` checks alerts against."""

@@ -273,7 +273,25 @@ class AuthUnavailable(AuthenticationError):
 class StoreUnavailable(AuthUnavailable):
     """The key store raised a connection or timeout error; `original` holds it, and `hint`
     what to do about it when apikeys knows (a pooler needs `?prepared_statements=false`
-    in the store URL, say). Neither is ever sent to the client."""
+    in the store URL, say). Neither is ever sent to the client.
+
+    Raised when a manager starts (`async with manager`), it also carries `operator_text`,
+    which `str()` then gives: the store (password masked) and the cause, for the log.
+    Clients still get only `detail`.
+    """
+
+    def __init__(
+        self,
+        original: BaseException | None = None,
+        *,
+        hint: str | None = None,
+        operator_text: str | None = None,
+    ) -> None:
+        self.operator_text = operator_text
+        super().__init__(original, hint=hint)
+
+    def __str__(self) -> str:
+        return self.operator_text or super().__str__()
 
 
 class LimiterUnavailable(AuthUnavailable):

@@ -378,6 +378,7 @@ class SQLStore(KeyStore):
             self._readers,
             self._audit,
             self._daily,
+            self._settings,
         ) = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
@@ -892,6 +893,36 @@ class SQLStore(KeyStore):
                 await create_concurrently(self._engine, self._create_schema)
         except Exception as exc:
             raise_translated(self._translate(exc), exc)
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        settings = self._settings
+        where = settings.c.name == name
+        if self._sqlite:
+            add: sa.Insert = sqlite.insert(settings).on_conflict_do_nothing()
+        elif self._engine.dialect.name == "postgresql":
+            add = postgresql.insert(settings).on_conflict_do_nothing()
+        else:  # pragma: no cover - other dialects: a concurrent first claim may fail once
+            add = sa.insert(settings)
+
+        async def work(conn: AsyncConnection) -> str | None:
+            # Replace a replaceable value, add one where none is, then read what is there:
+            # one transaction, and a concurrent first claim loses to the one that committed.
+            if replacing:
+                await conn.execute(
+                    sa.update(settings)
+                    .where(where, settings.c.value.in_(list(replacing)))
+                    .values(value=value)
+                )
+            await conn.execute(add.values(name=name, value=value))
+            recorded = (await conn.execute(sa.select(settings.c.value).where(where))).scalar()
+            return None if recorded is None else str(recorded)
+
+        try:
+            return await self._run(work)
+        except MissingTable:
+            return None  # migrations that predate the settings table: no check, as before
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
