@@ -45,6 +45,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
+from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
 __version__ = "0.1.0"
@@ -91,6 +92,7 @@ __all__ = [
     "ScopeTable",
     "StoreUnavailable",
     "StoredKey",
+    "SyncKeyManager",
     "UsageDelta",
     "__version__",
     "check_usable",
