@@ -9,7 +9,6 @@ try:
     from rest_framework.authentication import BaseAuthentication
     from rest_framework.exceptions import APIException
     from rest_framework.permissions import BasePermission
-    from rest_framework.views import exception_handler as drf_exception_handler
 except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
     raise ModuleNotFoundError(
         "the Django REST framework classes need djangorestframework. "
@@ -119,4 +118,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     if isinstance(exc, APIKeyRefused):
         response: HttpResponse = exc.refusal.response()
         return response
+    # Imported here: rest_framework.views imports the authentication classes of the
+    # settings (this module's) while it is itself being imported.
+    from rest_framework.views import exception_handler as drf_exception_handler
+
     return drf_exception_handler(exc, context)
