@@ -449,3 +449,33 @@ def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: s
     )
     assert result.returncode != 0
     assert f"pip install 'apikeys[{extra}]'" in result.stderr
+
+
+@pytest.mark.sqlite
+def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
+    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
+    # process of its own, in an empty directory, with only the pepper set.
+    import os
+    from pathlib import Path
+
+    from tests.test_docs import blocks
+
+    root = Path(__file__).resolve().parents[2]
+    (sample,) = [
+        block
+        for block in blocks(root / "docs" / "integrations.md")
+        if block.language == "python" and "apikeys.integrations.django" in block.code
+    ]
+    assert sample.directive == "not-run"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
+    result = subprocess.run(
+        [sys.executable, "-c", sample.code],
+        cwd=tmp_path,
+        env={**env, "APIKEYS_PEPPER": TEST_PEPPER},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "apikeys.db").exists()
