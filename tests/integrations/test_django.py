@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -455,7 +456,6 @@ def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: s
 def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
     # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
     # process of its own, in an empty directory, with only the pepper set.
-    import os
     from pathlib import Path
 
     from tests.test_docs import blocks
@@ -479,3 +479,54 @@ def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "apikeys.db").exists()
+
+
+FORK_TEST = """
+import os, sys
+import django
+from django.conf import settings
+from django.http import JsonResponse
+from django.urls import path
+
+settings.configure(
+    ROOT_URLCONF=__name__,
+    ALLOWED_HOSTS=["testserver"],
+    MIDDLEWARE=["apikeys.integrations.django.APIKeyMiddleware"],
+    APIKEYS={"PROTECT": "/api/", "SCOPES": {"GET /api/v1/contacts": "contacts:read"}},
+)
+django.setup()
+from django.test import Client
+from apikeys.integrations.django import get_manager
+
+urlpatterns = [path("api/v1/contacts", lambda request: JsonResponse({"id": request.apikey.id}))]
+
+# A pre-forking server that loaded the app, and made the manager, before it forked.
+created = get_manager().create(name="n", scopes=["contacts:read"])
+child = os.fork()
+if child == 0:
+    answer = Client().get("/api/v1/contacts", headers={"Authorization": f"Bearer {created.key}"})
+    sys.stdout.write(f"child {answer.status_code}\\n")
+    sys.stdout.flush()
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+print("parent", get_manager().verify(created.key).id == created.record.id)
+"""
+
+
+@pytest.mark.sqlite
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_process_forked_after_the_manager_was_made_makes_its_own(tmp_path: Any) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
+    env.update(APIKEYS_PEPPER=TEST_PEPPER, APIKEYS_STORE_URL=f"sqlite:///{tmp_path / 'keys.db'}")
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_TEST],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["child 200", "parent True"]

@@ -230,6 +230,9 @@ class _Runtime:
         except BaseException:
             self.manager.close()
             raise
+        self.pid = os.getpid()
+        # Closed at exit before the manager's own last resort (registered after it).
+        atexit.register(self.close)
         self._lock = threading.Lock()
         # The middlewares DRF views use, by the scopes they require.
         self._by_scopes: dict[tuple[str, ...], ASGIMiddleware] = {}
@@ -262,6 +265,7 @@ class _Runtime:
         return found
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         try:
             if self.manager.loop_thread.running:
                 self.manager.loop_thread.call(self.limiter.aclose)
@@ -299,10 +303,11 @@ _current: _Runtime | None = None
 def _runtime() -> _Runtime:
     global _current
     runtime = _current
-    if runtime is None:
+    if runtime is None or runtime.pid != os.getpid():
         with _runtime_lock:
             runtime = _current
-            if runtime is None:
+            # One made before a pre-forking server forked has no loop thread in this process.
+            if runtime is None or runtime.pid != os.getpid():
                 runtime = _current = _Runtime(_config())
     return runtime
 
@@ -315,8 +320,8 @@ def get_manager() -> KeyManager:
 
 def reset() -> None:
     """Close the process's manager and limiter; the next request makes them afresh from the
-    settings. Done when `settings.APIKEYS` changes (`override_settings` in tests) and at
-    interpreter exit."""
+    settings. Done when `settings.APIKEYS` changes (`override_settings` in tests); at
+    interpreter exit they are closed the same way."""
     global _current
     with _runtime_lock:
         runtime, _current = _current, None
@@ -330,7 +335,6 @@ def _on_setting_changed(*, setting: str, **_: Any) -> None:
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="apikeys.integrations.django")
-atexit.register(reset)
 
 
 def _scope_of(request: HttpRequest) -> Scope:
