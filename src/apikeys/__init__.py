@@ -54,6 +54,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
+from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
 __version__ = "0.1.0"
@@ -108,6 +109,7 @@ __all__ = [
     "SigningKeysUnavailable",
     "StoreUnavailable",
     "StoredKey",
+    "SyncKeyManager",
     "UnsupportedMediaType",
     "UsageDelta",
     "__version__",
