@@ -272,6 +272,7 @@ class KeyManager:
     # The methods of the asynchronous manager, one for one (tests/test_sync.py checks that
     # every public coroutine method has its twin here).
 
+    setup = _Blocking(AsyncKeyManager.setup)
     create = _Blocking(AsyncKeyManager.create)
     get = _Blocking(AsyncKeyManager.get)
     list = _Blocking(AsyncKeyManager.list)

@@ -370,6 +370,7 @@ class SQLStore(KeyStore):
             self._owns_engine = True
         self._url = self._engine.url
         self._tables = store_tables(table_name)
+        self._schema_name: str | None = None  # PostgreSQL's schema of the keys table
         (
             self._table,
             self._batches,
@@ -872,22 +873,30 @@ class SQLStore(KeyStore):
         """The PostgreSQL schema the keys table is in, as this store's connections see it
         (the tables are made first when they are missing)."""
 
+        if self._schema_name is not None:
+            return self._schema_name  # found when the tables were made
+
         async def work(conn: AsyncConnection) -> str:
             found = await conn.run_sync(lambda sync: table_schema(sync, self._table))
             return found
 
         try:
-            return await self._run(work, write=False)
+            self._schema_name = await self._run(work, write=False)
         except sa_exc.NoResultFound:
             await self.setup()
-            return await self._run(work, write=False)
+            if self._schema_name is None:  # pragma: no cover - setup finds it
+                self._schema_name = await self._run(work, write=False)
+        return self._schema_name
 
     def _create_schema(self, connection: sa.Connection) -> None:
         create_tables_on(connection, self._tables)
         install_change_log(connection, self._table, self._changes, self._log)
+        if connection.dialect.name == "postgresql":
+            self._schema_name = table_schema(connection, self._table)
 
     async def setup(self) -> None:
         self._check_folder()
+        self._adopt_loop()
         try:
             async with self._setup_lock, self._turn():
                 await create_concurrently(self._engine, self._create_schema)
