@@ -6,5 +6,5 @@
   (`python -m examples.demo`, what `make demo` runs).
 - `django_app`: a Django project in one file, with the apikeys Django middleware, Django REST
   framework classes and the synchronous manager (`python -m examples.django_app create-key
-  acme contacts:read`, then `uvicorn examples.django_app:application`).
+  acme contacts:read`, then `uvicorn examples.django_app:application --no-proxy-headers`).
 """
