@@ -8,6 +8,8 @@ Layout, for the default `key_prefix` of `apikeys:`:
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
 - `apikeys:usage-batch:<batch_id>`: a string per usage batch applied in the last
   `USAGE_BATCH_RETENTION` (24 hours, its TTL), so that a batch sent again is skipped.
+- `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
+  fingerprint.
 
 Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
 integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
@@ -261,6 +263,20 @@ return 0
 # Returns 1 if applied, 0 for an unknown id (nothing is created) or a batch applied before.
 # KEYS[3..] = the key's daily usage hashes (one per day in the batch); ARGV[5] = the daily
 # hashes' TTL in seconds, then (key index, outcome, count) triples naming them.
+# KEYS[1] = the setting; ARGV[1] = the value to record, ARGV[2..] = values it may replace.
+_CLAIM_SETTING = """
+local recorded = redis.call('GET', KEYS[1])
+local replace = not recorded
+for i = 2, #ARGV do
+  if recorded == ARGV[i] then replace = true end
+end
+if replace then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return ARGV[1]
+end
+return recorded
+"""
+
 _ADD_USAGE = """
 local marker = redis.call('GET', KEYS[2])
 if not marker then
@@ -432,6 +448,7 @@ class RedisStore(KeyStore):
         self._replace_hash = client.register_script(_REPLACE_HASH)
         self._update = client.register_script(_UPDATE)
         self._add_usage = client.register_script(_ADD_USAGE)
+        self._claim_setting = client.register_script(_CLAIM_SETTING)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -548,6 +565,15 @@ class RedisStore(KeyStore):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        with self._calls():
+            recorded = await self._claim_setting(
+                keys=[f"{self._prefix}setting:{name}"], args=[value, *replacing]
+            )
+        return str(recorded)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
