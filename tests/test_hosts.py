@@ -46,7 +46,7 @@ import httpx
 import pytest
 
 from tests import services
-from tests.conftest import TEST_PEPPER, delete_redis_prefix
+from tests.conftest import TEST_PEPPER, delete_redis_keys_now, redis_prefix
 from tests.hosts import Host, Hosts, Mode, require_netns, wait_until
 from tests.test_middleware import bearer
 
@@ -201,7 +201,7 @@ def _options(kind: str) -> dict[str, Any]:
     if kind == "postgres":
         # Small pools: four workers and a writer on one server shared with other tests.
         return {"table_name": f"netns_keys_{suffix}", "pool_size": 2, "max_overflow": 2}
-    return {"key_prefix": f"apikeys-netns-{suffix}:"}
+    return {"key_prefix": redis_prefix("netns") + ":"}
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +238,8 @@ def deployment(
             host.heal()
             host.kill_processes()
         if kind == "redis":
-            asyncio.run(delete_redis_prefix(services.REDIS_URL, options["key_prefix"]))
+            # The store's keys and its usage-batch markers: everything with the prefix in it.
+            delete_redis_keys_now(services.REDIS_URL, f"*{options['key_prefix'].rstrip(':')}*")
 
 
 # --- requests -------------------------------------------------------------------------------
