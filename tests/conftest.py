@@ -9,7 +9,7 @@ import pytest
 
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
-from tests import services
+from tests import redis_servers, services
 
 # One table of stores for every test that takes the `store` fixture (or `store_url`): each
 # behaviour runs on memory, SQLite, PostgreSQL and Redis alike.
@@ -58,6 +58,30 @@ def postgres_url() -> Iterator[str]:
 def redis_url() -> str:
     services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
     return services.REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[redis_servers.LocalCluster]:
+    """A local Redis Cluster (3 masters, 3 replicas), started on first use, stopped at the end."""
+    redis_servers.require_redis_binaries()
+    cluster = redis_servers.LocalCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[redis_servers.LocalSentinel]:
+    """A local Sentinel set (master, replica, 3 sentinels), started on first use."""
+    redis_servers.require_redis_binaries()
+    sentinel = redis_servers.LocalSentinel()
+    sentinel.start()
+    try:
+        yield sentinel
+    finally:
+        sentinel.close()
 
 
 @pytest.fixture
