@@ -56,7 +56,7 @@ def _port_free(port: int) -> bool:
 def free_port(taken: set[int]) -> int:
     """A free loopback port whose cluster bus port (+10000) is free too."""
     for _ in range(1000):
-        port = random.randint(20000, 45000)  # noqa: S311
+        port = random.randint(20000, 45000)
         if port in taken or port + 10000 in taken:
             continue
         if _port_free(port) and _port_free(port + 10000):
@@ -132,7 +132,7 @@ class Node:
         ]
         if not self.sentinel:
             command += ["--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(  # noqa: S603 - a fixed binary, our own arguments
+        self.process = subprocess.Popen(
             command + self.args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -323,9 +323,7 @@ class LocalSentinel:
             Node(self.root, master_port, []),
             Node(self.root, free_port(taken), ["--replicaof", "127.0.0.1", str(master_port)]),
         ]
-        self.sentinels = [
-            Node(self.root, free_port(taken), [], sentinel=True) for _ in range(3)
-        ]
+        self.sentinels = [Node(self.root, free_port(taken), [], sentinel=True) for _ in range(3)]
 
     @property
     def url(self) -> str:
@@ -377,12 +375,7 @@ class LocalSentinel:
             for sentinel in self.sentinels:
                 fields = dict(
                     zip(
-                        *[
-                            iter(
-                                cli(sentinel.port, "SENTINEL", "master", SERVICE_NAME).split()
-                            )
-                        ]
-                        * 2,
+                        *[iter(cli(sentinel.port, "SENTINEL", "master", SERVICE_NAME).split())] * 2,
                         strict=True,
                     )
                 )
@@ -402,10 +395,7 @@ class LocalSentinel:
     def wait_failover(self, killed: Node) -> None:
         def promoted() -> bool:
             port = self.master_port()
-            return (
-                port != killed.port
-                and info(port, "replication").get("role") == "master"
-            )
+            return port != killed.port and info(port, "replication").get("role") == "master"
 
         wait_until(promoted, "the Sentinel failover", timeout=90)
 
@@ -419,4 +409,3 @@ class LocalSentinel:
         for node in [*self.sentinels, *self.data]:
             node.stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
