@@ -20,6 +20,13 @@ STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="redis"),
 ]
 
+# The Redis store on a local Redis Cluster and through Sentinel (tests/redis_servers.py), for
+# the suites that check every deployment: the store conformance suite and the CLI.
+SCALE_OUT_STORES = [
+    pytest.param("redis-cluster", marks=pytest.mark.redis, id="redis-cluster"),
+    pytest.param("redis-sentinel", marks=pytest.mark.redis, id="redis-sentinel"),
+]
+
 
 async def _create_database(admin_url: str, name: str) -> None:
     import asyncpg
@@ -108,13 +115,17 @@ def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return base
     if store_kind == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if store_kind == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    if store_kind == "redis-sentinel":
+        return str(request.getfixturevalue("redis_sentinel").url)
     raise AssertionError(store_kind)
 
 
 @pytest.fixture
 def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
     """Extra keyword arguments that isolate one test's data on a shared server."""
-    if store_kind == "redis":
+    if store_kind.startswith("redis"):
         return {"key_prefix": str(request.getfixturevalue("redis_key_prefix"))}
     if store_kind == "postgres":
         return {"table_name": f"apikeys_keys_{uuid.uuid4().hex[:10]}"}
@@ -122,16 +133,30 @@ def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, 
 
 
 async def delete_redis_prefix(url: str, prefix: str) -> None:
-    """Delete every Redis key under `prefix` (what one test left behind)."""
-    import redis.asyncio
+    """Delete every Redis key under `prefix` (what one test left behind): on a single node,
+    a cluster (every master) or a Sentinel's master."""
+    from apikeys.stores.redis.client import parse_redis_url, redis_client
 
-    client = redis.asyncio.Redis.from_url(url)
+    target = parse_redis_url(url)
+    client, sentinels = redis_client(target)
     try:
-        names = [name async for name in client.scan_iter(match=f"{prefix}*", count=500)]
-        if names:
-            await client.delete(*names)
+        if target.kind == "cluster":
+            names = []
+            for node in client.get_primaries():  # type: ignore[union-attr]
+                async for name in client.scan_iter(
+                    match=f"{prefix}*", count=500, target_nodes=node
+                ):
+                    names.append(name)
+            for name in names:
+                await client.delete(name)
+        else:
+            names = [name async for name in client.scan_iter(match=f"{prefix}*", count=500)]
+            if names:
+                await client.delete(*names)
     finally:
         await client.aclose()
+        for sentinel in sentinels:
+            await sentinel.aclose()
 
 
 @pytest.fixture

@@ -518,7 +518,8 @@ class RedisStore(KeyStore):
             # One pipeline: EVALSHA and WAIT travel on one connection to the key's master,
             # and WAIT counts the replicas that have that connection's writes.
             async with client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                # execute_command: redis-py's cluster pipeline refuses its evalsha method.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 if self._cluster:
                     node = client.get_node_from_key(keys[0])
                     pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
@@ -764,7 +765,8 @@ class RedisStore(KeyStore):
                     for (day, outcome), count in sorted(delta.daily.items())
                     for item in (str(slots[day]), outcome, str(count))
                 ]
-                pipe.evalsha(
+                pipe.execute_command(
+                    "EVALSHA",
                     sha,
                     2 + len(days),
                     self.key_name(key_id),
