@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from apikeys.channels.base import Channel, parse_notice
+from apikeys.channels.base import STORE_WRITER, Channel, parse_notice
 from apikeys.stores.base import KeyStore
 from apikeys.types import StoredKey
 
@@ -241,10 +241,13 @@ class KeyCache:
         self._entries.clear()
 
     def on_notice(self, notice: str) -> None:
-        """Apply a notice from the channel: drop the key, then acknowledge it."""
+        """Apply a notice from the channel: drop the key (or all), then acknowledge it."""
         writer, key_id = parse_notice(notice)
-        self._drop(key_id)
-        if writer != self.ident:
+        if key_id == "*":
+            self._clear()
+        else:
+            self._drop(key_id)
+        if writer != self.ident and writer != STORE_WRITER:
             task = asyncio.get_running_loop().create_task(self._ack(notice))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
@@ -310,6 +313,11 @@ class KeyCache:
                 # library may swallow a cancellation (redis-py can, in a command answered as
                 # it is cancelled), and `aclose` waits for this task to end.
                 while not self._closed:
+                    if not self._serving:
+                        # A writer that serves nothing (`cache=False`) needs the connection
+                        # for acknowledgements only: no registration, no probes.
+                        await asyncio.sleep(interval)
+                        continue
                     try:
                         async with asyncio.timeout(self.lease / 2):
                             await self.refresh()

@@ -104,18 +104,21 @@ def _kind(store: KeyStore) -> str:
     return type(store).__name__.removesuffix("Store").lower()
 
 
-def _channel(channel: Channel | str) -> Channel:
+def _channel(channel: Channel | str) -> Channel | None:
     if isinstance(channel, Channel):
         return channel
-    if channel.split("://", 1)[0].lower() in ("redis", "rediss", "unix"):
-        try:
-            from apikeys.channels.redis import RedisChannel
-        except ImportError as exc:
-            raise ConfigurationError(
-                "the Redis channel needs redis-py. Install it with: pip install 'apikeys[redis]'"
-            ) from exc
-        return RedisChannel(channel, native=False)
-    raise ConfigurationError("channel takes a Channel or a redis:// URL")
+    if isinstance(channel, str):
+        # A channel of its own in front of the store split the truth about change in two
+        # (a writer on the other channel went unheard). The store's own change log is now
+        # the truth for every writer, so the store's own channel is always used.
+        warnings.warn(
+            "KeyManager(channel=<url>) is no longer needed and is ignored: the store's own "
+            "change log tells every process of every change (docs/consistency.md)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return None
+    raise ConfigurationError("channel takes a Channel")
 
 
 def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -> str | None:
@@ -158,10 +161,12 @@ class KeyManager:
     Records are cached in process (`cache`, on by default for SQLite, PostgreSQL and Redis)
     and trusted only while the store's invalidation channel proves them fresh, so `verify`
     needs no store round trip while every change still holds for the very next request in
-    every process (docs/consistency.md). `channel` picks another channel: a `Channel`, or a
-    `redis://` URL for Redis pub/sub in front of any store. `cache_lease` bounds how long a
+    every process (docs/consistency.md), whoever made it. `cache_lease` bounds how long a
     change waits for a process that does not answer (seconds); `cache_size` bounds the
-    records kept. `cache=False` reads the store on every verification.
+    records kept. `cache=False` reads the store on every verification; such a manager still
+    waits, after each change it makes, for the processes that do cache keys. `channel`
+    replaces the store's own channel with another `Channel` of the same store (tests use
+    it to route the channel through a proxy); a URL there is ignored, with a warning.
 
     Close a manager when done with it: `await manager.aclose()`, or use it as
     `async with KeyManager(...) as manager:`. One that has done work (issued, read, changed
@@ -198,10 +203,16 @@ class KeyManager:
         if self.telemetry.active:
             self.usage_buffer.on_flush_failure = self.telemetry.usage_flush_failed
         self.cache: KeyCache | None = None
-        if cache:
-            chosen = _channel(channel) if channel is not None else self.store.channel()
-            if chosen is not None:
-                self.cache = KeyCache(self.store, chosen, lease=cache_lease, max_entries=cache_size)
+        # Every manager announces its changes and waits for the processes that cache keys,
+        # whether or not it caches keys itself: `cache=False` only stops it serving from one.
+        self._changes: KeyCache | None = None
+        chosen = _channel(channel) if channel is not None else None
+        if chosen is None:
+            chosen = self.store.channel()
+        if chosen is not None:
+            self._changes = KeyCache(self.store, chosen, lease=cache_lease, max_entries=cache_size)
+            if cache:
+                self.cache = self._changes
 
     def __repr__(self) -> str:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
@@ -226,8 +237,8 @@ class KeyManager:
             await self.usage_buffer.aclose()
         finally:
             try:
-                if self.cache is not None:
-                    await self.cache.aclose()
+                if self._changes is not None:
+                    await self._changes.aclose()
             finally:
                 await self.store.aclose()
 
@@ -436,9 +447,9 @@ class KeyManager:
         has passed): see `KeyCache.change`.
         """
         self._use()
-        if self.cache is None:
+        if self._changes is None:
             return await apply(None)
-        return await self.cache.change(key_id, apply, wait=wait)
+        return await self._changes.change(key_id, apply, wait=wait)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -274,6 +274,23 @@ async def test_setup_is_idempotent_and_keeps_the_keys(
     assert (await record_of(store, "k-kept")).id == "k-kept"
 
 
+async def drop_change_log_triggers(conn: Any, table_name: str) -> None:
+    """Drop the triggers that keep the change log of `table_name` (an older release's table)."""
+    if conn.dialect.name == "sqlite":
+        query = "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = :t"
+        names = [row[0] for row in await conn.execute(sa.text(query), {"t": table_name})]
+        for name in names:
+            await conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
+    else:
+        query = (
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = CAST(:t AS regclass) "
+            "AND NOT tgisinternal"
+        )
+        names = [row[0] for row in await conn.execute(sa.text(query), {"t": f'"{table_name}"'})]
+        for name in names:
+            await conn.execute(sa.text(f'DROP TRIGGER "{name}" ON "{table_name}"'))
+
+
 async def test_setup_adds_the_columns_a_table_of_an_earlier_version_lacks(
     database: tuple[str, dict[str, Any]], make_store: StoreFactory
 ) -> None:
@@ -282,7 +299,8 @@ async def test_setup_adds_the_columns_a_table_of_an_earlier_version_lacks(
     await store.setup()
     await store.insert(make_key("k-before"))
     table = store.table
-    async with store.engine.begin() as conn:  # the table as 0.2 made it
+    async with store.engine.begin() as conn:  # the table as 0.2 made it (no change log)
+        await drop_change_log_triggers(conn, table.name)
         for column in ("replaces", "replaced_by"):
             await conn.execute(sa.text(f'ALTER TABLE "{table.name}" DROP COLUMN {column}'))
 

@@ -21,7 +21,13 @@ import abc
 import asyncio
 from collections.abc import Callable
 
-__all__ = ["Channel", "ChannelError", "parse_notice"]
+__all__ = ["ALL_KEYS_NOTICE", "STORE_WRITER", "Channel", "ChannelError", "parse_notice"]
+
+STORE_WRITER = "store"
+"""The writer named by notices the store makes itself (a trigger, a server invalidation):
+they come from no apikeys process, so nobody waits for their acknowledgement."""
+ALL_KEYS_NOTICE = f"{STORE_WRITER}:0:*"
+"""The notice that every key may have changed (a flushed database, a truncated table)."""
 
 
 class ChannelError(Exception):
@@ -29,7 +35,10 @@ class ChannelError(Exception):
 
 
 def parse_notice(notice: str) -> tuple[str, str]:
-    """`(writer id, key id)` of a notice `"<writer>:<sequence>:<key id>"`."""
+    """`(writer id, key id)` of a notice `"<writer>:<sequence>:<key id>"`.
+
+    The key id `*` stands for every key.
+    """
     writer, _, rest = notice.partition(":")
     _, _, key_id = rest.partition(":")
     return writer, key_id

@@ -1,13 +1,18 @@
-"""Invalidation over PostgreSQL LISTEN/NOTIFY: the SQL store's channel on PostgreSQL.
+"""Invalidation on PostgreSQL: the store's own change log, woken early by LISTEN/NOTIFY.
 
-- The store sends each notice with `pg_notify` inside the transaction of the change, so
-  PostgreSQL delivers it exactly when the change commits, and never without it.
-- Each process keeps one connection that listens on the store's notice channel, on a probe
-  channel of its own and on an acknowledgement channel of its own.
-- A probe is a `pg_notify` on the process's own probe channel. PostgreSQL delivers the
-  notifications of different transactions in the order the transactions committed, so the
-  probe comes back after every notice committed before it was sent. asyncpg hands
-  notifications to their callbacks in the order they arrive.
+- Triggers on the keys table log every change in `<table>_changes`, in the change's own
+  transaction, whoever makes it, with a sequence that follows commit order and has no holes
+  (`apikeys.stores.sql_log`); they also `pg_notify` the change. The store sends the notice
+  of the apikeys process that made a change with `pg_notify` too, so that readers can
+  acknowledge it to that process.
+- Each process keeps one connection that listens on the store's notice channel and on an
+  acknowledgement channel of its own. A notice drops its key at once: that is only speed.
+- A probe reads the log itself: the high-water mark and identity in `<table>_log` and every
+  change after the last one applied, in one statement (one snapshot). Every change
+  committed before the probe is in what it reads, so a notice lost on the way (a connection
+  pooler in transaction mode, a cut connection, a writer that sent none) costs no more than
+  a probe's delay. A reader that finds a hole (it fell behind the pruning), another
+  identity or a lower mark (a restored or remade database) starts afresh.
 - The registry of readers is the table `<table>_readers` (reader id, when it runs out in
   seconds since the epoch), compared with the server's `clock_timestamp()`.
 """
@@ -16,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apikeys.channels.base import Channel, ChannelError, parse_notice
 
 __all__ = ["PostgresChannel", "notice_channel_name"]
+
+# Changes kept in the log; a reader that falls further behind starts afresh (see `probe`).
+_KEEP_CHANGES = 10_000
 
 
 def _base(table_name: str) -> str:
@@ -36,10 +43,11 @@ def notice_channel_name(table_name: str) -> str:
 
 
 class PostgresChannel(Channel):
-    """LISTEN/NOTIFY for the keys table `table_name` (see the module doc).
+    """The change log of the keys table `table_name`, and LISTEN/NOTIFY (see the module doc).
 
     `connect_args` / `connect_kwargs` are what `asyncpg.connect` takes (the SQL store passes
-    its own connection settings); `readers_table` is the registry's table.
+    its own connection settings); `changes_table`, `log_table` and `readers_table` are the
+    log's and the registry's tables (by default named after `table_name`).
     """
 
     def __init__(
@@ -49,6 +57,8 @@ class PostgresChannel(Channel):
         *,
         table_name: str,
         readers_table: str,
+        changes_table: str | None = None,
+        log_table: str | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
@@ -60,8 +70,13 @@ class PostgresChannel(Channel):
         self._base = base
         self._table_name = table_name
         self._readers_table = readers_table
+        self._changes_table = changes_table or f"{table_name}_changes"
+        self._log_table = log_table or f"{table_name}_log"
         self._connection: Any = None
-        self._probes: dict[str, asyncio.Future[None]] = {}
+        self._on_notice: Callable[[str], None] | None = None
+        self._identity = ""
+        self._last = 0
+        self._registrations = 0
         # One statement at a time on the listening connection (asyncpg refuses overlaps):
         # probes, registrations, acknowledgements and registry reads take turns.
         self._turn = asyncio.Lock()
@@ -73,41 +88,52 @@ class PostgresChannel(Channel):
         super().bind()
         self._turn = asyncio.Lock()
 
+    @property
+    def _mark_sql(self) -> str:
+        return f'SELECT seq, identity FROM "{self._log_table}" WHERE id = 1'  # noqa: S608
+
+    @property
+    def _probe_sql(self) -> str:
+        return (
+            "SELECT l.seq AS high, l.identity, c.seq, c.notice "  # noqa: S608
+            f'FROM "{self._log_table}" l LEFT JOIN "{self._changes_table}" c '
+            "ON c.seq > $1 WHERE l.id = 1 ORDER BY c.seq"
+        )
+
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         import asyncpg
 
         self.ident = ident
         connection = await asyncpg.connect(*self._args, **self._kwargs)
-        probes, acks = f"{self._base}_p{ident}", f"{self._base}_a{ident}"
+        acks = f"{self._base}_a{ident}"
 
         def notice(_: Any, __: int, ___: str, payload: str) -> None:
             on_notice(payload)
-
-        def probe(_: Any, __: int, ___: str, payload: str) -> None:
-            future = self._probes.pop(payload, None)
-            if future is not None and not future.done():
-                future.set_result(None)
 
         def ack(_: Any, __: int, ___: str, payload: str) -> None:
             reader, _sep, notice_text = payload.partition("|")
             self.acknowledged(notice_text, reader)
 
-        def terminated(_: Any) -> None:
-            for future in self._probes.values():
-                if not future.done():
-                    future.set_exception(ChannelError("the listening connection was lost"))
-            self._probes.clear()
-
         try:
             await connection.add_listener(self._notices, notice)
-            await connection.add_listener(probes, probe)
             await connection.add_listener(acks, ack)
-            connection.add_termination_listener(terminated)
+            try:
+                row = await connection.fetchrow(self._mark_sql)
+            except asyncpg.UndefinedTableError:
+                row = None
+            if row is None:
+                if self._prepare is None:
+                    raise ChannelError("the store's change log is missing: run setup()")
+                await self._prepare()  # the store's tables and triggers, the log among them
+                row = await connection.fetchrow(self._mark_sql)
+                if row is None:  # pragma: no cover - setup makes it
+                    raise ChannelError("the store's change log is missing")
         except BaseException:
             connection.terminate()
             raise
+        self._identity, self._last = row["identity"], row["seq"]
+        self._on_notice = on_notice
         self._connection = connection
-        self._probe_channel = probes
 
     def _live(self) -> Any:
         connection = self._connection
@@ -131,16 +157,20 @@ class PostgresChannel(Channel):
 
     async def probe(self) -> None:
         connection = self._live()
-        token = secrets.token_hex(8)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._probes[token] = future
-        try:
-            await self._statement(
-                connection.execute, "SELECT pg_notify($1, $2)", self._probe_channel, token
-            )
-            await future
-        finally:
-            self._probes.pop(token, None)
+        rows = await self._statement(connection.fetch, self._probe_sql, self._last)
+        if not rows or rows[0]["identity"] != self._identity or rows[0]["high"] < self._last:
+            # Another history (a restored or remade database, the log's row deleted):
+            # nothing cached can be trusted; the cache is cleared on reconnection.
+            raise ChannelError("the change log was reset")
+        high = rows[0]["high"]
+        changes = [(row["seq"], row["notice"]) for row in rows if row["seq"] is not None]
+        if high > self._last and (not changes or changes[0][0] != self._last + 1):
+            raise ChannelError("fell behind the change log")
+        on_notice = self._on_notice
+        assert on_notice is not None
+        for seq, notice_text in changes:
+            self._last = seq
+            on_notice(notice_text)
 
     async def register(self, ttl: float) -> None:
         import asyncpg
@@ -155,6 +185,15 @@ class PostgresChannel(Channel):
 
     async def _register(self, ttl: float) -> None:
         connection = self._live()
+        self._registrations += 1
+        if self._registrations % 64 == 1:
+            # Housekeeping, now and then: the oldest changes go (a reader that had not read
+            # them yet starts afresh).
+            await self._statement(
+                connection.execute,
+                f'DELETE FROM "{self._changes_table}" WHERE seq <= $1',  # noqa: S608
+                self._last - _KEEP_CHANGES,
+            )
         await self._statement(
             connection.execute,
             f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608

@@ -5,9 +5,16 @@
   native=False)` publishes each notice once the change is committed.
 - The subscription connection also subscribes to `<prefix>acks:<id>`, where readers
   acknowledge the notices this process wrote.
+- Writes the scripts do not make (`HSET` from redis-cli, a process of an older release, a
+  `DEL`, an expiry, `FLUSHALL`) are noticed through Redis' own client-side caching support:
+  the subscription connection turns on `CLIENT TRACKING ... BCAST PREFIX <prefix>key:` with
+  itself as the target, so Redis pushes an invalidation on `__redis__:invalidate` for every
+  modification of any key's record, by any client, and a null one when a database is
+  flushed (which drops the whole cache). The server does this itself: nothing a writer does
+  or forgets to do can keep a reader from hearing of a change.
 - A probe is a `PING` sent on the subscription connection: Redis answers it in order with the
-  messages it pushes to that connection, so its reply arrives after every notice published
-  before it.
+  messages it pushes to that connection (notices and invalidations alike), so its reply
+  arrives after every change made before it.
 - The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
   clock, in milliseconds) each registration runs out.
 """
@@ -26,9 +33,18 @@ from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from apikeys.channels.base import Channel, ChannelError, parse_notice
+from apikeys.channels.base import (
+    ALL_KEYS_NOTICE,
+    STORE_WRITER,
+    Channel,
+    ChannelError,
+    parse_notice,
+)
 
 __all__ = ["RedisChannel"]
+
+# Where Redis sends the invalidations of CLIENT TRACKING to a RESP2 connection.
+_INVALIDATE = "__redis__:invalidate"
 
 # KEYS[1] = the registry; ARGV[1] = reader id, ARGV[2] = ttl in ms.
 _REGISTER = """
@@ -54,6 +70,13 @@ _OPTIONS: dict[str, Any] = {
     "protocol": 2,
     "decode_responses": True,
 }
+
+
+def _key_id(rest: str) -> str:
+    """The key id in what follows `<prefix>key:` in a Redis key's name (`{id}` or `id`)."""
+    if rest.startswith("{"):
+        return rest[1:].partition("}")[0]
+    return rest.partition(":")[0]
 
 
 def notices_channel(prefix: str) -> str:
@@ -87,6 +110,7 @@ class RedisChannel(Channel):
         self._connection_class = connection_class
         self.native = native
         self._notices = notices_channel(key_prefix)
+        self._tracked = f"{key_prefix}key:"
         self._acks_prefix = f"{key_prefix}acks:"
         self._registry = f"{key_prefix}readers"
         self._client: Redis | None = None
@@ -122,10 +146,11 @@ class RedisChannel(Channel):
         subscriber = self._new_client()
         pubsub = subscriber.pubsub()
         try:
-            await pubsub.subscribe(self._notices, f"{self._acks_prefix}{ident}")
-            # Wait for both confirmations: from then on nothing published is missed.
+            await self._track(pubsub)
+            await pubsub.subscribe(self._notices, f"{self._acks_prefix}{ident}", _INVALIDATE)
+            # Wait for every confirmation: from then on nothing published is missed.
             confirmed = 0
-            while confirmed < 2:
+            while confirmed < 3:
                 message = await pubsub.get_message(timeout=2.0)
                 if message is None:
                     raise ChannelError("Redis did not confirm the subscription")
@@ -139,6 +164,23 @@ class RedisChannel(Channel):
         self._subscriber = subscriber
         self._reader = asyncio.get_running_loop().create_task(self._read(pubsub, on_notice))
 
+    async def _track(self, pubsub: PubSub) -> None:
+        """Turn on server-assisted invalidation of every key record, sent to this connection.
+
+        Done before subscribing, while the connection still answers commands: the
+        invalidations then travel on the subscription, in order with notices and probes.
+        """
+        await pubsub.connect()  # type: ignore[no-untyped-call]
+        connection: Any = pubsub.connection
+        await connection.send_command("CLIENT", "ID")
+        own_id = await connection.read_response()
+        await connection.send_command(
+            "CLIENT", "TRACKING", "ON", "REDIRECT", own_id, "BCAST", "PREFIX", self._tracked
+        )
+        reply = await connection.read_response()
+        if reply not in ("OK", b"OK"):
+            raise ChannelError(f"Redis refused CLIENT TRACKING: {reply!r}")
+
     async def _read(self, pubsub: PubSub, on_notice: Callable[[str], None]) -> None:
         try:
             while True:
@@ -150,6 +192,8 @@ class RedisChannel(Channel):
                     channel, data = message["channel"], message["data"]
                     if channel == self._notices:
                         on_notice(data)
+                    elif channel == _INVALIDATE:
+                        self._invalidated(data, on_notice)
                     else:
                         reader, _, notice = data.partition("|")
                         self.acknowledged(notice, reader)
@@ -163,6 +207,18 @@ class RedisChannel(Channel):
                     probe.set_exception(ChannelError(f"subscription lost: {type(exc).__name__}"))
             self._probes.clear()
             raise
+
+    def _invalidated(self, data: Any, on_notice: Callable[[str], None]) -> None:
+        # A list of key names, or None when a database was flushed: everything goes.
+        if not data:
+            on_notice(ALL_KEYS_NOTICE)
+            return
+        start = len(self._tracked)
+        for name in data if isinstance(data, list) else [data]:
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", "replace")
+            if name.startswith(self._tracked):
+                on_notice(f"{STORE_WRITER}:0:{_key_id(name[start:])}")
 
     async def probe(self) -> None:
         pubsub, reader = self._pubsub, self._reader

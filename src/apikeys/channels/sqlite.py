@@ -1,10 +1,16 @@
 """Invalidation on one host through the SQLite database itself: the SQL store's channel.
 
-- The store appends each notice to the table `<table>_changes` (an autoincrement `seq`)
-  inside the transaction of the change, so a change never commits without its notice.
+- Triggers on the keys table append a row to `<table>_changes` (an autoincrement `seq`) for
+  every change, inside the change's transaction, whoever makes it (`apikeys.stores.sql_log`);
+  the store appends its writer's notice too, so that the writer can wait for it.
 - A probe asks `PRAGMA data_version`, which changes whenever another connection has committed
   to the file; only then does it read the changes after the last one seen. Every commit that
   finished before the probe is seen by it, so a probe is a proof as well as the delivery.
+  The log has no holes (`seq` only grows, and its high-water mark outlives pruning in
+  `sqlite_sequence`): a reader that finds the first row it reads past the one it expected
+  fell behind the pruning, and one that finds another `identity` in `<table>_log`, a lower
+  high-water mark or another file at the path (a restored backup) reads a different
+  history; either way it starts afresh.
   Probes run on a read connection in the event loop's own thread (a few microseconds each: no
   thread hop), every `poll_interval` seconds.
 - The registry of readers is the table `<table>_readers` (reader id, the last change it has
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import Awaitable, Callable
 
@@ -39,6 +46,7 @@ class SQLiteChannel(Channel):
         *,
         changes_table: str,
         readers_table: str,
+        log_table: str,
         busy_timeout: float = 5.0,
         poll_interval: float = 0.01,
         prepare: Callable[[], Awaitable[None]] | None = None,
@@ -48,7 +56,10 @@ class SQLiteChannel(Channel):
         self.path = path
         self.poll_interval = poll_interval
         self._changes = changes_table
+        self._log = log_table
         self._readers = readers_table
+        self._identity = ""
+        self._inode = 0
         self._busy_timeout = busy_timeout
         self._read: sqlite3.Connection | None = None
         self._write: sqlite3.Connection | None = None
@@ -91,28 +102,45 @@ class SQLiteChannel(Channel):
         except BaseException:
             connection.close()
             raise
-        self._last = self._acked = row[0] or 0
+        self._identity, self._last, self._inode = row
+        self._acked = self._last
         self._seq_of.clear()
         self._read = connection
         self._on_notice = on_notice
 
-    def _start(self, connection: sqlite3.Connection) -> tuple[int | None]:
+    def _start(self, connection: sqlite3.Connection) -> tuple[str, int, int]:
+        inode = os.stat(self.path).st_ino
         self._version = connection.execute("PRAGMA data_version").fetchone()[0]
-        row: tuple[int | None] = connection.execute(
-            f'SELECT max(seq) FROM "{self._changes}"'  # noqa: S608
+        identity, high = self._history(connection)
+        return identity, high, inode
+
+    def _history(self, connection: sqlite3.Connection) -> tuple[str, int]:
+        """The log's identity and high-water mark (what the next `seq` follows)."""
+        row = connection.execute(
+            f'SELECT identity FROM "{self._log}" WHERE id = 1'  # noqa: S608
         ).fetchone()
-        return row
+        if row is None:
+            raise sqlite3.OperationalError(f"no such table: {self._log} (its row is missing)")
+        high = connection.execute(
+            "SELECT seq FROM sqlite_sequence WHERE name = ?", (self._changes,)
+        ).fetchone()
+        return str(row[0]), int(high[0]) if high else 0
 
     async def probe(self) -> None:
         connection = self._reader()
         try:
+            if os.stat(self.path).st_ino != self._inode:
+                raise ChannelError("the database file was replaced")
             version = connection.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
                 return
+            identity, high = self._history(connection)
             rows = connection.execute(
                 f'SELECT seq, notice FROM "{self._changes}" WHERE seq > ? ORDER BY seq',  # noqa: S608
                 (self._last,),
             ).fetchall()
+        except OSError as exc:
+            raise ChannelError(f"cannot find the database file: {exc}") from exc
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 # The file is busy for a moment (a checkpoint): a slow probe, not a broken
@@ -121,12 +149,16 @@ class SQLiteChannel(Channel):
             raise ChannelError(f"cannot read the change log: {exc}") from exc
         except sqlite3.Error as exc:
             raise ChannelError(f"cannot read the change log: {exc}") from exc
+        if identity != self._identity or high < self._last:
+            # Another history (a restored or remade database): nothing cached can be trusted,
+            # and the cache is cleared on reconnection.
+            raise ChannelError("the change log was reset")
+        if high > self._last and (not rows or rows[0][0] != self._last + 1):
+            # Changes were pruned before this process read them: it cannot know which keys
+            # changed, so it starts afresh.
+            raise ChannelError("fell behind the change log")
         # Taken only once the log is read: a failed read is tried again by the next probe.
         self._version = version
-        if rows and self._last and rows[0][0] > self._last + 1:
-            # Changes were pruned before this process read them: it cannot know which keys
-            # changed, so it starts afresh (the cache is cleared on reconnection).
-            raise ChannelError("fell behind the change log")
         on_notice = self._on_notice
         assert on_notice is not None
         for seq, notice in rows:

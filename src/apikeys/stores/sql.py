@@ -92,6 +92,7 @@ from apikeys.stores.sql_engine import (
     is_unavailable,
     raise_translated,
 )
+from apikeys.stores.sql_log import install_change_log
 from apikeys.stores.sql_schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
@@ -100,7 +101,6 @@ from apikeys.stores.sql_schema import (
     create_concurrently,
     create_private_file,
     create_tables_on,
-    create_tables_with,
     keys_table,
     load_scopes,
     metadata,
@@ -351,6 +351,7 @@ class SQLStore(KeyStore):
             self._table,
             self._batches,
             self._changes,
+            self._log,
             self._readers,
             self._audit,
             self._daily,
@@ -818,6 +819,7 @@ class SQLStore(KeyStore):
             return SQLiteChannel(
                 self._reader_path,
                 changes_table=self._changes.name,
+                log_table=self._log.name,
                 readers_table=self._readers.name,
                 busy_timeout=self._busy_timeout,
                 prepare=self.setup,
@@ -831,15 +833,21 @@ class SQLStore(KeyStore):
             tuple(args),
             dict(kwargs),
             table_name=self._table.name,
+            changes_table=self._changes.name,
+            log_table=self._log.name,
             readers_table=self._readers.name,
             prepare=self.setup,
         )
+
+    def _create_schema(self, connection: sa.Connection) -> None:
+        create_tables_on(connection, self._tables)
+        install_change_log(connection, self._table, self._changes, self._log)
 
     async def setup(self) -> None:
         self._check_folder()
         try:
             async with self._setup_lock, self._turn():
-                await create_tables_with(self._engine, self._tables)
+                await create_concurrently(self._engine, self._create_schema)
         except Exception as exc:
             raise_translated(self._translate(exc), exc)
 

@@ -32,6 +32,7 @@ __all__ = [
     "create_tables_with",
     "keys_table",
     "load_scopes",
+    "log_table",
     "metadata",
     "readers_table",
     "store_tables",
@@ -119,6 +120,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     meta = metadata if meta is None else meta
     usage_batches_table(name, meta)
     changes_table(name, meta)
+    log_table(name, meta)
     readers_table(name, meta)
     audit_table(name, meta)
     usage_daily_table(name, meta)
@@ -205,11 +207,13 @@ def usage_batches_table(
 def changes_table(
     keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
 ) -> sa.Table:
-    """The change log of the keys table `keys_table_name`: `<name>_changes` (SQLite only).
+    """The change log of the keys table `keys_table_name`: `<name>_changes`.
 
-    Every change to a key appends a notice in the change's own transaction; processes that
-    cache keys read it to drop what changed (`apikeys.channels.sqlite`). The newest 10,000
-    rows are kept. On PostgreSQL the notices travel by NOTIFY and the table stays empty.
+    Triggers on the keys table append a row for every change to a key, in the change's own
+    transaction, whoever makes it (`apikeys.stores.sql_log`); on SQLite the store also
+    appends the notice of the apikeys process that made it. Processes that cache keys read
+    it at every probe to drop what changed (`apikeys.channels`). The newest 10,000 rows are
+    kept.
     """
     return _companion(
         keys_table_name,
@@ -221,6 +225,23 @@ def changes_table(
             sa.Index(f"ix_{name}_notice", "notice"),
         ),
         sqlite_autoincrement=True,
+    )
+
+
+def log_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<name>_log`: one row, the change log's high-water mark (`seq`, PostgreSQL) and the
+    random `identity` it was made with (a restored or remade database has another)."""
+    return _companion(
+        keys_table_name,
+        "log",
+        meta,
+        lambda name: (
+            sa.Column("id", sa.Integer(), primary_key=True, autoincrement=False),
+            sa.Column("seq", sa.BigInteger(), nullable=False, server_default="0"),
+            sa.Column("identity", sa.String(32), nullable=False),
+        ),
     )
 
 
@@ -302,6 +323,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         keys_table(table_name),
         usage_batches_table(table_name),
         changes_table(table_name),
+        log_table(table_name),
         readers_table(table_name),
         audit_table(table_name),
         usage_daily_table(table_name),
