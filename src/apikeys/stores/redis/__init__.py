@@ -7,14 +7,14 @@
 
 from __future__ import annotations
 
-from apikeys.stores.redis.client import CONNECTION_DEFAULTS, RedisTarget, parse_redis_url
+from apikeys.stores.redis.client import RedisTarget, connection_defaults, parse_redis_url
 from apikeys.stores.redis.store import DAILY_USAGE_RETENTION_DAYS, DEFAULT_KEY_PREFIX, RedisStore
 
 __all__ = [
-    "CONNECTION_DEFAULTS",
     "DAILY_USAGE_RETENTION_DAYS",
     "DEFAULT_KEY_PREFIX",
     "RedisStore",
     "RedisTarget",
+    "connection_defaults",
     "parse_redis_url",
 ]

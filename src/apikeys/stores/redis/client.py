@@ -12,7 +12,7 @@ Options the store reads from the URL's query string (and takes as keyword argume
 `wait_replicas` (replicas that must acknowledge a change before it returns; default `auto`:
 1 when the deployment has replicas, else 0) and `wait_timeout` (seconds, default 1).
 Connection options in the query string (`socket_timeout=…`, `max_connections=…`) or as
-keyword arguments override `CONNECTION_DEFAULTS`.
+keyword arguments override `connection_defaults()`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from apikeys.errors import ConfigurationError
 
 __all__ = [
     "CLUSTER_SCHEMES",
-    "CONNECTION_DEFAULTS",
     "SENTINEL_SCHEMES",
     "SINGLE_SCHEMES",
     "RedisTarget",
+    "connection_defaults",
     "parse_redis_url",
     "redis_client",
 ]
@@ -45,19 +45,23 @@ SINGLE_SCHEMES: Final = ("redis", "rediss", "unix")
 SENTINEL_SCHEMES: Final = ("redis+sentinel",)
 CLUSTER_SCHEMES: Final = ("redis+cluster",)
 
-CONNECTION_DEFAULTS: Final[dict[str, Any]] = {
-    "socket_connect_timeout": 2.0,
-    "socket_timeout": 2.0,
-    "health_check_interval": 30,
-    # No automatic retries: a retried write could apply twice (an increment) or report its
-    # own success as a conflict. Redirections (MOVED, ASK) are followed: they ran nothing.
-    "retry": Retry(NoBackoff(), 0),
-    # RESP2: with RESP3, redis-py 8 turns on maintenance notifications, which skip the check
-    # that replaces a pooled connection the server has closed (e.g. after a restart).
-    "protocol": 2,
-}
-"""Connection options shared by the store, the limiter and the channel; any of them can be
-overridden from the URL's query string or by keyword."""
+
+def connection_defaults() -> dict[str, Any]:
+    """Connection options shared by the store, the limiter and the channel; any of them can
+    be overridden from the URL's query string or by keyword."""
+    return {
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 2.0,
+        "health_check_interval": 30,
+        # No automatic retries: a retried write could apply twice (an increment) or report
+        # its own success as a conflict. Redirections (MOVED, ASK) are followed: they ran
+        # nothing. A fresh Retry each time: redis-py's cluster client edits its own.
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2: with RESP3, redis-py 8 turns on maintenance notifications, which skip the
+        # check that replaces a pooled connection the server has closed (after a restart).
+        "protocol": 2,
+    }
+
 
 # Single node: a bounded pool that waits up to `timeout` seconds for a free connection, then
 # fails closed, instead of opening connections without limit.
@@ -212,11 +216,11 @@ def redis_client(target: RedisTarget, **options: Any) -> tuple[Redis | RedisClus
     (to close along with it; empty unless Sentinel). `options` override the defaults and the
     URL's query options."""
     if target.kind == "single":
-        single = {**CONNECTION_DEFAULTS, **_SINGLE_DEFAULTS, **options, "decode_responses": True}
+        single = {**connection_defaults(), **_SINGLE_DEFAULTS, **options, "decode_responses": True}
         pool = BlockingConnectionPool.from_url(target.url, **single)
         return Redis.from_pool(pool), []
     merged = {
-        **CONNECTION_DEFAULTS,
+        **connection_defaults(),
         **_NODE_DEFAULTS,
         **target.options,
         **options,
