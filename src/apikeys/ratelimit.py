@@ -880,7 +880,11 @@ class RateLimiter:
 
     async def aclose(self) -> None:
         """Release the storage's connections, where it has any."""
-        client = getattr(getattr(self.storage, "bridge", None), "storage", None)
-        close = getattr(client, "aclose", None)
-        if close is not None:
-            await close()
+        bridge = getattr(self.storage, "bridge", None)
+        clients = [getattr(bridge, "storage", None), getattr(bridge, "storage_replica", None)]
+        # Through Sentinel: the clients that asked the sentinels where the master is, too.
+        clients += getattr(getattr(bridge, "sentinel", None), "sentinels", [])
+        for client in clients:
+            close = getattr(client, "aclose", None)
+            if close is not None:
+                await close()
