@@ -68,8 +68,8 @@ import asyncio
 import builtins
 import json
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from importlib import resources
@@ -399,13 +399,24 @@ class RedisStore(KeyStore):
             self._loop = loop
         return client
 
-    @contextmanager
-    def _calls(self) -> Iterator[None]:
+    @asynccontextmanager
+    async def _calls(self) -> AsyncIterator[None]:
         """Around every call to Redis: this loop's connections, and failures as
-        `StoreUnavailable` (the scripts reach the client without the property)."""
-        self._client  # noqa: B018 - the property adopts the running loop
-        with _unavailable_as_store_error():
-            yield
+        `StoreUnavailable` (the scripts reach the client without the property).
+
+        On a cluster a failure also makes the client learn the slot map again on its next
+        call, as redis-py does after a failed single command but not after a failed
+        pipeline: else a pipeline would keep going to a master that a failover replaced.
+        """
+        client = self._client
+        try:
+            with _unavailable_as_store_error():
+                yield
+        except StoreUnavailable:
+            if self._cluster:
+                with suppress(Exception):
+                    await client.aclose()
+            raise
 
     @property
     def key_prefix(self) -> str:
@@ -449,13 +460,12 @@ class RedisStore(KeyStore):
         days = [since + timedelta(days=n) for n in range(max(0, (today - since).days) + 1)]
         if not days:
             return []
-        with self._calls():
-            async with self._client.pipeline(transaction=False) as pipe:
-                for day in days:
-                    pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
-                    # The previous release's untagged name (see the module doc).
-                    pipe.hgetall(f"{self._prefix}usage:{key_id}:{day.isoformat()}")
-                replies: list[dict[str, str]] = await pipe.execute()
+        async with self._calls(), self._client.pipeline(transaction=False) as pipe:
+            for day in days:
+                pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
+                # The previous release's untagged name (see the module doc).
+                pipe.hgetall(f"{self._prefix}usage:{key_id}:{day.isoformat()}")
+            replies: list[dict[str, str]] = await pipe.execute()
         return days_of(
             (day.isoformat(), outcome, int(count))
             for index, day in enumerate(days)
@@ -467,7 +477,7 @@ class RedisStore(KeyStore):
         """Load the scripts into the server's cache (every master's, on a cluster), and
         decide `wait_replicas` when it is `auto`. Idempotent, and optional: a script the
         server has lost (restart, `SCRIPT FLUSH`, a failover) is loaded again on first use."""
-        with self._calls():
+        async with self._calls():
             for script in self._scripts():
                 script.sha = str(await self._client.script_load(script.script))
             await self._replicas_to_wait_for()
@@ -546,7 +556,7 @@ class RedisStore(KeyStore):
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
         score = int(_encode_time(record.created_at))
-        with self._calls():
+        async with self._calls():
             # Indexes first, so that a stored key is always listed (see the module docstring).
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
@@ -561,7 +571,7 @@ class RedisStore(KeyStore):
             raise DuplicateKeyId(record.id)
 
     async def get(self, key_id: str) -> StoredKey | None:
-        with self._calls():
+        async with self._calls():
             # The hot path: one HGETALL, one round trip.
             fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
         if not fields:
@@ -573,7 +583,7 @@ class RedisStore(KeyStore):
         return cast("builtins.list[str]", await self._client.zrange(index, 0, -1))
 
     async def list(self, workspace: str | None = None) -> builtins.list[KeyRecord]:
-        with self._calls():
+        async with self._calls():
             ids = await self._ids(workspace)
             if not ids:
                 return []
@@ -609,7 +619,7 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> KeyRecord:
-        with self._calls():
+        async with self._calls():
             reply = await self._change(
                 self._set_state,
                 self._keys(key_id),
@@ -626,7 +636,7 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> KeyRecord:
-        with self._calls():
+        async with self._calls():
             reply = await self._change(
                 self._shorten_expiry,
                 self._keys(key_id),
@@ -639,7 +649,7 @@ class RedisStore(KeyStore):
     ) -> int | None:
         # On the request path: not followed by WAIT (see docs/stores.md).
         amount, start = ("", "0") if refill is None else (str(refill[0]), _encode_time(refill[1]))
-        with self._calls():
+        async with self._calls():
             left = await self._spend_credits(
                 keys=[self.key_name(key_id)], args=[cost, amount, start]
             )
@@ -654,7 +664,7 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> bool:
-        with self._calls():
+        async with self._calls():
             swapped = await self._change(
                 self._replace_hash,
                 self._keys(key_id),
@@ -670,7 +680,7 @@ class RedisStore(KeyStore):
         since: datetime | None = None,
         limit: int = 1000,
     ) -> builtins.list[AuditEvent]:
-        with self._calls():
+        async with self._calls():
             ids = [key_id] if key_id is not None else await self._ids(workspace)
             async with self._client.pipeline(transaction=False) as pipe:
                 # The previous release's single list first (see the module doc).
@@ -706,7 +716,7 @@ class RedisStore(KeyStore):
                 sets += [name, _encode_time(value)]
             else:
                 sets += [name, str(value)]
-        with self._calls():
+        async with self._calls():
             reply = await self._change(
                 self._update,
                 self._keys(key_id),
@@ -738,7 +748,7 @@ class RedisStore(KeyStore):
         batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count or delta.daily]
         if not batch:
             return
-        with self._calls():
+        async with self._calls():
             try:
                 await self._add_usage_batch(batch, batch_id, uuid.uuid4().hex)
             except NoScriptError:
