@@ -138,7 +138,7 @@ async def delete_redis_prefix(url: str, prefix: str) -> None:
     from apikeys.stores.redis.client import parse_redis_url, redis_client
 
     target = parse_redis_url(url)
-    client, sentinels = redis_client(target)
+    client, sentinel = redis_client(target)
     try:
         if target.kind == "cluster":
             names = []
@@ -155,8 +155,8 @@ async def delete_redis_prefix(url: str, prefix: str) -> None:
                 await client.delete(*names)
     finally:
         await client.aclose()
-        for sentinel in sentinels:
-            await sentinel.aclose()
+        for one in sentinel.sentinels if sentinel is not None else []:
+            await one.aclose()
 
 
 @pytest.fixture

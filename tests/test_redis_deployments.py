@@ -24,6 +24,7 @@ from apikeys.cli import main
 from apikeys.errors import (
     ChangeNotConfirmed,
     ConfigurationError,
+    KeyDisabled,
     KeyRevoked,
     StoreUnavailable,
 )
@@ -377,3 +378,80 @@ async def test_a_master_killed_under_load_gives_503s_then_recovery_and_no_stale_
         if killed is not None:
             deployment.wait_failover(killed)
             deployment.restore(killed)
+
+
+# -- the key cache through Sentinel ---------------------------------------------------------
+
+
+async def cached_until_hit(manager: KeyManager, token: str, attempts: int = 200) -> None:
+    """Verify `token` until the manager's cache serves it (its channel is up and proven)."""
+    cache = manager.cache
+    assert cache is not None
+    for _ in range(attempts):
+        before = cache.hits
+        await until_available(lambda: manager.verify(token))
+        if cache.hits > before:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the key cache never served the key")
+
+
+async def test_through_sentinel_the_cache_hears_every_writer(
+    redis_sentinel: redis_servers.LocalSentinel, prefix: str
+) -> None:
+    url = redis_sentinel.url
+    reader = KeyManager(store_from_url(url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER))
+    writer = KeyManager(
+        store_from_url(url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER), cache=False
+    )
+    try:
+        revoked = await writer.create(name="revoked by a manager", full_access=True)
+        raw = await writer.create(name="disabled by redis-cli", full_access=True)
+        await cached_until_hit(reader, revoked.key)
+        await cached_until_hit(reader, raw.key)
+
+        await writer.revoke(revoked.record.id)
+        with pytest.raises(KeyRevoked):
+            await reader.verify(revoked.key)
+
+        store = writer.store
+        assert isinstance(store, RedisStore)
+        await store.client.hset(store.key_name(raw.record.id), "state", "disabled")
+        with pytest.raises(KeyDisabled):
+            await reader.verify(raw.key)
+    finally:
+        await reader.aclose()
+        await writer.aclose()
+        await delete_redis_prefix(url, prefix)
+
+
+@pytest.mark.slow
+async def test_through_sentinel_a_failover_drops_the_cache_and_it_comes_back(
+    redis_sentinel: redis_servers.LocalSentinel, prefix: str
+) -> None:
+    url = redis_sentinel.url
+    reader = KeyManager(store_from_url(url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER))
+    writer = KeyManager(
+        store_from_url(url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER), cache=False
+    )
+    killed = None
+    try:
+        key = await writer.create(name="survivor", full_access=True)
+        await cached_until_hit(reader, key.key)
+        killed = redis_sentinel.kill_master()
+        redis_sentinel.wait_failover(killed)
+        redis_sentinel.restore(killed)
+        killed = None
+        # The cache follows the new master and serves again ...
+        await cached_until_hit(reader, key.key)
+        # ... and hears changes made there.
+        await until_available(lambda: writer.revoke(key.record.id))
+        with pytest.raises(KeyRevoked):
+            await reader.verify(key.key)
+    finally:
+        await reader.aclose()
+        await writer.aclose()
+        if killed is not None:
+            redis_sentinel.wait_failover(killed)
+            redis_sentinel.restore(killed)
+        await delete_redis_prefix(url, prefix)

@@ -31,6 +31,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from apikeys.channels.base import (
@@ -101,6 +102,8 @@ class RedisChannel(Channel):
         connection_class: type[AbstractConnection] | None = None,
         key_prefix: str = "apikeys:",
         native: bool = True,
+        sentinel: Sentinel | None = None,
+        service_name: str | None = None,
     ) -> None:
         super().__init__()
         if (url is None) == (connection_kwargs is None):
@@ -120,6 +123,9 @@ class RedisChannel(Channel):
         self._subscriber: Redis | None = None
         self._register_script: Any = None
         self._readers_script: Any = None
+        # Through Sentinel: the master's address is asked for at each connection.
+        self._sentinel = sentinel
+        self._service_name = service_name
 
     def __repr__(self) -> str:
         return f"RedisChannel(native={self.native})"
@@ -143,6 +149,12 @@ class RedisChannel(Channel):
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         self.ident = ident
+        if self._sentinel is not None and self._service_name is not None:
+            # Both connections go to the master the sentinels name now; `_track` checks it
+            # is one. A failover drops them (Sentinel kills a demoted master's clients), and
+            # the next connection asks again.
+            host, port = await self._sentinel.discover_master(self._service_name)
+            self._connection_kwargs.update(host=host, port=port)
         subscriber = self._new_client()
         pubsub = subscriber.pubsub()
         try:
@@ -172,6 +184,11 @@ class RedisChannel(Channel):
         """
         await pubsub.connect()  # type: ignore[no-untyped-call]
         connection: Any = pubsub.connection
+        if self._sentinel is not None:
+            await connection.send_command("ROLE")
+            role = await connection.read_response()
+            if not role or role[0] not in ("master", b"master"):
+                raise ChannelError("the server Sentinel named is not a master (yet)")
         await connection.send_command("CLIENT", "ID")
         own_id = await connection.read_response()
         await connection.send_command(

@@ -211,14 +211,16 @@ def parse_redis_url(url: str) -> RedisTarget:
     )
 
 
-def redis_client(target: RedisTarget, **options: Any) -> tuple[Redis | RedisCluster, list[Redis]]:
-    """A client for `target` with `decode_responses` on, and the Sentinel clients it asks
-    (to close along with it; empty unless Sentinel). `options` override the defaults and the
-    URL's query options."""
+def redis_client(
+    target: RedisTarget, **options: Any
+) -> tuple[Redis | RedisCluster, Sentinel | None]:
+    """A client for `target` with `decode_responses` on, and the `Sentinel` it asks where
+    the master is (None unless Sentinel; close its `sentinels` along with the client).
+    `options` override the defaults and the URL's query options."""
     if target.kind == "single":
         single = {**connection_defaults(), **_SINGLE_DEFAULTS, **options, "decode_responses": True}
         pool = BlockingConnectionPool.from_url(target.url, **single)
-        return Redis.from_pool(pool), []
+        return Redis.from_pool(pool), None
     merged = {
         **connection_defaults(),
         **_NODE_DEFAULTS,
@@ -231,7 +233,7 @@ def redis_client(target: RedisTarget, **options: Any) -> tuple[Redis | RedisClus
         cluster = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.hosts], **merged
         )
-        return cluster, []
+        return cluster, None
     assert target.service_name is not None
     merged.pop("timeout", None)
     sentinel_options = {
@@ -245,4 +247,4 @@ def redis_client(target: RedisTarget, **options: Any) -> tuple[Redis | RedisClus
         **merged,
     )
     master = sentinel.master_for(target.service_name, db=target.db)
-    return master, list(sentinel.sentinels)
+    return master, sentinel

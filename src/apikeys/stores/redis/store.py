@@ -77,6 +77,7 @@ from typing import Any, Final, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
@@ -315,7 +316,7 @@ class RedisStore(KeyStore):
         self._client_object = client
         self._cluster = isinstance(client, RedisCluster)
         self._target: RedisTarget | None = None
-        self._also_close: list[Redis] = []
+        self._sentinel: Sentinel | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefix = key_prefix
         self._all_index = f"{key_prefix}all"
@@ -347,7 +348,7 @@ class RedisStore(KeyStore):
         key_prefix = _check_key_prefix(str(options.pop("key_prefix", DEFAULT_KEY_PREFIX)))
         wait_replicas = options.pop("wait_replicas", target.wait_replicas)
         wait_timeout = float(options.pop("wait_timeout", target.wait_timeout))
-        client, sentinels = redis_client(target, **options)
+        client, sentinel = redis_client(target, **options)
         store = cls(
             client,
             key_prefix=key_prefix,
@@ -355,7 +356,7 @@ class RedisStore(KeyStore):
             wait_timeout=wait_timeout,
         )
         store._target = target
-        store._also_close = sentinels
+        store._sentinel = sentinel
         return store
 
     def __repr__(self) -> str:
@@ -509,8 +510,9 @@ class RedisStore(KeyStore):
 
     async def aclose(self) -> None:
         await self._client.aclose()
-        for sentinel in self._also_close:
-            await sentinel.aclose()
+        if self._sentinel is not None:
+            for sentinel in self._sentinel.sentinels:
+                await sentinel.aclose()
 
     async def _change(
         self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
@@ -729,13 +731,21 @@ class RedisStore(KeyStore):
         return _event(event), notices_channel(self._prefix), notice or ""
 
     def channel(self) -> RedisChannel | None:
-        """Redis pub/sub on this store's server and key prefix (see `apikeys.channels.redis`).
-
-        None on a cluster or through Sentinel: the channel follows one server, so processes
-        there run without a key cache and read the store on every request.
-        """
-        if self.deployment != "single":
+        """Redis pub/sub and tracking on this store's server and key prefix (see
+        `apikeys.channels.redis`). Through Sentinel, on the current master, found again at
+        each connection (a failover drops the subscription, and so the cache). None on a
+        cluster: processes there run without a key cache and read the store every time."""
+        if self._cluster:
             return None
+        if self._sentinel is not None and self._target is not None:
+            kwargs = dict(self._sentinel.connection_kwargs)
+            kwargs["db"] = self._target.db
+            return RedisChannel(
+                connection_kwargs=kwargs,
+                key_prefix=self._prefix,
+                sentinel=self._sentinel,
+                service_name=self._target.service_name,
+            )
         pool = cast(Redis, self._client).connection_pool
         return RedisChannel(
             connection_kwargs=pool.connection_kwargs,
