@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -42,7 +43,7 @@ from apikeys.channels.base import (
     parse_notice,
 )
 
-__all__ = ["RedisChannel"]
+__all__ = ["RedisChannel", "RedisClusterChannel"]
 
 # Where Redis sends the invalidations of CLIENT TRACKING to a RESP2 connection.
 _INVALIDATE = "__redis__:invalidate"
@@ -281,6 +282,133 @@ class RedisChannel(Channel):
         if subscriber is not None:
             with contextlib.suppress(Exception):
                 await subscriber.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.zrem(self._registry, self.ident)
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+class _NodeChannel(RedisChannel):
+    """The subscription on one master of a cluster, part of a `RedisClusterChannel`."""
+
+    def __init__(self, owner: RedisClusterChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self._owner = owner
+
+    def acknowledged(self, notice: str, reader: str) -> None:
+        self._owner.acknowledged(notice, reader)
+
+
+class RedisClusterChannel(Channel):
+    """Invalidation over a Redis Cluster: one subscription per master.
+
+    Each master's subscription turns on `CLIENT TRACKING … BCAST PREFIX <prefix>key:` there
+    (a key's record lives on one master, so the one that holds it sends its invalidations)
+    and subscribes to notices and this process's acknowledgements (a cluster delivers a
+    `PUBLISH` on any node to the subscribers of every node). A probe pings every master's
+    subscription, and checks that the masters are still the ones subscribed to: after a
+    failover or a resharding the probe fails, the cache stops trusting itself, and the next
+    connection subscribes on the new masters. The registry of readers is a sorted set in one
+    slot, reached through a cluster client.
+    """
+
+    def __init__(
+        self,
+        startup_nodes: Sequence[tuple[str, int]],
+        *,
+        connection_kwargs: Mapping[str, Any] | None = None,
+        key_prefix: str = "apikeys:",
+    ) -> None:
+        super().__init__()
+        self.native = True
+        self._startup_nodes = list(startup_nodes)
+        self._connection_kwargs = dict(connection_kwargs or {})
+        self._key_prefix = key_prefix
+        self._acks_prefix = f"{key_prefix}acks:"
+        self._registry = f"{key_prefix}readers"
+        self._client: RedisCluster | None = None
+        self._parts: list[_NodeChannel] = []
+        self._masters: frozenset[str] = frozenset()
+        self._register_script: Any = None
+        self._readers_script: Any = None
+
+    def __repr__(self) -> str:
+        return f"RedisClusterChannel(masters={len(self._parts)})"
+
+    def _command_client(self) -> RedisCluster:
+        if self._client is None:
+            options = {**_OPTIONS, **self._connection_kwargs, "socket_timeout": 2.0}
+            options.pop("health_check_interval", None)
+            self._client = RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in self._startup_nodes],
+                **options,
+            )
+            self._register_script = self._client.register_script(_REGISTER)
+            self._readers_script = self._client.register_script(_READERS)
+        return self._client
+
+    async def _current_masters(self) -> frozenset[str]:
+        nodes: dict[str, Any] = await self._command_client().cluster_nodes()
+        return frozenset(
+            address
+            for address, node in nodes.items()
+            if "master" in str(node["flags"]) and "fail" not in str(node["flags"]) and node["slots"]
+        )
+
+    async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
+        self.ident = ident
+        masters = await self._current_masters()
+        parts: list[_NodeChannel] = []
+        try:
+            for address in sorted(masters):
+                host, _, port = address.rpartition(":")
+                part = _NodeChannel(
+                    self,
+                    connection_kwargs={**self._connection_kwargs, "host": host, "port": int(port)},
+                    key_prefix=self._key_prefix,
+                )
+                part.bind()
+                await part.connect(ident, on_notice)
+                parts.append(part)
+        except BaseException:
+            for part in parts:
+                with contextlib.suppress(Exception):
+                    await part.disconnect()
+            raise
+        self._parts = parts
+        self._masters = masters
+
+    async def probe(self) -> None:
+        parts = self._parts
+        if not parts:
+            raise ChannelError("not subscribed")
+        # Every master's subscription answers after the pushes sent before the probe ...
+        await asyncio.gather(*(part.probe() for part in parts))
+        # ... and they are still every master: else a key may live where nobody listens.
+        if await self._current_masters() != self._masters:
+            raise ChannelError("the cluster's masters changed")
+
+    async def register(self, ttl: float) -> None:
+        self._command_client()
+        await self._register_script(keys=[self._registry], args=[self.ident, int(ttl * 1000)])
+
+    async def readers(self) -> set[str]:
+        self._command_client()
+        return set(await self._readers_script(keys=[self._registry]))
+
+    async def ack(self, notice: str) -> None:
+        writer, _ = parse_notice(notice)
+        await self._command_client().publish(
+            f"{self._acks_prefix}{writer}", f"{self.ident}|{notice}"
+        )
+
+    async def disconnect(self) -> None:
+        parts, self._parts = self._parts, []
+        for part in parts:
+            with contextlib.suppress(Exception):
+                await part.disconnect()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):

@@ -93,7 +93,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from apikeys.channels.redis import RedisChannel, notices_channel
+from apikeys.channels.redis import RedisChannel, RedisClusterChannel, notices_channel
 from apikeys.errors import (
     ChangeNotConfirmed,
     ConfigurationError,
@@ -730,13 +730,25 @@ class RedisStore(KeyStore):
         """The last ARGV of every change script: the event, the notice channel, the notice."""
         return _event(event), notices_channel(self._prefix), notice or ""
 
-    def channel(self) -> RedisChannel | None:
+    def channel(self) -> RedisChannel | RedisClusterChannel:
         """Redis pub/sub and tracking on this store's server and key prefix (see
         `apikeys.channels.redis`). Through Sentinel, on the current master, found again at
-        each connection (a failover drops the subscription, and so the cache). None on a
-        cluster: processes there run without a key cache and read the store every time."""
+        each connection (a failover drops the subscription, and so the cache). On a cluster,
+        one subscription per master, probed together (`RedisClusterChannel`)."""
         if self._cluster:
-            return None
+            client = cast(RedisCluster, self._client)
+            if self._target is not None:
+                nodes = list(self._target.hosts)
+                kwargs = {
+                    name: value
+                    for name, value in self._target.options.items()
+                    if name in ("username", "password")
+                }
+            else:
+                nodes = [(node.host, int(node.port)) for node in client.get_nodes()]
+                given = client.get_connection_kwargs()
+                kwargs = {name: given[name] for name in ("username", "password") if given.get(name)}
+            return RedisClusterChannel(nodes, connection_kwargs=kwargs, key_prefix=self._prefix)
         if self._sentinel is not None and self._target is not None:
             kwargs = dict(self._sentinel.connection_kwargs)
             kwargs["db"] = self._target.db
