@@ -1,10 +1,13 @@
 """The coherence protocol of `KeyCache`, with message delivery and the clock in the test's hands.
 
 Several `KeyManager`s share one store, each with a cache on a channel of this file (`Bus`): an
-in-process transport that keeps the channel contract (ordered delivery, probes answered in
-order, a registry of readers) and lets the test decide when each message arrives, drop a
-connection with everything in flight, and move the clock. The state machine then checks the
-contract's promise: once a change has returned, `verify` never answers with an older record.
+in-process transport that keeps the channel contract (a probe reads the store's change log
+when it is answered, notices and acknowledgements arrive in order, a registry of readers)
+and lets the test decide when each message arrives, lose notices silently, drop a
+connection with everything in flight, change the store around apikeys (as `psql` would:
+logged, announced to nobody, waiting for nobody), and move the clock. The state machine then
+checks the contract's promise: once a change has returned, `verify` never answers with an
+older record; once a lease has passed since a change made around apikeys, neither.
 The real channels are tested against real servers in `test_cache_servers.py`.
 """
 
@@ -65,6 +68,8 @@ class Bus:
         self.clock = clock
         self.subscribers: dict[str, BusChannel] = {}
         self.registry: dict[str, float] = {}
+        # The store's change log (what the triggers write), whoever made the change.
+        self.log: list[str] = []
 
 
 @dataclass
@@ -75,6 +80,7 @@ class BusChannel(Channel):
     queue: deque[tuple[str, Any]] = field(default_factory=deque)
     connected: bool = False
     on_notice: Callable[[str], None] | None = None
+    last: int = 0
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -87,6 +93,7 @@ class BusChannel(Channel):
         self.ident = ident
         self.queue.clear()
         self.on_notice = on_notice
+        self.last = len(self.bus.log)
         self.connected = True
         self.bus.subscribers[ident] = self
 
@@ -106,10 +113,19 @@ class BusChannel(Channel):
                 self.on_notice(payload)
             elif kind == "probe":
                 if not payload.done():
+                    # The probe's read of the log: every change committed until now.
+                    assert self.on_notice is not None
+                    for notice in self.bus.log[self.last :]:
+                        self.on_notice(notice)
+                    self.last = len(self.bus.log)
                     payload.set_result(None)
             else:
                 notice, reader = payload
                 self.acknowledged(notice, reader)
+
+    def lose_notices(self) -> None:
+        """Notices in flight to this process vanish, the connection stays (a pooler)."""
+        self.queue = deque(item for item in self.queue if item[0] != "notice")
 
     def _push(self, ident: str, message: tuple[str, Any]) -> None:
         target = self.bus.subscribers.get(ident)
@@ -162,6 +178,8 @@ class CacheMachine(RuleBasedStateMachine):
         # that a completed change guarantees.
         self.history: dict[str, list[tuple[str, Any]]] = {}
         self.floor: dict[str, int] = {}
+        # Changes made around apikeys: (key id, version index, when it committed).
+        self.by_hand: list[tuple[str, int, float]] = []
         self.tasks: list[asyncio.Task[Any]] = []
 
     def run(self, awaitable: Awaitable[Any]) -> Any:
@@ -237,6 +255,7 @@ class CacheMachine(RuleBasedStateMachine):
             stored = await self.store.get(key_id)
             assert stored is not None
             versions.append(_version(stored))
+            self.bus.log.append(f"store:{len(self.bus.log) + 1}:{key_id}")
             return len(versions) - 1
 
         async def change_and_complete() -> None:
@@ -247,6 +266,32 @@ class CacheMachine(RuleBasedStateMachine):
             self.floor[key_id] = max(self.floor[key_id], index)
 
         self.tasks.append(self.loop.create_task(change_and_complete()))
+        self.settle()
+
+    @rule(data=st.data())
+    def change_by_hand(self, data: st.DataObject) -> None:
+        """`UPDATE … SET state = …` in psql: logged by the store, announced to nobody."""
+        key_id = data.draw(st.sampled_from(sorted(self.tokens)), label="key")
+        target = data.draw(st.sampled_from([REVOKED, DISABLED, ACTIVE]), label="state")
+        versions = self.history[key_id]
+
+        async def write() -> None:
+            await self.store.set_state(
+                key_id, target, allowed_from=(ACTIVE, DISABLED, REVOKED), at=utcnow()
+            )
+            stored = await self.store.get(key_id)
+            assert stored is not None
+            versions.append(_version(stored))
+            self.bus.log.append(f"store:{len(self.bus.log) + 1}:{key_id}")
+            self.by_hand.append((key_id, len(versions) - 1, self.clock.now))
+
+        self.run(write())
+        self.settle()
+
+    @rule(data=st.data())
+    def lose_notices(self, data: st.DataObject) -> None:
+        index = data.draw(st.integers(0, len(self.channels) - 1), label="process")
+        self.channels[index].lose_notices()
         self.settle()
 
     @rule(data=st.data())
@@ -302,7 +347,12 @@ class CacheMachine(RuleBasedStateMachine):
         stored = cache.get(key_id) or self.run(cache.load(key_id))
         assert stored is not None
         served = _version(stored)
-        allowed = self.history[key_id][self.floor[key_id] :]
+        floor = self.floor[key_id]
+        for changed, version, at in self.by_hand:
+            # Nobody waited for it: it holds once every proof older than it has run out.
+            if changed == key_id and at + LEASE <= self.clock.now:
+                floor = max(floor, version)
+        allowed = self.history[key_id][floor:]
         assert served in allowed, (
             f"process {index} served {served} for {key_id}; since the last completed change the "
             f"store held only {allowed}"
@@ -423,3 +473,38 @@ def test_if_lease_not_positive_then_refused(lease: float) -> None:
 def test_if_memory_store_then_no_cache() -> None:
     assert KeyManager(MemoryStore()).cache is None
     assert KeyManager("sqlite:///:memory:").cache is None
+
+
+async def _probe_round(cache: KeyCache, channel: BusChannel) -> None:
+    round_ = asyncio.ensure_future(cache.refresh())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    channel.deliver(10)
+    await round_
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["lost-notice", "by-hand"])
+async def test_if_a_change_is_never_announced_then_the_next_probe_still_drops_the_key(
+    by_hand: bool,
+) -> None:
+    store = MemoryStore()
+    await store.insert(_stored("cccccccccccc"))
+    clock = FakeClock()
+    bus = Bus(clock)
+    channel = BusChannel(bus)
+    cache = KeyCache(store, channel, clock=clock, sleep=clock.sleep, autostart=False)
+    await cache.connect()
+    assert cache.get("cccccccccccc") is None  # a reader from now on
+    await cache.load("cccccccccccc")
+    await _probe_round(cache, channel)
+    assert cache.get("cccccccccccc") is not None
+    await store.set_state("cccccccccccc", REVOKED, allowed_from=(ACTIVE,), at=utcnow())
+    bus.log.append("store:1:cccccccccccc")  # the store's trigger logs it
+    if not by_hand:
+        await channel.publish("writer:1:cccccccccccc")
+        channel.lose_notices()
+    await _probe_round(cache, channel)
+    assert cache.get("cccccccccccc") is None
+    stored = await cache.load("cccccccccccc")
+    assert stored is not None
+    assert stored.record.state == REVOKED

@@ -312,9 +312,40 @@ class TestRoll:
     ) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
         await manager.roll(created.record.id, grace=timedelta(0))
-        await manager.roll(created.record.id, grace=timedelta(days=7))
+        with pytest.raises(InvalidTransition, match="rolled already"):
+            await manager.roll(created.record.id, grace=timedelta(days=7))
         with pytest.raises(KeyExpired):
             await manager.verify(created.key)
+
+    @pytest.mark.parametrize("grace", [timedelta(0), timedelta(hours=24)])
+    async def test_if_a_rolled_key_is_rolled_again_then_refused_and_one_successor_lives(
+        self, manager: KeyManager, grace: timedelta
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        first = await manager.roll(created.record.id, grace=timedelta(hours=24))
+        with pytest.raises(
+            InvalidTransition, match=f"roll the key that replaces it, {first.record.id}"
+        ):
+            await manager.roll(created.record.id, grace=grace)
+        records = await manager.list("w")
+        assert [r.id for r in records if r.status == "active" and r.replaces] == [first.record.id]
+        assert (await manager.get(created.record.id)).replaced_by == first.record.id
+
+    async def test_if_a_disabled_key_is_rolled_then_refused(self, manager: KeyManager) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.disable(created.record.id)
+        with pytest.raises(InvalidTransition, match="disabled: enable it first"):
+            await manager.roll(created.record.id)
+        assert [r.id for r in await manager.list("w")] == [created.record.id]
+
+    async def test_if_a_rolled_key_in_its_grace_is_disabled_then_refused(
+        self, manager: KeyManager
+    ) -> None:
+        created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        await manager.roll(created.record.id, grace=timedelta(hours=1))
+        with pytest.raises(InvalidTransition, match="revoke it to stop it now"):
+            await manager.disable(created.record.id)
+        await manager.verify(created.key)  # still working through its grace period
 
     async def test_if_rolled_with_expires_in_then_new_key_expires_then(
         self, manager: KeyManager

@@ -55,6 +55,7 @@ class ModelKey:
     expired: bool = False
     uses: int = 0
     credits: int | None = None
+    rolled: bool = False
 
     @property
     def status(self) -> str:
@@ -124,7 +125,10 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
         def _transition(self, action: str, key: tuple[str, str], target: str) -> None:
             key_id = key[0]
             entry = self.model[key_id]
-            if entry.state == "revoked" and action != "revoke":
+            refused = entry.state == "revoked" and action != "revoke"
+            # A rolled key working through its grace period is revoked, not disabled.
+            refused |= action == "disable" and entry.rolled and entry.status == "active"
+            if refused:
                 with pytest.raises(InvalidTransition):
                     self.run(getattr(self.manager, action)(key_id))
                 return
@@ -149,11 +153,13 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             key_id = key[0]
             entry = self.model[key_id]
             grace = timedelta(0) if immediate else timedelta(hours=1)
-            if entry.state == "revoked":
+            if entry.state != "active" or entry.rolled:
+                # Revoked, disabled (enable it first) or rolled already (one successor).
                 with pytest.raises(InvalidTransition):
                     self.run(self.manager.roll(key_id, grace=grace))
                 return key  # the bundle gets the old key again: nothing new exists
             created = self.run(self.manager.roll(key_id, grace=grace))
+            entry.rolled = True
             if immediate:
                 entry.expired = True
             return self._add(created, entry.credits)  # the new key starts with what was left

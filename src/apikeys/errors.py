@@ -81,11 +81,12 @@ class KeyNotFound(APIKeyError, LookupError):
 class InvalidTransition(APIKeyError):
     """The key's current state does not allow the requested change."""
 
-    def __init__(self, key_id: str, status: str, action: str) -> None:
-        super().__init__(f"cannot {action} API key {key_id!r}: it is {status}")
+    def __init__(self, key_id: str, status: str, action: str, why: str | None = None) -> None:
+        super().__init__(f"cannot {action} API key {key_id!r}: {why or f'it is {status}'}")
         self.key_id = key_id
         self.status = status
         self.action = action
+        self.why = why or f"it is {status}"
 
 
 class DuplicateKeyId(APIKeyError):

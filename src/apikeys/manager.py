@@ -55,7 +55,7 @@ from apikeys.types import (
 )
 from apikeys.usage import UsageBuffer, write_at_exit
 
-__all__ = ["KeyManager", "check_usable"]
+__all__ = ["KeyManager", "check_usable", "refusal"]
 
 logger = logging.getLogger("apikeys")
 
@@ -142,6 +142,35 @@ def _text(value: str, field: str) -> str:
             f"{field} must be at most {_MAX_TEXT} characters, without control characters"
         )
     return value
+
+
+def refusal(record: KeyRecord, action: str) -> str | None:
+    """Why `action` (`roll`, `disable`, `enable`, `revoke`) may not be taken on `record`, or
+    None when it may: the one table of a key's transitions that the manager, the command
+    line and the settings page all read.
+
+    - A revoked key takes no transition but `revoke` (which then changes nothing).
+    - A disabled key is enabled before it is rolled: a roll never makes an active key out of
+      a disabled one.
+    - A rolled key (`replaced_by` set) is not rolled again, so a key never has two live
+      successors; roll its successor instead. Nor is it disabled while active: it stops
+      working when its grace period ends, and `revoke` stops it now.
+    """
+    status = record.status
+    if action == "revoke":
+        return None
+    if record.state == REVOKED:
+        return "it is revoked"
+    if action == "roll":
+        if record.state == DISABLED:
+            return "it is disabled: enable it first"
+        if record.replaced_by is not None:
+            return f"it was rolled already: roll the key that replaces it, {record.replaced_by}"
+    if action == "disable" and record.replaced_by is not None and status == "active":
+        return (
+            "it was rolled: it stops working when its grace period ends (revoke it to stop it now)"
+        )
+    return None
 
 
 class KeyManager:
@@ -566,6 +595,9 @@ class KeyManager:
         before = await self.store.get(key_id)
         if before is None:
             raise KeyNotFound(key_id)
+        why = refusal(before.record, verb)
+        if why is not None and before.record.state != target:
+            raise InvalidTransition(key_id, before.record.status, verb, why)
         event = await self._event(action, key_id, actor, changes, before.record.workspace)
         record = await self._change(
             key_id,
@@ -688,7 +720,8 @@ class KeyManager:
         The old key keeps working for `grace`, then expires (an earlier expiry stays). The
         new key keeps the old one's lifetime: it expires as long after now as the old one
         did after its creation (a key that never expired gives one that never does), unless
-        `expires_in` says otherwise. Refused for a revoked key.
+        `expires_in` says otherwise. Refused for a revoked or disabled key, and for one rolled
+        already (roll its successor): see `refusal`.
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
@@ -697,8 +730,9 @@ class KeyManager:
         if stored is None:
             raise KeyNotFound(key_id)
         old = stored.record
-        if old.state == REVOKED:
-            raise InvalidTransition(key_id, REVOKED, "roll")
+        why = refusal(old, "roll")
+        if why is not None:
+            raise InvalidTransition(key_id, old.status, "roll", why)
         now = utcnow()
         if expires_in is None and old.expires_at is not None:
             # The same lifetime as the key it replaces, from now (at least a second).

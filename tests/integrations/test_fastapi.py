@@ -338,3 +338,42 @@ async def test_policies_hold_in_the_dependency_too(memory_manager: KeyManager) -
         second = await http.get("/contacts", headers=bearer(metered.key))
         assert second.status_code == 429
         assert second.json()["code"] == "credits_exhausted"
+
+
+async def test_if_the_dependency_is_on_the_router_and_the_endpoint_then_a_request_is_charged_once(
+    memory_manager: KeyManager,
+) -> None:
+    from fastapi import APIRouter
+
+    api_key = APIKeySecurity(memory_manager, limiter=RateLimiter("10/minute"))
+    router = APIRouter(dependencies=[Security(api_key)])
+
+    @router.get("/contacts")
+    async def contacts(
+        key: KeyRecord = Security(api_key, scopes=["contacts:read"]),
+    ) -> dict[str, str]:
+        return {"id": key.id}
+
+    @router.post("/contacts")
+    async def add(key: KeyRecord = Security(api_key, scopes=["contacts:write"])) -> dict[str, str]:
+        return {"id": key.id}
+
+    app = FastAPI()
+    install_error_handler(app)
+    app.include_router(router)
+    created = await memory_manager.create(
+        name="n", workspace="acme", scopes=["contacts:read"], credits=100
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        first = await http.get("/contacts", headers=bearer(created.key))
+        second = await http.get("/contacts", headers=bearer(created.key))
+        # The endpoint's own scopes are still checked on the later appearance.
+        refused = await http.post("/contacts", headers=bearer(created.key))
+    assert first.status_code == second.status_code == 200
+    assert first.headers["ratelimit"] == '"default";r=9;t=60, "credits";r=99'
+    assert second.headers["ratelimit"] == '"default";r=8;t=60, "credits";r=98'
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "insufficient_scope"
+    await memory_manager.flush()
+    assert (await memory_manager.get(created.record.id)).request_count == 3

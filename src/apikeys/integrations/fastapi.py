@@ -57,6 +57,10 @@ __all__ = ["APIKeySecurity", "install_error_handler", "problem_response"]
 
 logger = logging.getLogger("apikeys")
 
+# Where a request admitted by the dependency keeps its key: the dependency may appear several
+# times in one request's dependency tree (router and endpoint), and charges only once.
+_ADMITTED = "apikeys.admitted"
+
 
 class APIKeySecurity(HTTPBearer):
     """A `Security` dependency that authenticates the request's API key.
@@ -128,6 +132,14 @@ class APIKeySecurity(HTTPBearer):
     async def _authenticate(
         self, request: Request, response: Response, required: list[str]
     ) -> KeyRecord:
+        admitted = request.scope.get(_ADMITTED)
+        if admitted is not None:
+            # The dependency already ran for this request (on the router, say, and again on
+            # the endpoint with its scopes): the request was charged once; check the scopes.
+            record, grants = admitted
+            if required and not grants.covers(required):
+                raise errors.InsufficientScope(required)
+            return record  # type: ignore[no-any-return]
         header_name = self._header_name
         values = [value for name, value in request.scope["headers"] if name == header_name]
         if self._bearer:
@@ -160,6 +172,7 @@ class APIKeySecurity(HTTPBearer):
         request.scope["apikey"] = record
         request.scope["auth"] = APIKeyAuth(grants)
         request.scope["user"] = APIKeyUser(record)
+        request.scope[_ADMITTED] = (record, grants)
         return record
 
 

@@ -48,7 +48,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
 
 from apikeys.durations import format_duration
 from apikeys.errors import AuthUnavailable, InvalidKeyParameters, InvalidTransition, KeyNotFound
-from apikeys.manager import UNSET, KeyManager
+from apikeys.manager import UNSET, KeyManager, refusal
 from apikeys.ratelimit import DEFAULT_RATE_LIMIT
 from apikeys.types import (
     ACTIVE,
@@ -655,12 +655,12 @@ async def _change_state(
 ) -> Response:
     record = await _own_key(request, user)
     manager = _page(request).manager
-    if method == "disable" and record.replaced_by is not None and record.state == ACTIVE:
+    why = refusal(record, method)
+    if why is not None and record.state != target:
         raise PageError(
             409,
-            "This key cannot be disabled",
-            f"Key “{record.name}” ({record.prefix}) has been rolled: it stops working when "
-            "its grace period ends. Revoke it to stop it now.",
+            f"This key cannot be {verb}",
+            f"Key “{record.name}” ({record.prefix}) cannot be {verb}: {why}.",
         )
     try:
         await getattr(manager, method)(record.id, actor=user.name)
@@ -731,14 +731,12 @@ def _show_roll(
 
 
 def _check_rollable(record: KeyRecord) -> None:
-    if record.state == REVOKED:
-        raise _refused(record, "rolled")
-    if record.replaced_by is not None:
+    why = refusal(record, "roll")
+    if why is not None:
         raise PageError(
             409,
             "This key cannot be rolled",
-            f"Key “{record.name}” ({record.prefix}) has been rolled already: roll the key "
-            "that replaces it instead.",
+            f"Key “{record.name}” ({record.prefix}) cannot be rolled: {why}.",
         )
 
 
