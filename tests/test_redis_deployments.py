@@ -300,10 +300,20 @@ async def until_available(call: Callable[[], Awaitable[_T]], attempts: int = 50)
     return await call()
 
 
+# redis-py's cluster client leaves sockets to a killed node unclosed when it learns the new
+# slot map (they are collected after the test): not apikeys' connections to close.
+_FAILOVER_SOCKETS = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
 # -- a master killed under load ---------------------------------------------------------------
 
 
 @pytest.mark.slow
+@_FAILOVER_SOCKETS[0]
+@_FAILOVER_SOCKETS[1]
 async def test_a_master_killed_under_load_gives_503s_then_recovery_and_no_stale_admit(
     deployment: Any, prefix: str, cleanup: None
 ) -> None:
@@ -427,6 +437,8 @@ async def test_the_cache_hears_every_writer(deployment: Any, prefix: str) -> Non
 
 
 @pytest.mark.slow
+@_FAILOVER_SOCKETS[0]
+@_FAILOVER_SOCKETS[1]
 async def test_a_failover_drops_the_cache_and_it_comes_back(deployment: Any, prefix: str) -> None:
     url = deployment.url
     reader = KeyManager(store_from_url(url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER))

@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
@@ -290,6 +290,15 @@ class RedisChannel(Channel):
                 await client.aclose()
 
 
+_T = TypeVar("_T")
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    """Mark a background task's outcome as seen (its caller may have gone)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _NodeChannel(RedisChannel):
     """The subscription on one master of a cluster, part of a `RedisClusterChannel`."""
 
@@ -333,6 +342,7 @@ class RedisClusterChannel(Channel):
         self._masters: frozenset[str] = frozenset()
         self._register_script: Any = None
         self._readers_script: Any = None
+        self._background: set[asyncio.Task[Any]] = set()
 
     def __repr__(self) -> str:
         return f"RedisClusterChannel(masters={len(self._parts)})"
@@ -349,8 +359,22 @@ class RedisClusterChannel(Channel):
             self._readers_script = self._client.register_script(_READERS)
         return self._client
 
+    async def _shielded(self, work: Awaitable[_T]) -> _T:
+        """Run `work` to its end even if the caller is cancelled (a probe's timeout).
+
+        redis-py's cluster client abandons a connection it was using when cancelled in the
+        middle of learning the slot map or a command's routing, and the socket is left
+        open; its commands are bounded by socket timeouts, so they are let finish instead.
+        """
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
+
     async def _current_masters(self) -> frozenset[str]:
-        nodes: dict[str, Any] = await self._command_client().cluster_nodes()
+        client = self._command_client()
+        nodes: dict[str, Any] = await self._shielded(client.cluster_nodes())
         return frozenset(
             address
             for address, node in nodes.items()
@@ -392,16 +416,19 @@ class RedisClusterChannel(Channel):
 
     async def register(self, ttl: float) -> None:
         self._command_client()
-        await self._register_script(keys=[self._registry], args=[self.ident, int(ttl * 1000)])
+        await self._shielded(
+            self._register_script(keys=[self._registry], args=[self.ident, int(ttl * 1000)])
+        )
 
     async def readers(self) -> set[str]:
         self._command_client()
-        return set(await self._readers_script(keys=[self._registry]))
+        return set(await self._shielded(self._readers_script(keys=[self._registry])))
 
     async def ack(self, notice: str) -> None:
         writer, _ = parse_notice(notice)
-        await self._command_client().publish(
-            f"{self._acks_prefix}{writer}", f"{self.ident}|{notice}"
+        client = self._command_client()
+        await self._shielded(
+            client.publish(f"{self._acks_prefix}{writer}", f"{self.ident}|{notice}")
         )
 
     async def disconnect(self) -> None:
@@ -411,7 +438,14 @@ class RedisClusterChannel(Channel):
                 await part.disconnect()
         client, self._client = self._client, None
         if client is not None:
-            with contextlib.suppress(Exception):
-                await client.zrem(self._registry, self.ident)
-            with contextlib.suppress(Exception):
-                await client.aclose()
+            await self._shielded(self._leave(client))
+
+    async def _leave(self, client: RedisCluster) -> None:
+        # Wait for what is still running on the client, then leave the registry and close.
+        pending = [task for task in self._background if task is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending)
+        with contextlib.suppress(Exception):
+            await client.zrem(self._registry, self.ident)
+        with contextlib.suppress(Exception):
+            await client.aclose()
