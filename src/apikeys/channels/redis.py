@@ -17,6 +17,10 @@
   arrives after every change made before it.
 - The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
   clock, in milliseconds) each registration runs out.
+- Through Sentinel, both connections go to the master the sentinels name at each connection
+  (its `ROLE` is checked); a failover breaks them and the cache starts afresh.
+- On a Redis Cluster, `RedisClusterChannel` keeps one such subscription per master and
+  probes them all (see its doc).
 """
 
 from __future__ import annotations
