@@ -5,7 +5,8 @@ key carries its id as a hash tag, `{<id>}`, so all of them live in one Redis Clu
 and every script names keys of that slot only:
 
 - `apikeys:key:{<id>}`: a hash per key.
-- `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list).
+- `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
+  server's time in microseconds, a space, and the event's JSON.
 - `apikeys:usage:{<id>}:<YYYY-MM-DD>`: the key's requests on one UTC day, by outcome (a hash,
   kept `DAILY_USAGE_RETENTION_DAYS`).
 - `apikeys:usage-batch:<batch_id>` (on a cluster, `apikeys:usage-batch:{<id>}:<batch_id>`,
@@ -192,6 +193,16 @@ def _decode_scopes(value: str) -> tuple[str, ...]:
     if value.startswith("["):
         return tuple(str(scope) for scope in json.loads(value))
     return tuple(scope for scope in value.split(",") if scope)
+
+
+def _audit_line(line: str) -> tuple[int, AuditEvent]:
+    """An audit list entry: `<server µs> <event>`, or a bare event (the previous release's
+    list, ordered by the event's own time)."""
+    stamp, space, text = line.partition(" ")
+    if space and stamp.isdigit():
+        return int(stamp), AuditEvent.decode(text)
+    event = AuditEvent.decode(line)
+    return int(_encode_time(event.time)), event
 
 
 def _event(event: AuditEvent | None) -> str:
@@ -690,9 +701,17 @@ class RedisStore(KeyStore):
                 for one in ids:
                     pipe.lrange(self.audit_list_name(one), 0, -1)
                 replies: list[list[str]] = await pipe.execute()
-        events = [AuditEvent.decode(line) for lines in replies for line in lines]
-        events.sort(key=lambda event: event.time)  # stable: each list is in order already
-        return select_events(events, workspace=workspace, key_id=key_id, since=since, limit=limit)
+        stamped = sorted(
+            (_audit_line(line) for lines in replies for line in lines),
+            key=lambda pair: pair[0],  # stable: each list is in order already
+        )
+        return select_events(
+            (event for _, event in stamped),
+            workspace=workspace,
+            key_id=key_id,
+            since=since,
+            limit=limit,
+        )
 
     async def update(
         self,

@@ -8,8 +8,13 @@ local function publish()
     redis.call('PUBLISH', ARGV[#ARGV - 1], ARGV[#ARGV])
   end
 end
+-- Each event is stored after the server's time in microseconds and a space: events of
+-- different keys live in different lists, and this puts them back in the order they were
+-- committed (the events of one change, such as a roll, share their own `time`).
 local function record()
   if ARGV[#ARGV - 2] ~= '' then
-    redis.call('RPUSH', KEYS[2], ARGV[#ARGV - 2])
+    local now = redis.call('TIME')
+    local stamp = now[1] .. string.format('%06d', tonumber(now[2]))
+    redis.call('RPUSH', KEYS[2], stamp .. ' ' .. ARGV[#ARGV - 2])
   end
 end
