@@ -112,7 +112,9 @@ def targets(directory: Path, wanted: list[str]) -> tuple[list[Target], list[str]
             found.append(Target("sqlite", f"sqlite:///{directory / 'keys.db'}", {}, network=False))
         elif name == "postgres":
             if reachable(POSTGRES_URL, 5432):
-                options = {"table_name": f"bench_keys_{RUN}"}
+                # Pools as large as the baseline's POSTGRES_POOL_MAX connections (the
+                # defaults, 2 and 0, are sized for many workers sharing one server).
+                options = {"table_name": f"bench_keys_{RUN}", "pool_size": 10, "max_overflow": 10}
                 found.append(Target("postgres", POSTGRES_URL, options, network=True))
             else:
                 skipped.append(f"postgres: skipped, nothing answers at {where(POSTGRES_URL)}")

@@ -4,6 +4,7 @@
 python -m examples.demo              # what `make demo` runs, from the repository root
 python -m examples.demo --port 8080  # `make demo PORT=8080`
 python -m examples.demo --no-serve   # seed and print the key only
+python -m examples.demo --forwarded-allow-ips 10.0.0.2   # behind the proxy at 10.0.0.2
 ```
 
 It uses the service's settings (`APIKEYS_STORE_URL`, `EXAMPLE_DATABASE_URL`, …), whose
@@ -22,6 +23,11 @@ The settings UI (`/settings/integrations/api-keys`) needs a login. Unless
 `.example-admin-password` (readable by you only): a fixed, documented demo password would
 let anyone in whenever the demo is reachable from elsewhere. The service signs its session
 cookies with a secret it keeps in `.example-session-secret` (or `EXAMPLE_SESSION_SECRET`).
+
+The demo trusts no proxy: the client address (which key allowlists check) is the
+connection's, whatever `X-Forwarded-For` says. uvicorn alone would believe that header from
+127.0.0.1, so any local process could choose its address. Behind a proxy, name it with
+`--forwarded-allow-ips` (or `FORWARDED_ALLOW_IPS`, as uvicorn reads it).
 """
 
 from __future__ import annotations
@@ -146,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-serve", action="store_true", help="seed and print the key only")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        default=os.environ.get("FORWARDED_ALLOW_IPS") or None,
+        metavar="ADDRESSES",
+        help="trust X-Forwarded-For from these proxies (comma-separated); default: none",
+    )
     args = parser.parse_args(argv)
 
     pepper_source = ensure_pepper()
@@ -179,7 +191,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    uvicorn.run("examples.contacts_service.app:app", host=args.host, port=args.port)
+    # No proxy is trusted unless one is named: uvicorn's own default trusts 127.0.0.1.
+    trusted = args.forwarded_allow_ips
+    uvicorn.run(
+        "examples.contacts_service.app:app",
+        host=args.host,
+        port=args.port,
+        proxy_headers=trusted is not None,
+        forwarded_allow_ips=trusted,
+    )
 
 
 if __name__ == "__main__":

@@ -1,15 +1,25 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import redis_servers, services
+from tests.pgbouncer import PgBouncer
+
+# A property test is about inputs, not speed: no deadline, so a loaded machine (CI, two
+# cores shared by several runs) cannot fail a test that is right. `ci` is the default;
+# HYPOTHESIS_PROFILE=dev runs fewer examples while writing a test.
+settings.register_profile("ci", deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, max_examples=20)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # One table of stores for every test that takes the `store` fixture (or `store_url`): each
 # behaviour runs on memory, SQLite, PostgreSQL and Redis alike.
@@ -91,10 +101,34 @@ def redis_sentinel() -> Iterator[redis_servers.LocalSentinel]:
         sentinel.close()
 
 
+# Every Redis key the suite writes carries this session's tag (`redis_prefix` makes the
+# prefixes), so the session can check at its end that it left none behind, on a server other
+# runs share.
+REDIS_SESSION_TAG = f"apikeys-test-{uuid.uuid4().hex[:8]}"
+
+
+def redis_prefix(label: str = "t") -> str:
+    """A Redis key prefix of one test's own, inside the session's tag (no trailing colon).
+
+    Give it to stores (with a `:`), limiters and subprocesses alike, and delete
+    `*<prefix>*` when done: that also takes the limiter's `LIMITS:<prefix>/…` counters.
+    """
+    return f"{REDIS_SESSION_TAG}-{label}-{uuid.uuid4().hex[:10]}"
+
+
 @pytest.fixture
-def redis_key_prefix() -> str:
-    """A key prefix of the test's own, so Redis tests never see each other's keys."""
-    return f"apikeys-test-{uuid.uuid4().hex[:12]}:"
+def redis_key_prefix() -> Iterator[str]:
+    """A key prefix of the test's own, so Redis tests never see each other's keys.
+
+    Whatever the test wrote under it (the store's keys, its 24-hour usage-batch markers, a
+    limiter's counters) is deleted when the test ends, whether or not a store was closed.
+    """
+    prefix = redis_prefix()
+    try:
+        yield f"{prefix}:"
+    finally:
+        if services.reachable(services.REDIS_URL):
+            delete_redis_keys_now(services.REDIS_URL, f"*{prefix}*")
 
 
 @pytest.fixture(params=STORES)
@@ -132,12 +166,54 @@ def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, 
     return {}
 
 
+async def redis_keys(url: str, pattern: str) -> list[str]:
+    """The names of the Redis keys matching `pattern` (a SCAN glob)."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(url, decode_responses=True)
+    try:
+        return [name async for name in client.scan_iter(match=pattern, count=1000)]
+    finally:
+        await client.aclose()
+
+
+async def delete_redis_keys(url: str, pattern: str) -> int:
+    """Delete every Redis key matching `pattern`; how many there were."""
+    import redis.asyncio
+
+    names = await redis_keys(url, pattern)
+    if names:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            await client.delete(*names)
+        finally:
+            await client.aclose()
+    return len(names)
+
+
+def delete_redis_keys_now(url: str, pattern: str) -> list[str]:
+    """`delete_redis_keys` without an event loop (for fixture teardowns); the names deleted."""
+    import redis
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        names = list(client.scan_iter(match=pattern, count=1000))
+        if names:
+            client.delete(*names)
+        return names
+    finally:
+        client.close()
+
+
 async def delete_redis_prefix(url: str, prefix: str) -> None:
     """Delete every Redis key under `prefix` (what one test left behind): on a single node,
     a cluster (every master) or a Sentinel's master."""
     from apikeys.stores.redis.client import parse_redis_url, redis_client
 
     target = parse_redis_url(url)
+    if target.kind == "single":
+        await delete_redis_keys(url, f"{prefix}*")
+        return
     client, sentinel = redis_client(target)
     try:
         if target.kind == "cluster":
@@ -159,6 +235,21 @@ async def delete_redis_prefix(url: str, prefix: str) -> None:
             await one.aclose()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def redis_left_as_found() -> Iterator[None]:
+    """Fail the session if any Redis key it made is still there at its end (and delete it)."""
+    yield
+    if not services.reachable(services.REDIS_URL):
+        return
+    left = delete_redis_keys_now(services.REDIS_URL, f"*{REDIS_SESSION_TAG}*")
+    if left:
+        shown = ", ".join(sorted(left)[:10])
+        pytest.fail(
+            f"the suite left {len(left)} Redis keys in {services.REDIS_URL} (deleted now): {shown}",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[KeyStore]:
     key_store = store_from_url(store_url, **store_options)
@@ -166,9 +257,7 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
     try:
         yield key_store
     finally:
-        await key_store.aclose()
-        if "key_prefix" in store_options:
-            await delete_redis_prefix(store_url, store_options["key_prefix"])
+        await key_store.aclose()  # `redis_key_prefix` then deletes what it wrote on Redis
 
 
 TEST_PEPPER = "test-pepper-0123456789abcdef"
@@ -193,3 +282,23 @@ async def memory_manager(hasher: Hasher) -> AsyncIterator[KeyManager]:
     key_manager = KeyManager(MemoryStore(), hasher=hasher, usage_flush_interval=0.05)
     yield key_manager
     await key_manager.aclose()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """A PgBouncer of the session's own in transaction mode, in front of the test server.
+
+    Started the first time a test asks for it; skipped (or failed, with
+    `APIKEYS_REQUIRE_SERVICES=1`) when pgbouncer is not installed.
+    """
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    with PgBouncer(pool_mode="transaction") as bouncer:
+        yield bouncer
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_session() -> Iterator[PgBouncer]:
+    """As `pgbouncer`, in session mode: each client keeps one server connection."""
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    with PgBouncer(pool_mode="session") as bouncer:
+        yield bouncer

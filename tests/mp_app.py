@@ -20,7 +20,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from apikeys import APIKeyMiddleware, Channel, Hasher, KeyManager, KeyStore, store_from_url
+from apikeys import (
+    APIKeyMiddleware,
+    Channel,
+    Hasher,
+    KeyManager,
+    KeyStore,
+    RateLimiter,
+    store_from_url,
+)
 
 SCOPES = {
     "GET /api/v1/contacts": "contacts:read",
@@ -79,8 +87,12 @@ def build() -> tuple[APIKeyMiddleware, KeyManager]:
         manager=manager,
         scopes=SCOPES,
         protect="/api/",
-        rate_limit=os.environ.get("APIKEYS_RATE_LIMIT") or "100000/minute",
-        limiter_url=os.environ["APIKEYS_LIMITER_URL"],
+        # A limiter of its own, so its counters carry the test's Redis prefix.
+        limiter=RateLimiter(
+            os.environ.get("APIKEYS_RATE_LIMIT") or "100000/minute",
+            os.environ["APIKEYS_LIMITER_URL"],
+            key_prefix=os.environ.get("APIKEYS_TEST_LIMITER_PREFIX") or "apikeys",
+        ),
     )
     return app, manager
 

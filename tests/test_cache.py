@@ -508,3 +508,49 @@ async def test_if_a_change_is_never_announced_then_the_next_probe_still_drops_th
     stored = await cache.load("cccccccccccc")
     assert stored is not None
     assert stored.record.state == REVOKED
+
+
+async def test_if_an_unknown_id_is_asked_again_then_the_store_is_not_read_again() -> None:
+    store = MemoryStore()
+    clock = FakeClock()
+    bus = Bus(clock)
+    channel = BusChannel(bus)
+    cache = KeyCache(store, channel, clock=clock, sleep=clock.sleep, autostart=False)
+    await cache.connect()
+    reads: list[str] = []
+    original = store.get
+
+    async def counted_get(key_id: str) -> StoredKey | None:
+        reads.append(key_id)
+        return await original(key_id)
+
+    store.get = counted_get  # type: ignore[method-assign]
+    assert cache.get("dddddddddddd") is None
+    await _probe_round(cache, channel)
+    assert await cache.load("dddddddddddd") is None
+    for _ in range(100):
+        assert cache.get("dddddddddddd") is None
+        assert cache.missing("dddddddddddd")
+    assert reads == ["dddddddddddd"]
+    # The key is made (the store logs it): the next probe forgets that it was missing.
+    await store.insert(_stored("dddddddddddd"))
+    bus.log.append("store:1:dddddddddddd")
+    await _probe_round(cache, channel)
+    assert not cache.missing("dddddddddddd")
+    assert await cache.load("dddddddddddd") is not None
+    # Without a fresh proof, absence is not trusted either.
+    await cache.load("eeeeeeeeeeee")
+    assert cache.missing("eeeeeeeeeeee")
+    clock.advance(LEASE)
+    assert not cache.missing("eeeeeeeeeeee")
+
+
+async def test_unknown_ids_never_push_real_records_out() -> None:
+    store = MemoryStore()
+    await store.insert(_stored("ffffffffffff"))
+    cache = KeyCache(store, BusChannel(Bus(FakeClock())), max_entries=10, autostart=False)
+    await cache.load("ffffffffffff")
+    for number in range(1000):
+        await cache.load(f"{number:012d}")
+    assert "ffffffffffff" in cache._entries
+    assert len(cache._missing) == cache.max_missing == 10

@@ -45,8 +45,12 @@ MARGIN = 2.0
 
 
 @pytest.fixture
-def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Config:
-    return make_config(kind, request, tmp_path)
+def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Config]:
+    made = make_config(kind, request, tmp_path)
+    try:
+        yield made
+    finally:
+        asyncio.run(made.cleanup())
 
 
 @pytest.fixture

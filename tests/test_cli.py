@@ -949,3 +949,55 @@ def test_usage_shows_a_key_s_requests_per_day_admitted_and_refused(store_url: st
     assert "Total: 3 admitted, 1 refused." in table
     assert run(store_url, "usage", created["id"], "--days", "0").exit_code == 2
     assert run(store_url, "usage", "AAAAAAAAAAAA").exit_code == 1
+
+
+def test_if_the_environment_names_the_store_then_a_bare_manager_finds_the_cli_keys(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `KeyManager()` reads what the CLI reads: APIKEYS_STORE_URL, APIKEYS_PEPPER and
+    # APIKEYS_OLD_PEPPERS. A key the CLI made is found by the app with no argument at all,
+    # also after the pepper was rotated.
+    monkeypatch.setenv("APIKEYS_STORE_URL", store_url)
+    result = CliRunner().invoke(main, ["create", "--name", "n", "--scope", "a:read", "--json"])
+    assert result.exit_code == 0, result.output
+    created = json.loads(result.stdout)
+    monkeypatch.setenv("APIKEYS_PEPPER", "a-newer-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
+
+    async def check() -> KeyRecord:
+        async with KeyManager() as manager:
+            return await manager.verify(created["key"], record_usage=False)
+
+    assert asyncio.run(check()).id == created["id"]
+
+
+def test_if_the_environment_names_no_store_then_a_bare_manager_keeps_keys_in_memory() -> None:
+    assert type(KeyManager().store).__name__ == "MemoryStore"
+
+
+def test_scan_revoke_checks_keys_hashed_with_a_pepper_in_apikeys_old_peppers(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/concepts/hashing.md: the command line reads APIKEYS_OLD_PEPPERS too, so after a
+    # pepper rotation it still recognises (and revokes) a key hashed with the old pepper.
+    created = create_key(store_url)
+    monkeypatch.setenv("APIKEYS_PEPPER", "the-new-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
+    (tmp_path / "leak.txt").write_text(created["key"] + "\n", encoding="utf-8")
+    result = run(store_url, "scan", str(tmp_path / "leak.txt"), "--revoke")
+    assert _verdicts(result.stdout)[f"ak_{created['id']}_…"] == "revoked"
+
+
+def test_if_the_cli_has_another_pepper_than_the_store_then_create_refuses_in_one_line(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Keys made with the wrong pepper would be invalid_api_key for the service, silently.
+    create_key(store_url)
+    monkeypatch.setenv("APIKEYS_PEPPER", "not-the-service-pepper-0123456789")
+    result = run(store_url, "create", "--name", "wrong", "--scope", "a:read")
+    assert result.exit_code == 1
+    line = refused_with_one_line(result)
+    assert "another pepper" in line
+    assert "not-the-service-pepper" not in result.output
+    # Commands that neither hash nor check a secret still work.
+    ok(store_url, "list")

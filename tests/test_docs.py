@@ -2,8 +2,9 @@
 
 Conventions for the Markdown pages:
 
-- The ```python blocks of a page run in order, in one namespace, in a temporary working
-  directory (SQLite files land there), with `APIKEYS_PEPPER` set.
+- Each ```python block runs alone, as a reader pastes it: in a namespace of its own, in a
+  fresh temporary working directory (SQLite files land there), with `APIKEYS_PEPPER` set.
+  So every sample has its own imports and makes what it uses.
 - `<!-- file: NAME -->` on the line before a block: the reader saves the block as NAME, so
   it is written to NAME in that directory instead of being run; later blocks import it.
 - `<!-- not-run: reason -->` on the line before a block: compiled but not run. Only for
@@ -165,24 +166,42 @@ def docs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                 del sys.modules[name]
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=page_id)
-def test_every_python_sample_runs_as_written(page: Path, docs_env: Path) -> None:
+# Every sample a reader may paste: each runs alone, in a fresh namespace and directory.
+SAMPLES = [
+    block
+    for page in PYTHON_PAGES
+    for block in blocks(page)
+    if block.language == "python" and block.directive is None
+]
+
+
+@pytest.mark.parametrize("block", SAMPLES, ids=lambda block: block.where)
+def test_every_python_sample_runs_alone_as_pasted(block: Block, docs_env: Path) -> None:
+    # The files the page asked the reader to save before this sample are there; nothing
+    # else is: no name another sample defined, no database another sample filled.
+    for earlier in blocks(block.page):
+        if earlier.line >= block.line:
+            break
+        if earlier.language == "python" and earlier.directive == "file":
+            assert earlier.argument is not None
+            (docs_env / earlier.argument).write_text(earlier.code)
+    importlib.invalidate_caches()
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    for block in blocks(page):
-        if block.language != "python":
-            continue
-        # Padding keeps the page's line numbers in tracebacks.
-        source = "\n" * (block.line - 1) + block.code
-        code = compile(source, str(block.page), "exec")
-        if block.directive == "file":
-            assert block.argument is not None
-            (docs_env / block.argument).write_text(block.code)
-            importlib.invalidate_caches()
-        elif block.directive is None:
-            exec(code, namespace)  # noqa: S102 - running the documentation is the point
-    exercise = EXERCISES.get(page_id(page))
-    if exercise is not None:
+    # Padding keeps the page's line numbers in tracebacks.
+    source = "\n" * (block.line - 1) + block.code
+    exec(compile(source, str(block.page), "exec"), namespace)  # noqa: S102 - the point
+    exercise = EXERCISES.get(page_id(block.page))
+    if exercise is not None and "app" in namespace and "manager" in namespace:
         asyncio.run(exercise(namespace))
+
+
+def test_every_exercised_page_has_a_sample_that_makes_the_app_and_its_manager() -> None:
+    for name in EXERCISES:
+        assert any(
+            "\napp = " in block.code and "\nmanager = " in block.code
+            for block in SAMPLES
+            if page_id(block.page) == name
+        ), name
 
 
 def test_not_run_samples_are_rare() -> None:
@@ -454,3 +473,93 @@ def test_every_table_renders_as_a_table(page: Path) -> None:
     html = re.sub(r"<pre>.*?</pre>", "", html, flags=re.S)  # code may hold pipes
     stray = [line for line in html.splitlines() if re.match(r"(<p>)?\s*\|", line)]
     assert not stray, f"{page.name}: table rows rendered as text: {stray[:3]}"
+
+
+# -- claims that once contradicted the code ----------------------------------------------------
+
+README = ROOT / "README.md"
+_PIP_INSTALL = re.compile(r"pip install\s+(.*)")
+
+
+def _shell_lines() -> list[tuple[str, str]]:
+    return [
+        (f"{page.relative_to(ROOT)}:{block.line + offset}", line.removeprefix("$ ").strip())
+        for page in [*PAGES, README]
+        for block in blocks(page)
+        if block.language in _SHELL
+        for offset, line in enumerate(block.code.splitlines())
+    ]
+
+
+def test_install_commands_install_apikeys_from_where_it_is() -> None:
+    # apikeys is not on PyPI: `pip install 'apikeys[sql]'` would fail, or install a
+    # stranger's package of that name. A clone (`./apikeys[...]`) or a built wheel it is.
+    wrong = [
+        (where, line)
+        for where, line in _shell_lines()
+        for match in _PIP_INSTALL.finditer(line)
+        for word in shlex.split(match.group(1), comments=True)
+        if re.match(r"^apikeys(\[|$)", word)
+    ]
+    assert not wrong, wrong
+
+
+def test_python_m_build_is_shown_with_the_install_of_build() -> None:
+    # `build` is not in the standard library: `python -m build` alone fails in a fresh venv.
+    for page in [*PAGES, README]:
+        text = page.read_text()
+        for match in re.finditer(r"python -m build", text):
+            before = text[max(0, match.start() - 120) : match.start()]
+            assert "pip install build" in before, f"{page.name}: {match.start()}"
+
+
+def test_the_extras_table_lists_every_extra_and_what_all_brings() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    rows = {
+        match.group(1): match.group(2)
+        for match in re.finditer(
+            r"^\| `apikeys\[(\w+)\]` \| ([^|]*) \|", (DOCS / "index.md").read_text(), re.M
+        )
+    }
+    assert set(rows) == set(extras) - {"dev"}
+    [inside_all] = re.findall(r"apikeys\[([\w,]+)\]", extras["all"][0])
+    assert sorted(re.findall(r"`(\w+)`", rows["all"])) == sorted(inside_all.split(","))
+
+
+def test_the_metrics_samples_say_they_need_the_opentelemetry_sdk() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert not any("sdk" in requirement for requirement in extras["otel"])
+    page = (DOCS / "observability.md").read_text()
+    assert "opentelemetry.sdk" in page
+    assert "pip install opentelemetry-sdk" in page
+
+
+@pytest.mark.parametrize(
+    ("page", "wrong", "right"),
+    [
+        # A rolled key keeps the old one's lifetime (tests/test_cli.py's roll tests).
+        (
+            "concepts/states.md",
+            "does not inherit the old one's expiry",
+            "keeps the old one's lifetime",
+        ),
+        # The CLI reads APIKEYS_OLD_PEPPERS through Hasher() (test_cli.py, scan --revoke).
+        ("concepts/hashing.md", "reads only `APIKEYS_PEPPER`", "APIKEYS_OLD_PEPPERS"),
+        # `header=` reads a bare key from another header (test_middleware.py).
+        ("migrating.md", "`Authorization: Bearer <key>` only", 'header="X-API-Key"'),
+        # The middleware speaks lifespan for Django (integrations/test_other_frameworks.py).
+        ("migrating.md", "close the manager at exit yourself", "speaks it in its place"),
+    ],
+)
+def test_a_page_no_longer_says_what_the_code_contradicts(page: str, wrong: str, right: str) -> None:
+    text = " ".join((DOCS / page).read_text().split())
+    assert wrong not in text
+    assert right in text

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from apikeys import APIKeyMiddleware, Hasher, KeyManager, KeyRecord, store_from_url
+from apikeys import APIKeyMiddleware, Hasher, KeyManager, KeyRecord, RateLimiter, store_from_url
 from apikeys.errors import StoreUnavailable
 from tests.conftest import delete_redis_prefix
 from tests.tcpproxy import TcpProxy
@@ -129,7 +129,13 @@ async def build_rig(
         hasher=hasher,
         usage_flush_interval=FLUSH_INTERVAL,
     )
-    app = build_app(manager, limiter_url=limiter_url)
+    # The limiter's counters go under the store's Redis prefix, which the test deletes.
+    limiter = RateLimiter(
+        "1000/minute",
+        limiter_url,
+        key_prefix=str(store_options.get("key_prefix", "apikeys")).rstrip(":"),
+    )
+    app = build_app(manager, limiter=limiter)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     created = await admin.create(
         name="faults", workspace="faults", scopes=["contacts:read"], rate_limit=rate_limit

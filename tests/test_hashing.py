@@ -235,10 +235,10 @@ def test_if_pepper_id_unknown_then_verify_fails() -> None:
     assert Hasher(PEPPER).verify(SECRET, stored) == Verification(False, None)
 
 
-def test_if_sha256_hash_and_pepper_set_then_verifies_and_migrates() -> None:
+def test_if_sha256_hash_and_pepper_set_and_upgrade_allowed_then_verifies_and_migrates() -> None:
     plain = Hasher().hash(SECRET)
     assert plain.startswith("sha256$")
-    verdict = Hasher(PEPPER).verify(SECRET, plain)
+    verdict = Hasher(PEPPER, allow_unpeppered=True).verify(SECRET, plain)
     assert verdict.ok
     assert verdict.new_hash is not None
     assert HMAC_RE.fullmatch(verdict.new_hash)
@@ -444,6 +444,41 @@ def test_if_hasher_printed_then_pepper_is_hidden() -> None:
 # -- the manager migrates hashes end to end ---------------------------------------------------
 
 
+def test_if_a_pepper_is_set_then_an_unpeppered_hash_is_refused_unless_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A hash made without a pepper (a process that forgot APIKEYS_PEPPER) is not silently
+    # accepted, and upgraded, by a peppered one: only when the application says so.
+    unpeppered = "sha256$" + hashlib.sha256(SECRET.encode()).hexdigest()
+    with caplog.at_level(logging.WARNING, logger="apikeys"):
+        refused = Hasher(PEPPER).verify(SECRET, unpeppered)
+    assert refused == Verification(False)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "apikeys"]
+    assert "without a pepper" in warning
+    assert "allow_unpeppered=True" in warning
+    allowed = Hasher(PEPPER, allow_unpeppered=True).verify(SECRET, unpeppered)
+    assert allowed.ok
+    assert allowed.new_hash == Hasher(PEPPER).hash(SECRET)
+    # Without a pepper there is nothing to upgrade to: such hashes verify as before.
+    assert Hasher().verify(SECRET, unpeppered).ok
+
+
+async def test_if_key_made_without_pepper_then_peppered_manager_refuses_it_by_default() -> None:
+    store = MemoryStore()
+    unpeppered = KeyManager(store, hasher=Hasher())
+    created = await unpeppered.create(name="legacy", scopes=["contacts:read"])
+    peppered = KeyManager(store, hasher=Hasher(PEPPER))
+    try:
+        with pytest.raises(InvalidAPIKey):
+            await peppered.verify(created.key)
+        after = await store.get(created.record.id)
+        assert after is not None
+        assert after.secret_hash.startswith("sha256$")  # not upgraded behind anyone's back
+    finally:
+        await peppered.aclose()
+        await unpeppered.aclose()
+
+
 async def test_if_key_made_without_pepper_then_peppered_manager_verifies_and_migrates_it() -> None:
     store = MemoryStore()
     unpeppered = KeyManager(store, hasher=Hasher())
@@ -453,7 +488,7 @@ async def test_if_key_made_without_pepper_then_peppered_manager_verifies_and_mig
     assert before is not None
     assert before.secret_hash.startswith("sha256$")
 
-    peppered = KeyManager(store, hasher=Hasher(PEPPER))
+    peppered = KeyManager(store, hasher=Hasher(PEPPER, allow_unpeppered=True))
     try:
         record = await peppered.verify(created.key)
         assert record.id == key_id

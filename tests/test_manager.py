@@ -26,10 +26,12 @@ from apikeys import (
     MemoryStore,
     store_from_url,
 )
+from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.hashing import Hasher
-from apikeys.keys import parse_key
+from apikeys.keys import generate_key, parse_key
 from apikeys.stores import KeyStore
 from apikeys.types import isoformat
+from tests.conftest import TEST_PEPPER
 
 KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
@@ -810,3 +812,134 @@ async def test_a_memory_store_subclass_that_overrides_get_is_verified_through_it
                     await manager.verify(created.key)
             else:
                 assert (await manager.verify(created.key)).id == created.record.id
+
+
+async def test_an_unknown_id_and_a_wrong_secret_do_the_same_hash_work(
+    manager: KeyManager, hasher: Hasher
+) -> None:
+    created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
+    calls: list[str] = []
+    original = manager.hasher.verify
+
+    def counted(secret: str, stored: str) -> Any:
+        calls.append(stored)
+        return original(secret, stored)
+
+    manager.hasher.verify = counted  # type: ignore[method-assign]
+    with pytest.raises(InvalidAPIKey):
+        await manager.verify(wrong_secret(created.key))
+    with pytest.raises(InvalidAPIKey):
+        await manager.verify(generate_key(key_id="Q" * 12).token)
+    assert len(calls) == 2
+
+
+# -- a store that cannot be reached at startup -------------------------------------------------
+
+
+def _refused_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("kind", "shown", "cause"),
+    [
+        pytest.param(
+            "postgresql://bob:s3cret@127.0.0.1:{port}/keys",
+            "postgresql://bob:***@127.0.0.1:{port}/keys",
+            "ConnectionRefusedError: ",
+            id="postgres",
+        ),
+        pytest.param(
+            "redis://:s3cret@127.0.0.1:{port}/13",
+            "redis://:***@127.0.0.1:{port}/13",
+            "ConnectionError: ",
+            id="redis",
+        ),
+        pytest.param(
+            "sqlite:///{tmp}/no-such-folder/keys.db",
+            "sqlite:///{tmp}/no-such-folder/keys.db",
+            "FileNotFoundError: no folder '{tmp}/no-such-folder'",
+            id="sqlite",
+        ),
+    ],
+)
+@pytest.mark.parametrize("given_as", ["url", "store"])
+async def test_if_the_store_is_unreachable_at_startup_then_the_log_and_error_name_it(
+    kind: str,
+    shown: str,
+    cause: str,
+    given_as: str,
+    tmp_path: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What an operator reads when the app cannot start: which store (password masked) and
+    # why, as the CLI says it; never only the text meant for API clients.
+    values = {"port": _refused_port(), "tmp": str(tmp_path)}
+    url, shown, cause = (text.format(**values) for text in (kind, shown, cause))
+    store = store_from_url(url)
+    manager = KeyManager(url if given_as == "url" else store)
+    with pytest.raises(StoreUnavailable) as raised:
+        async with manager:
+            pass
+    message = str(raised.value)
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged == [f"apikeys: {message}"]
+    # A store given as an object is named by its repr, which never holds a password.
+    where = shown if given_as == "url" else repr(store)
+    assert message.startswith(f"key store unavailable: {where}: {cause}")
+    assert "s3cret" not in message
+    assert "cannot be checked right now" not in message
+    # Clients are still told only that authentication is unavailable.
+    assert raised.value.detail == "API keys cannot be checked right now. Retry shortly."
+
+
+# -- the pepper a store's keys are hashed with -------------------------------------------------
+
+OTHER_PEPPER = "another-pepper-0123456789abcdef"
+
+
+async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_why(
+    store_url: str,
+    store_options: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The store records a fingerprint of the pepper (never the pepper); a process whose
+    # pepper differs refuses to start, where it once answered every key invalid_api_key.
+    monkeypatch.delenv("APIKEYS_PEPPER", raising=False)
+    monkeypatch.delenv("APIKEYS_OLD_PEPPERS", raising=False)
+    memory = MemoryStore()
+
+    def manager(hasher: Hasher) -> KeyManager:
+        store = memory if store_url == "memory://" else store_from_url(store_url, **store_options)
+        return KeyManager(store, hasher=hasher)
+
+    async with manager(Hasher(TEST_PEPPER)) as first:
+        created = await first.create(name="n", full_access=True)
+    with pytest.raises(ConfigurationError) as refused:
+        async with manager(Hasher(OTHER_PEPPER)):
+            pass
+    message = str(refused.value)
+    assert "another pepper" in message
+    assert "APIKEYS_PEPPER" in message
+    for secret in (TEST_PEPPER, OTHER_PEPPER):
+        assert secret not in message
+        assert secret not in caplog.text
+    # Without a pepper at all, too.
+    with pytest.raises(ConfigurationError):
+        async with manager(Hasher()):
+            pass
+    # The right pepper, or the old one listed while rotating, starts; after a rotation the
+    # store records the new pepper, and the old one alone no longer starts.
+    async with manager(Hasher(TEST_PEPPER)) as same:
+        assert (await same.verify(created.key, record_usage=False)).id == created.record.id
+    async with manager(Hasher(OTHER_PEPPER, old_peppers=[TEST_PEPPER])) as rotating:
+        assert (await rotating.verify(created.key, record_usage=False)).id == created.record.id
+    with pytest.raises(ConfigurationError):
+        async with manager(Hasher(TEST_PEPPER)):
+            pass

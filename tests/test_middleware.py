@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -35,7 +34,7 @@ from apikeys.hashing import Hasher
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.middleware import bearer_token, header_token
 from apikeys.types import StoredKey
-from tests.conftest import delete_redis_prefix
+from tests.conftest import delete_redis_keys, redis_prefix
 from tests.test_manager import wrong_secret
 
 SCOPES = {
@@ -1094,13 +1093,13 @@ async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[RateLimiter]:
         yield RateLimiter("1000/minute")
         return
     url = request.getfixturevalue("redis_url")
-    prefix = f"apikeys-mw-policies-{uuid.uuid4().hex[:12]}"
+    prefix = redis_prefix("mw-policies")
     shared = RateLimiter("1000/minute", url, key_prefix=prefix)
     try:
         yield shared
     finally:
         await shared.aclose()
-        await delete_redis_prefix(url, f"LIMITS:{prefix}")
+        await delete_redis_keys(url, f"*{prefix}*")
 
 
 class TestSeveralPolicies:

@@ -34,7 +34,7 @@ import pytest
 
 from apikeys import Hasher, KeyManager, KeyRecord, store_from_url
 from apikeys.types import utcnow
-from tests.conftest import TEST_PEPPER, delete_redis_prefix
+from tests.conftest import TEST_PEPPER, delete_redis_keys, redis_prefix
 from tests.test_manager import wrong_secret
 from tests.test_middleware import assert_problem, bearer
 
@@ -65,6 +65,8 @@ class Config:
     store_url: str
     store_options: dict[str, Any]
     limiter_url: str
+    redis_prefix: str = ""
+    """What the servers' Redis keys (store and limiter) start with or contain, if any."""
 
     def env(self, flush_interval: float) -> dict[str, str]:
         """The environment `tests/mp_app.py` reads its configuration from."""
@@ -73,6 +75,7 @@ class Config:
             "APIKEYS_STORE_URL": self.store_url,
             "APIKEYS_TEST_STORE_OPTIONS": json.dumps(self.store_options),
             "APIKEYS_LIMITER_URL": self.limiter_url,
+            "APIKEYS_TEST_LIMITER_PREFIX": self.redis_prefix or "apikeys",
             "APIKEYS_RATE_LIMIT": "100000/minute",
             "APIKEYS_PEPPER": TEST_PEPPER,
             "APIKEYS_TEST_FLUSH_INTERVAL": str(flush_interval),
@@ -89,9 +92,8 @@ class Config:
     async def cleanup(self) -> None:
         """Delete what the servers left on a shared Redis (PostgreSQL's database is dropped
         at the end of the session anyway)."""
-        prefix = self.store_options.get("key_prefix")
-        if prefix:
-            await delete_redis_prefix(self.store_url, prefix)
+        if self.redis_prefix:
+            await delete_redis_keys(self.limiter_url, f"*{self.redis_prefix}*")
 
 
 def make_config(kind: str, request: pytest.FixtureRequest, directory: Path) -> Config:
@@ -104,9 +106,10 @@ def make_config(kind: str, request: pytest.FixtureRequest, directory: Path) -> C
         postgres_url = str(request.getfixturevalue("postgres_url"))
         # Small pools: four server processes of this file may share the server at once.
         options = {"table_name": f"mp_keys_{suffix}", "pool_size": 5, "max_overflow": 5}
-        return Config(kind, postgres_url, options, redis_url)
+        return Config(kind, postgres_url, options, redis_url, redis_prefix("mp"))
     if kind == "redis":
-        return Config(kind, redis_url, {"key_prefix": f"apikeys-mp-{suffix}:"}, redis_url)
+        prefix = redis_prefix("mp")
+        return Config(kind, redis_url, {"key_prefix": f"{prefix}:"}, redis_url, prefix)
     raise AssertionError(kind)
 
 
@@ -310,9 +313,13 @@ def cluster(clusters: Clusters, kind: str, request: pytest.FixtureRequest) -> Cl
 
 
 @pytest.fixture
-def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Config:
+def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Config]:
     # A plain fixture: `postgres_url` may only be set up outside the test's event loop.
-    return make_config(kind, request, tmp_path)
+    made = make_config(kind, request, tmp_path)
+    try:
+        yield made
+    finally:
+        asyncio.run(made.cleanup())
 
 
 # --- load ---------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ several named policies per key, checked and charged all or nothing."""
 from __future__ import annotations
 
 import asyncio
-import uuid
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from apikeys.ratelimit import (
     parse_rate_limit,
 )
 from tests import services
+from tests.conftest import redis_prefix as tagged_prefix
 
 
 @pytest.fixture(autouse=True)
@@ -234,6 +236,28 @@ def test_if_limiter_url_scheme_unknown_then_configuration_error(url: str) -> Non
         RateLimiter(storage_url=url)
 
 
+@pytest.mark.parametrize(
+    "url", ["redis://:s3cret@127.0.0.1:6379/13", "rediss://cache.internal:6380/0"]
+)
+def test_if_redis_is_not_installed_then_the_redis_limiter_names_the_pip_line(url: str) -> None:
+    # The redis extra missing, as in a fresh `pip install apikeys`: the error says what
+    # to install, not which limits storage classes exist.
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from apikeys import RateLimiter\n"
+        f"RateLimiter(storage_url={url!r})\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("apikeys.errors.ConfigurationError: ")
+    assert "pip install 'apikeys[redis]'" in last
+    assert "async+" not in last
+    assert "s3cret" not in result.stderr
+
+
 def test_if_limiter_printed_then_no_url_credentials_shown() -> None:
     limiter = RateLimiter("5/minute", "redis://user:s3cret-password@127.0.0.1:1/0")
     assert "s3cret-password" not in repr(limiter)
@@ -287,7 +311,7 @@ async def _delete_keys(redis_url: str, pattern: str) -> None:
 
 @pytest.fixture
 async def redis_prefix(redis_url: str) -> AsyncIterator[str]:
-    prefix = f"apikeys-ratelimit-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("ratelimit")
     try:
         yield prefix
     finally:
@@ -536,7 +560,7 @@ async def make_limiter(
 ) -> AsyncIterator[LimiterFactory]:
     """Limiters on one shared storage: a memory storage, or a Redis database."""
     made: list[RateLimiter] = []
-    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("policies")
     shared = FixedWindowMemoryStorage()
     url = request.getfixturevalue("redis_url") if request.param == "redis" else "memory://"
 
@@ -893,7 +917,7 @@ def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_cha
     services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
     url = services.REDIS_URL
     text, amounts = policies
-    prefix = f"apikeys-policies-test-{uuid.uuid4().hex[:12]}"
+    prefix = tagged_prefix("policies")
 
     async def scenario() -> None:
         limiters = [RateLimiter(text, url, key_prefix=prefix) for _ in range(3)]

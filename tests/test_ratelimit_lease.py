@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 
 from apikeys.ratelimit import LEASE_THRESHOLD, RateLimiter
 from tests import services
-from tests.conftest import delete_redis_prefix
+from tests.conftest import delete_redis_keys, redis_prefix
 
 pytestmark = pytest.mark.redis
 
@@ -54,9 +53,11 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])))
 
 @pytest.fixture
 async def prefix(redis_url: str) -> AsyncIterator[str]:
-    name = f"apikeys-lease-{uuid.uuid4().hex[:10]}"
-    yield name
-    await delete_redis_prefix(redis_url, f"LIMITS:{name}")
+    name = redis_prefix("lease")
+    try:
+        yield name
+    finally:
+        await delete_redis_keys(redis_url, f"*{name}*")
 
 
 @pytest.mark.slow
@@ -145,7 +146,7 @@ def test_if_hits_interleave_across_limiters_then_never_more_than_the_limit(
 ) -> None:
     services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
     url = services.REDIS_URL
-    name = f"apikeys-lease-{uuid.uuid4().hex[:10]}"
+    name = redis_prefix("lease")
 
     async def scenario() -> None:
         limiters = [RateLimiter(f"{limit}/minute", url, key_prefix=name) for _ in range(3)]
@@ -163,7 +164,7 @@ def test_if_hits_interleave_across_limiters_then_never_more_than_the_limit(
         finally:
             for limiter in limiters:
                 await limiter.aclose()
-            await delete_redis_prefix(url, f"LIMITS:{name}")
+            await delete_redis_keys(url, f"*{name}*")
 
     asyncio.run(scenario())
 

@@ -40,7 +40,7 @@ from apikeys import (
 from apikeys.errors import APIKeyError
 from apikeys.hashing import Hasher
 from apikeys.stores import KeyStore
-from tests.conftest import delete_redis_prefix
+from tests.conftest import delete_redis_keys, redis_prefix
 from tests.test_manager import wrong_secret
 
 T = TypeVar("T")
@@ -258,10 +258,10 @@ def test_manager_state_machine_matches_model(
             elif store_kind == "postgres":
                 store = store_from_url(url, table_name=f"machine_{unique}", **options)
             else:
-                prefix = f"apikeys-machine-{unique}:"
-                store = store_from_url(url, key_prefix=prefix, **options)
+                prefix = redis_prefix("machine")
+                store = store_from_url(url, key_prefix=f"{prefix}:", **options)
                 store.test_cleanup = functools.partial(  # type: ignore[attr-defined]
-                    delete_redis_prefix, url, prefix
+                    delete_redis_keys, url, f"*{prefix}*"
                 )
             await store.setup()
             return store

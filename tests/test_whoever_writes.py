@@ -38,6 +38,7 @@ from apikeys import Hasher, KeyManager, store_from_url
 from apikeys.channels.base import ChannelError
 from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.stores.sql import SQLStore
+from tests import test_cache_servers
 from tests.test_cache_servers import (
     KINDS,
     LEASE_WAIT,
@@ -54,6 +55,8 @@ from tests.test_multiprocess import TEST_PEPPER, free_port
 
 pytestmark = pytest.mark.slow
 
+servers_of = test_cache_servers.servers_of  # the processes a test starts, stopped after it
+
 # The last commit of the release before the store kept its own change log.
 PREVIOUS_RELEASE = "e04ef50"
 
@@ -66,18 +69,6 @@ def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
         yield made
     finally:
         asyncio.run(made.cleanup())
-
-
-@pytest.fixture
-def servers_of() -> Iterator[list[list[Server]]]:
-    from tests.test_multiprocess import stop_servers
-
-    started: list[list[Server]] = []
-    try:
-        yield started
-    finally:
-        for group in started:
-            stop_servers(group)
 
 
 async def warm(
@@ -138,6 +129,13 @@ def test_a_channel_url_is_ignored_with_a_warning(tmp_path: Path) -> None:
         manager = KeyManager(store, channel="redis://127.0.0.1:6379/13")
     assert manager.cache is not None
     assert type(manager.cache.channel) is SQLiteChannel
+    # A channel object that publishes notices itself (outside the store's log): the same.
+    from apikeys.channels.redis import RedisChannel
+
+    with pytest.warns(DeprecationWarning, match="store's own change log"):
+        other = KeyManager(store, channel=RedisChannel("redis://127.0.0.1:6379/13", native=False))
+    assert other.cache is not None
+    assert type(other.cache.channel) is SQLiteChannel
 
 
 # --- writers that are not apikeys --------------------------------------------------------------
@@ -315,15 +313,21 @@ async def test_if_the_previous_release_revokes_then_no_process_admits_the_key_af
 # --- the SQLite change log's own checks --------------------------------------------------------
 
 
-async def test_if_a_reader_connected_to_an_empty_log_falls_behind_the_pruning_it_starts_afresh(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "keys.db"
+async def sqlite_channel(path: Path) -> SQLiteChannel:
+    """The channel of a new SQLite store at `path` (its tables made, the store closed)."""
     store = SQLStore(f"sqlite+aiosqlite:///{path}")
     await store.setup()
     await store.aclose()
     channel = store.channel()
     assert isinstance(channel, SQLiteChannel)
+    return channel
+
+
+async def test_if_a_reader_connected_to_an_empty_log_falls_behind_the_pruning_it_starts_afresh(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.db"
+    channel = await sqlite_channel(path)
     notices: list[str] = []
     await channel.connect("reader", notices.append)
     try:
@@ -348,12 +352,8 @@ async def test_if_the_sqlite_file_is_replaced_by_a_backup_then_readers_start_afr
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "keys.db"
-    store = SQLStore(f"sqlite+aiosqlite:///{path}")
-    await store.setup()
-    await store.aclose()
+    channel = await sqlite_channel(path)
     shutil.copy(path, tmp_path / "backup.db")
-    channel = store.channel()
-    assert isinstance(channel, SQLiteChannel)
     await channel.connect("reader", lambda notice: None)
     try:
         await channel.probe()

@@ -1,7 +1,7 @@
 """The contacts service: a Starlette app whose API is protected by `APIKeyMiddleware`.
 
 ```shell
-python -m uvicorn examples.contacts_service.app:app
+python -m uvicorn examples.contacts_service.app:app --no-proxy-headers
 curl -H "Authorization: Bearer <key>" http://127.0.0.1:8000/api/v1/contacts
 ```
 
@@ -9,8 +9,9 @@ Configured by the environment (see `settings.py`). The middleware needs its `Key
 when it is built, so the manager is made when the app is, from the store URL; the lifespan
 prepares the key store and the service's tables (and the admin user, when
 `EXAMPLE_ADMIN_EMAIL` and `EXAMPLE_ADMIN_PASSWORD` are set) at startup and closes both at
-shutdown. The settings UI (`web.py`) uses the same manager as the middleware, and so does
-`/api/v1/secret-scanning` (`leaks.py`), which revokes the keys GitHub finds in public.
+shutdown. The settings UI (`web.py`) uses the same manager as the middleware, and so do
+the leak endpoints (`leaks.py`): `/api/v1/secret-scanning`, which revokes the keys GitHub
+finds in public, and `/api/v1/credentials/revoke`, where anyone can report leaked keys.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
         *api.routes(),
         # Outside the protected prefixes: readable without a key.
         Route(api.OPENAPI_PATH, openapi_json, methods=["GET"]),
-        # GitHub's secret scanning alerts: signed by GitHub, not sent with a key.
-        Route(leaks.PATH, leaks.secret_scanning, methods=["POST"]),
+        # GitHub's secret scanning alerts (signed by GitHub) and the public bulk revoke:
+        # neither is sent with a key.
+        *leaks.routes(settings, manager),
         # The settings UI: /login, /logout, and the library's keys page, mounted at
         # /settings/integrations/api-keys/ (its static files under it).
         *web.routes(web.keys_page(settings, manager, secret)),
@@ -92,7 +94,7 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
                 manager=manager,
                 scopes=api.scope_rules(),
                 protect=api.protected_prefixes(),
-                public=[api.OPENAPI_PATH, leaks.PATH],
+                public=[api.OPENAPI_PATH, leaks.PATH, leaks.BULK_REVOKE_PATH],
                 rate_limit=settings.rate_limit,
                 limiter_url=settings.limiter_url,
             ),
@@ -105,7 +107,6 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
     app.router.redirect_slashes = False
     app.state.settings = settings
     app.state.manager = manager
-    app.state.github_keys = leaks.GitHubKeys(settings.github_keys_url)
     app.state.ui = web.UI(settings, manager, LoginThrottle())
     return app
 

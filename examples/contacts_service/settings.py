@@ -6,12 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from apikeys.leaks import LEAK_ACTIONS, LeakAction
+from apikeys.leaks.github import GITHUB_KEYS_URL
+
 __all__ = ["GITHUB_KEYS_URL", "LEAK_ACTIONS", "MIN_PASSWORD_LENGTH", "Settings"]
 
 MIN_PASSWORD_LENGTH = 8
-GITHUB_KEYS_URL = "https://api.github.com/meta/public_keys/secret_scanning"
-"""Where GitHub publishes the keys that sign its secret scanning alerts."""
-LEAK_ACTIONS = ("revoke", "disable")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
@@ -42,11 +42,12 @@ class Settings:
     """`EXAMPLE_SESSION_SECRET`: signs the session cookie (else `.example-session-secret`)."""
     secure_cookies: bool = False
     """`EXAMPLE_SECURE_COOKIES=1`: always mark the session cookie `Secure` (it is marked
-    so anyway on requests that arrive over https, e.g. through `uvicorn --proxy-headers`)."""
+    so anyway on requests that arrive over https, e.g. through a proxy that uvicorn's
+    `--forwarded-allow-ips` names)."""
     github_keys_url: str = GITHUB_KEYS_URL
     """`EXAMPLE_GITHUB_KEYS_URL`: the list of GitHub's secret scanning public keys, which
     `/api/v1/secret-scanning` checks alerts against."""
-    leak_action: str = "revoke"
+    leak_action: LeakAction = "revoke"
     """`EXAMPLE_LEAK_ACTION`: what a key GitHub found in public gets, `revoke` or `disable`."""
 
     def __post_init__(self) -> None:

@@ -19,6 +19,8 @@ from apikeys.errors import (
     InsufficientScope,
     InvalidAPIKey,
     InvalidKeyParameters,
+    InvalidPayload,
+    InvalidSignature,
     InvalidTransition,
     IPNotAllowed,
     KeyDisabled,
@@ -27,9 +29,16 @@ from apikeys.errors import (
     KeyRevoked,
     LimiterUnavailable,
     MalformedAPIKey,
+    MalformedJSON,
+    MethodNotAllowed,
     MissingAPIKey,
+    MissingSignature,
+    PayloadTooLarge,
     RateLimited,
+    RequestRefused,
+    SigningKeysUnavailable,
     StoreUnavailable,
+    UnsupportedMediaType,
 )
 from apikeys.hashing import Hasher, slow_context
 from apikeys.keys import ParsedKey, generate_key, parse_key
@@ -46,6 +55,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
+from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
 __version__ = "0.1.0"
@@ -70,6 +80,8 @@ __all__ = [
     "InsufficientScope",
     "InvalidAPIKey",
     "InvalidKeyParameters",
+    "InvalidPayload",
+    "InvalidSignature",
     "InvalidTransition",
     "KeyCache",
     "KeyDisabled",
@@ -81,18 +93,26 @@ __all__ = [
     "KeyStore",
     "LimiterUnavailable",
     "MalformedAPIKey",
+    "MalformedJSON",
     "MemoryStore",
+    "MethodNotAllowed",
     "MissingAPIKey",
+    "MissingSignature",
     "ParsedKey",
+    "PayloadTooLarge",
     "Policy",
     "PolicyDecision",
     "PolicyStatus",
     "RateDecision",
     "RateLimited",
     "RateLimiter",
+    "RequestRefused",
     "ScopeTable",
+    "SigningKeysUnavailable",
     "StoreUnavailable",
     "StoredKey",
+    "SyncKeyManager",
+    "UnsupportedMediaType",
     "UsageDelta",
     "__version__",
     "check_usable",

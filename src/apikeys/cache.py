@@ -63,6 +63,7 @@ _RECONNECT_DELAY: Final = 0.5
 # A connection whose probes time out this many times in a row is taken for dead.
 _SLOW_PROBES_BEFORE_RECONNECT: Final = 3
 _NEVER: Final = float("-inf")
+_MAX_MISSING: Final = 10_000
 
 
 def _clock_function() -> Callable[[], float]:
@@ -115,6 +116,10 @@ class KeyCache:
         self._sleep = sleep
         self._autostart = autostart
         self._entries: OrderedDict[str, StoredKey] = OrderedDict()
+        # Ids the store did not have: a request with an unknown id costs no store read
+        # either. Kept apart (and smaller), so unknown ids never push out real records.
+        self._missing: OrderedDict[str, None] = OrderedDict()
+        self.max_missing = min(max_entries, _MAX_MISSING)
         self._epoch = 0
         self._proof_at = _NEVER
         self._registered_until = _NEVER
@@ -162,16 +167,32 @@ class KeyCache:
         self.hits += 1
         return stored
 
+    def missing(self, key_id: str) -> bool:
+        """True if the store provably has no key `key_id` (a fresh proof covers its absence).
+
+        A key made since is logged by the store like any change, so its creation drops the
+        id from here as a change drops a record.
+        """
+        return key_id in self._missing and self._clock() - self._proof_at < self.lease
+
     async def load(self, key_id: str) -> StoredKey | None:
-        """Read `key_id` from the store and keep it, unless a notice raced with the read."""
+        """Read `key_id` from the store and keep it (or that it is missing), unless a notice
+        raced with the read."""
         epoch = self._epoch
         stored = await self.store.get(key_id)
-        if stored is not None and epoch == self._epoch and not self._closed:
-            entries = self._entries
-            entries[key_id] = stored
-            entries.move_to_end(key_id)
-            if len(entries) > self.max_entries:
-                entries.popitem(last=False)
+        if epoch == self._epoch and not self._closed:
+            if stored is not None:
+                entries = self._entries
+                entries[key_id] = stored
+                entries.move_to_end(key_id)
+                if len(entries) > self.max_entries:
+                    entries.popitem(last=False)
+            else:
+                missing = self._missing
+                missing[key_id] = None
+                missing.move_to_end(key_id)
+                if len(missing) > self.max_missing:
+                    missing.popitem(last=False)
         return stored
 
     # -- changes -------------------------------------------------------------------------
@@ -235,10 +256,12 @@ class KeyCache:
     def _drop(self, key_id: str) -> None:
         self._epoch += 1
         self._entries.pop(key_id, None)
+        self._missing.pop(key_id, None)
 
     def _clear(self) -> None:
         self._epoch += 1
         self._entries.clear()
+        self._missing.clear()
 
     def on_notice(self, notice: str) -> None:
         """Apply a notice from the channel: drop the key (or all), then acknowledge it."""
@@ -315,8 +338,11 @@ class KeyCache:
                 while not self._closed:
                     if not self._serving:
                         # A writer that serves nothing (`cache=False`) needs the connection
-                        # for acknowledgements only: no registration, no probes.
-                        await asyncio.sleep(interval)
+                        # for acknowledgements only: no registration, and a probe now and
+                        # then, only to find out that the connection died.
+                        await asyncio.sleep(self.lease)
+                        async with asyncio.timeout(self.lease):
+                            await self.channel.probe()
                         continue
                     try:
                         async with asyncio.timeout(self.lease / 2):

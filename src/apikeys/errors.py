@@ -7,31 +7,40 @@ APIKeyError                       root of everything apikeys raises
 ├── KeyNotFound                   a management call named an id the store does not hold
 ├── InvalidTransition             a state change the key's state forbids (enable a revoked key)
 ├── DuplicateKeyId                a store refused an id it already holds
-└── AuthenticationError           a request may not pass; carries `status` and `code`
-    ├── MissingAPIKey             401 missing_api_key
-    ├── MalformedAPIKey           401 malformed_api_key
-    ├── InvalidAPIKey             401 invalid_api_key
-    ├── KeyDisabled               401 key_disabled
-    ├── KeyRevoked                401 key_revoked
-    ├── KeyExpired                401 key_expired
-    ├── InsufficientScope         403 insufficient_scope
-    ├── IPNotAllowed              403 ip_not_allowed
-    ├── RateLimited               429 rate_limited
-    ├── CreditsExhausted          429 credits_exhausted
-    └── AuthUnavailable           503 auth_unavailable (fail closed)
-        ├── StoreUnavailable      the key store could not be reached
-        │   └── ChangeNotConfirmed  a change committed, its replication not confirmed in time
-        └── LimiterUnavailable    the rate-limit storage could not be reached
+└── RequestRefused                an HTTP request is refused; carries `status` and `code`
+    ├── AuthenticationError       a request may not pass with its key
+    │   ├── MissingAPIKey         401 missing_api_key
+    │   ├── MalformedAPIKey       401 malformed_api_key
+    │   ├── InvalidAPIKey         401 invalid_api_key
+    │   ├── KeyDisabled           401 key_disabled
+    │   ├── KeyRevoked            401 key_revoked
+    │   ├── KeyExpired            401 key_expired
+    │   ├── InsufficientScope     403 insufficient_scope
+    │   ├── IPNotAllowed          403 ip_not_allowed
+    │   ├── RateLimited           429 rate_limited
+    │   ├── CreditsExhausted      429 credits_exhausted
+    │   └── AuthUnavailable       503 auth_unavailable (fail closed)
+    │       ├── StoreUnavailable      the key store could not be reached
+    │       │   └── ChangeNotConfirmed  a change committed, its replication not confirmed
+    │       └── LimiterUnavailable    the rate-limit storage could not be reached
+    ├── MissingSignature          401 missing_signature (leak endpoints: no GitHub signature)
+    ├── InvalidSignature          401 invalid_signature
+    ├── MethodNotAllowed          405 method_not_allowed
+    ├── PayloadTooLarge           413 payload_too_large
+    ├── UnsupportedMediaType      415 unsupported_media_type
+    ├── MalformedJSON             400 malformed_json
+    ├── InvalidPayload            400 invalid_payload (with `errors`, a list of field errors)
+    └── SigningKeysUnavailable    503 signing_keys_unavailable (GitHub's key list unreachable)
 ```
 
-`apikeys.problems` is the one place that turns an `AuthenticationError` into an
+`apikeys.problems` is the one place that turns a `RequestRefused` into an
 `application/problem+json` response. No message here ever includes a secret: errors are
 built from key ids, scope names and numbers only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = [
     "APIKeyError",
@@ -45,6 +54,8 @@ __all__ = [
     "InsufficientScope",
     "InvalidAPIKey",
     "InvalidKeyParameters",
+    "InvalidPayload",
+    "InvalidSignature",
     "InvalidTransition",
     "KeyDisabled",
     "KeyExpired",
@@ -52,9 +63,16 @@ __all__ = [
     "KeyRevoked",
     "LimiterUnavailable",
     "MalformedAPIKey",
+    "MalformedJSON",
+    "MethodNotAllowed",
     "MissingAPIKey",
+    "MissingSignature",
+    "PayloadTooLarge",
     "RateLimited",
+    "RequestRefused",
+    "SigningKeysUnavailable",
     "StoreUnavailable",
+    "UnsupportedMediaType",
 ]
 
 
@@ -93,13 +111,13 @@ class DuplicateKeyId(APIKeyError):
     """The store already holds a key with this id."""
 
 
-class AuthenticationError(APIKeyError):
-    """A request may not pass. Subclasses fix the HTTP status, code and title."""
+class RequestRefused(APIKeyError):
+    """An HTTP request is refused. Subclasses fix the HTTP status, code and title."""
 
-    status: int = 401
-    code: str = "invalid_api_key"
-    title: str = "Invalid API key"
-    detail: str = "The API key is not valid."
+    status: int = 400
+    code: str = "bad_request"
+    title: str = "Bad request"
+    detail: str = "The request cannot be handled."
     headers: tuple[tuple[bytes, bytes], ...] = ()
     """Extra response headers that belong with this refusal (e.g. `RateLimit`)."""
 
@@ -107,6 +125,15 @@ class AuthenticationError(APIKeyError):
         if detail is not None:
             self.detail = detail
         super().__init__(self.detail)
+
+
+class AuthenticationError(RequestRefused):
+    """A request may not pass with its key (or without one)."""
+
+    status: int = 401
+    code: str = "invalid_api_key"
+    title: str = "Invalid API key"
+    detail: str = "The API key is not valid."
 
 
 class MissingAPIKey(AuthenticationError):
@@ -233,18 +260,40 @@ class AuthUnavailable(AuthenticationError):
     detail = "API keys cannot be checked right now. Retry shortly."
     retry_after = 1
 
-    def __init__(self, original: BaseException | None = None) -> None:
+    def __init__(self, original: BaseException | None = None, *, hint: str | None = None) -> None:
         self.original = original
+        self.hint = hint
         super().__init__()
 
     def __str__(self) -> str:
-        if self.original is None:
-            return self.detail
-        return f"{self.detail} ({type(self.original).__name__})"
+        text = self.detail
+        if self.original is not None:
+            text = f"{text} ({type(self.original).__name__})"
+        return f"{text} {self.hint[:1].upper()}{self.hint[1:]}." if self.hint else text
 
 
 class StoreUnavailable(AuthUnavailable):
-    """The key store raised a connection or timeout error; `original` holds it."""
+    """The key store raised a connection or timeout error; `original` holds it, and `hint`
+    what to do about it when apikeys knows (a pooler needs `?prepared_statements=false`
+    in the store URL, say). Neither is ever sent to the client.
+
+    Raised when a manager starts (`async with manager`), it also carries `operator_text`,
+    which `str()` then gives: the store (password masked) and the cause, for the log.
+    Clients still get only `detail`.
+    """
+
+    def __init__(
+        self,
+        original: BaseException | None = None,
+        *,
+        hint: str | None = None,
+        operator_text: str | None = None,
+    ) -> None:
+        self.operator_text = operator_text
+        super().__init__(original, hint=hint)
+
+    def __str__(self) -> str:
+        return self.operator_text or super().__str__()
 
 
 class ChangeNotConfirmed(StoreUnavailable):
@@ -268,3 +317,101 @@ class ChangeNotConfirmed(StoreUnavailable):
 
 class LimiterUnavailable(AuthUnavailable):
     """The rate-limit storage raised an error; `original` holds it."""
+
+
+# -- refusals of the leak endpoints (apikeys.leaks) ---------------------------------------------
+
+
+class MissingSignature(RequestRefused):
+    """A secret scanning alert came without GitHub's signature headers."""
+
+    status = 401
+    code = "missing_signature"
+    title = "Missing signature"
+    detail = "Sign the body and send Github-Public-Key-Identifier and Github-Public-Key-Signature."
+
+
+class InvalidSignature(RequestRefused):
+    """A secret scanning alert's signature is malformed, or does not verify."""
+
+    status = 401
+    code = "invalid_signature"
+    title = "Invalid signature"
+    detail = "The signature does not match the body."
+
+
+class MethodNotAllowed(RequestRefused):
+    """The endpoint takes another method; `Allow` names it."""
+
+    status = 405
+    code = "method_not_allowed"
+    title = "Method not allowed"
+
+    def __init__(self, allowed: Sequence[str] = ("POST",)) -> None:
+        self.allowed = tuple(allowed)
+        self.headers = ((b"allow", ", ".join(self.allowed).encode("latin-1")),)
+        super().__init__(f"This path accepts {', '.join(self.allowed)}.")
+
+
+class PayloadTooLarge(RequestRefused):
+    """The body is longer than the endpoint takes (counted as it arrives)."""
+
+    status = 413
+    code = "payload_too_large"
+    title = "Payload too large"
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"The request body must be at most {limit} bytes.")
+
+
+class UnsupportedMediaType(RequestRefused):
+    """The body is not declared `application/json` (UTF-8)."""
+
+    status = 415
+    code = "unsupported_media_type"
+    title = "Unsupported media type"
+    detail = "Send the body as JSON with 'Content-Type: application/json'."
+
+
+class MalformedJSON(RequestRefused):
+    """The body is not UTF-8 JSON (NaN, Infinity and duplicate members are refused too)."""
+
+    status = 400
+    code = "malformed_json"
+    title = "Malformed JSON"
+
+
+class InvalidPayload(RequestRefused):
+    """The body is JSON, but not what the endpoint takes; `errors` lists the first problems,
+    each `{"field", "message"}`."""
+
+    status = 400
+    code = "invalid_payload"
+    title = "Invalid payload"
+    detail = "The request body is not what this endpoint takes; see 'errors'."
+
+    def __init__(self, errors: Sequence[Mapping[str, str]]) -> None:
+        self.errors = tuple(dict(error) for error in errors)
+        super().__init__()
+
+
+class SigningKeysUnavailable(RequestRefused):
+    """GitHub's list of signing keys could not be fetched or read, so no signature can be
+    checked: the alert is refused, never trusted. `reason` says why, for the log."""
+
+    status = 503
+    code = "signing_keys_unavailable"
+    title = "Signing keys unavailable"
+    detail = (
+        "GitHub's public keys cannot be fetched right now, so the signature cannot be "
+        "checked. Nothing was done; retry shortly."
+    )
+    retry_after = 60
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
+        super().__init__()
+
+    def __str__(self) -> str:
+        return self.reason or self.detail

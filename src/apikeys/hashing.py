@@ -50,6 +50,8 @@ logger = logging.getLogger("apikeys")
 PEPPER_ENV = "APIKEYS_PEPPER"
 OLD_PEPPERS_ENV = "APIKEYS_OLD_PEPPERS"
 MIN_PEPPER_LENGTH = 16
+UNPEPPERED = "unpeppered"
+"""The pepper fingerprint of a hasher without a pepper."""
 _HMAC_SCHEME = "hmac-sha256$"
 _SHA256_SCHEME = "sha256$"
 
@@ -133,6 +135,11 @@ class Hasher:
     `context=` (a passlib `CryptContext`, see `slow_context`) to hash new keys with a slow
     scheme instead.
 
+    With a pepper, a hash made without one (`sha256$…`: a process that ran without
+    `APIKEYS_PEPPER`) is refused, with a logged warning, unless `allow_unpeppered=True`
+    says the application is moving such keys to the pepper: then it verifies and is
+    re-hashed with the pepper on its next use.
+
     Slow verifications are bounded, since anyone can send secrets for a public key id: at
     most `slow_concurrency` run at once per event loop, and a stored hash that failed
     `failure_budget` times within `failure_window` seconds refuses secrets not already
@@ -150,7 +157,10 @@ class Hasher:
         slow_concurrency: int = 2,
         failure_budget: int = 10,
         failure_window: float = 60.0,
+        allow_unpeppered: bool = False,
     ) -> None:
+        self._allow_unpeppered = allow_unpeppered
+        self._warned_unpeppered = False
         if pepper is None:
             pepper = os.environ.get(PEPPER_ENV) or None
         if old_peppers is None:
@@ -207,6 +217,24 @@ class Hasher:
         return f"Hasher(scheme={self.scheme!r})"
 
     @property
+    def pepper_fingerprint(self) -> str:
+        """What names this hasher's pepper in the store (`KeyManager` records it there): the
+        pepper's id, which every hash made with it already shows, or `unpeppered`.
+
+        Never the pepper, and nothing about it that the stored hashes do not already say.
+        """
+        return self._current_id or UNPEPPERED
+
+    @property
+    def old_pepper_fingerprints(self) -> tuple[str, ...]:
+        """The fingerprints of the retired peppers this hasher still verifies (and, with
+        `allow_unpeppered`, `unpeppered`): a store recording one of them moves to this one."""
+        retired = tuple(key for key in self._peppers if key != self._current_id)
+        if self._current_id is not None and self._allow_unpeppered:
+            retired += (UNPEPPERED,)
+        return retired
+
+    @property
     def scheme(self) -> str:
         """The scheme new hashes are made with."""
         if self._context is not None:
@@ -254,6 +282,9 @@ class Hasher:
             plain = hashlib.sha256(secret.encode()).hexdigest()
             if not hmac.compare_digest(plain, stored[len(_SHA256_SCHEME) :]):
                 return _NO_MATCH
+            if self._pepper is not None and not self._allow_unpeppered:
+                self._warn_unpeppered()
+                return _NO_MATCH
             if self._context is not None:
                 return _MATCH_STALE
             if self._pepper is not None:
@@ -263,6 +294,16 @@ class Hasher:
             return self._verify_slow(secret, stored)
         except ValueError:  # looks like a passlib hash, but is not a valid one
             return Verification(False)
+
+    def _warn_unpeppered(self) -> None:
+        if not self._warned_unpeppered:
+            self._warned_unpeppered = True
+            logger.warning(
+                "apikeys: a key hashed without a pepper was refused: it was made by a process "
+                "without %s. Give that process the pepper, or accept and upgrade such keys "
+                "with Hasher(allow_unpeppered=True).",
+                PEPPER_ENV,
+            )
 
     def _parse_hmac(self, stored: str) -> tuple[_HMACKey, bytes, Verification | None] | None:
         """`stored` read as an HMAC hash of a known pepper, or None (remembered either way)."""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import contextlib
 import logging
+import os
 import re
 import time
 import warnings
@@ -31,11 +33,13 @@ from apikeys.errors import (
     KeyExpired,
     KeyNotFound,
     KeyRevoked,
+    StoreUnavailable,
 )
-from apikeys.hashing import Hasher
+from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
+from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
 from apikeys.telemetry import EventHook, Telemetry
@@ -55,9 +59,12 @@ from apikeys.types import (
 )
 from apikeys.usage import UsageBuffer, write_at_exit
 
-__all__ = ["KeyManager", "check_usable", "refusal"]
+__all__ = ["STORE_URL_ENV", "KeyManager", "check_usable", "refusal"]
 
 logger = logging.getLogger("apikeys")
+
+STORE_URL_ENV: Final = "APIKEYS_STORE_URL"
+"""The variable naming the key store, read by `KeyManager()` without a store and by the CLI."""
 
 _MAX_TEXT = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -105,15 +112,16 @@ def _kind(store: KeyStore) -> str:
 
 
 def _channel(channel: Channel | str) -> Channel | None:
-    if isinstance(channel, Channel):
+    if isinstance(channel, Channel) and channel.native:
         return channel
-    if isinstance(channel, str):
+    if isinstance(channel, str | Channel):
         # A channel of its own in front of the store split the truth about change in two
         # (a writer on the other channel went unheard). The store's own change log is now
         # the truth for every writer, so the store's own channel is always used.
         warnings.warn(
-            "KeyManager(channel=<url>) is no longer needed and is ignored: the store's own "
-            "change log tells every process of every change (docs/consistency.md)",
+            "KeyManager(channel=<url or a channel of another kind>) is no longer needed and is "
+            "ignored: the store's own change log tells every process of every change "
+            "(docs/consistency.md)",
             DeprecationWarning,
             stacklevel=3,
         )
@@ -183,8 +191,11 @@ class KeyManager:
     record = await manager.verify(created.key)
     ```
 
-    `store` is a `KeyStore` or a store URL. `hasher` defaults to `Hasher()` (HMAC-SHA256
-    keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
+    `store` is a `KeyStore` or a store URL; without one, the manager reads the variables the
+    `apikeys` command line reads, so both find the same keys: the store URL in
+    `APIKEYS_STORE_URL` (`memory://` when it is unset), and, through `Hasher()`,
+    `APIKEYS_PEPPER` and `APIKEYS_OLD_PEPPERS`. `hasher` defaults to `Hasher()`
+    (HMAC-SHA256 keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
     `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
 
     Records are cached in process (`cache`, on by default for SQLite, PostgreSQL and Redis)
@@ -209,10 +220,19 @@ class KeyManager:
     # Class defaults: `__del__` may run on an instance whose `__init__` raised.
     _in_use = False
     _warned = False
+    _decoy: str | None = None
+
+    async def _decoy_hash(self) -> str:
+        """A hash of a random secret, made as keys' hashes are: checked against when the
+        key id is unknown."""
+        decoy = self._decoy
+        if decoy is None:
+            decoy = self._decoy = await self.hasher.ahash(generate_key().secret)
+        return decoy
 
     def __init__(
         self,
-        store: KeyStore | str = "memory://",
+        store: KeyStore | str | None = None,
         *,
         hasher: Hasher | None = None,
         prefix: str = DEFAULT_PREFIX,
@@ -224,7 +244,12 @@ class KeyManager:
         metrics: Any = False,
         on_event: EventHook | None = None,
     ) -> None:
+        if store is None:
+            store = os.environ.get(STORE_URL_ENV) or "memory://"
+        self._url = store if isinstance(store, str) else None
         self.store = store_from_url(store) if isinstance(store, str) else store
+        # How logs name the store: its URL without the password, else its repr (no secret).
+        self._where = safe_url(store) if isinstance(store, str) else repr(store)
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
@@ -248,8 +273,72 @@ class KeyManager:
 
     async def __aenter__(self) -> Self:
         self._use()
-        await self.store.setup()
+        try:
+            await self.setup()
+        except BaseException:
+            # It never started: let go of what setting up opened, and warn about nothing.
+            with contextlib.suppress(Exception):
+                await self.aclose()
+            self._release()
+            raise
         return self
+
+    async def setup(self) -> None:
+        """Prepare the store and check this process's pepper against it (`async with`
+        does this).
+
+        The store records the fingerprint of the pepper its keys are hashed with
+        (`Hasher.pepper_fingerprint`, never the pepper). A process with another pepper, or
+        none where the store's keys have one, raises `ConfigurationError` here rather than
+        answering every key `invalid_api_key`. A process that lists the recorded pepper in
+        its old peppers (a rotation) records its new one.
+        """
+        await self._setup_store()
+        await self._check_pepper()
+
+    async def _check_pepper(self) -> None:
+        mine = self.hasher.pepper_fingerprint
+        recorded = await self.store.claim_setting(
+            "pepper", mine, replacing=self.hasher.old_pepper_fingerprints
+        )
+        if recorded is None or recorded == mine:
+            return
+        if recorded == UNPEPPERED:
+            text = (
+                f"the keys in {self._where} were hashed without a pepper, and this process "
+                "has one (APIKEYS_PEPPER): to move them to it, pass "
+                "Hasher(allow_unpeppered=True)"
+            )
+        else:
+            problem = (
+                "this process has none (APIKEYS_PEPPER is not set)"
+                if mine == UNPEPPERED
+                else f"this process has another pepper (fingerprint {mine})"
+            )
+            text = (
+                f"the keys in {self._where} are hashed with a pepper of fingerprint "
+                f"{recorded}, and {problem}. Give every process the same APIKEYS_PEPPER "
+                "(and list a retired one in APIKEYS_OLD_PEPPERS while rotating)"
+            )
+        logger.error("apikeys: %s", text)
+        raise ConfigurationError(text)
+
+    async def _setup_store(self) -> None:
+        """`store.setup()`, and when it fails, a log line naming the store and the cause."""
+        try:
+            await self.store.setup()
+        except StoreUnavailable as exc:
+            cause = exc.original if exc.original is not None else exc
+            text = f"key store unavailable: {self._where}: {self._redact(failure_reason(cause))}"
+            logger.error("apikeys: %s", text)
+            raise StoreUnavailable(exc.original, operator_text=text) from exc
+        except Exception as exc:
+            text = f"key store error: {self._where}: {self._redact(failure_reason(exc))}"
+            logger.error("apikeys: %s", text)
+            raise
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._url) if self._url is not None else text
 
     async def __aexit__(
         self,
@@ -841,13 +930,20 @@ class KeyManager:
             stored = cache.get(key_id)
             if self.telemetry.active:
                 self.telemetry.cache_lookup(stored is not None)
-            if stored is None:
+            if stored is None and not cache.missing(key_id):
                 stored = await cache.load(key_id)
+        hasher = self.hasher
         # The prefix is part of the key: a test key re-prefixed as live is another key.
         if stored is None or stored.record.key_prefix != prefix:
+            # The same hash work as a wrong secret for a key that exists, so that the time
+            # of a refusal does not tell whether an id exists.
+            decoy = self._decoy or await self._decoy_hash()
+            if hasher.is_fast(decoy):
+                hasher.verify(secret, decoy)
+            else:
+                await hasher.averify(secret, decoy)
             raise InvalidAPIKey()
         secret_hash = stored.secret_hash
-        hasher = self.hasher
         if hasher.is_fast(secret_hash):
             verdict = hasher.verify(secret, secret_hash)
         else:

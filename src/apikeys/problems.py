@@ -1,4 +1,4 @@
-"""The one place that turns an `AuthenticationError` into an RFC 9457 problem response.
+"""The one place that turns a `RequestRefused` into an RFC 9457 problem response.
 
 Bodies are `application/problem+json` with `type`, `title`, `status`, `detail` and a
 machine-readable `code`. Headers follow RFC 6750 (`WWW-Authenticate: Bearer …`) and the
@@ -16,8 +16,11 @@ from apikeys.errors import (
     AuthUnavailable,
     CreditsExhausted,
     InsufficientScope,
+    InvalidPayload,
     MissingAPIKey,
     RateLimited,
+    RequestRefused,
+    SigningKeysUnavailable,
 )
 from apikeys.types import Send
 
@@ -36,7 +39,7 @@ TYPE_BASE = "urn:apikeys:problem:"
 Headers = list[tuple[bytes, bytes]]
 
 
-def problem_body(exc: AuthenticationError) -> dict[str, Any]:
+def problem_body(exc: RequestRefused) -> dict[str, Any]:
     """The problem+json document for `exc`."""
     body: dict[str, Any] = {
         "type": TYPE_BASE + exc.code,
@@ -52,6 +55,8 @@ def problem_body(exc: AuthenticationError) -> dict[str, Any]:
         body["violated_policies"] = list(exc.violated_policies)
     if isinstance(exc, CreditsExhausted) and exc.retry_after is not None:
         body["retry_after"] = exc.retry_after
+    if isinstance(exc, InvalidPayload):
+        body["errors"] = [dict(error) for error in exc.errors]
     return body
 
 
@@ -59,9 +64,13 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def problem_headers(exc: AuthenticationError, realm: str = "api") -> Headers:
-    """`WWW-Authenticate` for 401 and 403, `Retry-After` for 429 and 503."""
+def problem_headers(exc: RequestRefused, realm: str = "api") -> Headers:
+    """`WWW-Authenticate` for a key's 401 and 403, `Retry-After` for 429 and 503."""
     headers: Headers = [(b"cache-control", b"no-store")]
+    if not isinstance(exc, AuthenticationError):
+        if isinstance(exc, SigningKeysUnavailable):
+            headers.append((b"retry-after", str(exc.retry_after).encode("latin-1")))
+        return headers
     challenge = f'Bearer realm="{_quote(realm)}"'
     if exc.status == 401:
         if not isinstance(exc, MissingAPIKey):
@@ -80,13 +89,13 @@ def problem_headers(exc: AuthenticationError, realm: str = "api") -> Headers:
 
 
 def encode_problem(
-    exc: AuthenticationError, realm: str = "api", extra: Headers | None = None
+    exc: RequestRefused, realm: str = "api", extra: Headers | None = None
 ) -> tuple[Headers, bytes]:
     """The raw headers and body of the problem response for `exc`."""
     return _encode(exc, realm, extra or [])
 
 
-def _encode(exc: AuthenticationError, realm: str, extra: Headers) -> tuple[Headers, bytes]:
+def _encode(exc: RequestRefused, realm: str, extra: Headers) -> tuple[Headers, bytes]:
     body = json.dumps(problem_body(exc), separators=(",", ":")).encode()
     headers = [
         (b"content-type", PROBLEM_CONTENT_TYPE.encode()),
@@ -99,17 +108,17 @@ def _encode(exc: AuthenticationError, realm: str, extra: Headers) -> tuple[Heade
 
 
 # Errors whose response never varies are encoded once per (class, realm).
-_STATIC: dict[tuple[type[AuthenticationError], str], tuple[Headers, bytes]] = {}
+_STATIC: dict[tuple[type[RequestRefused], str], tuple[Headers, bytes]] = {}
 
 
 async def send_problem(
-    send: Send, exc: AuthenticationError, realm: str = "api", extra: Headers | None = None
+    send: Send, exc: RequestRefused, realm: str = "api", extra: Headers | None = None
 ) -> None:
     """Send `exc` as a complete problem+json response on an ASGI `send`."""
     if (
         extra
         or exc.headers
-        or isinstance(exc, InsufficientScope | RateLimited | CreditsExhausted)
+        or isinstance(exc, InsufficientScope | RateLimited | CreditsExhausted | InvalidPayload)
         or exc.detail != type(exc).detail
     ):
         headers, body = _encode(exc, realm, extra or [])

@@ -392,6 +392,13 @@ def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     if scheme in ("memory", "async+memory"):
         return "async+memory://", {}
     if scheme in ("redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel"):
+        try:
+            import redis  # noqa: F401 - only to say which extra is missing
+        except ImportError:
+            raise ConfigurationError(
+                f"the {scheme}:// limiter storage needs redis-py. "
+                "Install it with: pip install 'apikeys[redis]'"
+            ) from None
         # redis-py's asyncio client, the one the key store uses: no second Redis library,
         # and the store's connection defaults. limits' own storages for each deployment.
         options = {"implementation": "redispy", **_redis_options()}

@@ -1,8 +1,8 @@
 """What the example tests share: the contacts service, started as a user starts it.
 
-`python -m uvicorn examples.contacts_service.app:app` runs in a subprocess from the
-repository root, with an environment of the test's own (no `APIKEYS_*` or `EXAMPLE_*`
-variable of the caller leaks in).
+`python -m uvicorn examples.contacts_service.app:app --no-proxy-headers` (its documented
+command line) runs in a subprocess from the repository root, with an environment of the
+test's own (no `APIKEYS_*` or `EXAMPLE_*` variable of the caller leaks in).
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_service(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the service with `env`, its output in `log`; return it and its base URL."""
+def start_service(
+    env: dict[str, str], log: Path, *options: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the service with `env`, its output in `log`; return it and its base URL.
+
+    `options` go to uvicorn after the documented ones (say, the proxy a test stands for).
+    """
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     command = [
@@ -38,10 +43,13 @@ def start_service(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[byte
         "-m",
         "uvicorn",
         "examples.contacts_service.app:app",
+        # As documented: no proxy is trusted, unless the test names one in `options`.
+        *([] if "--forwarded-allow-ips" in options else ["--no-proxy-headers"]),
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
+        *options,
     ]
     with log.open("wb") as output:
         process = subprocess.Popen(

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import inspect
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +41,14 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from apikeys import Hasher, KeyExpired, KeyManager, parse_key, store_from_url
-from tests.examples.conftest import PEPPER, REPO, service_env, start_service, stop_service
+from tests.examples.conftest import (
+    PEPPER,
+    REPO,
+    free_port,
+    service_env,
+    start_service,
+    stop_service,
+)
 
 PROBLEM = "application/problem+json"
 OPERATIONS = {
@@ -801,3 +811,127 @@ def test_make_demo_takes_a_port() -> None:
         ["make", "-n", "demo", "PORT=8080"], cwd=REPO, capture_output=True, text=True, check=False
     )
     assert "-m examples.demo --port 8080" in dry.stdout
+
+
+# -- proxies: the address an allowlist sees ---------------------------------------------------
+
+FORGED = {"X-Forwarded-For": "203.0.113.7"}
+
+
+def _demo_env() -> dict[str, str]:
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("APIKEYS_", "EXAMPLE_")) and name != "FORWARDED_ALLOW_IPS"
+    }
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def _key_for_one_network(directory: Path) -> str:
+    """A full-access key of the demo's workspace, usable only from 203.0.113.0/24."""
+    pepper = (directory / ".apikeys-demo-pepper").read_text().strip()
+
+    async def create() -> str:
+        store = store_from_url(f"sqlite:///{directory / 'apikeys.db'}")
+        async with KeyManager(store, hasher=Hasher(pepper=pepper)) as manager:
+            created = await manager.create(
+                name="one network",
+                workspace="acme",
+                full_access=True,
+                allowed_ips=["203.0.113.0/24"],
+            )
+        return created.key
+
+    return asyncio.run(create())
+
+
+@contextlib.contextmanager
+def _serve_demo(directory: Path, *extra: str) -> Iterator[str]:
+    port = free_port()
+    log = directory / f"demo-{port}.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "examples.demo", "--port", str(port), *extra],
+            cwd=directory,
+            env=_demo_env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            assert process.poll() is None, log.read_text()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base_url}/api/v1/openapi.json", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+def test_if_make_demo_serves_then_a_forged_x_forwarded_for_never_passes_an_allowlist(
+    tmp_path: Path,
+) -> None:
+    # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default, so any local process could
+    # choose the address the allowlist sees. The demo trusts no proxy unless told to.
+    seeded = subprocess.run(
+        [sys.executable, "-m", "examples.demo", "--no-serve"],
+        cwd=tmp_path,
+        env=_demo_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert seeded.returncode == 0, seeded.stderr
+    key = _key_for_one_network(tmp_path)
+    headers = {"Authorization": f"Bearer {key}", **FORGED}
+
+    with _serve_demo(tmp_path) as base_url:
+        assert_problem(
+            httpx.get(f"{base_url}/api/v1/contacts", headers=headers), 403, "ip_not_allowed"
+        )
+
+    # Told which proxy to trust, it reads the header that proxy sends.
+    with _serve_demo(tmp_path, "--forwarded-allow-ips", "127.0.0.1") as base_url:
+        assert httpx.get(f"{base_url}/api/v1/contacts", headers=headers).status_code == 200
+
+
+def _documented_uvicorn_lines() -> list[tuple[str, str]]:
+    sources = [
+        *REPO.joinpath("docs").rglob("*.md"),
+        REPO / "README.md",
+        *REPO.joinpath("examples").rglob("*.py"),
+    ]
+    return [
+        (f"{path.relative_to(REPO)}:{number}", line.strip())
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if re.search(r"uvicorn [\w.]*examples\.[\w.]+:\w+", line)
+    ]
+
+
+def test_the_example_command_lines_trust_no_proxy_unless_configured() -> None:
+    lines = _documented_uvicorn_lines()
+    assert len(lines) >= 4
+    trusting = [
+        (where, line)
+        for where, line in lines
+        if "--no-proxy-headers" not in line and "--forwarded-allow-ips" not in line
+    ]
+    assert not trusting, trusting
+    assert all("--forwarded-allow-ips '*'" not in line for _, line in lines)
+
+
+def test_the_tests_start_the_service_with_its_documented_command_line() -> None:
+    from tests.examples import conftest
+
+    assert "--no-proxy-headers" in inspect.getsource(conftest.start_service)

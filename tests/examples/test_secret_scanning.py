@@ -9,140 +9,34 @@ did is checked the way a client would notice it: by using the reported key again
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from examples.contacts_service.leaks import (
-    MAX_ALERTS,
-    MAX_BODY_BYTES,
-    GitHubKeys,
-    KeysUnavailable,
-    parse_key_list,
-    validate_alerts,
-)
-from examples.contacts_service.problems import Problem
 from examples.contacts_service.settings import Settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apikeys import Hasher, KeyManager, generate_key, parse_key, store_from_url
 from apikeys.keys import ParsedKey
+from apikeys.leaks.github import (
+    MAX_ALERTS,
+    MAX_BODY_BYTES,
+)
 from tests.examples.conftest import PEPPER, free_port, service_env, start_service, stop_service
+from tests.leaks.github_side import TOKEN_TYPE, KeyListServer, Signer, alerts
 
 PATH = "/api/v1/secret-scanning"
 PROBLEM = "application/problem+json"
-TOKEN_TYPE = "apikeys_api_key"
 
 
 # -- GitHub's side: a key pair, its key list, signed alerts ------------------------------------
-
-
-@dataclass
-class Signer:
-    """A P-256 key pair, listed by the key-list server under `identifier`."""
-
-    private: ec.EllipticCurvePrivateKey = field(
-        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
-    )
-
-    @property
-    def pem(self) -> str:
-        return (
-            self.private.public_key()
-            .public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            .decode()
-        )
-
-    @property
-    def identifier(self) -> str:
-        der = self.private.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        return hashlib.sha256(der).hexdigest()
-
-    def entry(self, *, current: bool = True) -> dict[str, Any]:
-        return {"key_identifier": self.identifier, "key": self.pem, "is_current": current}
-
-    def sign(self, body: bytes) -> str:
-        return base64.b64encode(self.private.sign(body, ec.ECDSA(hashes.SHA256()))).decode()
-
-    def headers(self, body: bytes, identifier: str | None = None) -> dict[str, str]:
-        return {
-            "Github-Public-Key-Identifier": identifier or self.identifier,
-            "Github-Public-Key-Signature": self.sign(body),
-        }
-
-
-class KeyListServer:
-    """`GET /` answers `{"public_keys": keys}` (or `status` with junk); counts fetches."""
-
-    def __init__(self, keys: list[dict[str, Any]]) -> None:
-        self.keys = keys
-        self.status = 200
-        self.fetches = 0
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                owner.fetches += 1
-                if owner.status == 200:
-                    body = json.dumps({"public_keys": owner.keys}).encode()
-                else:
-                    body = b"oops"
-                self.send_response(owner.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/meta/public_keys"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> KeyListServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
-def alerts(*tokens: str, token_type: str = TOKEN_TYPE) -> bytes:
-    """A body as GitHub sends it: compact JSON, one alert per token."""
-    return json.dumps(
-        [
-            {
-                "token": token,
-                "type": token_type,
-                "url": "https://github.com/octocat/Hello-World/blob/12345600b9cb/foo/bar.txt",
-                "source": "content",
-            }
-            for token in tokens
-        ],
-        separators=(",", ":"),
-    ).encode()
 
 
 def verdicts(*pairs: tuple[str, str]) -> list[dict[str, str]]:
@@ -630,122 +524,6 @@ def test_if_any_body_is_signed_then_never_a_500(
         assert 400 <= response.status_code < 500
 
 
-# -- GitHub's keys, in process -----------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_keys_are_refetched_for_an_unknown_identifier_at_most_once_a_minute() -> None:
-    first, rotated = Signer(), Signer()
-    clock = Clock()
-    with KeyListServer([first.entry()]) as server:
-        keys = GitHubKeys(server.url, clock=clock)
-
-        async def scenario() -> None:
-            assert await keys.get(first.identifier) is not None
-            assert await keys.get(first.identifier) is not None
-            assert server.fetches == 1
-            server.keys = [first.entry(current=False), rotated.entry()]  # GitHub rotates
-            clock.now += 30
-            assert await keys.get(rotated.identifier) is None  # fetched 30 s ago: not yet
-            assert server.fetches == 1
-            clock.now += 31
-            assert await keys.get(rotated.identifier) is not None
-            assert server.fetches == 2
-            assert await keys.get("unknown") is None
-            assert await keys.get("unknown") is None
-            assert server.fetches == 2
-
-        asyncio.run(scenario())
-
-
-def test_keys_too_old_are_refetched_and_never_used_when_that_fails() -> None:
-    signer = Signer()
-    clock = Clock()
-    with KeyListServer([signer.entry()]) as server:
-        keys = GitHubKeys(server.url, clock=clock)
-
-        async def scenario() -> None:
-            assert await keys.get(signer.identifier) is not None
-            clock.now += keys.max_age
-            server.status = 503
-            with pytest.raises(KeysUnavailable):
-                await keys.get(signer.identifier)
-            # Within the minute the failure stands, without another fetch.
-            with pytest.raises(KeysUnavailable):
-                await keys.get(signer.identifier)
-            assert server.fetches == 2
-            server.status = 200
-            clock.now += keys.refetch_interval
-            assert await keys.get(signer.identifier) is not None
-            assert server.fetches == 3
-
-        asyncio.run(scenario())
-
-
-def test_a_key_list_that_never_answers_times_out() -> None:
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen()  # accepts connections into the backlog, never answers
-        keys = GitHubKeys(f"http://127.0.0.1:{silent.getsockname()[1]}/", timeout=0.3)
-        started = time.monotonic()
-        with pytest.raises(KeysUnavailable):
-            asyncio.run(keys.get("any"))
-        assert time.monotonic() - started < 5
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"not json",
-        b"[]",
-        b'{"public_keys": {}}',
-        b'{"public_keys": []}',
-        b'{"public_keys": [{"key_identifier": "a", "key": "not a pem"}]}',
-    ],
-)
-def test_a_key_list_without_a_usable_key_is_unavailable(body: bytes) -> None:
-    with pytest.raises(KeysUnavailable):
-        parse_key_list(body)
-
-
-def test_a_key_list_keeps_only_p256_keys() -> None:
-    p384 = ec.generate_private_key(ec.SECP384R1()).public_key()
-    pem = p384.public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    ).decode()
-    ed25519_pem = (
-        ed25519.Ed25519PrivateKey.generate()
-        .public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    signer = Signer()
-    entries = [
-        {"key_identifier": "p384", "key": pem},
-        {"key_identifier": "ed25519", "key": ed25519_pem},
-        7,
-        signer.entry(),
-    ]
-    body = json.dumps({"public_keys": entries}).encode()
-    assert set(parse_key_list(body)) == {signer.identifier}
-
-
-def test_validated_alerts_keep_the_token_out_of_their_repr() -> None:
-    token = unknown_token()
-    [alert] = validate_alerts([{"token": token, "type": "t", "url": "", "extra": 1}])
-    assert alert.token == token
-    assert token not in repr(alert)
-    with pytest.raises(Problem):
-        validate_alerts({"token": token})
-
-
 @pytest.mark.parametrize(
     ("name", "value"),
     [("EXAMPLE_LEAK_ACTION", "delete"), ("EXAMPLE_GITHUB_KEYS_URL", "ftp://example.com/keys")],
@@ -760,3 +538,30 @@ def test_leak_settings_default_to_github_and_revoke() -> None:
     assert settings.leak_action == "disable"
     assert Settings().github_keys_url == ("https://api.github.com/meta/public_keys/secret_scanning")
     assert Settings().leak_action == "revoke"
+
+
+# -- the public bulk revoke ------------------------------------------------------------------
+
+
+def test_anyone_can_report_leaked_keys_at_the_bulk_revoke_endpoint(service: Service) -> None:
+    key, bystander = service.create_key(), service.create_key()
+    real = parse_key(bystander)
+    made_up = ParsedKey(real.prefix, real.id, generate_key().secret).token
+
+    response = httpx.post(
+        f"{service.base_url}/api/v1/credentials/revoke",
+        json={"credentials": [key, made_up, unknown_token()]},
+        timeout=30,
+    )
+
+    assert response.status_code == 202, response.text
+    assert_problem(service.use(key), 401, "key_revoked")
+    assert service.audit_of(key)[-1] == ("leak_revoked", "bulk-revoke")
+    assert service.use(bystander).status_code == 200
+    refused = httpx.post(
+        f"{service.base_url}/api/v1/credentials/revoke",
+        content=b"[1]",
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert_problem(refused, 400, "invalid_payload")

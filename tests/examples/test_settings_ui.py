@@ -141,7 +141,9 @@ def ui_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIService]:
         EXAMPLE_SESSION_SECRET="settings-ui-test-session-secret",
     )
     log = tmp / "service.log"
-    process, base_url = start_service(env, log)
+    # Served as behind a proxy at 127.0.0.1, named as a deployment names it: uvicorn then
+    # believes that proxy's X-Forwarded-Proto (and only that proxy's).
+    process, base_url = start_service(env, log, "--forwarded-allow-ips", "127.0.0.1")
     try:
         yield UIService(base_url, store_url)
     finally:
@@ -490,7 +492,7 @@ def test_session_cookie_is_httponly_samesite_lax_and_logout_ends_the_session(
     assert cookie["secure"] is False  # served over plain http here
     assert page.evaluate("document.cookie") == ""  # out of reach of scripts
 
-    # Over https (here: uvicorn trusts X-Forwarded-Proto from 127.0.0.1) it is also Secure.
+    # Over https (here: from the proxy at 127.0.0.1 the service names) it is also Secure.
     plain = httpx.get(f"{ui_service.base_url}/login").headers["set-cookie"].lower()
     https = httpx.get(
         f"{ui_service.base_url}/login", headers={"X-Forwarded-Proto": "https"}

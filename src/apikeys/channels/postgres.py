@@ -28,8 +28,10 @@ from apikeys.channels.base import Channel, ChannelError, parse_notice
 
 __all__ = ["PostgresChannel", "notice_channel_name"]
 
-# Changes kept in the log; a reader that falls further behind starts afresh (see `probe`).
-_KEEP_CHANGES = 10_000
+_UNLOGGED = (
+    "the keys table's change log triggers are missing or disabled: the cache is not "
+    "trusted until setup() makes them again"
+)
 
 
 def _base(table_name: str) -> str:
@@ -60,9 +62,12 @@ class PostgresChannel(Channel):
         changes_table: str | None = None,
         log_table: str | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
+        locate: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         super().__init__()
         self._prepare = prepare
+        self._locate = locate
+        self._schema: str | None = None
         self._args = connect_args
         self._kwargs = connect_kwargs
         base = _base(table_name)
@@ -76,7 +81,6 @@ class PostgresChannel(Channel):
         self._on_notice: Callable[[str], None] | None = None
         self._identity = ""
         self._last = 0
-        self._registrations = 0
         # One statement at a time on the listening connection (asyncpg refuses overlaps):
         # probes, registrations, acknowledgements and registry reads take turns.
         self._turn = asyncio.Lock()
@@ -88,17 +92,32 @@ class PostgresChannel(Channel):
         super().bind()
         self._turn = asyncio.Lock()
 
+    def _name(self, table: str) -> str:
+        # In the schema the store's own connection found the keys table in: the listening
+        # connection may have another search_path, and must read the store's own log.
+        quoted = '"' + table.replace('"', '""') + '"'
+        if self._schema is None:
+            return quoted
+        return '"' + self._schema.replace('"', '""') + '".' + quoted
+
     @property
     def _mark_sql(self) -> str:
-        return f'SELECT seq, identity FROM "{self._log_table}" WHERE id = 1'  # noqa: S608
+        return f"SELECT seq, identity FROM {self._name(self._log_table)} WHERE id = 1"  # noqa: S608
 
     @property
     def _probe_sql(self) -> str:
         return (
             "SELECT l.seq AS high, l.identity, c.seq, c.notice "  # noqa: S608
-            f'FROM "{self._log_table}" l LEFT JOIN "{self._changes_table}" c '
+            f"FROM {self._name(self._log_table)} l "
+            f"LEFT JOIN {self._name(self._changes_table)} c "
             "ON c.seq > $1 WHERE l.id = 1 ORDER BY c.seq"
         )
+
+    @property
+    def _triggers_sql(self) -> str:
+        from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql
+
+        return check_change_log_sql(self._table_name, self._schema, "postgresql", POSTGRES_TRIGGERS)
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         import asyncpg
@@ -117,17 +136,21 @@ class PostgresChannel(Channel):
         try:
             await connection.add_listener(self._notices, notice)
             await connection.add_listener(acks, ack)
+            if self._locate is not None:
+                self._schema = await self._locate()  # makes the tables if they are missing
             try:
                 row = await connection.fetchrow(self._mark_sql)
+                kept = await connection.fetchval(self._triggers_sql)
             except asyncpg.UndefinedTableError:
-                row = None
-            if row is None:
+                row, kept = None, 0
+            if row is None or kept != 3:
                 if self._prepare is None:
                     raise ChannelError("the store's change log is missing: run setup()")
                 await self._prepare()  # the store's tables and triggers, the log among them
                 row = await connection.fetchrow(self._mark_sql)
-                if row is None:  # pragma: no cover - setup makes it
-                    raise ChannelError("the store's change log is missing")
+                kept = await connection.fetchval(self._triggers_sql)
+                if row is None or kept != 3:
+                    raise ChannelError(_UNLOGGED)
         except BaseException:
             connection.terminate()
             raise
@@ -185,18 +208,15 @@ class PostgresChannel(Channel):
 
     async def _register(self, ttl: float) -> None:
         connection = self._live()
-        self._registrations += 1
-        if self._registrations % 64 == 1:
-            # Housekeeping, now and then: the oldest changes go (a reader that had not read
-            # them yet starts afresh).
-            await self._statement(
-                connection.execute,
-                f'DELETE FROM "{self._changes_table}" WHERE seq <= $1',  # noqa: S608
-                self._last - _KEEP_CHANGES,
-            )
+        # The triggers are checked with every registration: a table made again by a
+        # migration tool, or its triggers disabled, would log nothing, and then a proof
+        # would prove nothing. The cache is dropped and the triggers made again.
+        kept = await self._statement(connection.fetchval, self._triggers_sql)
+        if kept != 3:
+            raise ChannelError(_UNLOGGED)
         await self._statement(
             connection.execute,
-            f'INSERT INTO "{self._readers_table}" (reader_id, expires_at) '  # noqa: S608
+            f"INSERT INTO {self._name(self._readers_table)} (reader_id, expires_at) "  # noqa: S608
             "VALUES ($1, extract(epoch FROM clock_timestamp()) + $2) "
             "ON CONFLICT (reader_id) DO UPDATE SET expires_at = excluded.expires_at",
             self.ident,
@@ -207,7 +227,7 @@ class PostgresChannel(Channel):
         connection = self._live()
         rows = await self._statement(
             connection.fetch,
-            f'SELECT reader_id FROM "{self._readers_table}" '  # noqa: S608
+            f"SELECT reader_id FROM {self._name(self._readers_table)} "  # noqa: S608
             "WHERE expires_at > extract(epoch FROM clock_timestamp())",
         )
         return {row[0] for row in rows}
@@ -229,7 +249,7 @@ class PostgresChannel(Channel):
         try:
             async with asyncio.timeout(1.0), self._turn:
                 await connection.execute(
-                    f'DELETE FROM "{self._readers_table}" '  # noqa: S608
+                    f"DELETE FROM {self._name(self._readers_table)} "  # noqa: S608
                     "WHERE reader_id = $1 "
                     "OR expires_at < extract(epoch FROM clock_timestamp()) - 3600",
                     self.ident,

@@ -47,6 +47,8 @@ class SQLiteChannel(Channel):
         changes_table: str,
         readers_table: str,
         log_table: str,
+        keys_table: str | None = None,
+        triggers: tuple[str, ...] = (),
         busy_timeout: float = 5.0,
         poll_interval: float = 0.01,
         prepare: Callable[[], Awaitable[None]] | None = None,
@@ -57,6 +59,8 @@ class SQLiteChannel(Channel):
         self.poll_interval = poll_interval
         self._changes = changes_table
         self._log = log_table
+        self._keys = keys_table
+        self._triggers = triggers
         self._readers = readers_table
         self._identity = ""
         self._inode = 0
@@ -112,7 +116,18 @@ class SQLiteChannel(Channel):
         inode = os.stat(self.path).st_ino
         self._version = connection.execute("PRAGMA data_version").fetchone()[0]
         identity, high = self._history(connection)
+        if not self._logging(connection):
+            raise sqlite3.OperationalError("no such table: the change log's triggers")
         return identity, high, inode
+
+    def _logging(self, connection: sqlite3.Connection) -> bool:
+        """Whether the triggers that keep the change log are on the keys table."""
+        if not self._keys or not self._triggers:
+            return True
+        from apikeys.stores.sql_log import check_change_log_sql
+
+        sql = check_change_log_sql(self._keys, None, "sqlite", self._triggers)
+        return bool(connection.execute(sql).fetchone()[0] == len(self._triggers))
 
     def _history(self, connection: sqlite3.Connection) -> tuple[str, int]:
         """The log's identity and high-water mark (what the next `seq` follows)."""
@@ -142,7 +157,10 @@ class SQLiteChannel(Channel):
         except OSError as exc:
             raise ChannelError(f"cannot find the database file: {exc}") from exc
         except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in (
+                sqlite3.SQLITE_BUSY,
+                sqlite3.SQLITE_LOCKED,
+            ):
                 # The file is busy for a moment (a checkpoint): a slow probe, not a broken
                 # channel. The cache stops answering until a probe gets through.
                 raise TimeoutError("the SQLite file is busy") from exc
@@ -202,6 +220,15 @@ class SQLiteChannel(Channel):
                 raise
 
     async def register(self, ttl: float) -> None:
+        # The triggers are checked with every registration: a table made again by a
+        # migration tool (copy, drop, rename) has none, and would log nothing. The cache is
+        # then dropped, and the triggers made again when it reconnects.
+        try:
+            logging = self._logging(self._reader())
+        except sqlite3.Error as exc:
+            raise ChannelError(f"cannot read the schema: {exc}") from exc
+        if not logging:
+            raise ChannelError("the keys table's change log triggers are missing")
         await self._execute(
             f'INSERT INTO "{self._readers}" (reader_id, seen, expires_at) '  # noqa: S608
             "VALUES (?, ?, ?) ON CONFLICT (reader_id) DO UPDATE SET "

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import click
 
@@ -33,8 +32,9 @@ from apikeys.keys import (
     parse_key,
     validate_prefix,
 )
-from apikeys.manager import KeyManager
+from apikeys.manager import STORE_URL_ENV, KeyManager
 from apikeys.ratelimit import format_policies, parse_policies
+from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scope
 from apikeys.stores.base import store_from_url
 from apikeys.types import KeyRecord
@@ -42,7 +42,7 @@ from apikeys.types import KeyRecord
 __all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]
 
 
-STORE_ENV = "APIKEYS_STORE_URL"
+STORE_ENV = STORE_URL_ENV
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
 
 _T = TypeVar("_T")
@@ -236,42 +236,16 @@ def _split_scopes(
 # -- shared plumbing ------------------------------------------------------------------------
 
 
-def _safe_url(url: str) -> str:
-    """`url` with its password, if any, replaced by `***`."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:
-        return "<the key store URL>"
-    if not password:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-
-
-def _redact(text: str, url: str) -> str:
-    """`text` with any password of `url` replaced by `***`."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
-        for form in {password, unquote(password)}:
-            text = text.replace(form, "***")
-    return text
-
-
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+_safe_url = safe_url
+_redact = redact
 
 
 def _unavailable_reason(exc: StoreUnavailable) -> str:
     original = exc.original
     if original is None:
         return str(exc)
-    detail = _first_line(str(original))
-    name = type(original).__name__
-    return f"{name}: {detail}" if detail else name
+    reason = failure_reason(original)
+    return f"{reason}; {exc.hint}" if exc.hint else reason
 
 
 class _Mute(logging.Filter):
@@ -323,7 +297,10 @@ def _run(
 
     async def session() -> _T:
         try:
-            await store.setup()
+            if uses_secrets:
+                await manager.setup()  # also refuses a pepper other than the store's
+            else:
+                await store.setup()
             return await work(manager)
         finally:
             await manager.aclose()

@@ -15,8 +15,7 @@ from apikeys.keys import (
     DEFAULT_PREFIX,
     mask,
 )
-from apikeys.manager import KeyManager
-from apikeys.scanning import (
+from apikeys.leaks.files import (
     Finding,
     ScanStats,
     find_keys,
@@ -25,6 +24,7 @@ from apikeys.scanning import (
     revoke_found,
     walk,
 )
+from apikeys.manager import KeyManager
 
 __all__: list[str] = []
 

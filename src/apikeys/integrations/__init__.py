@@ -1,4 +1,5 @@
-"""Framework integrations: `apikeys.integrations.starlette` and `apikeys.integrations.fastapi`.
+"""Framework integrations: `apikeys.integrations.starlette`, `apikeys.integrations.fastapi` and
+`apikeys.integrations.django` (a Django middleware and Django REST framework classes).
 
 Each is imported on its own, so that using one never imports the other's framework.
 """

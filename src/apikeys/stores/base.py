@@ -81,6 +81,18 @@ class KeyStore(abc.ABC):
     async def setup(self) -> None:  # noqa: B027 - optional hook with a sensible default
         """Prepare the backend (create tables, load scripts). Idempotent; may be skipped."""
 
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        """Record `value` under `name` unless another value is recorded (a recorded value in
+        `replacing` is replaced); return the value recorded afterwards, atomically.
+
+        `KeyManager` records the fingerprint of its pepper this way (never the pepper). None
+        means the store keeps no settings, and the caller skips its check: the default, so
+        a store of your own works unchanged.
+        """
+        return None
+
     @abc.abstractmethod
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries).

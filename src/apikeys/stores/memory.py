@@ -63,6 +63,7 @@ class MemoryStore(KeyStore):
         self._daily: dict[tuple[str, str, str], int] = {}
         # key id -> (credits, credits_refilled_at) spent since its record was last written
         self._spent: dict[str, tuple[int, datetime | None]] = {}
+        self._settings: dict[str, str] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -70,6 +71,14 @@ class MemoryStore(KeyStore):
 
     def __repr__(self) -> str:
         return f"MemoryStore(keys={len(self._keys)})"
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        recorded = self._settings.get(name)
+        if recorded is None or recorded in replacing:
+            self._settings[name] = recorded = value
+        return recorded
 
     def _record(self, event: AuditEvent | None) -> None:
         if event is not None:

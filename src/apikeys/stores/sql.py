@@ -84,6 +84,7 @@ from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.base import days_of as _days
 from apikeys.stores.sql_engine import (
     MissingTable,
+    PoolOptions,
     async_url,
     engine_or_hint,
     is_duplicate,
@@ -91,8 +92,10 @@ from apikeys.stores.sql_engine import (
     is_sqlite_memory,
     is_unavailable,
     raise_translated,
+    split_url_options,
+    unavailable_hint,
 )
-from apikeys.stores.sql_log import install_change_log
+from apikeys.stores.sql_log import install_change_log, table_schema, trigger_names
 from apikeys.stores.sql_schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
@@ -290,9 +293,12 @@ class SQLStore(KeyStore):
 
     - `table_name`: the table to use (default `apikeys_keys`);
     - `pool_size`, `max_overflow`, `pool_timeout`, `pool_recycle`, `pool_pre_ping`: the
-      connection pool of writes (defaults 10, 10, 5 s, 1800 s, off). On PostgreSQL, `get`
+      connection pool of writes (defaults 2, 0, 5 s, 1800 s, off). On PostgreSQL, `get`
       reads through a second pool of up to `pool_size` connections that it keeps open
-      (closing one idle for `pool_recycle`), waiting up to `pool_timeout` for a free one;
+      (closing one idle for `pool_recycle`), waiting up to `pool_timeout` for a free one:
+      a process holds at most `2 * pool_size + max_overflow` connections, 4 by default;
+    - `prepared_statements`: keep prepared statements on each connection (default on);
+      off for a pooler in transaction mode such as PgBouncer's (see `make_engine`);
     - `connect_timeout`, `command_timeout`: PostgreSQL connect and statement timeouts in
       seconds (default 5 each; `command_timeout=None` disables it);
     - `busy_timeout`: how long a SQLite writer waits for a lock, in seconds (default 5);
@@ -302,6 +308,11 @@ class SQLStore(KeyStore):
       (default on; off, a missing table raises `ConfigurationError`);
     - `application_name`: what PostgreSQL shows in `pg_stat_activity` (default `apikeys`);
     - `echo`: log every statement (SQLAlchemy's `echo`).
+
+    A URL's query string may carry `pool_size`, `max_overflow`, `pool_timeout`,
+    `pool_recycle` and `prepared_statements` too (`postgresql://…/app?pool_size=5`), and
+    wins over the keyword argument: a URL is all the command line and `APIKEYS_STORE_URL`
+    can give.
 
     Pass an `AsyncEngine` instead of a URL to share an application's engine; the store then
     leaves that engine open in `aclose`.
@@ -314,11 +325,12 @@ class SQLStore(KeyStore):
         url: str | URL | AsyncEngine,
         *,
         table_name: str = DEFAULT_TABLE_NAME,
-        pool_size: int = 10,
-        max_overflow: int = 10,
+        pool_size: int = 2,
+        max_overflow: int = 0,
         pool_timeout: float = 5.0,
         pool_recycle: float = 1800.0,
         pool_pre_ping: bool = False,
+        prepared_statements: bool = True,
         connect_timeout: float = 5.0,
         command_timeout: float | None = 5.0,
         busy_timeout: float = 5.0,
@@ -331,8 +343,18 @@ class SQLStore(KeyStore):
             self._engine = url
             self._owns_engine = False
         else:
-            self._engine = engine_or_hint(
+            # The URL's own `?pool_size=…` and the like win over the keyword arguments.
+            url, pooling = split_url_options(
                 async_url(url),
+                PoolOptions(
+                    pool_size, max_overflow, pool_timeout, pool_recycle, prepared_statements
+                ),
+            )
+            pool_size, max_overflow = pooling.pool_size, pooling.max_overflow
+            pool_timeout, pool_recycle = pooling.pool_timeout, pooling.pool_recycle
+            prepared_statements = pooling.prepared_statements
+            self._engine = engine_or_hint(
+                url,
                 pool_size=pool_size,
                 max_overflow=max_overflow,
                 pool_timeout=pool_timeout,
@@ -343,10 +365,12 @@ class SQLStore(KeyStore):
                 busy_timeout=busy_timeout,
                 application_name=application_name,
                 echo=echo,
+                prepared_statements=prepared_statements,
             )
             self._owns_engine = True
         self._url = self._engine.url
         self._tables = store_tables(table_name)
+        self._schema_name: str | None = None  # PostgreSQL's schema of the keys table
         (
             self._table,
             self._batches,
@@ -355,6 +379,7 @@ class SQLStore(KeyStore):
             self._readers,
             self._audit,
             self._daily,
+            self._settings,
         ) = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
@@ -389,6 +414,8 @@ class SQLStore(KeyStore):
                 "command_timeout": command_timeout,
                 "server_settings": {"application_name": application_name},
             }
+            if not prepared_statements:  # see `make_engine`
+                self._read_pool_options["statement_cache_size"] = 0
         self._auto_create = auto_create
         self._setup_lock = asyncio.Lock()
         self._reader: aiosqlite.Connection | None = None
@@ -478,7 +505,7 @@ class SQLStore(KeyStore):
                 "run `await store.setup()`, `create_tables()` or your migrations first"
             )
         if is_unavailable(exc):
-            return StoreUnavailable(exc)
+            return StoreUnavailable(exc, hint=unavailable_hint(exc))
         return exc
 
     @asynccontextmanager
@@ -820,13 +847,15 @@ class SQLStore(KeyStore):
                 self._reader_path,
                 changes_table=self._changes.name,
                 log_table=self._log.name,
+                keys_table=self._table.name,
+                triggers=trigger_names(self._table, "sqlite"),
                 readers_table=self._readers.name,
                 busy_timeout=self._busy_timeout,
                 prepare=self.setup,
             )
         args, kwargs = self._engine.dialect.create_connect_args(self._url)
         options = self._read_pool_options or {}
-        for name in ("timeout", "command_timeout", "server_settings"):
+        for name in ("timeout", "command_timeout", "server_settings", "statement_cache_size"):
             if name in options:
                 kwargs[name] = options[name]
         return PostgresChannel(
@@ -837,19 +866,72 @@ class SQLStore(KeyStore):
             log_table=self._log.name,
             readers_table=self._readers.name,
             prepare=self.setup,
+            locate=self._keys_schema,
         )
+
+    async def _keys_schema(self) -> str:
+        """The PostgreSQL schema the keys table is in, as this store's connections see it
+        (the tables are made first when they are missing)."""
+
+        if self._schema_name is not None:
+            return self._schema_name  # found when the tables were made
+
+        async def work(conn: AsyncConnection) -> str:
+            found = await conn.run_sync(lambda sync: table_schema(sync, self._table))
+            return found
+
+        try:
+            self._schema_name = await self._run(work, write=False)
+        except sa_exc.NoResultFound:
+            await self.setup()
+            if self._schema_name is None:  # pragma: no cover - setup finds it
+                self._schema_name = await self._run(work, write=False)
+        return self._schema_name
 
     def _create_schema(self, connection: sa.Connection) -> None:
         create_tables_on(connection, self._tables)
         install_change_log(connection, self._table, self._changes, self._log)
+        if connection.dialect.name == "postgresql":
+            self._schema_name = table_schema(connection, self._table)
 
     async def setup(self) -> None:
         self._check_folder()
+        self._adopt_loop()
         try:
             async with self._setup_lock, self._turn():
                 await create_concurrently(self._engine, self._create_schema)
         except Exception as exc:
             raise_translated(self._translate(exc), exc)
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        settings = self._settings
+        where = settings.c.name == name
+        if self._sqlite:
+            add: sa.Insert = sqlite.insert(settings).on_conflict_do_nothing()
+        elif self._engine.dialect.name == "postgresql":
+            add = postgresql.insert(settings).on_conflict_do_nothing()
+        else:  # pragma: no cover - other dialects: a concurrent first claim may fail once
+            add = sa.insert(settings)
+
+        async def work(conn: AsyncConnection) -> str | None:
+            # Replace a replaceable value, add one where none is, then read what is there:
+            # one transaction, and a concurrent first claim loses to the one that committed.
+            if replacing:
+                await conn.execute(
+                    sa.update(settings)
+                    .where(where, settings.c.value.in_(list(replacing)))
+                    .values(value=value)
+                )
+            await conn.execute(add.values(name=name, value=value))
+            recorded = (await conn.execute(sa.select(settings.c.value).where(where))).scalar()
+            return None if recorded is None else str(recorded)
+
+        try:
+            return await self._run(work)
+        except MissingTable:
+            return None  # migrations that predate the settings table: no check, as before
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record

@@ -3,6 +3,7 @@ failures mean "the database cannot serve us now" (`StoreUnavailable`, failing cl
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from typing import Any, Final, NoReturn
 
@@ -14,7 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from apikeys.errors import ConfigurationError
 
 __all__ = [
+    "URL_OPTIONS",
     "MissingTable",
+    "PoolOptions",
     "async_url",
     "engine_or_hint",
     "is_duplicate",
@@ -23,6 +26,8 @@ __all__ = [
     "is_unavailable",
     "make_engine",
     "raise_translated",
+    "split_url_options",
+    "unavailable_hint",
 ]
 
 # --- URLs and engines ---------------------------------------------------------------------
@@ -58,6 +63,92 @@ def async_url(url: str | URL) -> URL:
         query.setdefault("ssl", sslmode)
         parsed = parsed.set(query=query)
     return parsed
+
+
+# --- the store's options in the URL --------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolOptions:
+    """How a store built from a URL pools its connections (see `split_url_options`)."""
+
+    pool_size: int
+    max_overflow: int
+    pool_timeout: float
+    pool_recycle: float
+    prepared_statements: bool
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
+_TRUE: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE: Final = frozenset({"false", "0", "no", "off"})
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+def _cache_size(text: str) -> bool:
+    # asyncpg's `statement_cache_size` and SQLAlchemy's `prepared_statement_cache_size`:
+    # 0 is what their documentation says to set behind PgBouncer.
+    return _count(text) != 0
+
+
+URL_OPTIONS: Final = {
+    "pool_size": ("pool_size", _count),
+    "max_overflow": ("max_overflow", _count),
+    "pool_timeout": ("pool_timeout", _seconds),
+    "pool_recycle": ("pool_recycle", _seconds),
+    "prepared_statements": ("prepared_statements", _flag),
+    "statement_cache_size": ("prepared_statements", _cache_size),
+    "prepared_statement_cache_size": ("prepared_statements", _cache_size),
+}
+"""The query string parameters a store's URL may carry, and the option each one sets."""
+
+
+def split_url_options(url: URL, defaults: PoolOptions) -> tuple[URL, PoolOptions]:
+    """The URL without the store's own query parameters, and the options they give.
+
+    `?pool_size=5&max_overflow=0&prepared_statements=false` (CONTRACT section 10): a URL
+    sizes its store's pools wherever only a URL can be given (`APIKEYS_STORE_URL`, the
+    command line's `--store`). A parameter in the URL wins over the keyword argument of the
+    same name, as in redis-py's `from_url`. The parameters are taken out of the URL, so the
+    driver never sees them.
+    """
+    query = dict(url.query)
+    changes: dict[str, Any] = {}
+    for name, (option, parse) in URL_OPTIONS.items():
+        if name not in query:
+            continue
+        text = query.pop(name)
+        if not isinstance(text, str):  # given twice: ?pool_size=5&pool_size=6
+            raise ConfigurationError(f"the SQL store URL gives {name} more than once")
+        try:
+            changes[option] = parse(text)
+        except ValueError:
+            raise ConfigurationError(
+                f"the SQL store URL's {name}={text!r} is not a valid value"
+            ) from None
+    if not changes:
+        return url, defaults
+    return url.set(query=query), dataclasses.replace(defaults, **changes)
 
 
 def is_sqlite_memory(url: URL) -> bool:
@@ -100,6 +191,7 @@ def make_engine(
     busy_timeout: float,
     application_name: str,
     echo: bool,
+    prepared_statements: bool = True,
 ) -> AsyncEngine:
     if url.get_backend_name() == "sqlite":
         options: dict[str, Any] = {}
@@ -124,6 +216,19 @@ def make_engine(
 
         return engine
     server_settings = {"application_name": application_name}
+    connect_args: dict[str, Any] = {
+        "timeout": connect_timeout,
+        "command_timeout": command_timeout,
+        "server_settings": server_settings,
+    }
+    if not prepared_statements:
+        # Behind a pooler in transaction mode, each transaction may run on another server
+        # connection: a statement prepared on one is unknown on the next, and two clients'
+        # `__asyncpg_stmt_1__` collide on a shared one. With both caches off, asyncpg
+        # prepares every statement unnamed and parses it again with its Bind, in one
+        # exchange on one server connection (asyncpg's FAQ, SQLAlchemy's asyncpg notes).
+        connect_args["statement_cache_size"] = 0
+        connect_args["prepared_statement_cache_size"] = 0
     return create_async_engine(
         url,
         echo=echo,
@@ -132,11 +237,7 @@ def make_engine(
         pool_timeout=pool_timeout,
         pool_recycle=pool_recycle,
         pool_pre_ping=pool_pre_ping,
-        connect_args={
-            "timeout": connect_timeout,
-            "command_timeout": command_timeout,
-            "server_settings": server_settings,
-        },
+        connect_args=connect_args,
     )
 
 
@@ -144,7 +245,14 @@ def make_engine(
 
 # SQLSTATE classes that mean "the server cannot serve us now": connection exception,
 # insufficient resources, operator intervention (shutdown, cancelled statement), system error.
+# (PgBouncer reports its own refusals as class 08 too: "no more connections allowed",
+# "query_wait_timeout", "server login has been failing", "server conn crashed?".)
 _UNAVAILABLE_SQLSTATE_CLASSES: Final = ("08", "53", "57", "58")
+
+# A prepared statement that is gone (26000) or taken (42P05): behind a pooler in transaction
+# mode, one client's statements land on different server connections, and several clients'
+# on one. The store cannot serve until its URL says so (`?prepared_statements=false`).
+_PREPARED_STATEMENT_SQLSTATES: Final = ("26000", "42P05")
 
 
 def _asyncpg_unavailable_types() -> tuple[type[BaseException], ...]:
@@ -158,6 +266,19 @@ def _asyncpg_unavailable_types() -> tuple[type[BaseException], ...]:
 _ASYNCPG_UNAVAILABLE: Final = _asyncpg_unavailable_types()
 
 
+def _sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of a driver error (asyncpg's `sqlstate`, psycopg's `pgcode`), if any."""
+    sqlstate = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return sqlstate if isinstance(sqlstate, str) else None
+
+
+def _unavailable_sqlstate(exc: BaseException | None) -> bool:
+    sqlstate = _sqlstate(exc)
+    return sqlstate is not None and (
+        sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES or sqlstate in _PREPARED_STATEMENT_SQLSTATES
+    )
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Whether `exc` means the database cannot be reached or cannot serve us right now."""
     if isinstance(exc, sa_exc.DBAPIError):
@@ -166,19 +287,88 @@ def is_unavailable(exc: BaseException) -> bool:
         ):
             return True
         orig = exc.orig
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-        if isinstance(sqlstate, str) and sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES:
+        if _unavailable_sqlstate(orig):
             return True
         cause = orig.__cause__ if orig is not None else None
         return cause is not None and is_unavailable(cause)
-    return isinstance(
-        exc,
-        OSError  # ConnectionError, socket errors, and TimeoutError (= asyncio.TimeoutError)
-        | sa_exc.TimeoutError  # no connection free in the pool within pool_timeout
-        | sa_exc.DisconnectionError
-        | sqlite3.OperationalError  # "database is locked", "unable to open database file"
-        | sqlite3.InterfaceError,
-    ) or (bool(_ASYNCPG_UNAVAILABLE) and isinstance(exc, _ASYNCPG_UNAVAILABLE))
+    return (
+        isinstance(
+            exc,
+            OSError  # ConnectionError, socket errors, and TimeoutError (= asyncio.TimeoutError)
+            | sa_exc.TimeoutError  # no connection free in the pool within pool_timeout
+            | sa_exc.DisconnectionError
+            | sqlite3.OperationalError  # "database is locked", "unable to open database file"
+            | sqlite3.InterfaceError,
+        )
+        or (bool(_ASYNCPG_UNAVAILABLE) and isinstance(exc, _ASYNCPG_UNAVAILABLE))
+        or _unavailable_sqlstate(exc)  # asyncpg's own errors, on the direct read path
+    )
+
+
+_PREPARED_STATEMENTS_HINT: Final = (
+    "statements prepared on one server connection are missing or taken on another: behind "
+    "PgBouncer in transaction mode, add ?prepared_statements=false to the store URL"
+)
+
+# What to do about PgBouncer's refusals, found by their message (all of SQLSTATE class 08).
+_POOLER_HINTS: Final = (
+    (
+        "no more connections allowed",
+        "the pooler refuses more clients: raise its max_client_conn, or lower pool_size and "
+        "max_overflow in the store URL",
+    ),
+    (
+        "query_wait_timeout",
+        "the pooler got no server connection in time: check that PostgreSQL is up and "
+        "reachable from the pooler, and that the pooler's default_pool_size suffices",
+    ),
+    (
+        "server login",
+        "the pooler cannot log in to PostgreSQL: check that the server is up and that the "
+        "pooler's [databases] entry and credentials are right",
+    ),
+    (
+        "does not exist",  # the server refused the pooler's login: no such database or role
+        "PostgreSQL refused the pooler's login: check the database and user in the store URL "
+        "and the pooler's [databases] entry",
+    ),
+    (
+        "cannot connect to server",
+        "the pooler cannot reach PostgreSQL: check that the server is up and the pooler's "
+        "[databases] entry",
+    ),
+    (
+        "transaction blocks not allowed",
+        "the pooler runs in statement mode, which cannot run the store's transactions: use "
+        "transaction mode (with ?prepared_statements=false in the store URL) or session mode",
+    ),
+    (
+        "server conn crashed",
+        "the pooler lost its server connection mid-statement (a server restart?); "
+        "retry once it is back",
+    ),
+)
+
+
+def unavailable_hint(exc: BaseException) -> str | None:
+    """What to do about `exc`, when apikeys knows: the URL option a pooler needs, or
+    which setting of the pooler refused us. None for everything else."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.DBAPIError):
+            current = current.orig
+            continue
+        if _sqlstate(current) in _PREPARED_STATEMENT_SQLSTATES:
+            return _PREPARED_STATEMENTS_HINT
+        if (_sqlstate(current) or "").startswith("08"):
+            message = str(current)
+            for phrase, hint in _POOLER_HINTS:
+                if phrase in message:
+                    return hint
+        current = current.__cause__
+    return None
 
 
 class MissingTable(ConfigurationError):

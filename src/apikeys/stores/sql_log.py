@@ -19,8 +19,18 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 - `<table>_log.identity` is a random token made with the log: a database restored from a
   backup or made again has another one (or a lower `seq`), and readers then start afresh.
 
-The triggers' names carry a digest of the columns they watch, so a release that adds a
-column replaces them at `setup()`.
+- The PostgreSQL trigger runs as its owner (`SECURITY DEFINER`, with a fixed `search_path`
+  and schema-qualified names), so a writer with only `UPDATE` on the keys table (a support
+  tool, an older release's role) and a writer with another `search_path` are logged too. It
+  is `ENABLE ALWAYS`: logical replication and `pg_restore` (`session_replication_role =
+  replica`) fire it as well. It compares rows as JSON without the usage columns, so it
+  watches every column of every release, and is never replaced.
+- SQLite's triggers name the columns they watch; their names carry a digest of them, and a
+  release adds its own beside an older one's, never removes one (an older release's
+  `setup()` during a rolling upgrade then cannot narrow what is logged).
+- `check_change_log` tells whether the triggers are there and enabled; readers run it with
+  every registration, and give no proof while they are not (a table rebuilt by a migration
+  tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.
 """
 
 # Every name in this SQL is a quoted identifier of the store's own tables; values are bound.
@@ -30,11 +40,30 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from typing import Final
 
 import sqlalchemy as sa
 
-__all__ = ["LOG_WRITER", "USAGE_COLUMNS", "install_change_log"]
+__all__ = [
+    "KEEP_CHANGES",
+    "LOG_WRITER",
+    "POSTGRES_TRIGGERS",
+    "USAGE_COLUMNS",
+    "check_change_log_sql",
+    "install_change_log",
+    "table_schema",
+    "trigger_names",
+]
+
+# One version of the PostgreSQL triggers: they watch every column but the usage ones, so a
+# release that adds a column needs no new trigger.
+_PG_BASE: Final = "apikeys_log_v1"
+POSTGRES_TRIGGERS: Final = (f"{_PG_BASE}_rows", f"{_PG_BASE}_updates", f"{_PG_BASE}_truncate")
+"""The triggers that keep the change log on PostgreSQL (the same for every keys table)."""
+
+KEEP_CHANGES: Final = 10_000
+"""Changes kept in the log; a reader that falls further behind starts afresh."""
 
 LOG_WRITER: Final = "store"
 """The writer named in the notices the triggers write (see `apikeys.channels.base`)."""
@@ -53,12 +82,8 @@ def _watched(keys: sa.Table) -> list[str]:
     return [column.name for column in keys.columns if column.name not in USAGE_COLUMNS]
 
 
-def _condition(keys: sa.Table, quote: sa.sql.compiler.IdentifierPreparer, differ: str) -> str:
-    """SQL true when an UPDATE changed a watched column (or whether credits are NULL)."""
-    terms = [f"OLD.{quote.quote(name)} {differ} NEW.{quote.quote(name)}" for name in _watched(keys)]
-    if "credits" in keys.columns:
-        terms.append("(OLD.credits IS NULL) <> (NEW.credits IS NULL)")
-    return " OR ".join(terms)
+def _table(connection: sa.Connection, table: sa.Table) -> str:
+    return connection.dialect.identifier_preparer.format_table(table)
 
 
 def install_change_log(
@@ -68,10 +93,14 @@ def install_change_log(
 
     Run inside the store's schema creation (which takes turns between processes).
     """
+    # The mark starts at the newest change already logged: a log made again (its row
+    # deleted by hand) never hands out a sequence number twice.
     connection.execute(
         sa.text(
             f"INSERT INTO {_table(connection, log)} (id, seq, identity) "
-            "VALUES (1, 0, :identity) ON CONFLICT (id) DO NOTHING"
+            f"SELECT 1, COALESCE(max(seq), 0), :identity FROM {_table(connection, changes)} "
+            # (SQLite reads ON CONFLICT after a SELECT as a join's without a WHERE.)
+            "WHERE true ON CONFLICT (id) DO NOTHING"
         ),
         {"identity": secrets.token_hex(16)},
     )
@@ -81,14 +110,41 @@ def install_change_log(
         _install_sqlite(connection, keys, changes)
 
 
-def _table(connection: sa.Connection, table: sa.Table) -> str:
-    return connection.dialect.identifier_preparer.format_table(table)
+def trigger_names(keys: sa.Table, dialect: str) -> tuple[str, ...]:
+    """The names of the triggers that log changes to `keys` on `dialect`."""
+    if dialect == "postgresql":
+        return POSTGRES_TRIGGERS
+    base = f"{keys.name}_log_{_digest(*_watched(keys))}"
+    return (f"{base}_insert", f"{base}_delete", f"{base}_update")
+
+
+def check_change_log_sql(
+    keys_name: str, schema: str | None, dialect: str, names: Sequence[str]
+) -> str:
+    """SQL that counts the triggers of `names` on the keys table that are there and enabled
+    (as many as `names` when the log is kept)."""
+    listed = ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+    if dialect == "postgresql":
+        qualified = f'"{schema}"."{keys_name}"' if schema else f'"{keys_name}"'
+        return (
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass("
+            + "'"
+            + qualified.replace("'", "''")
+            + "'"
+            + f") AND tgname IN ({listed}) AND tgenabled = 'A'"
+        )
+    return (
+        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = "
+        + "'"
+        + keys_name.replace("'", "''")
+        + "'"
+        + f" AND name IN ({listed})"
+    )
 
 
 def _install_sqlite(connection: sa.Connection, keys: sa.Table, changes: sa.Table) -> None:
     quote = connection.dialect.identifier_preparer
-    watched = _watched(keys)
-    base = f"{keys.name}_log_{_digest(*watched)}"
+    inserted, deleted, updated = trigger_names(keys, "sqlite")
     existing = {
         row[0]
         for row in connection.execute(
@@ -96,37 +152,49 @@ def _install_sqlite(connection: sa.Connection, keys: sa.Table, changes: sa.Table
             {"t": keys.name},
         )
     }
-    ours = {f"{base}_insert", f"{base}_delete", f"{base}_update"}
-    for name in existing:
-        if name.startswith(f"{keys.name}_log_") and name not in ours:
-            connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {quote.quote(name)}"))
-    if ours <= existing:
+    if {inserted, deleted, updated} <= existing:
         return
     keys_name, changes_name = _table(connection, keys), _table(connection, changes)
     notice = f"'{LOG_WRITER}:0:' || "
+    differ = " OR ".join(
+        [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(keys)]
+        + (["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"] if "credits" in keys.columns else [])
+    )
     connection.execute(
         sa.text(
-            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(base + '_insert')} AFTER INSERT "
+            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(inserted)} AFTER INSERT "
             f"ON {keys_name} BEGIN INSERT INTO {changes_name} (notice) "
             f"VALUES ({notice}NEW.id); END"
         )
     )
     connection.execute(
         sa.text(
-            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(base + '_delete')} AFTER DELETE "
+            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(deleted)} AFTER DELETE "
             f"ON {keys_name} BEGIN INSERT INTO {changes_name} (notice) "
             f"VALUES ({notice}OLD.id); END"
         )
     )
     connection.execute(
         sa.text(
-            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(base + '_update')} AFTER UPDATE "
-            f"ON {keys_name} WHEN {_condition(keys, quote, 'IS NOT')} BEGIN "
+            f"CREATE TRIGGER IF NOT EXISTS {quote.quote(updated)} AFTER UPDATE "
+            f"ON {keys_name} WHEN {differ} BEGIN "
             f"INSERT INTO {changes_name} (notice) VALUES ({notice}OLD.id); "
             f"INSERT INTO {changes_name} (notice) SELECT {notice}NEW.id "
             "WHERE NEW.id IS NOT OLD.id; END"
         )
     )
+
+
+def table_schema(connection: sa.Connection, keys: sa.Table) -> str:
+    """The schema the keys table lives in, as the store's own connection resolves it."""
+    schema = connection.execute(
+        sa.text(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(:t)"
+        ),
+        {"t": _table(connection, keys)},
+    ).scalar_one()
+    return str(schema)
 
 
 def _install_postgres(
@@ -135,37 +203,39 @@ def _install_postgres(
     from apikeys.channels.postgres import notice_channel_name
 
     quote = connection.dialect.identifier_preparer
-    watched = _watched(keys)
-    version = _digest(keys.name, *watched)
-    base = f"apikeys_log_{version}"
+    schema = table_schema(connection, keys)
+
+    def qualified(name: str) -> str:
+        return f"{quote.quote(schema)}.{quote.quote(name)}"
+
+    keys_name = qualified(keys.name)
+    rows, updates, truncate = trigger_names(keys, "postgresql")
     existing = {
-        row[0]
+        (row[0], row[1])
         for row in connection.execute(
             sa.text(
-                "SELECT tgname FROM pg_trigger WHERE tgrelid = CAST(:t AS regclass) "
+                "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
                 "AND NOT tgisinternal"
             ),
-            {"t": _table(connection, keys)},
+            {"t": keys_name},
         )
     }
-    keys_name = _table(connection, keys)
-    for name in existing:
-        if name.startswith("apikeys_log_") and not name.startswith(base):
-            connection.execute(
-                sa.text(f"DROP TRIGGER IF EXISTS {quote.quote(name)} ON {keys_name}")
-            )
-    ours = {f"{base}_rows", f"{base}_updates", f"{base}_truncate"}
-    if ours <= existing:
+    if {(rows, "A"), (updates, "A"), (truncate, "A")} <= existing:
         return
-    function = quote.quote(f"apikeys_log_{_digest(keys.name)}")
-    schema = keys.schema
-    if schema:
-        function = f"{quote.quote(schema)}.{function}"
+    # Changes (seq) are bigint: a table made by an earlier release had an int column.
+    if _column_type(connection, schema, changes.name, "seq") == "integer":
+        connection.execute(
+            sa.text(f"ALTER TABLE {qualified(changes.name)} ALTER COLUMN seq TYPE bigint")
+        )
+    function = qualified(f"apikeys_log_{_digest(schema, keys.name)}")
+    log_name, changes_name = qualified(log.name), qualified(changes.name)
     channel = notice_channel_name(keys.name)
+    usage = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS))
     connection.execute(
         sa.text(
             f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $log$
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $log$
 DECLARE
   s bigint;
   k text;
@@ -181,16 +251,21 @@ BEGIN
     ids := ARRAY[OLD.id::text, NEW.id::text];
   END IF;
   FOREACH k IN ARRAY ids LOOP
-    UPDATE {_table(connection, log)} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
+    UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
     IF s IS NULL THEN
-      -- The log's row was deleted by hand: a new identity makes every reader start afresh.
-      INSERT INTO {_table(connection, log)} (id, seq, identity)
-        VALUES (1, 1, md5(random()::text || clock_timestamp()::text))
-        ON CONFLICT (id) DO UPDATE SET seq = {_table(connection, log)}.seq + 1
+      -- The log's row was deleted by hand: a new identity makes every reader start afresh,
+      -- and the mark goes on from the newest change logged.
+      INSERT INTO {log_name} (id, seq, identity)
+        SELECT 1, COALESCE(max(seq), 0) + 1, md5(random()::text || clock_timestamp()::text)
+        FROM {changes_name}
+        ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
         RETURNING seq INTO s;
     END IF;
-    INSERT INTO {_table(connection, changes)} (seq, notice)
-      VALUES (s, '{LOG_WRITER}:' || s || ':' || k);
+    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{LOG_WRITER}:' || s || ':' || k);
+    IF s % 128 = 0 THEN
+      -- The newest changes are kept; a reader further behind starts afresh.
+      DELETE FROM {changes_name} WHERE seq <= s - {KEEP_CHANGES};
+    END IF;
     PERFORM pg_notify('{channel}', '{LOG_WRITER}:' || s || ':' || k);
   END LOOP;
   RETURN NULL;
@@ -199,28 +274,45 @@ $log$
 """
         )
     )
-    for name in ours:
+    for name in (rows, updates, truncate):
         connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {quote.quote(name)} ON {keys_name}"))
     # Deferred to commit: the log's row is locked last, after every key row the
     # transaction touches, so two transactions cannot wait for each other through it.
     connection.execute(
         sa.text(
-            f"CREATE CONSTRAINT TRIGGER {quote.quote(base + '_rows')} AFTER INSERT OR DELETE "
+            f"CREATE CONSTRAINT TRIGGER {quote.quote(rows)} AFTER INSERT OR DELETE "
             f"ON {keys_name} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
             f"EXECUTE FUNCTION {function}()"
         )
     )
     connection.execute(
         sa.text(
-            f"CREATE CONSTRAINT TRIGGER {quote.quote(base + '_updates')} AFTER UPDATE "
+            f"CREATE CONSTRAINT TRIGGER {quote.quote(updates)} AFTER UPDATE "
             f"ON {keys_name} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-            f"WHEN ({_condition(keys, quote, 'IS DISTINCT FROM')}) "
+            f"WHEN ((to_jsonb(OLD) - {usage}) IS DISTINCT FROM (to_jsonb(NEW) - {usage}) "
+            "OR (OLD.credits IS NULL) <> (NEW.credits IS NULL)) "
             f"EXECUTE FUNCTION {function}()"
         )
     )
     connection.execute(
         sa.text(
-            f"CREATE TRIGGER {quote.quote(base + '_truncate')} AFTER TRUNCATE ON {keys_name} "
+            f"CREATE TRIGGER {quote.quote(truncate)} AFTER TRUNCATE ON {keys_name} "
             f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
         )
+    )
+    for name in (rows, updates, truncate):
+        connection.execute(
+            sa.text(f"ALTER TABLE {keys_name} ENABLE ALWAYS TRIGGER {quote.quote(name)}")
+        )
+
+
+def _column_type(connection: sa.Connection, schema: str, table: str, column: str) -> str:
+    return str(
+        connection.execute(
+            sa.text(
+                "SELECT data_type FROM information_schema.columns "
+                "WHERE table_schema = :s AND table_name = :t AND column_name = :c"
+            ),
+            {"s": schema, "t": table, "c": column},
+        ).scalar_one_or_none()
     )

@@ -35,6 +35,7 @@ __all__ = [
     "log_table",
     "metadata",
     "readers_table",
+    "settings_table",
     "store_tables",
     "usage_batches_table",
 ]
@@ -124,6 +125,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     readers_table(name, meta)
     audit_table(name, meta)
     usage_daily_table(name, meta)
+    settings_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -220,7 +222,12 @@ def changes_table(
         "changes",
         meta,
         lambda name: (
-            sa.Column("seq", sa.Integer(), primary_key=True, autoincrement=True),
+            sa.Column(
+                "seq",
+                sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+                primary_key=True,
+                autoincrement=True,
+            ),
             sa.Column("notice", sa.String(64), nullable=False),
             sa.Index(f"ix_{name}_notice", "notice"),
         ),
@@ -313,6 +320,22 @@ def usage_daily_table(
     )
 
 
+def settings_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_settings`: a value per name for the store as a whole, such as the
+    fingerprint of the pepper its keys are hashed with (`SQLStore.claim_setting`)."""
+    return _companion(
+        keys_table_name,
+        "settings",
+        meta,
+        lambda name: (
+            sa.Column("name", sa.String(64), primary_key=True),
+            sa.Column("value", sa.String(200), nullable=False),
+        ),
+    )
+
+
 keys = keys_table()
 """The default keys table, `apikeys_keys`."""
 
@@ -327,6 +350,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         readers_table(table_name),
         audit_table(table_name),
         usage_daily_table(table_name),
+        settings_table(table_name),
     )
 
 

@@ -17,6 +17,8 @@ and, across keys:
 
 - `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at`.
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
+- `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
+  fingerprint.
 
 The audit trail across keys is read from the per-key lists of the ids an index names. The
 previous release kept one list, `apikeys:audit`, and daily usage under untagged names
@@ -340,6 +342,7 @@ class RedisStore(KeyStore):
         self._replace_hash = client.register_script(_lua("replace_hash"))
         self._update = client.register_script(_lua("update"))
         self._add_usage = client.register_script(_lua("add_usage"))
+        self._claim_setting = client.register_script(_lua("claim_setting"))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -503,6 +506,7 @@ class RedisStore(KeyStore):
             self._replace_hash,
             self._update,
             self._add_usage,
+            self._claim_setting,
         )
 
     async def _replicas_to_wait_for(self) -> int:
@@ -565,6 +569,15 @@ class RedisStore(KeyStore):
                 )
             return reply
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        async with self._calls():
+            recorded = await self._claim_setting(
+                keys=[f"{self._prefix}setting:{name}"], args=[value, *replacing]
+            )
+        return str(recorded)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record

@@ -1,4 +1,4 @@
-"""Finding API keys in files: what `apikeys scan` reads, matches and revokes.
+"""Finding API keys in files: what `apikeys scan` reads, matches and revokes (needs `click`).
 
 A token counts when it has the key format of one of the prefixes looked for and a valid
 checksum (the CRC32 tells a real key from noise). Files are read as bytes, binary and very

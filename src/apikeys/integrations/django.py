@@ -1,0 +1,469 @@
+"""apikeys in a Django project: a middleware, Django REST framework classes, a manager.
+
+```python
+# settings.py
+MIDDLEWARE = [
+    # …
+    "apikeys.integrations.django.APIKeyMiddleware",
+]
+APIKEYS = {
+    "PROTECT": "/api/",
+    "SCOPES": {"GET /api/v1/contacts": "contacts:read"},
+}
+```
+
+`APIKeyMiddleware` does what `apikeys.APIKeyMiddleware` does for an ASGI app, for Django
+served over WSGI or ASGI (it is sync and async capable): requests under `PROTECT` need
+`Authorization: Bearer <key>`; the key's address, rate limits, scopes (from the `SCOPES`
+table) and credits are checked in the same order, every refusal is the same problem+json
+response, admitted responses carry the `RateLimit` headers, and usage is counted alike.
+It runs the ASGI middleware itself on each request, so the two cannot behave differently.
+Views read `request.apikey` (the `KeyRecord`) and `request.apikey_auth` (its grants, with
+`request.apikey_auth.scopes.covers([...])`).
+
+For Django REST framework (`pip install "apikeys[drf]"`):
+
+```python
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["apikeys.integrations.django.APIKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["apikeys.integrations.django.HasScopes"],
+    "EXCEPTION_HANDLER": "apikeys.integrations.django.exception_handler",
+}
+
+
+class ContactList(APIView):
+    required_scopes = ["contacts:read"]  # or {"GET": [...], "POST": [...]}
+```
+
+`APIKeyAuthentication` authenticates the key (a request without one is anonymous, as DRF
+expects, and `HasScopes` then refuses it with 401 `missing_api_key`); it checks the view's
+`required_scopes` before it spends credits, in the middleware's order. A request the
+middleware already admitted is not charged again. `exception_handler` answers refusals
+with the middleware's exact problem+json responses; without it they keep their status,
+body and `WWW-Authenticate` / `Retry-After` headers, rendered by DRF.
+
+Settings: the `APIKEYS` dict, every entry optional. The store is `STORE_URL`, else the
+`APIKEYS_STORE_URL` environment variable, else `sqlite:///apikeys.db`: the same store as the
+`apikeys` command line. The pepper is `APIKEYS_PEPPER` (and `APIKEYS_OLD_PEPPERS`), as for
+the command line, unless `PEPPER` is set. The other entries are the ASGI middleware's
+arguments in capitals: `PROTECT` (default `"/"`), `PUBLIC`, `SCOPES`, `UNMAPPED`, `COSTS`,
+`RATE_LIMIT` (else `APIKEYS_RATE_LIMIT`), `LIMITER_URL` (else `APIKEYS_LIMITER_URL`, else
+`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; and `STORE_OPTIONS` and
+`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`.
+
+`get_manager()` is the process's `apikeys.sync.KeyManager` on that store, for views and
+management commands: `get_manager().create(name=…, scopes=[…])`. Everything runs on its
+event loop, in a thread of its own (see `apikeys.sync`); it is closed, and its usage counts
+written, at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+try:
+    from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+    from django.conf import settings as django_settings
+    from django.core.exceptions import ImproperlyConfigured
+    from django.core.signals import setting_changed
+    from django.http import HttpRequest, HttpResponse
+except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installed extras
+    raise ModuleNotFoundError(
+        "apikeys.integrations.django needs Django. Install it with: pip install 'apikeys[django]'",
+        name=exc.name,
+    ) from None
+
+from apikeys.errors import AuthenticationError, ConfigurationError, InsufficientScope
+from apikeys.hashing import Hasher
+from apikeys.middleware import APIKeyAuth
+from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
+from apikeys.problems import encode_problem
+from apikeys.ratelimit import RateLimiter
+from apikeys.scopes import GrantedScopes
+from apikeys.stores.base import store_from_url
+from apikeys.sync import KeyManager
+from apikeys.types import KeyRecord, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from apikeys.integrations._drf import (
+        APIKeyAuthentication,
+        APIKeyRefused,
+        HasScopes,
+        exception_handler,
+    )
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "APIKeyAuthentication",
+    "APIKeyMiddleware",
+    "APIKeyRefused",
+    "HasScopes",
+    "Refusal",
+    "exception_handler",
+    "get_manager",
+    "required_scopes",
+    "reset",
+]
+
+DEFAULT_STORE_URL = "sqlite:///apikeys.db"
+"""The store when neither `APIKEYS["STORE_URL"]` nor `APIKEYS_STORE_URL` names one (the
+command line's default)."""
+
+_DEFAULTS: dict[str, Any] = {
+    "STORE_URL": None,
+    "STORE_OPTIONS": {},
+    "MANAGER_OPTIONS": {},
+    "PEPPER": None,
+    "PROTECT": "/",
+    "PUBLIC": (),
+    "SCOPES": None,
+    "UNMAPPED": "deny",
+    "COSTS": None,
+    "RATE_LIMIT": None,
+    "LIMITER_URL": None,
+    "REALM": "api",
+    "POLICY_NAME": "default",
+    "HEADER": "Authorization",
+    "TRUSTED_PROXIES": 0,
+}
+_DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "exception_handler"})
+# Where the request's key, grants and RateLimit headers are kept on a Django request.
+_RECORD, _AUTH, _HEADERS = "apikey", "apikey_auth", "_apikeys_headers"
+
+
+def _config() -> dict[str, Any]:
+    given = getattr(django_settings, "APIKEYS", None) or {}
+    if not isinstance(given, Mapping):
+        raise ConfigurationError("settings.APIKEYS must be a dict")
+    unknown = sorted(set(given) - set(_DEFAULTS))
+    if unknown:
+        known = ", ".join(sorted(_DEFAULTS))
+        raise ConfigurationError(f"unknown APIKEYS setting(s) {unknown} (known: {known})")
+    config = {**_DEFAULTS, **given}
+    config["STORE_URL"] = (
+        config["STORE_URL"] or os.environ.get("APIKEYS_STORE_URL") or DEFAULT_STORE_URL
+    )
+    config["LIMITER_URL"] = (
+        config["LIMITER_URL"] or os.environ.get("APIKEYS_LIMITER_URL") or "memory://"
+    )
+    return config
+
+
+@dataclass
+class Refusal:
+    """A refused request: the problem+json response the ASGI middleware sent."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+    def response(self) -> HttpResponse:
+        """As a Django response, byte for byte."""
+        response = HttpResponse(self.body, status=self.status)
+        for name, value in self.headers:
+            response.headers[name.decode("latin-1")] = value.decode("latin-1")
+        return response
+
+    @classmethod
+    def of(cls, exc: AuthenticationError, realm: str) -> Refusal:
+        """The refusal `exc` stands for, encoded as the middleware encodes it."""
+        headers, body = encode_problem(exc, realm)
+        return cls(exc.status, headers, body)
+
+
+@dataclass
+class _Outcome:
+    """What the ASGI middleware made of a request: passed on (with a key, or on a path it
+    does not protect), or refused."""
+
+    passed: bool = False
+    record: KeyRecord | None = None
+    auth: APIKeyAuth | None = None
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+
+    def refusal(self) -> Refusal:
+        return Refusal(self.status, self.headers, bytes(self.body))
+
+
+_PASSED = "apikeys.django.passed"
+
+
+async def _admit(scope: Scope, receive: Receive, send: Send) -> None:
+    """The application behind the ASGI middleware: notes that the request got through, and
+    starts a response so that the middleware adds its RateLimit headers."""
+    scope[_PASSED] = True
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+class _Runtime:
+    """The process's manager, limiter and ASGI middlewares, made from the settings."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.realm: str = config["REALM"]
+        options = dict(config["MANAGER_OPTIONS"])
+        if config["PEPPER"] is not None:
+            options["hasher"] = Hasher(pepper=config["PEPPER"])
+        store = store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"])
+        self.manager = KeyManager(store, **options)
+        try:
+            self.limiter = self.manager.loop_thread.call(
+                _limiter, config["RATE_LIMIT"], config["LIMITER_URL"]
+            )
+            self.middleware = self._engine(
+                scopes=config["SCOPES"],
+                protect=config["PROTECT"],
+                public=config["PUBLIC"],
+                unmapped=config["UNMAPPED"],
+            )
+        except BaseException:
+            self.manager.close()
+            raise
+        self.pid = os.getpid()
+        # Closed at exit before the manager's own last resort (registered after it).
+        atexit.register(self.close)
+        self._lock = threading.Lock()
+        # The middlewares DRF views use, by the scopes they require.
+        self._by_scopes: dict[tuple[str, ...], ASGIMiddleware] = {}
+
+    def _engine(self, **options: Any) -> ASGIMiddleware:
+        config = self.config
+        return ASGIMiddleware(
+            _admit,
+            manager=self.manager.manager,
+            limiter=self.limiter,
+            realm=config["REALM"],
+            policy_name=config["POLICY_NAME"],
+            header=config["HEADER"],
+            trusted_proxies=config["TRUSTED_PROXIES"],
+            costs=config["COSTS"],
+            **options,
+        )
+
+    def for_scopes(self, required: tuple[str, ...]) -> ASGIMiddleware:
+        """The middleware that checks a DRF view's keys: every path, these scopes."""
+        found = self._by_scopes.get(required)
+        if found is None:
+            with self._lock:
+                found = self._by_scopes.get(required)
+                if found is None:
+                    rules = {"* /{path:path}": list(required)} if required else None
+                    found = self._by_scopes[required] = self._engine(
+                        scopes=rules, protect="/", unmapped="allow"
+                    )
+        return found
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        try:
+            if self.manager.loop_thread.running:
+                self.manager.loop_thread.call(self.limiter.aclose)
+        finally:
+            self.manager.close()
+
+
+async def _limiter(rate_limit: str | None, url: str) -> RateLimiter:
+    return RateLimiter(rate_limit, url)
+
+
+async def _check(middleware: ASGIMiddleware, scope: Scope) -> _Outcome:
+    """Run `middleware` on the request `scope`; what it decided."""
+    outcome = _Outcome()
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            outcome.status = message["status"]
+            outcome.headers = list(message.get("headers", ()))
+        elif message["type"] == "http.response.body":
+            outcome.body += message.get("body", b"")
+
+    await middleware(scope, _no_body, send)
+    if scope.get(_PASSED):
+        outcome.passed = True
+        outcome.record = scope.get("apikey")
+        outcome.auth = scope.get("auth")
+    return outcome
+
+
+_runtime_lock = threading.Lock()
+_current: _Runtime | None = None
+
+
+def _runtime() -> _Runtime:
+    global _current
+    runtime = _current
+    if runtime is None or runtime.pid != os.getpid():
+        with _runtime_lock:
+            runtime = _current
+            # One made before a pre-forking server forked has no loop thread in this process.
+            if runtime is None or runtime.pid != os.getpid():
+                runtime = _current = _Runtime(_config())
+    return runtime
+
+
+def get_manager() -> KeyManager:
+    """The process's synchronous `KeyManager`, on the store the settings name (made on first
+    use; the middleware and the DRF classes use the same one)."""
+    return _runtime().manager
+
+
+def reset() -> None:
+    """Close the process's manager and limiter; the next request makes them afresh from the
+    settings. Done when `settings.APIKEYS` changes (`override_settings` in tests); at
+    interpreter exit they are closed the same way."""
+    global _current
+    with _runtime_lock:
+        runtime, _current = _current, None
+    if runtime is not None:
+        runtime.close()
+
+
+def _on_setting_changed(*, setting: str, **_: Any) -> None:
+    if setting == "APIKEYS":
+        reset()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="apikeys.integrations.django")
+
+
+def _scope_of(request: HttpRequest) -> Scope:
+    """The ASGI scope the middleware reads, for a Django request (WSGI or ASGI)."""
+    asgi = getattr(request, "scope", None)
+    if isinstance(asgi, dict):
+        scope: Scope = dict(asgi)
+    else:
+        meta = request.META
+        remote = meta.get("REMOTE_ADDR")
+        scope = {
+            "type": "http",
+            "headers": [
+                (name[5:].replace("_", "-").lower().encode("latin-1"), value.encode("latin-1"))
+                for name, value in meta.items()
+                if name.startswith("HTTP_") and isinstance(value, str) and value.isascii()
+            ],
+            "client": (remote, 0) if remote else None,
+        }
+    # Django routes on path_info (the path without the script name): so does the middleware.
+    scope.update(method=request.method or "GET", path=request.path_info, root_path="")
+    return scope
+
+
+def _add_headers(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    for name, value in getattr(request, _HEADERS, ()):
+        response.headers[name.decode("latin-1")] = value.decode("latin-1")
+    return response
+
+
+class APIKeyMiddleware:
+    """Django middleware: authenticate requests under `APIKEYS["PROTECT"]` with API keys.
+
+    Sync and async capable. An admitted request reaches the view with `request.apikey` (the
+    `KeyRecord`) and `request.apikey_auth` (`.scopes` understands `resource:*` and full
+    access); a refused one never does: the client gets the problem+json response. It also
+    adds the `RateLimit` headers that `APIKeyAuthentication` noted to DRF's responses.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(
+        self,
+        get_response: Callable[[HttpRequest], HttpResponse | Awaitable[HttpResponse]],
+    ) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        runtime = _runtime()
+        outcome = runtime.manager.loop_thread.call(_check, runtime.middleware, _scope_of(request))
+        if not outcome.passed:
+            return outcome.refusal().response()
+        self._admitted(request, outcome)
+        response = self.get_response(request)
+        return _add_headers(request, response)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        runtime = _runtime()
+        outcome = await runtime.manager.loop_thread.acall(
+            _check, runtime.middleware, _scope_of(request)
+        )
+        if not outcome.passed:
+            return outcome.refusal().response()
+        self._admitted(request, outcome)
+        response = await self.get_response(request)
+        return _add_headers(request, response)
+
+    @staticmethod
+    def _admitted(request: HttpRequest, outcome: _Outcome) -> None:
+        if outcome.record is not None:
+            setattr(request, _RECORD, outcome.record)
+            setattr(request, _AUTH, outcome.auth)
+            setattr(request, _HEADERS, outcome.headers)
+
+
+def required_scopes(view: Any, method: str) -> tuple[str, ...] | None:
+    """The scopes `view` declares for `method` in its `required_scopes` (a list, or a dict
+    by method with `*` for the others); None when it declares none."""
+    declared = getattr(view, "required_scopes", None)
+    if declared is None:
+        return None
+    if isinstance(declared, Mapping):
+        declared = declared.get(method.upper(), declared.get("*", ()))
+    if isinstance(declared, str):
+        return (declared,)
+    if not isinstance(declared, Sequence):
+        raise ImproperlyConfigured(
+            f"{type(view).__name__}.required_scopes must be a list of scopes, or a dict of "
+            "lists by HTTP method"
+        )
+    return tuple(declared)
+
+
+def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome | None:
+    """For DRF: the outcome of the key of `request`, checked for `required`; None when the
+    request carries no key (anonymous). A request the middleware admitted is not charged
+    again: only its scopes are checked."""
+    record = getattr(request, _RECORD, None)
+    if record is not None:
+        auth: APIKeyAuth = getattr(request, _AUTH)
+        if required and not cast("GrantedScopes", auth.scopes).covers(required):
+            refusal = Refusal.of(InsufficientScope(required), _runtime().realm)
+            return _Outcome(
+                False, record, auth, refusal.status, refusal.headers, bytearray(refusal.body)
+            )
+        return _Outcome(True, record, auth)
+    runtime = _runtime()
+    scope = _scope_of(request)
+    wanted = runtime.middleware._header_name
+    if not any(name == wanted for name, _ in scope["headers"]):
+        return None
+    outcome = runtime.manager.loop_thread.call(_check, runtime.for_scopes(required), scope)
+    if outcome.passed and outcome.record is not None:
+        setattr(request, _RECORD, outcome.record)
+        setattr(request, _AUTH, outcome.auth)
+        setattr(request, _HEADERS, outcome.headers)
+    return outcome
+
+
+def __getattr__(name: str) -> Any:
+    """The DRF classes, imported when first asked for (they need Django REST framework)."""
+    if name in _DRF_NAMES:
+        from apikeys.integrations import _drf
+
+        return getattr(_drf, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

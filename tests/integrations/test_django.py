@@ -1,0 +1,532 @@
+"""The Django integration with Django's own test clients: the middleware (WSGI and ASGI), the
+Django REST framework classes (APIClient), and the settings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import django
+import httpx
+import pytest
+from django.conf import settings
+
+if not settings.configured:
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="apikeys-tests-not-secret",
+        ALLOWED_HOSTS=["testserver"],
+        ROOT_URLCONF=__name__,
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"],
+        MIDDLEWARE=[],
+        DATABASES={},
+    )
+    django.setup()
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, AsyncRequestFactory, Client, override_settings
+from django.urls import path
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.test import APIClient
+from rest_framework.views import APIView
+
+from apikeys import APIKeyMiddleware as ASGIMiddleware
+from apikeys import ConfigurationError
+from apikeys.integrations import django as integration
+from apikeys.integrations.django import (
+    APIKeyAuthentication,
+    APIKeyMiddleware,
+    HasScopes,
+    get_manager,
+)
+from apikeys.sync import KeyManager
+from tests.conftest import TEST_PEPPER, delete_redis_prefix
+
+
+def contacts(request: HttpRequest) -> JsonResponse:
+    key = request.apikey  # type: ignore[attr-defined]
+    return JsonResponse({"key": key.id, "workspace": key.workspace})
+
+
+async def async_contacts(request: HttpRequest) -> JsonResponse:
+    return contacts(request)
+
+
+def health(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True, "key": hasattr(request, "apikey")})
+
+
+class DRFContacts(APIView):
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes: ClassVar = {"GET": ["contacts:read"], "POST": ["contacts:write"]}
+
+    def get(self, request: Request) -> Response:
+        return Response({"key": request.user.record.id, "scopes": list(request.auth.scopes)})
+
+    def post(self, request: Request) -> Response:
+        return Response({"written": True}, status=201)
+
+
+class DRFAnyKey(APIView):
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes = ()
+
+    def get(self, request: Request) -> Response:
+        return Response({"key": request.user.record.id})
+
+
+class DRFUndeclared(APIView):
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+
+    def get(self, request: Request) -> Response:  # pragma: no cover - never reached
+        return Response({})
+
+
+urlpatterns = [
+    path("api/v1/contacts", contacts),
+    path("api/v1/async", async_contacts),
+    path("api/v1/drf", DRFContacts.as_view()),
+    path("health", health),
+    path("drf/contacts", DRFContacts.as_view()),
+    path("drf/any", DRFAnyKey.as_view()),
+    path("drf/undeclared", DRFUndeclared.as_view()),
+]
+
+SCOPES = {
+    "GET /api/v1/contacts": "contacts:read",
+    "GET /api/v1/async": "contacts:read",
+    "* /api/v1/drf": "contacts:read",
+}
+MIDDLEWARE = ["apikeys.integrations.django.APIKeyMiddleware"]
+REST_FRAMEWORK = {
+    "EXCEPTION_HANDLER": "apikeys.integrations.django.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+
+def apikeys_settings(store_url: str = "memory://", **more: Any) -> dict[str, Any]:
+    return {
+        "STORE_URL": store_url,
+        "PEPPER": TEST_PEPPER,
+        "PROTECT": "/api/",
+        "SCOPES": SCOPES,
+        "MANAGER_OPTIONS": {"usage_flush_interval": 3600},
+        **more,
+    }
+
+
+@pytest.fixture
+def django_settings() -> Iterator[dict[str, Any]]:
+    """The project's settings for one test, on a fresh manager; closed afterwards."""
+    chosen = apikeys_settings()
+    with override_settings(
+        ROOT_URLCONF=__name__,
+        MIDDLEWARE=MIDDLEWARE,
+        REST_FRAMEWORK=REST_FRAMEWORK,
+        APIKEYS=chosen,
+    ):
+        try:
+            yield chosen
+        finally:
+            integration.reset()
+
+
+@pytest.fixture
+def on_every_store(store_url: str, store_options: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """The same, on each store of the table."""
+    chosen = apikeys_settings(store_url, STORE_OPTIONS=store_options)
+    try:
+        with override_settings(
+            ROOT_URLCONF=__name__,
+            MIDDLEWARE=MIDDLEWARE,
+            REST_FRAMEWORK=REST_FRAMEWORK,
+            APIKEYS=chosen,
+        ):
+            yield chosen
+    finally:
+        integration.reset()
+        if "key_prefix" in store_options:
+            asyncio.run(delete_redis_prefix(store_url, store_options["key_prefix"]))
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+
+
+def problem(response: HttpResponse) -> dict[str, Any]:
+    assert response["Content-Type"] == "application/problem+json"
+    body: dict[str, Any] = json.loads(response.content)
+    return body
+
+
+# -- the middleware --------------------------------------------------------------------------
+
+
+def test_the_middleware_on_every_store(on_every_store: dict[str, Any]) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", workspace="acme", scopes=["contacts:read"])
+    other = manager.create(name="o", workspace="acme", scopes=["billing:read"])
+    client = Client()
+
+    admitted = client.get("/api/v1/contacts", **bearer(reader.key))
+    assert admitted.status_code == 200
+    assert admitted.json() == {"key": reader.record.id, "workspace": "acme"}
+    assert admitted["RateLimit"].startswith('"default";r=')
+    assert "RateLimit-Policy" in admitted
+
+    missing = client.get("/api/v1/contacts")
+    assert missing.status_code == 401
+    assert problem(missing)["code"] == "missing_api_key"
+    assert missing["WWW-Authenticate"] == 'Bearer realm="api"'
+
+    refused = client.get("/api/v1/contacts", **bearer(other.key))
+    assert refused.status_code == 403
+    assert problem(refused)["required_scopes"] == ["contacts:read"]
+
+    assert client.get("/health").json() == {"ok": True, "key": False}  # not under PROTECT
+
+    manager.revoke(reader.record.id)
+    revoked = client.get("/api/v1/contacts", **bearer(reader.key))
+    assert problem(revoked)["code"] == "key_revoked"
+
+    # Counted as the ASGI middleware counts: one admitted request, one refused by scope.
+    manager.flush()
+    assert manager.get(reader.record.id).request_count == 1
+    day = manager.usage(other.record.id, days=1)[-1]
+    assert day.refused == {"insufficient_scope": 1}
+
+
+REFUSALS = [
+    pytest.param({}, id="missing"),
+    pytest.param({"authorization": "Bearer nonsense"}, id="malformed"),
+    pytest.param({"authorization": "Basic dXNlcjpwYXNz"}, id="another-scheme"),
+    pytest.param({"authorization": "Bearer ak_live_0000000000000000000000000"}, id="invalid"),
+]
+
+
+@pytest.mark.parametrize("headers", REFUSALS)
+def test_refusals_are_the_asgi_middleware_s_own(
+    django_settings: dict[str, Any], headers: dict[str, str]
+) -> None:
+    manager = get_manager()
+    asgi = ASGIMiddleware(_ok, manager=manager.manager, scopes=SCOPES, protect="/api/")
+
+    async def through_asgi() -> httpx.Response:
+        transport = httpx.ASGITransport(app=asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+            return await http.get("/api/v1/contacts", headers=headers)
+
+    expected = manager.loop_thread.call(through_asgi)
+    meta = {f"HTTP_{name.upper()}": value for name, value in headers.items()}
+    answer = Client().get("/api/v1/contacts", **meta)
+    assert answer.status_code == expected.status_code
+    assert answer.content == expected.content
+    for name in ("content-type", "www-authenticate", "cache-control"):
+        assert answer.get(name) == expected.headers.get(name)
+
+
+async def _ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_rate_limits_and_credits(django_settings: dict[str, Any]) -> None:
+    with override_settings(APIKEYS=apikeys_settings(RATE_LIMIT="2/minute")):
+        rate_limits_and_credits()
+
+
+def rate_limits_and_credits() -> None:
+    manager = get_manager()
+    limited = manager.create(name="l", scopes=["contacts:read"])
+    client = Client()
+    for _ in range(2):
+        assert client.get("/api/v1/contacts", **bearer(limited.key)).status_code == 200
+    refused = client.get("/api/v1/contacts", **bearer(limited.key))
+    assert refused.status_code == 429
+    assert problem(refused)["code"] == "rate_limited"
+    assert int(refused["Retry-After"]) >= 1
+
+    paying = manager.create(name="p", scopes=["contacts:read"], credits=1)
+    spent = client.get("/api/v1/contacts", **bearer(paying.key))
+    assert spent.status_code == 200
+    assert '"credits";r=0' in spent["RateLimit"]
+    exhausted = client.get("/api/v1/contacts", **bearer(paying.key))
+    assert problem(exhausted)["code"] == "credits_exhausted"
+
+
+def test_the_middleware_from_many_threads(django_settings: dict[str, Any]) -> None:
+    manager = get_manager()
+    created = manager.create(name="n", scopes=["contacts:read"], rate_limit="1000/minute")
+    statuses: list[int] = []
+
+    def work() -> None:
+        client = Client()
+        for _ in range(5):
+            statuses.append(client.get("/api/v1/contacts", **bearer(created.key)).status_code)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == [200] * 30
+    manager.flush()
+    assert manager.get(created.record.id).request_count == 30
+
+
+async def test_the_middleware_served_over_asgi(django_settings: dict[str, Any]) -> None:
+    manager = get_manager()
+    created = await asyncio.to_thread(manager.create, name="n", scopes=["contacts:read"])
+    client = AsyncClient()
+    admitted = await client.get("/api/v1/async", headers={"Authorization": f"Bearer {created.key}"})
+    assert admitted.status_code == 200
+    assert admitted.json()["key"] == created.record.id
+    assert "RateLimit" in admitted
+    missing = await client.get("/api/v1/async")
+    assert problem(missing)["code"] == "missing_api_key"
+
+
+async def test_the_middleware_is_async_under_an_async_handler(
+    django_settings: dict[str, Any],
+) -> None:
+    async def view(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(request.apikey.id)  # type: ignore[attr-defined]
+
+    middleware = APIKeyMiddleware(view)
+    assert iscoroutinefunction(middleware)
+    manager = get_manager()
+    created = await asyncio.to_thread(manager.create, name="n", scopes=["contacts:read"])
+    request = AsyncRequestFactory().get(
+        "/api/v1/contacts", headers={"Authorization": f"Bearer {created.key}"}
+    )
+    response = await middleware(request)
+    assert response.content == created.record.id.encode()
+    assert not iscoroutinefunction(APIKeyMiddleware(lambda request: HttpResponse()))
+
+
+# -- Django REST framework -------------------------------------------------------------------
+
+
+def test_drf_authentication_and_scopes_by_method(django_settings: dict[str, Any]) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["contacts:read"])
+    writer = manager.create(name="w", scopes=["contacts:*"])
+    client = APIClient()
+
+    missing = client.get("/drf/contacts")
+    assert missing.status_code == 401
+    assert problem(missing)["code"] == "missing_api_key"
+    assert missing["WWW-Authenticate"] == 'Bearer realm="api"'
+
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    read = client.get("/drf/contacts")
+    assert read.status_code == 200
+    assert read.json()["key"] == reader.record.id
+    assert "RateLimit" in read  # the middleware adds what the authentication noted
+    cannot_write = client.post("/drf/contacts")
+    assert cannot_write.status_code == 403
+    assert problem(cannot_write)["required_scopes"] == ["contacts:write"]
+
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {writer.key}")
+    assert client.post("/drf/contacts").status_code == 201
+    client.credentials(HTTP_AUTHORIZATION="Bearer nonsense")
+    assert problem(client.get("/drf/any"))["code"] == "malformed_api_key"
+
+
+def test_drf_checks_scopes_before_it_spends_credits(django_settings: dict[str, Any]) -> None:
+    manager = get_manager()
+    created = manager.create(name="c", scopes=["billing:read"], credits=3)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {created.key}")
+    assert client.get("/drf/contacts").status_code == 403
+    assert manager.get(created.record.id).credits == 3
+    assert client.get("/drf/any").status_code == 200
+    assert manager.get(created.record.id).credits == 2
+
+
+def test_a_request_the_middleware_admitted_is_charged_once(
+    django_settings: dict[str, Any],
+) -> None:
+    # /api/v1/drf is under PROTECT (the middleware charges it) and a DRF view (which must not).
+    manager = get_manager()
+    created = manager.create(name="c", scopes=["contacts:read"], credits=5)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {created.key}")
+    answer = client.get("/api/v1/drf")
+    assert answer.status_code == 200
+    assert manager.get(created.record.id).credits == 4
+    assert answer["RateLimit"].count('"credits"') == 1
+    # The view's own scopes still hold for a key the middleware let through.
+    assert problem(client.post("/api/v1/drf"))["code"] == "insufficient_scope"
+    manager.flush()
+    assert manager.get(created.record.id).request_count == 2
+
+
+def test_drf_without_the_exception_handler_keeps_status_body_and_challenge(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    created = manager.create(name="r", scopes=["billing:read"], rate_limit="1/minute")
+    with override_settings(REST_FRAMEWORK={"UNAUTHENTICATED_USER": None}):
+        client = APIClient()
+        missing = client.get("/drf/contacts")
+        assert missing.status_code == 401
+        assert missing.json()["code"] == "missing_api_key"
+        assert missing.json()["status"] == 401
+        assert missing["WWW-Authenticate"] == 'Bearer realm="api"'
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {created.key}")
+        assert client.get("/drf/any").status_code == 200
+        limited = client.get("/drf/any")
+        assert limited.status_code == 429
+        assert limited.json()["code"] == "rate_limited"
+        assert int(limited["Retry-After"]) >= 1
+
+
+def test_a_view_without_required_scopes_is_a_configuration_error(
+    django_settings: dict[str, Any],
+) -> None:
+    created = get_manager().create(name="r", full_access=True)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {created.key}")
+    with pytest.raises(ImproperlyConfigured, match="required_scopes"):
+        client.get("/drf/undeclared")
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def test_the_store_is_the_command_line_s(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    monkeypatch.setenv("APIKEYS_STORE_URL", url)
+    monkeypatch.setenv("APIKEYS_PEPPER", TEST_PEPPER)
+    chosen = {"PROTECT": "/api/", "SCOPES": SCOPES}
+    try:
+        with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE, APIKEYS=chosen):
+            made = KeyManager(url)
+            try:
+                created = made.create(name="from a script", scopes=["contacts:read"])
+            finally:
+                made.close()
+            answer = Client().get("/api/v1/contacts", **bearer(created.key))
+            assert answer.status_code == 200
+    finally:
+        integration.reset()
+
+
+def test_unknown_settings_are_refused() -> None:
+    try:
+        with (
+            override_settings(APIKEYS={"STORE": "memory://"}),
+            pytest.raises(ConfigurationError, match="unknown APIKEYS setting"),
+        ):
+            get_manager()
+    finally:
+        integration.reset()
+
+
+@pytest.mark.parametrize(
+    ("module", "imported", "extra"),
+    [
+        ("rest_framework", "from apikeys.integrations.django import HasScopes", "drf"),
+        ("django", "import apikeys.integrations.django", "django"),
+    ],
+)
+def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: str) -> None:
+    code = f"import sys; sys.modules[{module!r}] = None\n{imported}\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+    assert f"pip install 'apikeys[{extra}]'" in result.stderr
+
+
+@pytest.mark.sqlite
+def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
+    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
+    # process of its own, in an empty directory, with only the pepper set.
+    from pathlib import Path
+
+    from tests.test_docs import blocks
+
+    root = Path(__file__).resolve().parents[2]
+    (sample,) = [
+        block
+        for block in blocks(root / "docs" / "integrations.md")
+        if block.language == "python" and "apikeys.integrations.django" in block.code
+    ]
+    assert sample.directive == "not-run"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
+    result = subprocess.run(
+        [sys.executable, "-c", sample.code],
+        cwd=tmp_path,
+        env={**env, "APIKEYS_PEPPER": TEST_PEPPER},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "apikeys.db").exists()
+
+
+FORK_TEST = """
+import os, sys
+import django
+from django.conf import settings
+from django.http import JsonResponse
+from django.urls import path
+
+settings.configure(
+    ROOT_URLCONF=__name__,
+    ALLOWED_HOSTS=["testserver"],
+    MIDDLEWARE=["apikeys.integrations.django.APIKeyMiddleware"],
+    APIKEYS={"PROTECT": "/api/", "SCOPES": {"GET /api/v1/contacts": "contacts:read"}},
+)
+django.setup()
+from django.test import Client
+from apikeys.integrations.django import get_manager
+
+urlpatterns = [path("api/v1/contacts", lambda request: JsonResponse({"id": request.apikey.id}))]
+
+# A pre-forking server that loaded the app, and made the manager, before it forked.
+created = get_manager().create(name="n", scopes=["contacts:read"])
+child = os.fork()
+if child == 0:
+    answer = Client().get("/api/v1/contacts", headers={"Authorization": f"Bearer {created.key}"})
+    sys.stdout.write(f"child {answer.status_code}\\n")
+    sys.stdout.flush()
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+print("parent", get_manager().verify(created.key).id == created.record.id)
+"""
+
+
+@pytest.mark.sqlite
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_process_forked_after_the_manager_was_made_makes_its_own(tmp_path: Any) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
+    env.update(APIKEYS_PEPPER=TEST_PEPPER, APIKEYS_STORE_URL=f"sqlite:///{tmp_path / 'keys.db'}")
+    result = subprocess.run(
+        [sys.executable, "-c", FORK_TEST],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["child 200", "parent True"]
