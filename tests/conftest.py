@@ -258,6 +258,9 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
         yield key_store
     finally:
         await key_store.aclose()  # `redis_key_prefix` then deletes what it wrote on Redis
+        if store_url.startswith(("redis+cluster", "redis+sentinel")):
+            # The local cluster or Sentinel set: `redis_key_prefix` cleans the shared server.
+            await delete_redis_prefix(store_url, store_options["key_prefix"])
 
 
 TEST_PEPPER = "test-pepper-0123456789abcdef"
