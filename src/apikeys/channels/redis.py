@@ -1,8 +1,9 @@
-"""Invalidation over Redis pub/sub: the Redis store's own channel, or one for any store.
+"""Invalidation over Redis: the Redis store's own channel.
 
 - Notices go to the channel `<prefix>notices`. The Redis store publishes them inside the Lua
-  script of the change itself (`native`); in front of another store, `RedisChannel(url,
-  native=False)` publishes each notice once the change is committed.
+  script of the change itself (`native`). (`RedisChannel(url, native=False)`, which published
+  notices of another store after its commit, is what `KeyManager` no longer accepts: a notice
+  apart from the store's own log can be lost, see docs/consistency.md.)
 - The subscription connection also subscribes to `<prefix>acks:<id>`, where readers
   acknowledge the notices this process wrote.
 - Writes the scripts do not make (`HSET` from redis-cli, a process of an older release, a
@@ -95,8 +96,8 @@ class RedisChannel(Channel):
 
     `url` is the Redis server (or `connection_kwargs` and `connection_class` of a redis-py
     pool: the Redis store passes its own); `key_prefix` namespaces the channel and the
-    registry. `native=False` makes the channel publish notices itself, for stores that cannot
-    publish inside their transactions: `KeyManager(store, channel="redis://…")`.
+    registry. `native=False` makes the channel publish notices itself (`KeyManager` ignores
+    such a channel, with a warning).
     """
 
     def __init__(
