@@ -11,7 +11,7 @@ from hypothesis import settings
 
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
-from tests import services
+from tests import redis_servers, services
 from tests.pgbouncer import PgBouncer
 
 # A property test is about inputs, not speed: no deadline, so a loaded machine (CI, two
@@ -28,6 +28,13 @@ STORES = [
     pytest.param("sqlite", marks=pytest.mark.sqlite, id="sqlite"),
     pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
     pytest.param("redis", marks=pytest.mark.redis, id="redis"),
+]
+
+# The Redis store on a local Redis Cluster and through Sentinel (tests/redis_servers.py), for
+# the suites that check every deployment: the store conformance suite and the CLI.
+SCALE_OUT_STORES = [
+    pytest.param("redis-cluster", marks=pytest.mark.redis, id="redis-cluster"),
+    pytest.param("redis-sentinel", marks=pytest.mark.redis, id="redis-sentinel"),
 ]
 
 
@@ -68,6 +75,30 @@ def postgres_url() -> Iterator[str]:
 def redis_url() -> str:
     services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
     return services.REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[redis_servers.LocalCluster]:
+    """A local Redis Cluster (3 masters, 3 replicas), started on first use, stopped at the end."""
+    redis_servers.require_redis_binaries()
+    cluster = redis_servers.LocalCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[redis_servers.LocalSentinel]:
+    """A local Sentinel set (master, replica, 3 sentinels), started on first use."""
+    redis_servers.require_redis_binaries()
+    sentinel = redis_servers.LocalSentinel()
+    sentinel.start()
+    try:
+        yield sentinel
+    finally:
+        sentinel.close()
 
 
 # Every Redis key the suite writes carries this session's tag (`redis_prefix` makes the
@@ -118,13 +149,17 @@ def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return base
     if store_kind == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if store_kind == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    if store_kind == "redis-sentinel":
+        return str(request.getfixturevalue("redis_sentinel").url)
     raise AssertionError(store_kind)
 
 
 @pytest.fixture
 def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
     """Extra keyword arguments that isolate one test's data on a shared server."""
-    if store_kind == "redis":
+    if store_kind.startswith("redis"):
         return {"key_prefix": str(request.getfixturevalue("redis_key_prefix"))}
     if store_kind == "postgres":
         return {"table_name": f"apikeys_keys_{uuid.uuid4().hex[:10]}"}
@@ -171,8 +206,33 @@ def delete_redis_keys_now(url: str, pattern: str) -> list[str]:
 
 
 async def delete_redis_prefix(url: str, prefix: str) -> None:
-    """Delete every Redis key under `prefix` (what one test left behind)."""
-    await delete_redis_keys(url, f"{prefix}*")
+    """Delete every Redis key under `prefix` (what one test left behind): on a single node,
+    a cluster (every master) or a Sentinel's master."""
+    from apikeys.stores.redis.client import parse_redis_url, redis_client
+
+    target = parse_redis_url(url)
+    if target.kind == "single":
+        await delete_redis_keys(url, f"{prefix}*")
+        return
+    client, sentinel = redis_client(target)
+    try:
+        if target.kind == "cluster":
+            names = []
+            for node in client.get_primaries():  # type: ignore[union-attr]
+                async for name in client.scan_iter(
+                    match=f"{prefix}*", count=500, target_nodes=node
+                ):
+                    names.append(name)
+            for name in names:
+                await client.delete(name)
+        else:
+            names = [name async for name in client.scan_iter(match=f"{prefix}*", count=500)]
+            if names:
+                await client.delete(*names)
+    finally:
+        await client.aclose()
+        for one in sentinel.sentinels if sentinel is not None else []:
+            await one.aclose()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -198,6 +258,9 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
         yield key_store
     finally:
         await key_store.aclose()  # `redis_key_prefix` then deletes what it wrote on Redis
+        if store_url.startswith(("redis+cluster", "redis+sentinel")):
+            # The local cluster or Sentinel set: `redis_key_prefix` cleans the shared server.
+            await delete_redis_prefix(store_url, store_options["key_prefix"])
 
 
 TEST_PEPPER = "test-pepper-0123456789abcdef"

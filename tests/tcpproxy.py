@@ -259,9 +259,9 @@ class TcpProxy:
     def hold_replies_after(self, marker: bytes) -> None:
         """Hold every reply from the moment a client sends data containing `marker`.
 
-        E.g. `b"EXEC"` (Redis) or `b"COMMIT"` (PostgreSQL): the server applies the
-        transaction, and the client is left waiting for the answer. `marker` must arrive in
-        one read, which it does for a command sent in one write.
+        E.g. `b"EXEC"` (Redis) or `b"COMMIT;"` (PostgreSQL, as asyncpg sends it): the server
+        applies the transaction, and the client is left waiting for the answer. `marker` must
+        arrive in one read, which it does for a command sent in one write.
         """
         self._held.clear()
         self._call(self._arm(marker))

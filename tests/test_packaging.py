@@ -76,6 +76,10 @@ def test_the_wheel_and_sdist_pass_twine_check(dist: Path) -> None:
     ).stdout
     assert "apikeys/py.typed" in listing
     assert "LICENSE" in listing
+    # The Redis store's scripts are read from the package at run time.
+    scripts = ROOT / "src" / "apikeys" / "stores" / "redis" / "scripts"
+    for script in scripts.glob("*.lua"):
+        assert f"apikeys/stores/redis/scripts/{script.name}" in listing
 
 
 def test_the_readme_first_screen_runs_as_written_in_an_empty_venv(

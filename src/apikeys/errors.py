@@ -21,6 +21,7 @@ APIKeyError                       root of everything apikeys raises
     │   ├── CreditsExhausted      429 credits_exhausted
     │   └── AuthUnavailable       503 auth_unavailable (fail closed)
     │       ├── StoreUnavailable      the key store could not be reached
+    │       │   └── ChangeNotConfirmed  a change committed, its replication not confirmed
     │       └── LimiterUnavailable    the rate-limit storage could not be reached
     ├── MissingSignature          401 missing_signature (leak endpoints: no GitHub signature)
     ├── InvalidSignature          401 invalid_signature
@@ -45,6 +46,7 @@ __all__ = [
     "APIKeyError",
     "AuthUnavailable",
     "AuthenticationError",
+    "ChangeNotConfirmed",
     "ConfigurationError",
     "CreditsExhausted",
     "DuplicateKeyId",
@@ -292,6 +294,25 @@ class StoreUnavailable(AuthUnavailable):
 
     def __str__(self) -> str:
         return self.operator_text or super().__str__()
+
+
+class ChangeNotConfirmed(StoreUnavailable):
+    """A change was committed on the store's primary, but its replicas did not confirm it in
+    time (Redis `WAIT`): it holds there, and a failover before the replicas catch up could
+    lose it. Check the key, and make the change again if it is not there."""
+
+    def __init__(self, replicas: int, acknowledged: int, timeout: float) -> None:
+        self.replicas = replicas
+        self.acknowledged = acknowledged
+        self.timeout = timeout
+        super().__init__()
+
+    def __str__(self) -> str:
+        return (
+            "the change was committed on the Redis master, but only "
+            f"{self.acknowledged} of {self.replicas} replicas confirmed it within "
+            f"{self.timeout:g} s: a failover now could lose it"
+        )
 
 
 class LimiterUnavailable(AuthUnavailable):

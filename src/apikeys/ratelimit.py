@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from limits import RateLimitItem, parse_many
-from limits.aio.storage import MemoryStorage, Storage
+from limits.aio.storage import MemoryStorage, RedisClusterStorage, Storage
 from limits.errors import ConfigurationError as LimitsConfigurationError
 from limits.errors import StorageError
 from limits.storage import storage_from_string
@@ -380,11 +380,18 @@ def _decision(amount: int, window: int, count: int, seconds_left: float) -> Rate
     )
 
 
+def _redis_options() -> dict[str, Any]:
+    """The store's connection defaults (timeouts, no retries, RESP2), for limits' client."""
+    from apikeys.stores.redis.client import connection_defaults
+
+    return connection_defaults()
+
+
 def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("memory", "async+memory"):
         return "async+memory://", {}
-    if scheme in ("redis", "rediss", "redis+unix"):
+    if scheme in ("redis", "rediss", "redis+unix", "redis+cluster", "redis+sentinel"):
         try:
             import redis  # noqa: F401 - only to say which extra is missing
         except ImportError:
@@ -392,29 +399,33 @@ def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
                 f"the {scheme}:// limiter storage needs redis-py. "
                 "Install it with: pip install 'apikeys[redis]'"
             ) from None
-        # redis-py's asyncio client, the one the key store uses: no second Redis library.
-        return f"async+{url}", {
-            "implementation": "redispy",
-            "socket_connect_timeout": 2,
-            "socket_timeout": 2,
-            # RESP2, as RedisStore uses: with redis-py 8's RESP3 defaults the pool keeps
-            # connections Redis has closed, and the first request on each after an outage fails.
-            "protocol": 2,
-        }
+        # redis-py's asyncio client, the one the key store uses: no second Redis library,
+        # and the store's connection defaults. limits' own storages for each deployment.
+        options = {"implementation": "redispy", **_redis_options()}
+        if scheme == "redis+sentinel":
+            # Counters are read and leased on the master only: a replica may lag behind.
+            options["use_replicas"] = False
+        if scheme != "redis+cluster":
+            options.pop("health_check_interval")
+        return f"async+{url}", options
     if scheme.startswith("async+"):
         return url, {}
     raise ConfigurationError(
         f"unknown limiter storage {scheme + '://' if scheme else url!r}; "
-        "use memory:// or redis://host:port/db"
+        "use memory://, redis://host:port/db, redis+sentinel://host:port/service_name or "
+        "redis+cluster://host:port"
     )
 
 
 class RateLimiter:
     """Counts requests per key in a `limits` storage and decides admission.
 
-    `storage_url` is `memory://` (one process) or `redis://host:port/db` (shared by every
-    process, so a key's limits hold across all of them). `default` is the limit of keys
-    without their own `rate_limit`: one limit (`100/minute`), named policies
+    `storage_url` is `memory://` (one process) or Redis, shared by every process so that a
+    key's limits hold across all of them: `redis://host:port/db`, `rediss://…`,
+    `redis+sentinel://host:port[,host:port…]/service_name` or
+    `redis+cluster://host:port[,host:port…]` (limits' URL forms and storages, on redis-py).
+    `default` is the limit of keys without their own `rate_limit`: one limit (`100/minute`),
+    named policies
     (`burst=10/second, daily=10000/day`, or a mapping `{name: limit}`), else
     `APIKEYS_RATE_LIMIT`, else `100/minute`.
 
@@ -446,7 +457,8 @@ class RateLimiter:
                 # limits' message repeats the URL, password included: say it without.
                 raise ConfigurationError(
                     f"limits has no asyncio storage for {uri.split('://')[0]!r}; "
-                    "use memory:// or redis://host:port/db"
+                    "use memory://, redis://host:port/db, "
+                    "redis+sentinel://host:port/service_name or redis+cluster://host:port"
                 ) from None
             if not isinstance(built, Storage):
                 raise ConfigurationError("the limiter needs an asyncio limits storage")
@@ -465,6 +477,10 @@ class RateLimiter:
             self._redis_many = client.register_script(_LEASE_MANY)
             self._prefixed = getattr(bridge, "prefixed_key", lambda key: key)
         self._key_prefix = key_prefix
+        # On a Redis Cluster a key's counters carry its id as a hash tag, so that every
+        # policy of a key is in one slot and one script can lease them all. Elsewhere the
+        # names stay as they were (a rolling upgrade keeps counting in the same counters).
+        self._tag = isinstance(storage, RedisClusterStorage)
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
         # (key id, limit) -> (counter key, amount, window seconds)
@@ -645,9 +661,10 @@ class RateLimiter:
     def _policy_plan(self, key_id: str, policy: Policy) -> _Plan:
         amount, window = policy.item.amount, policy.item.get_expiry()
         # The default policy keeps the counter a key's one limit has always had.
-        counter = f"{self._key_prefix}/{key_id}/{amount}/{window}"
+        key = f"{{{key_id}}}" if self._tag else key_id
+        counter = f"{self._key_prefix}/{key}/{amount}/{window}"
         if policy.name != DEFAULT_POLICY:
-            counter = f"{self._key_prefix}/{key_id}/{policy.name}/{amount}/{window}"
+            counter = f"{self._key_prefix}/{key}/{policy.name}/{amount}/{window}"
         return counter, amount, window, policy.name
 
     def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> tuple[_Plan, ...]:
@@ -870,7 +887,11 @@ class RateLimiter:
 
     async def aclose(self) -> None:
         """Release the storage's connections, where it has any."""
-        client = getattr(getattr(self.storage, "bridge", None), "storage", None)
-        close = getattr(client, "aclose", None)
-        if close is not None:
-            await close()
+        bridge = getattr(self.storage, "bridge", None)
+        clients = [getattr(bridge, "storage", None), getattr(bridge, "storage_replica", None)]
+        # Through Sentinel: the clients that asked the sentinels where the master is, too.
+        clients += getattr(getattr(bridge, "sentinel", None), "sentinels", [])
+        for client in clients:
+            close = getattr(client, "aclose", None)
+            if close is not None:
+                await close()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -201,12 +202,13 @@ async def taken_statement_names(small_bouncer: PgBouncer, postgres_url: str) -> 
         await other.close()
 
 
-def run_cli(url: str, *args: str) -> tuple[int, str]:
+def run_cli(url: str, *args: str, table: str | None = None) -> tuple[int, str]:
     """`apikeys --store URL ARGS…` in a process of its own (asyncpg numbers its statements
-    per process, from 1)."""
+    per process, from 1), on the keys table `table` (the default one when None)."""
+    options = json.dumps({"table_name": table} if table else {})
     result = subprocess.run(
-        [sys.executable, "-m", "apikeys", "--store", url, *args],
-        env={**os.environ, "APIKEYS_PEPPER": TEST_PEPPER},
+        [sys.executable, "-m", "tests.cli_with_options", "--store", url, *args],
+        env={**os.environ, "APIKEYS_PEPPER": TEST_PEPPER, "APIKEYS_TEST_STORE_OPTIONS": options},
         capture_output=True,
         text=True,
         timeout=120,
@@ -248,9 +250,11 @@ def test_the_cli_works_through_transaction_mode_with_the_url_options(
     pgbouncer: PgBouncer, postgres_url: str
 ) -> None:
     url = with_query(pgbouncer.via(postgres_url), f"{NO_PREPARED}&pool_size=1&max_overflow=0")
-    code, output = run_cli(url, "create", "--name", "cli through pgbouncer", "--full-access")
+    table = f"cli_keys_{uuid.uuid4().hex[:10]}"  # a table of its own: a pepper of its own
+    args = ("create", "--name", "cli through pgbouncer", "--full-access")
+    code, output = run_cli(url, *args, table=table)
     assert code == 0, output
-    code, output = run_cli(url, "list")
+    code, output = run_cli(url, "list", table=table)
     assert code == 0, output
     assert "cli through pgbouncer" in output
 

@@ -24,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.stores import MemoryStore, store_from_url
 from apikeys.stores.redis import RedisStore
-from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
+from apikeys.types import AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
 from tests.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.redis
@@ -452,3 +452,38 @@ async def test_pooled_connections_cut_while_idle_are_replaced_without_an_error(
     await asyncio.sleep(0.05)  # let the client's transport see the close
 
     assert await store.get("k") is not None
+
+
+async def test_a_database_of_the_previous_release_keeps_its_audit_trail_and_usage(
+    make_store: StoreFactory, admin: Redis, redis_key_prefix: str
+) -> None:
+    """The previous release kept one audit list and untagged daily usage: both still read."""
+    store = make_store()
+    await store.insert(make_key("old1", workspace="a"))
+    old_event = AuditEvent(
+        time=datetime.now(UTC) - timedelta(days=1),
+        key_id="old1",
+        workspace="a",
+        action="created",
+        actor="alice",
+    )
+    await admin.rpush(f"{redis_key_prefix}audit", old_event.encode())
+    today = datetime.now(UTC).date()
+    await admin.hset(f"{redis_key_prefix}usage:old1:{today.isoformat()}", "admitted", 3)
+    await store.set_state(
+        "old1",
+        "disabled",
+        allowed_from=["active"],
+        at=datetime.now(UTC),
+        event=AuditEvent(
+            time=datetime.now(UTC), key_id="old1", workspace="a", action="disabled", actor="bob"
+        ),
+    )
+
+    events = await store.audit(key_id="old1")
+    assert [(event.action, event.actor) for event in events] == [
+        ("created", "alice"),
+        ("disabled", "bob"),
+    ]
+    [day] = await store.usage_history("old1", today)
+    assert day.admitted == 3

@@ -34,6 +34,11 @@ _UNLOGGED = (
 )
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 def _base(table_name: str) -> str:
     # Channel names are identifiers (at most 63 bytes): a short digest of the table's name.
     return "apikeys_" + hashlib.sha256(table_name.encode()).hexdigest()[:12]
@@ -176,7 +181,10 @@ class PostgresChannel(Channel):
             async with self._turn:
                 return await run(*args)
 
-        return await asyncio.shield(in_turn())
+        statement = asyncio.ensure_future(in_turn())
+        # Its error is the caller's, if the caller still waits; otherwise nobody's.
+        statement.add_done_callback(_retrieved)
+        return await asyncio.shield(statement)
 
     async def probe(self) -> None:
         connection = self._live()

@@ -1,8 +1,9 @@
-"""Invalidation over Redis pub/sub: the Redis store's own channel, or one for any store.
+"""Invalidation over Redis: the Redis store's own channel.
 
 - Notices go to the channel `<prefix>notices`. The Redis store publishes them inside the Lua
-  script of the change itself (`native`); in front of another store, `RedisChannel(url,
-  native=False)` publishes each notice once the change is committed.
+  script of the change itself (`native`). (`RedisChannel(url, native=False)`, which published
+  notices of another store after its commit, is what `KeyManager` no longer accepts: a notice
+  apart from the store's own log can be lost, see docs/consistency.md.)
 - The subscription connection also subscribes to `<prefix>acks:<id>`, where readers
   acknowledge the notices this process wrote.
 - Writes the scripts do not make (`HSET` from redis-cli, a process of an older release, a
@@ -17,6 +18,10 @@
   arrives after every change made before it.
 - The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
   clock, in milliseconds) each registration runs out.
+- Through Sentinel, both connections go to the master the sentinels name at each connection
+  (its `ROLE` is checked); a failover breaks them and the cache starts afresh.
+- On a Redis Cluster, `RedisClusterChannel` keeps one such subscription per master and
+  probes them all (see its doc).
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from apikeys.channels.base import (
@@ -41,7 +48,7 @@ from apikeys.channels.base import (
     parse_notice,
 )
 
-__all__ = ["RedisChannel"]
+__all__ = ["RedisChannel", "RedisClusterChannel"]
 
 # Where Redis sends the invalidations of CLIENT TRACKING to a RESP2 connection.
 _INVALIDATE = "__redis__:invalidate"
@@ -89,8 +96,8 @@ class RedisChannel(Channel):
 
     `url` is the Redis server (or `connection_kwargs` and `connection_class` of a redis-py
     pool: the Redis store passes its own); `key_prefix` namespaces the channel and the
-    registry. `native=False` makes the channel publish notices itself, for stores that cannot
-    publish inside their transactions: `KeyManager(store, channel="redis://…")`.
+    registry. `native=False` makes the channel publish notices itself (`KeyManager` ignores
+    such a channel, with a warning).
     """
 
     def __init__(
@@ -101,6 +108,8 @@ class RedisChannel(Channel):
         connection_class: type[AbstractConnection] | None = None,
         key_prefix: str = "apikeys:",
         native: bool = True,
+        sentinel: Sentinel | None = None,
+        service_name: str | None = None,
     ) -> None:
         super().__init__()
         if (url is None) == (connection_kwargs is None):
@@ -120,6 +129,9 @@ class RedisChannel(Channel):
         self._subscriber: Redis | None = None
         self._register_script: Any = None
         self._readers_script: Any = None
+        # Through Sentinel: the master's address is asked for at each connection.
+        self._sentinel = sentinel
+        self._service_name = service_name
 
     def __repr__(self) -> str:
         return f"RedisChannel(native={self.native})"
@@ -143,6 +155,12 @@ class RedisChannel(Channel):
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         self.ident = ident
+        if self._sentinel is not None and self._service_name is not None:
+            # Both connections go to the master the sentinels name now; `_track` checks it
+            # is one. A failover drops them (Sentinel kills a demoted master's clients), and
+            # the next connection asks again.
+            host, port = await self._sentinel.discover_master(self._service_name)
+            self._connection_kwargs.update(host=host, port=port)
         subscriber = self._new_client()
         pubsub = subscriber.pubsub()
         try:
@@ -172,6 +190,11 @@ class RedisChannel(Channel):
         """
         await pubsub.connect()  # type: ignore[no-untyped-call]
         connection: Any = pubsub.connection
+        if self._sentinel is not None:
+            await connection.send_command("ROLE")
+            role = await connection.read_response()
+            if not role or role[0] not in ("master", b"master"):
+                raise ChannelError("the server Sentinel named is not a master (yet)")
         await connection.send_command("CLIENT", "ID")
         own_id = await connection.read_response()
         await connection.send_command(
@@ -270,3 +293,164 @@ class RedisChannel(Channel):
                 await client.zrem(self._registry, self.ident)
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+
+_T = TypeVar("_T")
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    """Mark a background task's outcome as seen (its caller may have gone)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _NodeChannel(RedisChannel):
+    """The subscription on one master of a cluster, part of a `RedisClusterChannel`."""
+
+    def __init__(self, owner: RedisClusterChannel, **options: Any) -> None:
+        super().__init__(**options)
+        self._owner = owner
+
+    def acknowledged(self, notice: str, reader: str) -> None:
+        self._owner.acknowledged(notice, reader)
+
+
+class RedisClusterChannel(Channel):
+    """Invalidation over a Redis Cluster: one subscription per master.
+
+    Each master's subscription turns on `CLIENT TRACKING … BCAST PREFIX <prefix>key:` there
+    (a key's record lives on one master, so the one that holds it sends its invalidations)
+    and subscribes to notices and this process's acknowledgements (a cluster delivers a
+    `PUBLISH` on any node to the subscribers of every node). A probe pings every master's
+    subscription, and checks that the masters are still the ones subscribed to: after a
+    failover or a resharding the probe fails, the cache stops trusting itself, and the next
+    connection subscribes on the new masters. The registry of readers is a sorted set in one
+    slot, reached through a cluster client.
+    """
+
+    def __init__(
+        self,
+        startup_nodes: Sequence[tuple[str, int]],
+        *,
+        connection_kwargs: Mapping[str, Any] | None = None,
+        key_prefix: str = "apikeys:",
+    ) -> None:
+        super().__init__()
+        self.native = True
+        self._startup_nodes = list(startup_nodes)
+        self._connection_kwargs = dict(connection_kwargs or {})
+        self._key_prefix = key_prefix
+        self._acks_prefix = f"{key_prefix}acks:"
+        self._registry = f"{key_prefix}readers"
+        self._client: RedisCluster | None = None
+        self._parts: list[_NodeChannel] = []
+        self._masters: frozenset[str] = frozenset()
+        self._register_script: Any = None
+        self._readers_script: Any = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"RedisClusterChannel(masters={len(self._parts)})"
+
+    def _command_client(self) -> RedisCluster:
+        if self._client is None:
+            options = {**_OPTIONS, **self._connection_kwargs, "socket_timeout": 2.0}
+            options.pop("health_check_interval", None)
+            self._client = RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in self._startup_nodes],
+                **options,
+            )
+            self._register_script = self._client.register_script(_REGISTER)
+            self._readers_script = self._client.register_script(_READERS)
+        return self._client
+
+    async def _shielded(self, work: Awaitable[_T]) -> _T:
+        """Run `work` to its end even if the caller is cancelled (a probe's timeout).
+
+        redis-py's cluster client abandons a connection it was using when cancelled in the
+        middle of learning the slot map or a command's routing, and the socket is left
+        open; its commands are bounded by socket timeouts, so they are let finish instead.
+        """
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._background.discard)
+        return await asyncio.shield(task)
+
+    async def _current_masters(self) -> frozenset[str]:
+        client = self._command_client()
+        nodes: dict[str, Any] = await self._shielded(client.cluster_nodes())
+        return frozenset(
+            address
+            for address, node in nodes.items()
+            if "master" in str(node["flags"]) and "fail" not in str(node["flags"]) and node["slots"]
+        )
+
+    async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
+        self.ident = ident
+        masters = await self._current_masters()
+        parts: list[_NodeChannel] = []
+        try:
+            for address in sorted(masters):
+                host, _, port = address.rpartition(":")
+                part = _NodeChannel(
+                    self,
+                    connection_kwargs={**self._connection_kwargs, "host": host, "port": int(port)},
+                    key_prefix=self._key_prefix,
+                )
+                part.bind()
+                await part.connect(ident, on_notice)
+                parts.append(part)
+        except BaseException:
+            for part in parts:
+                with contextlib.suppress(Exception):
+                    await part.disconnect()
+            raise
+        self._parts = parts
+        self._masters = masters
+
+    async def probe(self) -> None:
+        parts = self._parts
+        if not parts:
+            raise ChannelError("not subscribed")
+        # Every master's subscription answers after the pushes sent before the probe ...
+        await asyncio.gather(*(part.probe() for part in parts))
+        # ... and they are still every master: else a key may live where nobody listens.
+        if await self._current_masters() != self._masters:
+            raise ChannelError("the cluster's masters changed")
+
+    async def register(self, ttl: float) -> None:
+        self._command_client()
+        await self._shielded(
+            self._register_script(keys=[self._registry], args=[self.ident, int(ttl * 1000)])
+        )
+
+    async def readers(self) -> set[str]:
+        self._command_client()
+        return set(await self._shielded(self._readers_script(keys=[self._registry])))
+
+    async def ack(self, notice: str) -> None:
+        writer, _ = parse_notice(notice)
+        client = self._command_client()
+        await self._shielded(
+            client.publish(f"{self._acks_prefix}{writer}", f"{self.ident}|{notice}")
+        )
+
+    async def disconnect(self) -> None:
+        parts, self._parts = self._parts, []
+        for part in parts:
+            with contextlib.suppress(Exception):
+                await part.disconnect()
+        client, self._client = self._client, None
+        if client is not None:
+            await self._shielded(self._leave(client))
+
+    async def _leave(self, client: RedisCluster) -> None:
+        # Wait for what is still running on the client, then leave the registry and close.
+        pending = [task for task in self._background if task is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending)
+        with contextlib.suppress(Exception):
+            await client.zrem(self._registry, self.ident)
+        with contextlib.suppress(Exception):
+            await client.aclose()

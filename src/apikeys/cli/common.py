@@ -417,7 +417,10 @@ def _short(text: str, limit: int = 32) -> str:
     show_default=True,
     show_envvar=True,
     metavar="URL",
-    help="Key store: sqlite:///path, postgresql://…, redis://host:port/db or memory://.",
+    help=(
+        "Key store: sqlite:///path, postgresql://…, redis://host:port/db, "
+        "redis+sentinel://host:port[,…]/service, redis+cluster://host:port[,…] or memory://."
+    ),
 )
 @click.version_option(package_name="apikeys", prog_name="apikeys")
 @click.pass_context

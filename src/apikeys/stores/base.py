@@ -254,6 +254,8 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "postgresql+asyncpg": ("apikeys.stores.sql:SQLStore", "postgres"),
     "redis": ("apikeys.stores.redis:RedisStore", "redis"),
     "rediss": ("apikeys.stores.redis:RedisStore", "redis"),
+    "redis+sentinel": ("apikeys.stores.redis:RedisStore", "redis"),
+    "redis+cluster": ("apikeys.stores.redis:RedisStore", "redis"),
 }
 
 

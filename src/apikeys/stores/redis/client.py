@@ -1,0 +1,250 @@
+"""One client factory for the Redis store and the rate limiter: single node, Sentinel, Cluster.
+
+The three deployments differ only here. A URL picks one, in the forms `limits` takes:
+
+- `redis://[:password@]host:port/db`, `rediss://…` (TLS), `unix:///path?db=0`: one server.
+- `redis+sentinel://[:password@]host:port[,host:port…]/service_name[/db]`: the sentinels
+  to ask; the client follows the service's master through failovers.
+- `redis+cluster://[:password@]host:port[,host:port…]`: any nodes of a Redis Cluster; the
+  client learns the slot map from them and follows it.
+
+Options the store reads from the URL's query string (and takes as keyword arguments):
+`wait_replicas` (replicas that must acknowledge a change before it returns; default `auto`:
+1 when the deployment has replicas, else 0) and `wait_timeout` (seconds, default 1).
+Connection options in the query string (`socket_timeout=…`, `max_connections=…`) or as
+keyword arguments override `connection_defaults()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from apikeys.errors import ConfigurationError
+
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "SENTINEL_SCHEMES",
+    "SINGLE_SCHEMES",
+    "RedisTarget",
+    "connection_defaults",
+    "parse_redis_url",
+    "redis_client",
+]
+
+Kind = Literal["single", "sentinel", "cluster"]
+
+SINGLE_SCHEMES: Final = ("redis", "rediss", "unix")
+SENTINEL_SCHEMES: Final = ("redis+sentinel",)
+CLUSTER_SCHEMES: Final = ("redis+cluster",)
+
+
+def connection_defaults() -> dict[str, Any]:
+    """Connection options shared by the store, the limiter and the channel; any of them can
+    be overridden from the URL's query string or by keyword."""
+    return {
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 2.0,
+        "health_check_interval": 30,
+        # No automatic retries: a retried write could apply twice (an increment) or report
+        # its own success as a conflict. Redirections (MOVED, ASK) are followed: they ran
+        # nothing. A fresh Retry each time: redis-py's cluster client edits its own.
+        "retry": Retry(NoBackoff(), 0),
+        # RESP2: with RESP3, redis-py 8 turns on maintenance notifications, which skip the
+        # check that replaces a pooled connection the server has closed (after a restart).
+        "protocol": 2,
+    }
+
+
+# Single node: a bounded pool that waits up to `timeout` seconds for a free connection, then
+# fails closed, instead of opening connections without limit.
+_SINGLE_DEFAULTS: Final[dict[str, Any]] = {"max_connections": 50, "timeout": 2.0}
+# Cluster and Sentinel: at most this many connections per node.
+_NODE_DEFAULTS: Final[dict[str, Any]] = {"max_connections": 50}
+
+DEFAULT_WAIT_TIMEOUT: Final = 1.0
+
+# Query options that are numbers or booleans, not strings, for the cluster and sentinel
+# clients (redis-py's from_url converts them for a single node).
+_NUMBERS: Final = {
+    "socket_timeout": float,
+    "socket_connect_timeout": float,
+    "health_check_interval": float,
+    "max_connections": int,
+    "timeout": float,
+    "protocol": int,
+    "db": int,
+}
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """What a Redis URL names: the deployment, where, and the store's durability options."""
+
+    kind: Kind
+    hosts: tuple[tuple[str, int], ...]
+    service_name: str | None = None
+    db: int = 0
+    wait_replicas: int | None = None
+    """Replicas that acknowledge a change before it returns; None: decide from the server."""
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
+    options: dict[str, Any] = field(default_factory=dict)
+    """Connection options from the query string."""
+    url: str = field(default="", repr=False)
+    """For a single node: the URL without the store's own options (it may hold a password)."""
+
+    def describe(self) -> str:
+        """Where it points, for a repr: never a password."""
+        hosts = ",".join(f"{host}:{port}" for host, port in self.hosts)
+        if self.kind == "cluster":
+            return f"cluster={hosts!r}"
+        if self.kind == "sentinel":
+            return f"sentinel={hosts!r}, service={self.service_name!r}, db={self.db!r}"
+        return f"host={hosts!r}, db={self.db!r}"
+
+
+def _wait_replicas(text: str | int | None) -> int | None:
+    if text is None or text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigurationError(f"wait_replicas must be auto or a whole number, not {text!r}")
+    return value
+
+
+def _wait_timeout(text: str | float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigurationError(f"wait_timeout must be a number of seconds > 0, not {text!r}")
+    return value
+
+
+def _hosts(netloc: str, scheme: str) -> tuple[tuple[str, int], ...]:
+    hosts = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(
+                f"{scheme}:// takes host:port[,host:port…], not {item.strip()!r}"
+            )
+        hosts.append((host.strip("[]"), int(port)))
+    return tuple(hosts)
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Read a Redis URL of any of the three forms (see the module doc)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    wait_replicas = _wait_replicas(query.pop("wait_replicas", None))
+    wait_timeout = _wait_timeout(query.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    options: dict[str, Any] = {}
+    for name, value in query.items():
+        convert = _NUMBERS.get(name)
+        try:
+            options[name] = convert(value) if convert else value
+        except ValueError:
+            raise ConfigurationError(f"{name} must be a number, not {value!r}") from None
+    if "@" in parts.netloc:
+        if parts.username:
+            options["username"] = unquote(parts.username)
+        if parts.password:
+            options["password"] = unquote(parts.password)
+    if scheme in CLUSTER_SCHEMES:
+        if parts.path.strip("/"):
+            raise ConfigurationError("a Redis Cluster has only db 0: redis+cluster://host:port")
+        return RedisTarget(
+            "cluster",
+            _hosts(parts.netloc, scheme),
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+            options=options,
+        )
+    if scheme in SENTINEL_SCHEMES:
+        path = [segment for segment in parts.path.split("/") if segment]
+        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+            raise ConfigurationError(
+                "redis+sentinel:// takes host:port[,host:port…]/service_name[/db]"
+            )
+        db = int(path[1]) if len(path) == 2 else int(options.pop("db", 0))
+        return RedisTarget(
+            "sentinel",
+            _hosts(parts.netloc, scheme),
+            service_name=path[0],
+            db=db,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+            options=options,
+        )
+    if scheme in SINGLE_SCHEMES:
+        rest = urlencode([(k, v) for k, v in parse_qsl(parts.query) if not k.startswith("wait_")])
+        plain = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
+        db_text = parts.path.strip("/") or str(options.get("db", 0))
+        host = (parts.hostname or "localhost", parts.port or 6379)
+        if scheme == "unix":
+            host = (parts.path, 0)
+            db_text = str(options.get("db", 0))
+        return RedisTarget(
+            "single",
+            (host,),
+            db=int(db_text) if db_text.isdigit() else 0,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+            url=plain,
+        )
+    raise ConfigurationError(
+        f"not a Redis URL: {scheme + '://' if scheme else url!r}; use redis://, rediss://, "
+        "redis+sentinel:// or redis+cluster://"
+    )
+
+
+def redis_client(
+    target: RedisTarget, **options: Any
+) -> tuple[Redis | RedisCluster, Sentinel | None]:
+    """A client for `target` with `decode_responses` on, and the `Sentinel` it asks where
+    the master is (None unless Sentinel; close its `sentinels` along with the client).
+    `options` override the defaults and the URL's query options."""
+    if target.kind == "single":
+        single = {**connection_defaults(), **_SINGLE_DEFAULTS, **options, "decode_responses": True}
+        pool = BlockingConnectionPool.from_url(target.url, **single)
+        return Redis.from_pool(pool), None
+    merged = {
+        **connection_defaults(),
+        **_NODE_DEFAULTS,
+        **target.options,
+        **options,
+        "decode_responses": True,
+    }
+    if target.kind == "cluster":
+        merged.pop("timeout", None)  # a cluster node's pool does not wait for a connection
+        cluster = RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.hosts], **merged
+        )
+        return cluster, None
+    assert target.service_name is not None
+    merged.pop("timeout", None)
+    sentinel_options = {
+        name: value
+        for name, value in merged.items()
+        if name in ("socket_timeout", "socket_connect_timeout", "username", "password", "protocol")
+    }
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts),
+        sentinel_kwargs={**sentinel_options, "decode_responses": True},
+        **merged,
+    )
+    master = sentinel.master_for(target.service_name, db=target.db)
+    return master, sentinel

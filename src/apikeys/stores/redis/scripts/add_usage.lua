@@ -1,0 +1,28 @@
+-- KEYS[1] = the key's hash, KEYS[2] = the batch's marker, KEYS[3..] = the key's daily usage
+-- hashes (one per day in the batch). ARGV[1] = count, ARGV[2] = last_used_at
+-- (microseconds), ARGV[3] = this send's nonce, ARGV[4] = the marker's TTL in seconds,
+-- ARGV[5] = the daily hashes' TTL in seconds, then (key index, outcome, count) triples
+-- naming the daily hashes.
+-- Returns 1 if applied, 0 for an unknown id (nothing is created) or a batch applied before.
+local marker = redis.call('GET', KEYS[2])
+if not marker then
+  redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+elseif marker ~= ARGV[3] then
+  return 0
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+if tonumber(ARGV[1]) ~= 0 then
+  redis.call('HINCRBY', KEYS[1], 'request_count', ARGV[1])
+  local current = redis.call('HGET', KEYS[1], 'last_used_at')
+  if (not current) or tonumber(ARGV[2]) > tonumber(current) then
+    redis.call('HSET', KEYS[1], 'last_used_at', ARGV[2])
+  end
+end
+for i = 6, #ARGV, 3 do
+  local day = KEYS[tonumber(ARGV[i])]
+  redis.call('HINCRBY', day, ARGV[i + 1], ARGV[i + 2])
+  redis.call('EXPIRE', day, ARGV[5])
+end
+return 1

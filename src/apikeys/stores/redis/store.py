@@ -1,0 +1,846 @@
+"""The Redis store: one hash per key, sorted-set indexes, Lua scripts for every change.
+
+Layout, for the default `key_prefix` of `apikeys:`. Every Redis key that belongs to one API
+key carries its id as a hash tag, `{<id>}`, so all of them live in one Redis Cluster slot
+and every script names keys of that slot only:
+
+- `apikeys:key:{<id>}`: a hash per key.
+- `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
+  server's time in microseconds, a space, and the event's JSON.
+- `apikeys:usage:{<id>}:<YYYY-MM-DD>`: the key's requests on one UTC day, by outcome (a hash,
+  kept `DAILY_USAGE_RETENTION_DAYS`).
+- `apikeys:usage-batch:<batch_id>` (on a cluster, `apikeys:usage-batch:{<id>}:<batch_id>`,
+  one per key of the batch): a string per usage batch applied in the last
+  `USAGE_BATCH_RETENTION` (24 hours, its TTL), so that a batch sent again is skipped.
+
+and, across keys:
+
+- `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at`.
+- `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
+- `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
+  fingerprint.
+
+The audit trail across keys is read from the per-key lists of the ids an index names. The
+previous release kept one list, `apikeys:audit`, and daily usage under untagged names
+(`apikeys:usage:<id>:<day>`): both are still read (a database it created keeps its history,
+and one of its processes still writing during a rolling upgrade is heard), never written.
+
+Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
+integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
+timezone-aware UTC datetimes. `scopes` is a JSON array; absent fields (`rate_limit`,
+`expires_at`, `last_used_at`, `revoked_at`) mean None.
+
+Atomicity: every change of a key is one Lua script (in `scripts/`) on its hash and its audit
+list, and returns the hash as it is afterwards, in one round trip. `add_usage` sends one
+script per key; on a single node (or through Sentinel) they go in one MULTI/EXEC, so a
+batch applies whole or not at all; on a cluster each key's script stands alone.
+
+Usage batches apply exactly once. Each send of a batch draws a random nonce, and each script
+of it first looks at the batch's marker key: absent, it sets it to the nonce (with the
+retention TTL) and applies; equal to the nonce (set by an earlier script of the same send),
+it applies; anything else means an earlier send of this batch was applied, and it changes
+nothing. On a single node the marker is one per batch and the scripts of a send run in one
+MULTI/EXEC, back to back: a batch sent again after a lost EXEC reply, even at the same time
+as the first send, is counted once, and a batch id once applied is skipped whatever it
+carries. On a cluster the marker is one per batch and key, in the key's slot: each key's
+usage of a batch is counted once, also when only some of the nodes applied a send.
+
+`insert` first adds the id to both indexes (`ZADD NX`), then creates the hash with a
+create-if-absent script. The indexes live in other slots than the hash, so these are two
+steps, not one transaction. The order means `list` never misses a stored key: a failure
+between the steps, or a refused duplicate, leaves at most an index entry whose hash is
+missing or belongs to another workspace, and `list` skips such entries.
+
+Durability: with `wait_replicas=N`, each change is followed by `WAIT N timeout` on the same
+connection, so it returns only once N replicas have it, and a failover cannot lose it. A
+change the replicas did not confirm in time raises `ChangeNotConfirmed` (a
+`StoreUnavailable` that says the change was committed on the master). The default, `auto`,
+is 1 when the master (every master, on a cluster) has a replica, else 0.
+
+No command is retried automatically: a retried write could apply twice (an increment) or
+report its own success as a conflict. Redirections (MOVED, ASK) are followed, as they ran
+nothing. Pooled connections the server has closed (after a Redis restart) are detected and
+replaced when they are taken from the pool, so the next call after Redis comes back
+succeeds. Connection failures, timeouts and the cluster's and replicas' refusals during a
+failover are `StoreUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import uuid
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
+from datetime import UTC, date, datetime, timedelta
+from functools import cache
+from importlib import resources
+from typing import Any, Final, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
+from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from apikeys.channels.redis import RedisChannel, RedisClusterChannel, notices_channel
+from apikeys.errors import (
+    ChangeNotConfirmed,
+    ConfigurationError,
+    DuplicateKeyId,
+    KeyNotFound,
+    StoreUnavailable,
+)
+from apikeys.policies import dump_metadata, load_metadata
+from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
+from apikeys.stores.redis.client import (
+    CLUSTER_SCHEMES,
+    DEFAULT_WAIT_TIMEOUT,
+    SENTINEL_SCHEMES,
+    RedisTarget,
+    parse_redis_url,
+    redis_client,
+)
+from apikeys.types import (
+    Access,
+    AuditEvent,
+    DailyUsage,
+    KeyRecord,
+    StoredKey,
+    StoredState,
+    UsageDelta,
+)
+
+__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
+
+DEFAULT_KEY_PREFIX = "apikeys:"
+
+# Errors that mean "Redis cannot serve this right now": connection failures and timeouts
+# (BusyLoadingError, a server still loading its dataset, and MasterNotFoundError, Sentinel
+# knowing no master, are ConnectionErrors), a replica refusing a write (ReadOnlyError), and
+# a cluster between two slot maps (MOVED or ASK once the redirections are used up,
+# CLUSTERDOWN, MASTERDOWN, TRYAGAIN). Built-in TimeoutError (and asyncio's) is an OSError.
+UNAVAILABLE: Final[tuple[type[BaseException], ...]] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    MovedError,
+    AskError,
+    ClusterDownError,
+    TryAgainError,
+    ClusterError,
+    RedisClusterException,
+    OSError,
+)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+# How long a key's daily usage is kept on Redis.
+DAILY_USAGE_RETENTION_DAYS: Final = 400
+
+
+@cache
+def _lua(name: str) -> str:
+    """A script of `scripts/`; change scripts start with `common.lua`."""
+    folder = resources.files("apikeys.stores.redis") / "scripts"
+    text = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    if name in ("insert", "set_state", "shorten_expiry", "update", "replace_hash"):
+        text = (folder / "common.lua").read_text(encoding="utf-8") + text
+    return text
+
+
+@contextmanager
+def _unavailable_as_store_error() -> Iterator[None]:
+    """Turn connection failures, timeouts and failover refusals into `StoreUnavailable`."""
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise StoreUnavailable(exc) from exc
+    except ResponseError as exc:
+        # Sentinel's and the cluster's refusals that redis-py has no class for.
+        text = str(exc)
+        if text.startswith(("MASTERDOWN", "NOREPLICAS", "LOADING", "READONLY")):
+            raise StoreUnavailable(exc) from exc
+        raise
+
+
+def _encode_time(moment: datetime) -> str:
+    """Integer microseconds since the epoch; a naive datetime is taken as UTC."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return str((moment - _EPOCH) // _MICROSECOND)
+
+
+def _decode_time(value: str | None) -> datetime | None:
+    if value is None or value == "":
+        return None
+    return _EPOCH + timedelta(microseconds=int(value))
+
+
+def _decode_scopes(value: str) -> tuple[str, ...]:
+    if value.startswith("["):
+        return tuple(str(scope) for scope in json.loads(value))
+    return tuple(scope for scope in value.split(",") if scope)
+
+
+def _audit_line(line: str) -> tuple[int, AuditEvent]:
+    """An audit list entry: `<server µs> <event>`, or a bare event (the previous release's
+    list, ordered by the event's own time)."""
+    stamp, space, text = line.partition(" ")
+    if space and stamp.isdigit():
+        return int(stamp), AuditEvent.decode(text)
+    event = AuditEvent.decode(line)
+    return int(_encode_time(event.time)), event
+
+
+def _event(event: AuditEvent | None) -> str:
+    return "" if event is None else event.encode()
+
+
+def _encode_list(values: tuple[str, ...]) -> str:
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+def _encode(stored: StoredKey) -> list[str]:
+    """The hash fields of a key, as a flat field/value list."""
+    record = stored.record
+    fields: dict[str, str] = {
+        "id": record.id,
+        "name": record.name,
+        "workspace": record.workspace,
+        "prefix": record.prefix,
+        "access": record.access,
+        "scopes": _encode_list(record.scopes),
+        "state": record.state,
+        "created_at": _encode_time(record.created_at),
+        "request_count": str(record.request_count),
+        "secret_hash": stored.secret_hash,
+    }
+    for name, text in (
+        ("rate_limit", record.rate_limit),
+        ("replaces", record.replaces),
+        ("replaced_by", record.replaced_by),
+        ("owner", record.owner),
+        ("credit_refill", record.credit_refill),
+        ("metadata", dump_metadata(record.metadata) if record.metadata else None),
+        ("allowed_ips", _encode_list(record.allowed_ips) if record.allowed_ips else None),
+        ("credits", None if record.credits is None else str(record.credits)),
+    ):
+        if text is not None:
+            fields[name] = text
+    for name, moment in (
+        ("expires_at", record.expires_at),
+        ("last_used_at", record.last_used_at),
+        ("revoked_at", record.revoked_at),
+        ("credits_refilled_at", record.credits_refilled_at),
+    ):
+        if moment is not None:
+            fields[name] = _encode_time(moment)
+    return [item for pair in fields.items() for item in pair]
+
+
+def _decode(fields: Mapping[str, str]) -> StoredKey:
+    created_at = _decode_time(fields["created_at"])
+    assert created_at is not None
+    record = KeyRecord(
+        id=fields["id"],
+        name=fields["name"],
+        workspace=fields["workspace"],
+        prefix=fields["prefix"],
+        access=cast(Access, fields["access"]),
+        scopes=_decode_scopes(fields["scopes"]),
+        state=cast(StoredState, fields["state"]),
+        rate_limit=fields.get("rate_limit"),
+        created_at=created_at,
+        expires_at=_decode_time(fields.get("expires_at")),
+        last_used_at=_decode_time(fields.get("last_used_at")),
+        request_count=int(fields.get("request_count") or 0),
+        revoked_at=_decode_time(fields.get("revoked_at")),
+        replaces=fields.get("replaces"),
+        replaced_by=fields.get("replaced_by"),
+        owner=fields.get("owner"),
+        metadata=load_metadata(fields.get("metadata")),
+        allowed_ips=_decode_scopes(fields.get("allowed_ips") or "[]"),
+        credits=None if fields.get("credits") is None else int(fields["credits"]),
+        credit_refill=fields.get("credit_refill"),
+        credits_refilled_at=_decode_time(fields.get("credits_refilled_at")),
+    )
+    return StoredKey(record=record, secret_hash=fields["secret_hash"])
+
+
+def _check_key_prefix(key_prefix: str) -> str:
+    if "{" in key_prefix or "}" in key_prefix:
+        raise ConfigurationError(
+            "the Redis key_prefix may not contain '{' or '}': the store puts each key's "
+            "id in a {hash tag} of its own"
+        )
+    return key_prefix
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    """A flat `[field, value, ...]` script reply as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+class RedisStore(KeyStore):
+    """Keys in Redis: a single node, a Sentinel-managed master, or a Redis Cluster.
+
+    Build it with `store_from_url("redis://…")` (or `redis+sentinel://…`,
+    `redis+cluster://…`) / `RedisStore.from_url`, or hand it a `redis.asyncio.Redis` or
+    `redis.asyncio.RedisCluster` client created with `decode_responses=True`. The store owns
+    the client: `aclose()` closes it.
+
+    `wait_replicas` is how many replicas must acknowledge each change before it returns
+    (None, the default: 1 when the deployment has replicas, else 0); `wait_timeout` how
+    many seconds they have (see the module doc).
+    """
+
+    schemes = ("redis", "rediss", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        *,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        wait_replicas: int | None = None,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+    ) -> None:
+        _check_key_prefix(key_prefix)
+        if not client.get_encoder().decode_responses:
+            raise ConfigurationError("the Redis client must be created with decode_responses=True")
+        if wait_replicas is not None and wait_replicas < 0:
+            raise ConfigurationError("wait_replicas must be None (auto) or >= 0")
+        if not wait_timeout > 0:
+            raise ConfigurationError("wait_timeout must be > 0 seconds")
+        self._client_object = client
+        self._cluster = isinstance(client, RedisCluster)
+        self._target: RedisTarget | None = None
+        self._sentinel: Sentinel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._prefix = key_prefix
+        self._all_index = f"{key_prefix}all"
+        self._wait_replicas = wait_replicas
+        self._wait_timeout = wait_timeout
+        self._insert = client.register_script(_lua("insert"))
+        self._set_state = client.register_script(_lua("set_state"))
+        self._shorten_expiry = client.register_script(_lua("shorten_expiry"))
+        self._spend_credits = client.register_script(_lua("spend_credits"))
+        self._replace_hash = client.register_script(_lua("replace_hash"))
+        self._update = client.register_script(_lua("update"))
+        self._add_usage = client.register_script(_lua("add_usage"))
+        self._claim_setting = client.register_script(_lua("claim_setting"))
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisStore:
+        """A store on a new client for `url`, with connections of its own.
+
+        `url` is `redis://host:port/db`, `rediss://…`, `unix:///path`,
+        `redis+sentinel://host:port[,host:port…]/service_name[/db]` or
+        `redis+cluster://host:port[,host:port…]`. Options, as keywords or in the URL's query
+        string: `key_prefix` (default `apikeys:`) namespaces every Redis key of the store;
+        `wait_replicas` and `wait_timeout` (see the class doc). Any other option is a
+        connection option of redis-py and overrides the defaults: 2 s connect and socket
+        timeouts, a health check after 30 s idle, no automatic retries, RESP2, and at most
+        50 connections (per node, on a cluster; a single node's pool waits up to 2 s,
+        `timeout`, for a free one). `decode_responses` is always on.
+        """
+        target = parse_redis_url(url)
+        key_prefix = _check_key_prefix(str(options.pop("key_prefix", DEFAULT_KEY_PREFIX)))
+        wait_replicas = options.pop("wait_replicas", target.wait_replicas)
+        wait_timeout = float(options.pop("wait_timeout", target.wait_timeout))
+        client, sentinel = redis_client(target, **options)
+        store = cls(
+            client,
+            key_prefix=key_prefix,
+            wait_replicas=None if wait_replicas in (None, "auto") else int(wait_replicas),
+            wait_timeout=wait_timeout,
+        )
+        store._target = target
+        store._sentinel = sentinel
+        return store
+
+    def __repr__(self) -> str:
+        # Built from hosts, ports and db only: never the URL, which may hold a password.
+        if self._target is not None:
+            where = self._target.describe()
+        elif self._cluster:
+            where = "cluster"
+        else:
+            kwargs = cast(Redis, self._client_object).connection_pool.connection_kwargs
+            if "path" in kwargs:
+                where = f"path={kwargs['path']!r}"
+            else:
+                host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+                where = f"host={host!r}, port={port!r}, db={kwargs.get('db', 0)!r}"
+        return f"RedisStore({where}, key_prefix={self._prefix!r})"
+
+    @property
+    def deployment(self) -> str:
+        """`single`, `sentinel` or `cluster`."""
+        if self._cluster:
+            return "cluster"
+        if self._target is not None:
+            return self._target.kind
+        return "single"
+
+    @property
+    def _client(self) -> Any:
+        # redis-py's connections belong to the event loop that opened them. A store used on
+        # a new loop after its first one closed (a key issued under `asyncio.run`, then the
+        # app served by uvicorn) lets the old loop's connections go: they can be neither
+        # used nor closed any more, and the garbage collector closes their sockets.
+        client = self._client_object
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return client
+        if loop is not self._loop:
+            if self._loop is not None and self._loop.is_closed() and not self._cluster:
+                cast(Redis, client).connection_pool.reset()  # type: ignore[no-untyped-call]
+            self._loop = loop
+        return client
+
+    @asynccontextmanager
+    async def _calls(self) -> AsyncIterator[None]:
+        """Around every call to Redis: this loop's connections, and failures as
+        `StoreUnavailable` (the scripts reach the client without the property).
+
+        On a cluster a failure also makes the client learn the slot map again on its next
+        call, as redis-py does after a failed single command but not after a failed
+        pipeline: else a pipeline would keep going to a master that a failover replaced.
+        """
+        client = self._client
+        try:
+            with _unavailable_as_store_error():
+                yield
+        except StoreUnavailable:
+            if self._cluster:
+                with suppress(Exception):
+                    await client.aclose()
+            raise
+
+    @property
+    def key_prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def client(self) -> Any:
+        """The underlying `redis.asyncio.Redis` (or `RedisCluster`) client."""
+        return self._client
+
+    def key_name(self, key_id: str) -> str:
+        """The Redis key of the hash that holds key `key_id`."""
+        return f"{self._prefix}key:{{{key_id}}}"
+
+    def audit_list_name(self, key_id: str) -> str:
+        """The Redis key of the list of key `key_id`'s audit events."""
+        return f"{self._prefix}audit:{{{key_id}}}"
+
+    def workspace_index_name(self, workspace: str) -> str:
+        """The Redis key of the sorted set that indexes `workspace`."""
+        return f"{self._prefix}ws:{workspace}"
+
+    def daily_usage_name(self, key_id: str, day: str) -> str:
+        """The hash of one key's requests on one UTC day, by outcome."""
+        return f"{self._prefix}usage:{{{key_id}}}:{day}"
+
+    def usage_batch_name(self, batch_id: str, key_id: str | None = None) -> str:
+        """The Redis key that marks usage batch `batch_id` as applied: one per batch on a
+        single node; on a cluster, one per batch and key (give `key_id`), in its slot."""
+        if self._cluster and key_id is not None:
+            return f"{self._prefix}usage-batch:{{{key_id}}}:{batch_id}"
+        return f"{self._prefix}usage-batch:{batch_id}"
+
+    @property
+    def all_index_name(self) -> str:
+        """The Redis key of the sorted set that indexes every key."""
+        return self._all_index
+
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        today = datetime.now(UTC).date()
+        days = [since + timedelta(days=n) for n in range(max(0, (today - since).days) + 1)]
+        if not days:
+            return []
+        async with self._calls(), self._client.pipeline(transaction=False) as pipe:
+            for day in days:
+                pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
+                # The previous release's untagged name (see the module doc).
+                pipe.hgetall(f"{self._prefix}usage:{key_id}:{day.isoformat()}")
+            replies: list[dict[str, str]] = await pipe.execute()
+        return days_of(
+            (day.isoformat(), outcome, int(count))
+            for index, day in enumerate(days)
+            for reply in replies[2 * index : 2 * index + 2]
+            for outcome, count in reply.items()
+        )
+
+    async def setup(self) -> None:
+        """Load the scripts into the server's cache (every master's, on a cluster), and
+        decide `wait_replicas` when it is `auto`. Idempotent, and optional: a script the
+        server has lost (restart, `SCRIPT FLUSH`, a failover) is loaded again on first use."""
+        async with self._calls():
+            for script in self._scripts():
+                script.sha = str(await self._client.script_load(script.script))
+            await self._replicas_to_wait_for()
+
+    def _scripts(self) -> tuple[AsyncScript, ...]:
+        return (
+            self._insert,
+            self._set_state,
+            self._shorten_expiry,
+            self._spend_credits,
+            self._replace_hash,
+            self._update,
+            self._add_usage,
+            self._claim_setting,
+        )
+
+    async def _replicas_to_wait_for(self) -> int:
+        """`wait_replicas`, deciding `auto` from the servers on first use: 1 when every
+        master has a replica, else 0."""
+        if self._wait_replicas is not None:
+            return self._wait_replicas
+        client = self._client
+        if self._cluster:
+            replies = await client.info("replication", target_nodes=RedisCluster.PRIMARIES)
+            counts = [int(reply.get("connected_slaves", 0)) for reply in replies.values()]
+        else:
+            counts = [int((await client.info("replication")).get("connected_slaves", 0))]
+        self._wait_replicas = 1 if counts and min(counts) > 0 else 0
+        return self._wait_replicas
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        if self._sentinel is not None:
+            for sentinel in self._sentinel.sentinels:
+                await sentinel.aclose()
+
+    async def _change(
+        self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
+    ) -> Any:
+        """Run a change script; with `wait_replicas`, wait on the same connection until that
+        many replicas have it (see the module doc)."""
+        replicas = await self._replicas_to_wait_for()
+        if not replicas:
+            return await script(keys=keys, args=args)
+        timeout_ms = max(1, int(self._wait_timeout * 1000))
+        client = self._client
+        if script.sha is None or script.sha == "":
+            script.sha = str(await client.script_load(script.script))
+        for attempt in (1, 2):
+            # One pipeline: EVALSHA and WAIT travel on one connection to the key's master,
+            # and WAIT counts the replicas that have that connection's writes.
+            async with client.pipeline(transaction=False) as pipe:
+                # execute_command: redis-py's cluster pipeline refuses its evalsha method.
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                if self._cluster:
+                    node = client.get_node_from_key(keys[0])
+                    pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
+                    results = await pipe.execute(raise_on_error=False, allow_redirections=False)
+                else:
+                    pipe.execute_command("WAIT", replicas, timeout_ms)
+                    results = await pipe.execute(raise_on_error=False)
+            reply, acknowledged = results
+            if isinstance(reply, NoScriptError) and attempt == 1:
+                # Nothing ran: the server lost the script (restart, failover). Load it, again.
+                script.sha = str(await client.script_load(script.script))
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            if isinstance(acknowledged, BaseException) or int(acknowledged) < replicas:
+                raise ChangeNotConfirmed(
+                    replicas,
+                    0 if isinstance(acknowledged, BaseException) else int(acknowledged),
+                    self._wait_timeout,
+                )
+            return reply
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def claim_setting(
+        self, name: str, value: str, *, replacing: Collection[str] = ()
+    ) -> str | None:
+        async with self._calls():
+            recorded = await self._claim_setting(
+                keys=[f"{self._prefix}setting:{name}"], args=[value, *replacing]
+            )
+        return str(recorded)
+
+    async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
+        record = stored.record
+        score = int(_encode_time(record.created_at))
+        async with self._calls():
+            # Indexes first, so that a stored key is always listed (see the module docstring).
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
+                pipe.zadd(self._all_index, {record.id: score}, nx=True)
+                await pipe.execute()
+            created = await self._change(
+                self._insert,
+                [self.key_name(record.id), self.audit_list_name(record.id)],
+                [*_encode(stored), *self._tail(event, None)],
+            )
+        if not created:
+            raise DuplicateKeyId(record.id)
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        async with self._calls():
+            # The hot path: one HGETALL, one round trip.
+            fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
+        if not fields:
+            return None
+        return _decode(fields)
+
+    async def _ids(self, workspace: str | None) -> builtins.list[str]:
+        index = self._all_index if workspace is None else self.workspace_index_name(workspace)
+        return cast("builtins.list[str]", await self._client.zrange(index, 0, -1))
+
+    async def list(self, workspace: str | None = None) -> builtins.list[KeyRecord]:
+        async with self._calls():
+            ids = await self._ids(workspace)
+            if not ids:
+                return []
+            async with self._client.pipeline(transaction=False) as pipe:
+                for key_id in ids:
+                    pipe.hgetall(self.key_name(key_id))
+                replies: list[dict[str, str]] = await pipe.execute()
+        records = []
+        for fields in replies:
+            # Skip index entries left by a failed insert or a refused duplicate.
+            if not fields or (workspace is not None and fields.get("workspace") != workspace):
+                continue
+            records.append(_decode(fields).record)
+        records.sort(key=lambda record: (record.created_at, record.id))
+        return records
+
+    def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
+        if not reply:
+            raise KeyNotFound(key_id)
+        return _decode(_pairs(cast("list[str]", reply))).record
+
+    def _keys(self, key_id: str) -> builtins.list[str]:
+        """KEYS of a change script: the key's hash and audit list (one slot)."""
+        return [self.key_name(key_id), self.audit_list_name(key_id)]
+
+    async def set_state(
+        self,
+        key_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> KeyRecord:
+        async with self._calls():
+            reply = await self._change(
+                self._set_state,
+                self._keys(key_id),
+                [state, _encode_time(at), *allowed_from, *self._tail(event, notice)],
+            )
+        return self._record_from_reply(key_id, reply)
+
+    async def shorten_expiry(
+        self,
+        key_id: str,
+        expires_at: datetime,
+        *,
+        replaced_by: str | None = None,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> KeyRecord:
+        async with self._calls():
+            reply = await self._change(
+                self._shorten_expiry,
+                self._keys(key_id),
+                [_encode_time(expires_at), replaced_by or "", *self._tail(event, notice)],
+            )
+        return self._record_from_reply(key_id, reply)
+
+    async def spend_credits(
+        self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        # On the request path: not followed by WAIT (see docs/stores.md).
+        amount, start = ("", "0") if refill is None else (str(refill[0]), _encode_time(refill[1]))
+        async with self._calls():
+            left = await self._spend_credits(
+                keys=[self.key_name(key_id)], args=[cost, amount, start]
+            )
+        return None if int(left) < 0 else int(left)
+
+    async def replace_hash(
+        self,
+        key_id: str,
+        old_hash: str,
+        new_hash: str,
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> bool:
+        async with self._calls():
+            swapped = await self._change(
+                self._replace_hash,
+                self._keys(key_id),
+                [old_hash, new_hash, *self._tail(event, notice)],
+            )
+        return bool(swapped)
+
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        async with self._calls():
+            ids = [key_id] if key_id is not None else await self._ids(workspace)
+            async with self._client.pipeline(transaction=False) as pipe:
+                # The previous release's single list first (see the module doc).
+                pipe.lrange(f"{self._prefix}audit", 0, -1)
+                for one in ids:
+                    pipe.lrange(self.audit_list_name(one), 0, -1)
+                replies: list[list[str]] = await pipe.execute()
+        stamped = sorted(
+            (_audit_line(line) for lines in replies for line in lines),
+            key=lambda pair: pair[0],  # stable: each list is in order already
+        )
+        return select_events(
+            (event for _, event in stamped),
+            workspace=workspace,
+            key_id=key_id,
+            since=since,
+            limit=limit,
+        )
+
+    async def update(
+        self,
+        key_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> KeyRecord:
+        sets: list[str] = []
+        deletes: list[str] = []
+        for name, value in changes.items():
+            if value is None:
+                deletes.append(name)
+            elif name in ("scopes", "allowed_ips"):
+                sets += [name, _encode_list(value)]
+            elif name == "metadata":
+                if value:
+                    sets += [name, dump_metadata(value)]
+                else:
+                    deletes.append(name)
+            elif name in ("expires_at", "credits_refilled_at"):
+                sets += [name, _encode_time(value)]
+            else:
+                sets += [name, str(value)]
+        async with self._calls():
+            reply = await self._change(
+                self._update,
+                self._keys(key_id),
+                [len(sets) // 2, *sets, *deletes, *self._tail(event, notice)],
+            )
+        return self._record_from_reply(key_id, reply)
+
+    def _tail(self, event: AuditEvent | None, notice: str | None) -> tuple[str, str, str]:
+        """The last ARGV of every change script: the event, the notice channel, the notice."""
+        return _event(event), notices_channel(self._prefix), notice or ""
+
+    def channel(self) -> RedisChannel | RedisClusterChannel:
+        """Redis pub/sub and tracking on this store's server and key prefix (see
+        `apikeys.channels.redis`). Through Sentinel, on the current master, found again at
+        each connection (a failover drops the subscription, and so the cache). On a cluster,
+        one subscription per master, probed together (`RedisClusterChannel`)."""
+        if self._cluster:
+            client = cast(RedisCluster, self._client)
+            if self._target is not None:
+                nodes = list(self._target.hosts)
+                kwargs = {
+                    name: value
+                    for name, value in self._target.options.items()
+                    if name in ("username", "password")
+                }
+            else:
+                nodes = [(node.host, int(node.port)) for node in client.get_nodes()]
+                given = client.get_connection_kwargs()
+                kwargs = {name: given[name] for name in ("username", "password") if given.get(name)}
+            return RedisClusterChannel(nodes, connection_kwargs=kwargs, key_prefix=self._prefix)
+        if self._sentinel is not None and self._target is not None:
+            kwargs = dict(self._sentinel.connection_kwargs)
+            kwargs["db"] = self._target.db
+            return RedisChannel(
+                connection_kwargs=kwargs,
+                key_prefix=self._prefix,
+                sentinel=self._sentinel,
+                service_name=self._target.service_name,
+            )
+        pool = cast(Redis, self._client).connection_pool
+        return RedisChannel(
+            connection_kwargs=pool.connection_kwargs,
+            connection_class=pool.connection_class,
+            key_prefix=self._prefix,
+        )
+
+    async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
+        # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
+        batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count or delta.daily]
+        if not batch:
+            return
+        async with self._calls():
+            try:
+                await self._add_usage_batch(batch, batch_id, uuid.uuid4().hex)
+            except NoScriptError:
+                # A server lost the script: every script of its share failed, nothing of it
+                # applied, not even the marker. Load it and send the batch again, with a
+                # new nonce: on a cluster, the markers another node set skip what it applied.
+                self._add_usage.sha = str(await self._client.script_load(self._add_usage.script))
+                await self._add_usage_batch(batch, batch_id, uuid.uuid4().hex)
+
+    async def _add_usage_batch(
+        self, batch: Sequence[tuple[str, UsageDelta]], batch_id: str, nonce: str
+    ) -> None:
+        # EVALSHA directly rather than through the Script object: inside a pipeline that would
+        # cost a SCRIPT EXISTS round trip before every batch.
+        sha = self._add_usage.sha
+        ttl = str(int(USAGE_BATCH_RETENTION.total_seconds()))
+        # One MULTI/EXEC on one server; a cluster has no transaction across slots.
+        async with self._client.pipeline(transaction=not self._cluster) as pipe:
+            for key_id, delta in batch:
+                days = sorted({day for day, _ in delta.daily})
+                slots = {day: index for index, day in enumerate(days, start=3)}
+                triples = [
+                    item
+                    for (day, outcome), count in sorted(delta.daily.items())
+                    for item in (str(slots[day]), outcome, str(count))
+                ]
+                pipe.execute_command(
+                    "EVALSHA",
+                    sha,
+                    2 + len(days),
+                    self.key_name(key_id),
+                    self.usage_batch_name(batch_id, key_id),
+                    *(self.daily_usage_name(key_id, day) for day in days),
+                    str(delta.count),
+                    _encode_time(delta.last_used_at),
+                    nonce,
+                    ttl,
+                    str(DAILY_USAGE_RETENTION_DAYS * 86400),
+                    *triples,
+                )
+            await pipe.execute()
