@@ -471,3 +471,59 @@ async def test_a_failover_drops_the_cache_and_it_comes_back(deployment: Any, pre
             deployment.wait_failover(killed)
             deployment.restore(killed)
         await delete_redis_prefix(url, prefix)
+
+
+# -- the example service ----------------------------------------------------------------------
+
+
+def test_the_example_service_serves_its_endpoints_and_refuses_a_revoked_key(
+    deployment: Any, tmp_path: Any
+) -> None:
+    import httpx
+
+    from apikeys.keys import parse_key
+    from tests.examples.conftest import PEPPER as SERVICE_PEPPER
+    from tests.examples.conftest import service_env, start_service, stop_service
+
+    env = service_env(
+        APIKEYS_STORE_URL=deployment.url,
+        APIKEYS_LIMITER_URL=deployment.url,
+        EXAMPLE_DATABASE_URL=f"sqlite:///{tmp_path / 'example.db'}",
+    )
+    hasher = Hasher(pepper=SERVICE_PEPPER)
+
+    async def create() -> str:
+        async with KeyManager(store_from_url(deployment.url), hasher=hasher) as manager:
+            return (await manager.create(name="svc", workspace="demo", full_access=True)).key
+
+    async def revoke(key: str) -> None:
+        async with KeyManager(store_from_url(deployment.url), hasher=hasher) as manager:
+            await manager.revoke(parse_key(key).id)
+
+    log = tmp_path / "service.log"
+    process, base_url = start_service(env, log)
+    try:
+        key = asyncio.run(create())
+        with httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ) as http:
+            created = http.post("/api/v1/contacts", json={"name": "Ada", "email": "a@b.co"})
+            assert created.status_code == 201, created.text
+            assert http.get("/api/v1/contacts").status_code == 200
+            contact = http.get(created.headers["location"])
+            assert contact.status_code == 200, contact.text
+            campaigns = http.get("/api/v1/campaigns")
+            assert campaigns.status_code == 200, campaigns.text
+            assert "ratelimit" in campaigns.headers
+            campaign_id = campaigns.json()["data"][0]["id"]
+            triggered = http.post(f"/api/v1/campaigns/{campaign_id}/trigger")
+            assert triggered.status_code == 202, triggered.text
+            asyncio.run(revoke(key))
+            refused = http.get("/api/v1/contacts")
+            assert refused.status_code == 401
+            assert refused.json()["code"] == "key_revoked"
+    finally:
+        stop_service(process, log)
+        # The service's own key prefix, on a deployment that only the tests use.
+        asyncio.run(delete_redis_prefix(deployment.url, "apikeys:"))
+        asyncio.run(delete_redis_prefix(deployment.url, "LIMITS:"))
