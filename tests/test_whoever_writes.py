@@ -20,7 +20,9 @@ machine's speed) and then require 401 from every process.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -363,3 +365,42 @@ async def test_if_the_sqlite_file_is_replaced_by_a_backup_then_readers_start_afr
             await channel.probe()
     finally:
         await channel.disconnect()
+
+
+async def test_if_a_frozen_sqlite_reader_misses_a_revoke_pruned_from_the_log_then_it_starts_afresh(
+    tmp_path: Path, servers_of: list[list[Server]], request: pytest.FixtureRequest
+) -> None:
+    # A process that connected to an empty log is frozen across a revoke and 10,050 later
+    # changes; by the time it runs again, the revoke's entry has been pruned from the log.
+    config = make_config("sqlite", request, tmp_path)
+    servers = await start(config, tmp_path, servers_of, count=2)
+    urls = [server.url for server in servers]
+    async with config.manager() as manager:
+        created = await manager.create(name="frozen", workspace="mp", scopes=["contacts:read"])
+    async with httpx.AsyncClient(trust_env=False, timeout=30.0) as client:
+        for _ in range(2):
+            assert [a.status_code for a in await each(client, urls, created.key)] == [200, 200]
+        await wait_until_fresh(urls)
+        frozen = (await client.get(urls[1] + "/health")).json()["pid"]
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            async with config.manager() as manager:
+                await manager.revoke(created.record.id)
+            path = config.store_url.removeprefix("sqlite:///")
+            with sqlite3.connect(path) as connection:
+                connection.execute(
+                    "INSERT INTO apikeys_keys_changes (notice) "
+                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                    "WHERE i < 10050) SELECT 'store:0:other' || i FROM n"
+                )
+                connection.execute(
+                    "DELETE FROM apikeys_keys_changes WHERE seq <= "
+                    "(SELECT max(seq) FROM apikeys_keys_changes) - 10000"
+                )
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        # Once it has proven its cache fresh again, it must not have kept the key.
+        await wait_until_fresh(urls)
+        for _ in range(5):
+            for answer in await each(client, urls, created.key):
+                assert_problem(answer, 401, "key_revoked")
