@@ -169,10 +169,12 @@ class Load:
         return [s for s in self.sent if s.token == token and s.sent_at > moment and s.status == 200]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-async def test_if_changed_by_the_cli_under_load_then_no_process_admits_the_old_state(
+async def check_cli_changes_under_load(
     config: Config, tmp_path: Path, servers_of: list[list[Server]]
-) -> None:
+) -> Load:
+    """Three caching processes under load; the CLI revokes, disables and rolls a key each:
+    no request sent after a command returned is admitted with the old state. Returns the
+    load, for more checks."""
     servers = await start(config, tmp_path, servers_of, count=3)
     urls = [server.url for server in servers]
     async with config.manager() as manager:
@@ -212,6 +214,14 @@ async def test_if_changed_by_the_cli_under_load_then_no_process_admits_the_old_s
         assert load.admitted_after(tokens["keep"], 0.0)
         states = [await health(client, url) for url in urls]
         assert all(isinstance(s["cache"], dict) and s["cache"]["hits"] for s in states), states
+    return load
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_if_changed_by_the_cli_under_load_then_no_process_admits_the_old_state(
+    config: Config, tmp_path: Path, servers_of: list[list[Server]]
+) -> None:
+    await check_cli_changes_under_load(config, tmp_path, servers_of)
 
 
 @pytest.mark.parametrize("kind", NETWORK_KINDS)
