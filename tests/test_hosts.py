@@ -764,6 +764,12 @@ async def test_the_forwarder_holds_or_cuts_only_redis_subscriptions() -> None:
         pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(channel)
+            # The forwarder tells the connection apart when it passes SUBSCRIBE on, in its
+            # own thread: wait until it has (subscribe() does not wait for the reply).
+            for _ in range(200):
+                if proxy.active_notification_connections == 1:
+                    break
+                await asyncio.sleep(0.05)
             assert proxy.active_notification_connections == 1
 
             proxy.black_hole_notifications()
