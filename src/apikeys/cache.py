@@ -50,6 +50,7 @@ __all__ = ["DEFAULT_CACHE_SIZE", "DEFAULT_LEASE", "KeyCache", "clock"]
 logger = logging.getLogger("apikeys")
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 
 DEFAULT_LEASE: Final = 1.0
 """Seconds a proof of freshness is trusted; a change waits at most about this long."""
@@ -80,6 +81,16 @@ def _clock_function() -> Callable[[], float]:
 
 
 clock: Final = _clock_function()
+
+
+def _keep(entries: OrderedDict[str, _V], key_id: str, value: _V, bound: int) -> None:
+    """Put `key_id` last in `entries`, dropping the least recently used beyond `bound`."""
+    entries[key_id] = value
+    entries.move_to_end(key_id)
+    if len(entries) > bound:
+        entries.popitem(last=False)
+
+
 """The protocol's clock, in seconds: monotonic, and counting while the machine sleeps."""
 
 
@@ -182,17 +193,9 @@ class KeyCache:
         stored = await self.store.get(key_id)
         if epoch == self._epoch and not self._closed:
             if stored is not None:
-                entries = self._entries
-                entries[key_id] = stored
-                entries.move_to_end(key_id)
-                if len(entries) > self.max_entries:
-                    entries.popitem(last=False)
+                _keep(self._entries, key_id, stored, self.max_entries)
             else:
-                missing = self._missing
-                missing[key_id] = None
-                missing.move_to_end(key_id)
-                if len(missing) > self.max_missing:
-                    missing.popitem(last=False)
+                _keep(self._missing, key_id, None, self.max_missing)
         return stored
 
     # -- changes -------------------------------------------------------------------------

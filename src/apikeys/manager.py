@@ -164,7 +164,6 @@ def refusal(record: KeyRecord, action: str) -> str | None:
       successors; roll its successor instead. Nor is it disabled while active: it stops
       working when its grace period ends, and `revoke` stops it now.
     """
-    status = record.status
     if action == "revoke":
         return None
     if record.state == REVOKED:
@@ -174,7 +173,7 @@ def refusal(record: KeyRecord, action: str) -> str | None:
             return "it is disabled: enable it first"
         if record.replaced_by is not None:
             return f"it was rolled already: roll the key that replaces it, {record.replaced_by}"
-    if action == "disable" and record.replaced_by is not None and status == "active":
+    if action == "disable" and record.replaced_by is not None and record.status == "active":
         return (
             "it was rolled: it stops working when its grace period ends (revoke it to stop it now)"
         )
@@ -935,20 +934,17 @@ class KeyManager:
         hasher = self.hasher
         # The prefix is part of the key: a test key re-prefixed as live is another key.
         if stored is None or stored.record.key_prefix != prefix:
-            # The same hash work as a wrong secret for a key that exists, so that the time
-            # of a refusal does not tell whether an id exists.
-            decoy = self._decoy or await self._decoy_hash()
-            if hasher.is_fast(decoy):
-                hasher.verify(secret, decoy)
-            else:
-                await hasher.averify(secret, decoy)
-            raise InvalidAPIKey()
-        secret_hash = stored.secret_hash
+            # Checked against a decoy: the same hash work as a wrong secret for a key that
+            # exists, so that the time of a refusal does not tell whether an id exists.
+            stored = None
+            secret_hash = self._decoy or await self._decoy_hash()
+        else:
+            secret_hash = stored.secret_hash
         if hasher.is_fast(secret_hash):
             verdict = hasher.verify(secret, secret_hash)
         else:
             verdict = await hasher.averify(secret, secret_hash)
-        if not verdict.ok:
+        if stored is None or not verdict.ok:
             raise InvalidAPIKey()
         record = stored.record
         check_usable(record)

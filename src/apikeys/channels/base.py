@@ -5,9 +5,11 @@ a key to every process that may hold it in its cache, and carries acknowledgemen
 protocol that makes this safe (leases, proofs of freshness, waiting for acknowledgements) lives
 in `apikeys.cache`; docs/consistency.md explains it. A channel promises:
 
-- *Ordered delivery.* Notices reach `on_notice` in the order they were published, and `probe()`
-  returns only after every notice published before `probe()` was called has reached
-  `on_notice`. That is what turns a probe into a proof of freshness.
+- *Probes read the store.* `probe()` returns only after every change committed to the store
+  before `probe()` was called, by any writer, has reached `on_notice`: it reads a log the store
+  keeps itself (the SQL store's triggers) or the server's own invalidations (Redis client-side
+  caching), not merely the notices apikeys writers published. That is what turns a probe into
+  a proof of freshness; notices only make a change known sooner.
 - *A registry of readers.* `register(ttl)` keeps this process in the list of readers for `ttl`
   seconds of the server's clock; `delivered()` asks for the acknowledgement of every reader
   registered at the time it is called, after the notice was published.
@@ -47,11 +49,11 @@ def parse_notice(notice: str) -> tuple[str, str]:
 class Channel(abc.ABC):
     """The transport of invalidation notices between processes that share a store.
 
-    `native` channels are the store's own (PostgreSQL NOTIFY, the SQLite change log, Redis
-    PUBLISH inside the store's scripts): the store publishes a notice in the same transaction
-    as the change, so a change can never be committed without its notice. Other channels
-    (Redis pub/sub in front of a SQL store) publish with `publish()` once the change is
-    committed.
+    `native` channels are the store's own (the SQL store's change log with NOTIFY, Redis
+    tracking and PUBLISH inside the store's scripts): the store publishes a notice in the same
+    transaction as the change, so a change can never be committed without its notice. A
+    channel that is not native publishes with `publish()` once the change is committed, which
+    can lose a notice: `KeyManager` ignores such a channel.
     """
 
     native: bool = True

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apikeys.channels.base import Channel, ChannelError, parse_notice
+from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql
 
 __all__ = ["PostgresChannel", "notice_channel_name"]
 
@@ -120,8 +121,6 @@ class PostgresChannel(Channel):
 
     @property
     def _triggers_sql(self) -> str:
-        from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql
-
         return check_change_log_sql(self._table_name, self._schema, "postgresql", POSTGRES_TRIGGERS)
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
@@ -148,13 +147,13 @@ class PostgresChannel(Channel):
                 kept = await connection.fetchval(self._triggers_sql)
             except asyncpg.UndefinedTableError:
                 row, kept = None, 0
-            if row is None or kept != 3:
+            if row is None or kept != len(POSTGRES_TRIGGERS):
                 if self._prepare is None:
                     raise ChannelError("the store's change log is missing: run setup()")
                 await self._prepare()  # the store's tables and triggers, the log among them
                 row = await connection.fetchrow(self._mark_sql)
                 kept = await connection.fetchval(self._triggers_sql)
-                if row is None or kept != 3:
+                if row is None or kept != len(POSTGRES_TRIGGERS):
                     raise ChannelError(_UNLOGGED)
         except BaseException:
             connection.terminate()
@@ -220,7 +219,7 @@ class PostgresChannel(Channel):
         # migration tool, or its triggers disabled, would log nothing, and then a proof
         # would prove nothing. The cache is dropped and the triggers made again.
         kept = await self._statement(connection.fetchval, self._triggers_sql)
-        if kept != 3:
+        if kept != len(POSTGRES_TRIGGERS):
             raise ChannelError(_UNLOGGED)
         await self._statement(
             connection.execute,

@@ -29,11 +29,15 @@ from collections.abc import Awaitable, Callable
 
 from apikeys.cache import clock
 from apikeys.channels.base import Channel, ChannelError
+from apikeys.stores.sql_log import KEEP_CHANGES, check_change_log_sql
 
 __all__ = ["SQLiteChannel"]
 
-# Changes kept in the log; a reader that falls further behind starts afresh (see `probe`).
-_KEEP_CHANGES = 10_000
+
+class _Unprepared(Exception):
+    """The log's row or its triggers are missing: `setup()` makes them."""
+
+
 _DELIVERY_POLL = 0.002
 
 
@@ -59,8 +63,12 @@ class SQLiteChannel(Channel):
         self.poll_interval = poll_interval
         self._changes = changes_table
         self._log = log_table
-        self._keys = keys_table
         self._triggers = triggers
+        self._check_sql = (
+            check_change_log_sql(keys_table, None, "sqlite", triggers)
+            if keys_table and triggers
+            else ""
+        )
         self._readers = readers_table
         self._identity = ""
         self._inode = 0
@@ -95,12 +103,12 @@ class SQLiteChannel(Channel):
         try:
             try:
                 row = self._start(connection)
-            except sqlite3.OperationalError as exc:
+            except (_Unprepared, sqlite3.OperationalError) as exc:
                 if self._prepare is None or not str(exc).startswith("no such table"):
                     raise
-                await self._prepare()  # the store's tables, the change log among them
+                await self._prepare()  # the store's tables and triggers, the log among them
                 row = self._start(connection)
-        except sqlite3.Error as exc:
+        except (_Unprepared, sqlite3.Error) as exc:
             connection.close()
             raise ChannelError(f"cannot read the change log: {exc}") from exc
         except BaseException:
@@ -117,17 +125,14 @@ class SQLiteChannel(Channel):
         self._version = connection.execute("PRAGMA data_version").fetchone()[0]
         identity, high = self._history(connection)
         if not self._logging(connection):
-            raise sqlite3.OperationalError("no such table: the change log's triggers")
+            raise _Unprepared("no such table: the change log's triggers")
         return identity, high, inode
 
     def _logging(self, connection: sqlite3.Connection) -> bool:
         """Whether the triggers that keep the change log are on the keys table."""
-        if not self._keys or not self._triggers:
+        if not self._check_sql:
             return True
-        from apikeys.stores.sql_log import check_change_log_sql
-
-        sql = check_change_log_sql(self._keys, None, "sqlite", self._triggers)
-        return bool(connection.execute(sql).fetchone()[0] == len(self._triggers))
+        return bool(connection.execute(self._check_sql).fetchone()[0] == len(self._triggers))
 
     def _history(self, connection: sqlite3.Connection) -> tuple[str, int]:
         """The log's identity and high-water mark (what the next `seq` follows)."""
@@ -135,7 +140,7 @@ class SQLiteChannel(Channel):
             f'SELECT identity FROM "{self._log}" WHERE id = 1'  # noqa: S608
         ).fetchone()
         if row is None:
-            raise sqlite3.OperationalError(f"no such table: {self._log} (its row is missing)")
+            raise _Unprepared(f"no such table: {self._log} (its row is missing)")
         high = connection.execute(
             "SELECT seq FROM sqlite_sequence WHERE name = ?", (self._changes,)
         ).fetchone()
@@ -165,7 +170,7 @@ class SQLiteChannel(Channel):
                 # channel. The cache stops answering until a probe gets through.
                 raise TimeoutError("the SQLite file is busy") from exc
             raise ChannelError(f"cannot read the change log: {exc}") from exc
-        except sqlite3.Error as exc:
+        except (_Unprepared, sqlite3.Error) as exc:
             raise ChannelError(f"cannot read the change log: {exc}") from exc
         if identity != self._identity or high < self._last:
             # Another history (a restored or remade database): nothing cached can be trusted,
@@ -239,7 +244,7 @@ class SQLiteChannel(Channel):
         await self._execute(
             f'DELETE FROM "{self._changes}" WHERE seq <= '  # noqa: S608
             f'(SELECT max(seq) FROM "{self._changes}") - ?',
-            (_KEEP_CHANGES,),
+            (KEEP_CHANGES,),
         )
 
     async def readers(self) -> set[str]:

@@ -45,9 +45,10 @@ from typing import Final
 
 import sqlalchemy as sa
 
+from apikeys.channels.base import STORE_WRITER
+
 __all__ = [
     "KEEP_CHANGES",
-    "LOG_WRITER",
     "POSTGRES_TRIGGERS",
     "USAGE_COLUMNS",
     "check_change_log_sql",
@@ -64,9 +65,6 @@ POSTGRES_TRIGGERS: Final = (f"{_PG_BASE}_rows", f"{_PG_BASE}_updates", f"{_PG_BA
 
 KEEP_CHANGES: Final = 10_000
 """Changes kept in the log; a reader that falls further behind starts afresh."""
-
-LOG_WRITER: Final = "store"
-"""The writer named in the notices the triggers write (see `apikeys.channels.base`)."""
 
 USAGE_COLUMNS: Final = frozenset(
     {"request_count", "last_used_at", "credits", "credits_refilled_at"}
@@ -155,7 +153,7 @@ def _install_sqlite(connection: sa.Connection, keys: sa.Table, changes: sa.Table
     if {inserted, deleted, updated} <= existing:
         return
     keys_name, changes_name = _table(connection, keys), _table(connection, changes)
-    notice = f"'{LOG_WRITER}:0:' || "
+    notice = f"'{STORE_WRITER}:0:' || "
     differ = " OR ".join(
         [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(keys)]
         + (["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"] if "credits" in keys.columns else [])
@@ -261,12 +259,12 @@ BEGIN
         ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
         RETURNING seq INTO s;
     END IF;
-    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{LOG_WRITER}:' || s || ':' || k);
+    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{STORE_WRITER}:' || s || ':' || k);
     IF s % 128 = 0 THEN
       -- The newest changes are kept; a reader further behind starts afresh.
       DELETE FROM {changes_name} WHERE seq <= s - {KEEP_CHANGES};
     END IF;
-    PERFORM pg_notify('{channel}', '{LOG_WRITER}:' || s || ':' || k);
+    PERFORM pg_notify('{channel}', '{STORE_WRITER}:' || s || ':' || k);
   END LOOP;
   RETURN NULL;
 END
