@@ -237,3 +237,26 @@ async def test_if_the_keys_table_is_in_a_schema_of_its_own_then_every_writer_is_
         await admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
         await admin.execute("DROP TABLE IF EXISTS schema_keys CASCADE")
         await admin.close()
+
+
+async def test_a_delete_by_hand_is_logged(store: SQLStore, reader: Reader) -> None:
+    await store.insert(make_key("k-delete"))
+    await reader.probe()
+    await run_sql(store, f'DELETE FROM "{store.table.name}" WHERE id = $1', "k-delete")  # noqa: S608
+    assert await reader.probe() == ["k-delete"]
+
+
+@pytest.mark.postgres
+async def test_a_truncate_by_hand_is_logged_as_every_key(postgres_url: str) -> None:
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    try:
+        await store.insert(make_key("k-truncate"))
+        await reader.probe()
+        await run_sql(store, f'TRUNCATE "{store.table.name}"')
+        assert await reader.probe() == ["*"]  # every key: the cache is cleared
+    finally:
+        await reader.channel.disconnect()
+        await store.aclose()
