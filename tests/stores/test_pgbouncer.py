@@ -390,6 +390,12 @@ async def test_if_a_key_is_revoked_through_pgbouncer_then_every_manager_refuses_
     try:
         for round_ in range(10):
             created = await writer.create(name=f"through pgbouncer {round_}", full_access=True)
+            await reader.verify(created.key)
+            assert reader.cache is not None
+            for _ in range(200):  # until a probe through the pooler has proven it fresh
+                if reader.cache.fresh:
+                    break
+                await asyncio.sleep(0.05)
             for _ in range(3):  # verified, then served from the reader's cache
                 verified = await reader.verify(created.key)
                 assert verified.id == created.record.id
@@ -402,7 +408,19 @@ async def test_if_a_key_is_revoked_through_pgbouncer_then_every_manager_refuses_
                 stale += 1
             with pytest.raises(KeyRevoked):
                 await writer.verify(created.key)
+        # The cache works through the pooler: keys were served from it, not only read.
+        assert reader.cache.hits > 0
     finally:
         await reader.aclose()
         await writer.aclose()
     assert stale == 0
+
+
+def test_behind_a_transaction_mode_pooler_the_cache_does_not_listen(postgres_url: str) -> None:
+    # A LISTEN there lands on a server connection no client holds when notifications come,
+    # and the pooler drops them ("got packet 'A' from server when not linked").
+    pooled = store_from_url(with_query(postgres_url, NO_PREPARED)).channel()
+    direct = store_from_url(postgres_url).channel()
+    assert pooled is not None
+    assert direct is not None
+    assert (pooled._listen, direct._listen) == (False, True)  # type: ignore[attr-defined]

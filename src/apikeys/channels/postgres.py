@@ -69,10 +69,15 @@ class PostgresChannel(Channel):
         log_table: str | None = None,
         prepare: Callable[[], Awaitable[None]] | None = None,
         locate: Callable[[], Awaitable[str]] | None = None,
+        listen: bool = True,
     ) -> None:
         super().__init__()
         self._prepare = prepare
         self._locate = locate
+        # Behind a pooler in transaction mode a LISTEN lands on whichever server connection
+        # is free, and notifications then reach connections no client holds: the pooler
+        # drops them (and complains). Probes alone then carry every change.
+        self._listen = listen
         self._schema: str | None = None
         self._args = connect_args
         self._kwargs = connect_kwargs
@@ -138,8 +143,9 @@ class PostgresChannel(Channel):
             self.acknowledged(notice_text, reader)
 
         try:
-            await connection.add_listener(self._notices, notice)
-            await connection.add_listener(acks, ack)
+            if self._listen:
+                await connection.add_listener(self._notices, notice)
+                await connection.add_listener(acks, ack)
             if self._locate is not None:
                 self._schema = await self._locate()  # makes the tables if they are missing
             try:

@@ -867,6 +867,8 @@ class SQLStore(KeyStore):
             readers_table=self._readers.name,
             prepare=self.setup,
             locate=self._keys_schema,
+            # Prepared statements off means a pooler in transaction mode: no LISTEN there.
+            listen=options.get("statement_cache_size") != 0,
         )
 
     async def _keys_schema(self) -> str:
