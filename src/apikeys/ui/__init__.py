@@ -18,6 +18,7 @@ Needs the `ui` extra: `pip install 'apikeys[ui]'` (Jinja2 and itsdangerous).
 from __future__ import annotations
 
 from apikeys.ui.onetime import Reveal, RevealStore
-from apikeys.ui.page import KeysPage, PageUser, UserHook
+from apikeys.ui.page import KeysPage
+from apikeys.ui.request import PageUser, UserHook
 
 __all__ = ["KeysPage", "PageUser", "Reveal", "RevealStore", "UserHook"]
