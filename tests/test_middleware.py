@@ -1349,3 +1349,72 @@ def test_if_any_policies_then_headers_parse_and_429_matches_the_policies(
             await manager.aclose()
 
     asyncio.run(scenario())
+
+
+class TestChangedLimits:
+    """A limit's counter is its window's: changing the amount keeps what the window used."""
+
+    async def _get(self, http: httpx.AsyncClient, key: str) -> httpx.Response:
+        return await http.get("/api/v1/contacts", headers=bearer(key))
+
+    async def test_if_limit_narrowed_then_what_its_window_used_counts(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n", workspace="w", scopes=["contacts:read"], rate_limit="10/minute"
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            for _ in range(10):
+                assert (await self._get(http, created.key)).status_code == 200
+            await memory_manager.update(created.record.id, rate_limit="5/minute")
+            refused = await self._get(http, created.key)
+            assert refused.status_code == 429
+            assert refused.json()["code"] == "rate_limited"
+            # Widened, the same window's 10 still count: 2 more of 12, then 429.
+            await memory_manager.update(created.record.id, rate_limit="12/minute")
+            statuses = [(await self._get(http, created.key)).status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+
+    async def test_if_one_policy_narrowed_then_it_refuses_in_the_same_window(
+        self, memory_manager: KeyManager, limiter: RateLimiter
+    ) -> None:
+        app = build_app(memory_manager, limiter=limiter)
+        created = await memory_manager.create(
+            name="n",
+            workspace="w",
+            scopes=["contacts:read"],
+            rate_limits={"burst": "10/minute", "daily": "1000/day"},
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            for _ in range(10):
+                assert (await self._get(http, created.key)).status_code == 200
+            await memory_manager.update(
+                created.record.id, rate_limits={"burst": "5/minute", "daily": "1000/day"}
+            )
+            refused = await self._get(http, created.key)
+        assert refused.status_code == 429
+        assert refused.json()["violated_policies"] == ["burst"]
+        assert state_of(refused)["daily"][0] == 990
+
+
+@pytest.mark.redis
+async def test_if_limit_narrowed_then_units_leased_under_the_wider_one_are_not_spent(
+    redis_url: str,
+) -> None:
+    prefix = redis_prefix("narrowed")
+    limiter = RateLimiter("1000/minute", redis_url, key_prefix=prefix)
+    try:
+        first = await limiter.hit("k")  # leases a slice of 1000, spends one unit of it
+        assert first.allowed
+        assert not (await limiter.hit("k", "5/minute")).allowed
+        decision = await limiter.hit_policies("k", "burst=1000/minute, daily=5000/day")
+        assert decision.allowed
+        narrowed = await limiter.hit_policies("k", "burst=5/minute, daily=5000/day")
+        assert not narrowed.allowed
+        assert narrowed.violated == ("burst",)
+    finally:
+        await limiter.aclose()
+        await delete_redis_keys(redis_url, f"*{prefix}*")

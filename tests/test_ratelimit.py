@@ -139,12 +139,25 @@ async def test_if_window_passes_then_a_refused_key_is_admitted_again() -> None:
         await limiter.aclose()
 
 
-async def test_if_key_has_own_limit_then_it_is_counted_apart_from_the_default(
+async def test_if_key_limit_changes_amount_then_its_window_keeps_counting(
     limiter: RateLimiter,
 ) -> None:
+    # The counter is the window's (a minute), not the amount's: the 2 admitted under the
+    # key's own 2/minute count against the default 5/minute of the same window.
     own = [await limiter.hit("key-a", "2/minute") for _ in range(3)]
     assert [decision.allowed for decision in own] == [True, True, False]
     assert own[0].limit == 2
+    default = await limiter.hit("key-a")
+    assert default.allowed
+    assert default.limit == 5
+    assert default.remaining == 2
+
+
+async def test_if_key_limit_changes_window_then_it_is_counted_apart(
+    limiter: RateLimiter,
+) -> None:
+    own = [await limiter.hit("key-a", "2/hour") for _ in range(3)]
+    assert [decision.allowed for decision in own] == [True, True, False]
     default = await limiter.hit("key-a")
     assert default.allowed
     assert default.limit == 5
@@ -350,8 +363,8 @@ async def test_if_limiters_share_redis_then_a_per_key_limit_holds_across_them(
         hits = [(first, second)[index % 2].hit("key-a", "3/minute") for index in range(9)]
         decisions = await asyncio.gather(*hits)
         assert sum(decision.allowed for decision in decisions) == 3
-        # The default-limit counter of the same key is untouched.
-        assert (await first.hit("key-a")).remaining == 99
+        # The default limit has the same window: it counts the 3 admitted (and this one).
+        assert (await first.hit("key-a")).remaining == 96
         # Another key is counted apart.
         assert (await second.hit("key-b", "3/minute")).allowed
     finally:

@@ -582,6 +582,8 @@ class RateLimiter:
             now = time.monotonic()
             lease = slices.get(counter)
             if lease is not None and lease.pending is None and now < lease.spend_until:
+                if lease.seen > amount:
+                    lease.left = 0  # leased under a wider limit: the narrowed one decides
                 if lease.left > 0:
                     # Spent without a round trip: nothing awaits between check and spend.
                     lease.left -= 1
@@ -660,11 +662,12 @@ class RateLimiter:
 
     def _policy_plan(self, key_id: str, policy: Policy) -> _Plan:
         amount, window = policy.item.amount, policy.item.get_expiry()
-        # The default policy keeps the counter a key's one limit has always had.
+        # A counter is named by its window, not its amount: a limit changed to another
+        # amount (10/minute to 5/minute) keeps counting what its window has already used.
         key = f"{{{key_id}}}" if self._tag else key_id
-        counter = f"{self._key_prefix}/{key}/{amount}/{window}"
+        counter = f"{self._key_prefix}/{key}/{window}"
         if policy.name != DEFAULT_POLICY:
-            counter = f"{self._key_prefix}/{key}/{policy.name}/{amount}/{window}"
+            counter = f"{self._key_prefix}/{key}/{policy.name}/{window}"
         return counter, amount, window, policy.name
 
     def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> tuple[_Plan, ...]:
@@ -737,6 +740,8 @@ class RateLimiter:
             short: list[int] = []  # policies with units left in Redis, none in hand
             exhausted = False  # a policy is used up everywhere as far as Redis said
             for index, lease in enumerate(leases):
+                if lease is not None and lease.seen > plans[index][1]:
+                    lease.left = 0  # leased under a wider limit: the narrowed one decides
                 if lease is None or now >= lease.spend_until:
                     unknown.append(index)
                 elif lease.left <= 0:
