@@ -15,7 +15,7 @@ import re
 import time
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
@@ -37,6 +37,15 @@ from apikeys.errors import (
 )
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
+from apikeys.listing import (
+    DEFAULT_PAGE_SIZE,
+    KeyFilter,
+    KeyPage,
+    check_page_size,
+    decode_cursor,
+    encode_cursor,
+    position,
+)
 from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
@@ -52,6 +61,7 @@ from apikeys.types import (
     CreatedKey,
     DailyUsage,
     KeyRecord,
+    Status,
     StoredKey,
     StoredState,
     jsonable,
@@ -578,10 +588,73 @@ class KeyManager:
             raise KeyNotFound(key_id)
         return self.usage_buffer.apply(stored.record)
 
-    async def list(self, workspace: str | None = None) -> list[KeyRecord]:
-        """The records of `workspace` (or of all workspaces), oldest first."""
+    async def list(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+    ) -> list[KeyRecord]:
+        """Every record of `workspace` (or of all workspaces), oldest first, in one read;
+        `owner` and `status` keep only the keys with that owner and status.
+
+        For many keys, read them a page at a time: `list_page`, or `iter_keys`.
+        """
         self._use()
-        return [self.usage_buffer.apply(record) for record in await self.store.list(workspace)]
+        where = KeyFilter(workspace, owner, status)
+        now = utcnow()
+        return [
+            self.usage_buffer.apply(record)
+            for record in await self.store.list(workspace)
+            if where.matches(record, now)
+        ]
+
+    async def list_page(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> KeyPage:
+        """One page of the records that match, oldest first (by `created_at`, then id).
+
+        `limit` is the page size, 1 to `MAX_PAGE_SIZE` (1000). The page's `next_cursor`,
+        passed as `cursor`, gives the next page; it is None on the last one. A cursor is
+        opaque (it names a position, never a secret); one that was not made here raises
+        `InvalidKeyParameters`, as does a bad `limit` or `status`. What a walk through the
+        pages guarantees while keys change is in `apikeys.listing`.
+        """
+        self._use()
+        where = KeyFilter(workspace, owner, status)
+        size = check_page_size(limit)
+        start = None if cursor is None else decode_cursor(cursor)
+        found = await self.store.list_page(where, start=start, limit=size + 1, now=utcnow())
+        records = [self.usage_buffer.apply(record) for record in found[:size]]
+        more = len(found) > size
+        return KeyPage(records, encode_cursor(position(records[-1])) if more else None)
+
+    async def iter_keys(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> AsyncIterator[KeyRecord]:
+        """Every record that matches, oldest first, read `page_size` at a time
+        (`list_page` without the cursors)."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_page(
+                workspace, owner=owner, status=status, limit=page_size, cursor=cursor
+            )
+            for record in page.records:
+                yield record
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
     # -- state changes ---------------------------------------------------------------------
 

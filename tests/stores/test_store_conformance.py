@@ -13,9 +13,12 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.keys import generate_id
+from apikeys.listing import KeyFilter, Position, position
 from apikeys.stores import KeyStore, MemoryStore
 from apikeys.stores.base import USAGE_BATCH_RETENTION
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
@@ -198,6 +201,177 @@ class TestList:
 
         assert listed == await record_of(store, record.id)
         assert (listed.state, listed.request_count) == ("disabled", 3)
+
+
+async def walk(
+    store: KeyStore, where: KeyFilter, size: int, now: datetime = T0
+) -> list[list[KeyRecord]]:
+    """Every page of `where`, `size` at a time, each started after the last one's end."""
+    pages: list[list[KeyRecord]] = []
+    start: Position | None = None
+    while True:
+        page = await store.list_page(where, start=start, limit=size, now=now)
+        assert len(page) <= size
+        if not page:
+            return pages
+        pages.append(page)
+        start = position(page[-1])
+
+
+# (owner, state, expires_at): every status, for two owners and none.
+MIXED = [
+    (owner, state, expires_at)
+    for owner in ("ann", "bob", None)
+    for state, expires_at in (
+        ("active", None),
+        ("active", T0 + HOUR),  # active at T0
+        ("active", T0 - HOUR),  # expired at T0
+        ("disabled", T0 - HOUR),  # disabled wins over expired
+        ("revoked", None),
+    )
+]
+
+
+class TestListPage:
+    async def test_pages_follow_the_order_of_list_and_cover_it_once(self, store: KeyStore) -> None:
+        ids = sorted(generate_id() for _ in range(7))
+        for index, key_id in enumerate(reversed(ids)):
+            # Pairs of keys share a creation time: ids break the tie.
+            await inserted(store, key_id, created_at=T0 + (index // 2) * HOUR)
+        everything = await store.list("acme")
+
+        for size in (1, 2, 3, 7, 8):
+            pages = await walk(store, KeyFilter("acme"), size)
+            assert [len(page) for page in pages[:-1]] == [size] * (len(pages) - 1)
+            assert [record for page in pages for record in page] == everything
+
+    async def test_a_page_starts_after_a_position_even_between_two_keys(
+        self, store: KeyStore
+    ) -> None:
+        first, second, third = sorted(generate_id() for _ in range(3))
+        for key_id in (first, second, third):
+            await inserted(store, key_id, created_at=T0)
+        older = await inserted(store, created_at=T0 - HOUR)
+        newer = await inserted(store, created_at=T0 + HOUR)
+        where = KeyFilter()
+
+        after_first = await store.list_page(where, start=(T0, first), limit=10, now=T0)
+        between = await store.list_page(where, start=(T0, first + "0"), limit=10, now=T0)
+        before_all = await store.list_page(where, start=(T0 - 2 * HOUR, ""), limit=2, now=T0)
+
+        assert [r.id for r in after_first] == [second, third, newer.id]
+        assert [r.id for r in between] == [second, third, newer.id]
+        assert [r.id for r in before_all] == [older.id, first]
+
+    async def test_owner_and_status_keep_what_the_record_says(self, store: KeyStore) -> None:
+        for index, (key_owner, state, expires_at) in enumerate(MIXED):
+            await inserted(
+                store,
+                owner=key_owner,
+                state=state,
+                expires_at=expires_at,
+                created_at=T0 - timedelta(days=1, seconds=index),
+            )
+        await inserted(store, workspace="globex", owner="ann")
+        everything = await store.list("acme")
+
+        for owner in ("ann", "nobody", None):
+            for status in ("active", "disabled", "revoked", "expired", None):
+                where = KeyFilter("acme", owner, status)  # type: ignore[arg-type]
+                pages = await walk(store, where, 2)
+
+                expected = [r for r in everything if where.matches(r, T0)]
+                assert [record for page in pages for record in page] == expected, where
+                per_owner = {"active": 2, None: len(MIXED) // 3}.get(status, 1)
+                count = {"ann": per_owner, "nobody": 0, None: 3 * per_owner}[owner]
+                assert len(expected) == count, where
+
+    async def test_without_a_workspace_every_workspace_is_listed(self, store: KeyStore) -> None:
+        mine = await inserted(store, workspace="acme", created_at=T0)
+        theirs = await inserted(store, workspace="globex", created_at=T0 + HOUR)
+
+        assert await walk(store, KeyFilter(), 1) == [[mine], [theirs]]
+        assert await walk(store, KeyFilter("globex"), 1) == [[theirs]]
+        assert await walk(store, KeyFilter("nobody"), 1) == []
+
+    @settings(
+        max_examples=15,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(data=st.data())
+    async def test_a_walk_returns_each_key_that_matched_throughout_exactly_once(
+        self, store: KeyStore, data: st.DataObject
+    ) -> None:
+        """Keys created and revoked between pages: what holds (see `apikeys.listing`)."""
+        # Each example on keys of its own, with ids that sort as they are made (a draw
+        # must not depend on chance: hypothesis replays it).
+        workspace = f"w-{uuid.uuid4().hex[:12]}"
+        stem = generate_id()[:6]
+        made = iter(range(10**6))
+
+        def next_id() -> str:
+            return f"{stem}{next(made):06d}"
+
+        owners = st.sampled_from(["ann", "bob", None])
+        initial = data.draw(
+            st.lists(st.tuples(st.integers(0, 5), owners, st.sampled_from(MIXED)), max_size=14)
+        )
+        size = data.draw(st.integers(1, 5), label="page size")
+        where = KeyFilter(
+            workspace,
+            data.draw(owners, label="owner"),
+            data.draw(st.sampled_from([None, "active", "revoked", "expired"]), label="status"),
+        )
+        before: dict[str, KeyRecord] = {}
+        for minute, owner, (_, state, expires_at) in initial:
+            record = await inserted(
+                store,
+                next_id(),
+                workspace=workspace,
+                owner=owner,
+                state=state,
+                expires_at=expires_at,
+                created_at=T0 - HOUR + timedelta(minutes=minute),
+            )
+            before[record.id] = record
+        changed: set[str] = set()
+        created: dict[str, KeyRecord] = {}
+        seen: list[KeyRecord] = []
+        start: Position | None = None
+        while True:
+            page = await store.list_page(where, start=start, limit=size, now=T0)
+            assert all(where.matches(record, T0) for record in page)
+            seen += page
+            if len(page) < size:
+                break
+            start = position(page[-1])
+            # Between pages: revoke a key, or create one (newest, or among the old ones).
+            action = data.draw(st.sampled_from(["none", "revoke", "create", "create-old"]))
+            if action == "revoke" and before:
+                key_id = data.draw(st.sampled_from(sorted(before)))
+                changed.add(key_id)
+                await store.set_state(key_id, "revoked", allowed_from=("active", "disabled"), at=T0)
+            elif action.startswith("create"):
+                minute = data.draw(st.integers(0, 5)) if action == "create-old" else 60
+                record = await inserted(
+                    store,
+                    next_id(),
+                    workspace=workspace,
+                    owner=data.draw(owners),
+                    created_at=T0 - HOUR + timedelta(minutes=minute),
+                )
+                created[record.id] = record
+
+        positions = [position(record) for record in seen]
+        assert positions == sorted(set(positions)), "in order, none twice"
+        ids = [record.id for record in seen]
+        for key_id, record in before.items():
+            if key_id not in changed and where.matches(record, T0):
+                assert ids.count(key_id) == 1, key_id
+        newest = [r for r in created.values() if r.created_at == T0 and where.matches(r, T0)]
+        assert all(record.id in ids for record in newest)
+        assert set(ids) <= set(before) | set(created)
 
 
 class TestSetState:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
+from apikeys.listing import KeyFilter, Position, after
 from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
@@ -121,6 +122,19 @@ class KeyStore(abc.ABC):
     @abc.abstractmethod
     async def list(self, workspace: str | None = None) -> list[KeyRecord]:
         """The records of one workspace (or all), oldest first (by `created_at`, then id)."""
+
+    async def list_page(
+        self, where: KeyFilter, *, start: Position | None, limit: int, now: datetime
+    ) -> builtins.list[KeyRecord]:
+        """Up to `limit` records that match `where` and sort after `start`, in the order of
+        `list` (by `created_at`, then id); `expired` is decided at `now`.
+
+        What a walk through the pages guarantees follows from that order (see
+        `apikeys.listing`). The default reads `list` and keeps what matches: right for any
+        store, and the memory store's way; the SQL and Redis stores read only about a page.
+        """
+        records = await self.list(where.workspace)
+        return [r for r in records if after(r, start) and where.matches(r, now)][:limit]
 
     @abc.abstractmethod
     async def set_state(

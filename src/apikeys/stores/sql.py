@@ -79,6 +79,7 @@ from apikeys.channels.base import Channel
 from apikeys.channels.postgres import PostgresChannel, notice_channel_name
 from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.listing import KeyFilter, Position
 from apikeys.policies import load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.base import days_of as _days
@@ -95,6 +96,7 @@ from apikeys.stores.sql_engine import (
     split_url_options,
     unavailable_hint,
 )
+from apikeys.stores.sql_listing import page_statement
 from apikeys.stores.sql_log import install_change_log, table_schema, trigger_names
 from apikeys.stores.sql_schema import (
     DEFAULT_TABLE_NAME,
@@ -997,6 +999,18 @@ class SQLStore(KeyStore):
             statement = statement.where(table.c.workspace == workspace)
 
         async def work(conn: AsyncConnection) -> list[KeyRecord]:
+            return [_record(row) for row in await conn.execute(statement)]
+
+        return await self._run(work, write=False)
+
+    async def list_page(
+        self, where: KeyFilter, *, start: Position | None, limit: int, now: datetime
+    ) -> builtins.list[KeyRecord]:
+        statement = page_statement(
+            self._table, self._columns, where, start=start, limit=limit, now=now
+        )
+
+        async def work(conn: AsyncConnection) -> builtins.list[KeyRecord]:
             return [_record(row) for row in await conn.execute(statement)]
 
         return await self._run(work, write=False)

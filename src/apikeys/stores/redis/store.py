@@ -15,7 +15,8 @@ and every script names keys of that slot only:
 
 and, across keys:
 
-- `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at`.
+- `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at` (in
+  microseconds; `list_page` reads it by score from a cursor on).
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
 - `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
   fingerprint.
@@ -104,6 +105,7 @@ from apikeys.errors import (
     KeyNotFound,
     StoreUnavailable,
 )
+from apikeys.listing import KeyFilter, Position, after
 from apikeys.policies import dump_metadata, load_metadata
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
 from apikeys.stores.redis.client import (
@@ -624,6 +626,57 @@ class RedisStore(KeyStore):
                 continue
             records.append(_decode(fields).record)
         records.sort(key=lambda record: (record.created_at, record.id))
+        return records
+
+    async def list_page(
+        self, where: KeyFilter, *, start: Position | None, limit: int, now: datetime
+    ) -> builtins.list[KeyRecord]:
+        # The index is read in batches by score (created_at) from the cursor on, and ids
+        # of one score come in id order, as in `list`. A batch's last score and how many
+        # ids of that score were read say where the next batch starts; `after` drops what
+        # the cursor has passed. Only the hashes of the ids read are fetched, so a page
+        # costs about its own size, more when `owner` or `status` leave keys out.
+        index = (
+            self._all_index
+            if where.workspace is None
+            else self.workspace_index_name(where.workspace)
+        )
+        low: int | str = "-inf" if start is None else int(_encode_time(start[0]))
+        skip = 0
+        # Room for the cursor's own entry; with `owner` or `status`, for keys left out.
+        narrowed = where.owner is not None or where.status is not None
+        batch = min(max(limit * 2, 64), 1000) if narrowed else limit + 1
+        records: builtins.list[KeyRecord] = []
+        async with self._calls():
+            while len(records) < limit:
+                entries = cast(
+                    "builtins.list[tuple[str, float]]",
+                    await self._client.zrange(
+                        index, low, "+inf", byscore=True, offset=skip, num=batch, withscores=True
+                    ),
+                )
+                if not entries:
+                    break
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for key_id, _ in entries:
+                        pipe.hgetall(self.key_name(key_id))
+                    replies: builtins.list[dict[str, str]] = await pipe.execute()
+                for fields in replies:
+                    if not fields or (
+                        where.workspace is not None and fields.get("workspace") != where.workspace
+                    ):
+                        continue  # an index entry left by a failed insert (see above)
+                    record = _decode(fields).record
+                    if after(record, start) and where.matches(record, now):
+                        records.append(record)
+                        if len(records) == limit:
+                            break
+                last = int(entries[-1][1])
+                same = sum(1 for _, score in entries if int(score) == last)
+                skip = skip + same if last == low else same
+                low = last
+                if len(entries) < batch:
+                    break
         return records
 
     def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:

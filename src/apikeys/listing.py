@@ -1,0 +1,147 @@
+"""Listing keys a page at a time: filters, one stable order, and opaque cursors.
+
+Keys are listed oldest first, by `(created_at, id)`. Neither field of a key ever changes, so
+a key's place in this order is fixed for its life, and a cursor that names the last key of a
+page by that pair says exactly where the next page starts (keyset pagination): no offset
+that shifts when keys are created or revoked between pages.
+
+What a walk through the pages guarantees (one filter, any page size):
+
+- No key appears twice, and the keys come in order.
+- A key that exists and matches the filter for the whole walk appears exactly once.
+- A key created during the walk appears if it sorts after the page being read (a new key
+  normally does: it is the newest), and never before the position already read.
+- A key that starts or stops matching during the walk (a `status` filter and a revoke, say)
+  appears if it matched when its page was read.
+
+A cursor is the position only, base64url text: it holds a key's id (public, shown in every
+list) and a creation time, never a secret, and it is not tied to the filter it came with.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final, get_args
+
+from apikeys.errors import InvalidKeyParameters
+from apikeys.types import KeyRecord, Status
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE_SIZE",
+    "KeyFilter",
+    "KeyPage",
+    "Position",
+    "check_page_size",
+    "decode_cursor",
+    "encode_cursor",
+]
+
+DEFAULT_PAGE_SIZE: Final = 50
+"""Keys per page when no `limit` is given."""
+MAX_PAGE_SIZE: Final = 1000
+"""The largest page `KeyManager.list_page` returns; a larger `limit` is refused."""
+
+STATUSES: Final[tuple[Status, ...]] = get_args(Status)
+
+Position = tuple[datetime, str]
+"""Where a key sorts: its `(created_at, id)`."""
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_VERSION: Final = "1"
+# Ids are base62 (12 characters) for keys made here; imported ones may differ, so any
+# printable ASCII id up to 64 characters is taken back.
+_CURSOR: Final = re.compile(r"1\.(-?[0-9]{1,19})\.([!-~]{1,64})")
+_BAD_CURSOR: Final = "invalid cursor: pass the next_cursor of a previous page unchanged"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFilter:
+    """Which keys a listing returns: every field that is not None must match."""
+
+    workspace: str | None = None
+    owner: str | None = None
+    status: Status | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in STATUSES:
+            raise InvalidKeyParameters(
+                f"invalid status {self.status!r}: one of {', '.join(STATUSES)}"
+            )
+
+    def matches(self, record: KeyRecord, now: datetime) -> bool:
+        """Whether `record` passes the filter; `expired` is decided at `now`."""
+        return (
+            (self.workspace is None or record.workspace == self.workspace)
+            and (self.owner is None or record.owner == self.owner)
+            and (self.status is None or record.status_at(now) == self.status)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPage:
+    """One page of a listing: its records, oldest first, and the cursor of the next page
+    (None on the last page)."""
+
+    records: Sequence[KeyRecord]
+    next_cursor: str | None
+
+
+def position(record: KeyRecord) -> Position:
+    """Where `record` sorts in every listing."""
+    return record.created_at, record.id
+
+
+def after(record: KeyRecord, start: Position | None) -> bool:
+    """Whether `record` sorts after `start` (everything does when `start` is None)."""
+    return start is None or (_micros(record.created_at), record.id) > (
+        _micros(start[0]),
+        start[1],
+    )
+
+
+def _micros(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def encode_cursor(start: Position) -> str:
+    """The opaque cursor of the page that starts after `start`."""
+    created_at, key_id = start
+    text = f"{_VERSION}.{_micros(created_at)}.{key_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Position:
+    """The position `cursor` names; `InvalidKeyParameters` for anything not made by
+    `encode_cursor`."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 200:
+        raise InvalidKeyParameters(_BAD_CURSOR)
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        text = raw.decode("ascii")
+    except (binascii.Error, ValueError):
+        raise InvalidKeyParameters(_BAD_CURSOR) from None
+    found = _CURSOR.fullmatch(text)
+    if found is None:
+        raise InvalidKeyParameters(_BAD_CURSOR)
+    try:
+        created_at = _EPOCH + timedelta(microseconds=int(found.group(1)))
+    except OverflowError:
+        raise InvalidKeyParameters(_BAD_CURSOR) from None
+    return created_at, found.group(2)
+
+
+def check_page_size(limit: object) -> int:
+    """`limit` checked: a whole number from 1 to `MAX_PAGE_SIZE`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+        raise InvalidKeyParameters(
+            f"invalid page size {limit!r}: a whole number from 1 to {MAX_PAGE_SIZE}"
+        )
+    return limit
