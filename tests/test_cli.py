@@ -631,6 +631,87 @@ def test_list_filters_by_status(store_url: str) -> None:
     assert run(store_url, "list", "--status", "gone").exit_code == 2
 
 
+def test_list_pages_through_every_key_with_the_cursor_it_prints(store_url: str) -> None:
+    made = [create_key(store_url, name=f"k{index}")["id"] for index in range(5)]
+    ok(store_url, "revoke", made[1], "--yes")
+    every = json.loads(ok(store_url, "list", "--json").stdout)
+
+    for size in ("1", "2", "5"):
+        pages: list[dict[str, Any]] = []
+        cursor: list[str] = []
+        while True:
+            page = json.loads(ok(store_url, "list", "--limit", size, *cursor, "--json").stdout)
+            assert set(page) == {"data", "next_cursor"}
+            pages.append(page)
+            if page["next_cursor"] is None:
+                break
+            cursor = ["--cursor", page["next_cursor"]]
+        assert [item for page in pages for item in page["data"]] == every, size
+        assert all(len(page["data"]) == int(size) for page in pages[:-1])
+
+    text = ok(store_url, "list", "--limit", "2").stdout
+    first_page = json.loads(ok(store_url, "list", "--limit", "2", "--json").stdout)
+    assert text.splitlines()[-1] == f"Next page: --cursor {first_page['next_cursor']}"
+    assert made[0] in text and made[2] not in text
+    last = ok(store_url, "list", "--cursor", first_page["next_cursor"], "--limit", "3").stdout
+    assert made[4] in last and "Next page" not in last
+
+
+def test_list_filters_by_owner_and_status_on_every_page(store_url: str) -> None:
+    ann = [
+        create_key(store_url, "--full-access", "--owner", "ann@example.com")["id"] for _ in "abc"
+    ]
+    create_key(store_url, "--full-access", "--owner", "bob")
+    create_key(store_url)
+    ok(store_url, "disable", ann[1])
+
+    listed = json.loads(ok(store_url, "list", "--owner", "ann@example.com", "--json").stdout)
+    assert [item["id"] for item in listed] == ann
+    active = json.loads(
+        ok(
+            store_url,
+            "list",
+            "--owner",
+            "ann@example.com",
+            "--status",
+            "active",
+            "--limit",
+            "1",
+            "--json",
+        ).stdout
+    )
+    assert [item["id"] for item in active["data"]] == [ann[0]]
+    following = json.loads(
+        ok(
+            store_url,
+            "list",
+            "--owner",
+            "ann@example.com",
+            "--status",
+            "active",
+            "--cursor",
+            active["next_cursor"],
+            "--json",
+        ).stdout
+    )
+    assert following == {"data": [show(store_url, ann[2])], "next_cursor": None}
+    assert "No API keys of owner 'carol'." in ok(store_url, "list", "--owner", "carol").stdout
+
+
+@pytest.mark.parametrize("cursor", ["", "garbage", "MS4xLg", "Mi4xLmFiYw", "ak_" + "x" * 300, "é"])
+def test_list_with_a_bad_cursor_is_a_usage_error_in_one_line(store_url: str, cursor: str) -> None:
+    create_key(store_url)
+    result = run(store_url, "list", "--cursor", cursor)
+    assert result.exit_code == 2, result.stdout
+    assert "invalid cursor" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "1001", "-1", "ten"])
+def test_list_with_a_bad_limit_is_a_usage_error(store_url: str, limit: str) -> None:
+    assert run(store_url, "list", "--limit", limit).exit_code == 2
+
+
 # -- store selection and failures -----------------------------------------------------------
 
 

@@ -42,6 +42,7 @@ from apikeys.errors import (
 )
 from apikeys.hashing import Hasher, slow_context
 from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.listing import KeyFilter, KeyPage
 from apikeys.manager import KeyManager, check_usable
 from apikeys.middleware import APIKeyAuth, APIKeyMiddleware, APIKeyUser, ScopeTable
 from apikeys.ratelimit import (
@@ -86,8 +87,10 @@ __all__ = [
     "KeyCache",
     "KeyDisabled",
     "KeyExpired",
+    "KeyFilter",
     "KeyManager",
     "KeyNotFound",
+    "KeyPage",
     "KeyRecord",
     "KeyRevoked",
     "KeyStore",

@@ -34,12 +34,15 @@ from apikeys.types import KeyRecord, Status
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
+    "STATUSES",
     "KeyFilter",
     "KeyPage",
     "Position",
+    "after",
     "check_page_size",
     "decode_cursor",
     "encode_cursor",
+    "position",
 ]
 
 DEFAULT_PAGE_SIZE: Final = 50
@@ -48,6 +51,7 @@ MAX_PAGE_SIZE: Final = 1000
 """The largest page `KeyManager.list_page` returns; a larger `limit` is refused."""
 
 STATUSES: Final[tuple[Status, ...]] = get_args(Status)
+"""The statuses a listing filters by: `active`, `disabled`, `revoked`, `expired`."""
 
 Position = tuple[datetime, str]
 """Where a key sorts: its `(created_at, id)`."""

@@ -42,12 +42,14 @@ import concurrent.futures
 import functools
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, Final, Generic, ParamSpec, Self, TypeVar, overload
 
+from apikeys.listing import DEFAULT_PAGE_SIZE
 from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.stores.base import KeyStore
+from apikeys.types import KeyRecord, Status
 
 __all__ = ["KeyManager", "LoopThread", "SyncKeyManager"]
 
@@ -276,6 +278,7 @@ class KeyManager:
     create = _Blocking(AsyncKeyManager.create)
     get = _Blocking(AsyncKeyManager.get)
     list = _Blocking(AsyncKeyManager.list)
+    list_page = _Blocking(AsyncKeyManager.list_page)
     verify = _Blocking(AsyncKeyManager.verify)
     update = _Blocking(AsyncKeyManager.update)
     disable = _Blocking(AsyncKeyManager.disable)
@@ -286,6 +289,26 @@ class KeyManager:
     usage = _Blocking(AsyncKeyManager.usage)
     spend_credits = _Blocking(AsyncKeyManager.spend_credits)
     flush = _Blocking(AsyncKeyManager.flush)
+
+    def iter_keys(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> Iterator[KeyRecord]:
+        """Every record that matches, oldest first, read `page_size` at a time
+        (`list_page` without the cursors)."""
+        cursor: str | None = None
+        while True:
+            page = self.list_page(
+                workspace, owner=owner, status=status, limit=page_size, cursor=cursor
+            )
+            yield from page.records
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
 
 
 SyncKeyManager = KeyManager

@@ -4,7 +4,7 @@ revoke and roll."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,8 +29,9 @@ from apikeys.cli.common import (
     policy_options,
 )
 from apikeys.durations import format_duration
+from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
 from apikeys.manager import KeyManager
-from apikeys.types import REVOKED, CreatedKey, KeyRecord, utcnow
+from apikeys.types import REVOKED, CreatedKey, KeyRecord, Status
 
 __all__: list[str] = []
 
@@ -207,32 +208,76 @@ def update(
 
 @main.command("list")
 @click.option("--workspace", default=None, help="Only this workspace's keys (default: all).")
+@click.option("--owner", default=None, help="Only keys with this owner.")
 @click.option(
     "--status",
-    type=click.Choice(["active", "disabled", "revoked", "expired"]),
+    type=click.Choice(list(STATUSES)),
     default=None,
     help="Only keys with this status (default: all).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of records.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, MAX_PAGE_SIZE),
+    default=None,
+    help=f"Print one page of at most this many keys (1 to {MAX_PAGE_SIZE}), and its cursor.",
+)
+@click.option(
+    "--cursor",
+    default=None,
+    help="Print the page that starts here: the cursor a previous page printed.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print a JSON array of records; a page as {"data": [...], "next_cursor": ...}.',
+)
 @click.pass_context
-def list_keys(ctx: click.Context, workspace: str | None, status: str | None, as_json: bool) -> None:
-    """List keys, oldest first, with status and usage (never a secret)."""
+def list_keys(
+    ctx: click.Context,
+    workspace: str | None,
+    owner: str | None,
+    status: Status | None,
+    limit: int | None,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List keys, oldest first, with status and usage (never a secret).
 
-    async def work(manager: KeyManager) -> list[KeyRecord]:
-        return await manager.list(workspace)
+    Every key that matches is printed, unless --limit or --cursor asks for one page.
+    """
+    paged = limit is not None or cursor is not None
 
-    records = _run(ctx, work)
-    if status is not None:
-        now = utcnow()
-        records = [record for record in records if record.status_at(now) == status]
+    async def work(manager: KeyManager) -> KeyPage:
+        if paged:
+            return await manager.list_page(
+                workspace,
+                owner=owner,
+                status=status,
+                limit=limit or DEFAULT_PAGE_SIZE,
+                cursor=cursor,
+            )
+        return KeyPage(await manager.list(workspace, owner=owner, status=status), None)
+
+    page = _run(ctx, work)
+    records = page.records
     if as_json:
-        _echo_json([record.to_dict() for record in records])
+        items = [record.to_dict() for record in records]
+        _echo_json({"data": items, "next_cursor": page.next_cursor} if paged else items)
         return
     if not records:
         where = f" in workspace {workspace!r}" if workspace is not None else ""
+        whose = f" of owner {owner!r}" if owner is not None else ""
         which = f" {status}" if status is not None else ""
-        click.echo(f"No{which} API keys{where}.")
-        return
+        more = " on this page" if paged else ""
+        click.echo(f"No{which} API keys{whose}{where}{more}.")
+    else:
+        _print_records(records)
+    if page.next_cursor is not None:
+        click.echo(f"Next page: --cursor {page.next_cursor}")
+
+
+def _print_records(records: Sequence[KeyRecord]) -> None:
     headers = (
         "ID",
         "NAME",
