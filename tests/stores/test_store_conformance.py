@@ -286,6 +286,20 @@ class TestListPage:
                 count = {"ann": per_owner, "nobody": 0, None: 3 * per_owner}[owner]
                 assert len(expected) == count, where
 
+    async def test_many_keys_of_one_creation_time_are_neither_repeated_nor_skipped(
+        self, store: KeyStore
+    ) -> None:
+        # More ties than one read of an index takes (Redis reads 64 at a time with a filter).
+        ids = sorted(generate_id() for _ in range(150))
+        for index, key_id in enumerate(ids):
+            await inserted(store, key_id, created_at=T0, owner="ann" if index % 50 == 49 else None)
+
+        for where, size in ((KeyFilter(owner="ann"), 1), (KeyFilter(), 40), (KeyFilter(), 1)):
+            pages = await walk(store, where, size)
+            listed = [record.id for page in pages for record in page]
+            expected = ids[49::50] if where.owner else ids
+            assert listed == expected, (where, size)
+
     async def test_without_a_workspace_every_workspace_is_listed(self, store: KeyStore) -> None:
         mine = await inserted(store, workspace="acme", created_at=T0)
         theirs = await inserted(store, workspace="globex", created_at=T0 + HOUR)

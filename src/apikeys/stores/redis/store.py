@@ -16,7 +16,7 @@ and every script names keys of that slot only:
 and, across keys:
 
 - `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at` (in
-  microseconds; `list_page` reads it by score from a cursor on).
+  microseconds; `list_page` reads it by rank from the cursor's id on).
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
 - `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
   fingerprint.
@@ -631,34 +631,32 @@ class RedisStore(KeyStore):
     async def list_page(
         self, where: KeyFilter, *, start: Position | None, limit: int, now: datetime
     ) -> builtins.list[KeyRecord]:
-        # The index is read in batches by score (created_at) from the cursor on, and ids
-        # of one score come in id order, as in `list`. A batch's last score and how many
-        # ids of that score were read say where the next batch starts; `after` drops what
-        # the cursor has passed. Only the hashes of the ids read are fetched, so a page
-        # costs about its own size, more when `owner` or `status` leave keys out.
+        # The index is sorted as `list` is: by score (created_at), then by id. It is read
+        # by rank from just after the cursor's own entry (ZRANK), however many keys share
+        # its creation time; `after` drops anything the cursor has passed (an entry added
+        # before it meanwhile shifts the ranks by one). Only the hashes of the ids read are
+        # fetched: a page costs about its own size, more when `owner` or `status` leave
+        # keys out.
         index = (
             self._all_index
             if where.workspace is None
             else self.workspace_index_name(where.workspace)
         )
-        low: int | str = "-inf" if start is None else int(_encode_time(start[0]))
-        skip = 0
         # Room for the cursor's own entry; with `owner` or `status`, for keys left out.
         narrowed = where.owner is not None or where.status is not None
         batch = min(max(limit * 2, 64), 1000) if narrowed else limit + 1
         records: builtins.list[KeyRecord] = []
         async with self._calls():
+            rank = 0 if start is None else await self._rank_after(index, start)
             while len(records) < limit:
-                entries = cast(
-                    "builtins.list[tuple[str, float]]",
-                    await self._client.zrange(
-                        index, low, "+inf", byscore=True, offset=skip, num=batch, withscores=True
-                    ),
+                ids = cast(
+                    "builtins.list[str]", await self._client.zrange(index, rank, rank + batch - 1)
                 )
-                if not entries:
+                if not ids:
                     break
+                rank += len(ids)
                 async with self._client.pipeline(transaction=False) as pipe:
-                    for key_id, _ in entries:
+                    for key_id in ids:
                         pipe.hgetall(self.key_name(key_id))
                     replies: builtins.list[dict[str, str]] = await pipe.execute()
                 for fields in replies:
@@ -671,13 +669,24 @@ class RedisStore(KeyStore):
                         records.append(record)
                         if len(records) == limit:
                             break
-                last = int(entries[-1][1])
-                same = sum(1 for _, score in entries if int(score) == last)
-                skip = skip + same if last == low else same
-                low = last
-                if len(entries) < batch:
+                if len(ids) < batch:
                     break
         return records
+
+    async def _rank_after(self, index: str, start: Position) -> int:
+        """The rank in `index` of the first entry after `start`, or close before it."""
+        created_at, key_id = start
+        score = int(_encode_time(created_at))
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.zscore(index, key_id)
+            pipe.zrank(index, key_id)
+            pipe.zcount(index, "-inf", f"({score}")
+            found, rank, below = await pipe.execute()
+        if found is not None and rank is not None and int(found) == score:
+            return int(rank) + 1
+        # The cursor's key is not in this index (a cursor of another listing, or an entry
+        # deleted by hand): start at its creation time, and let `after` skip ties before it.
+        return int(below)
 
     def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
         if not reply:
