@@ -74,6 +74,7 @@ def two_workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[UISe
             run_async(lambda: _drop_database(services.POSTGRES_URL, database))
     output = log.read_text()
     assert PASSWORD not in output
+    assert not KEY_RE.search(output)  # no key is ever logged
     # Both workers served the list, where new keys are shown: nothing was sticky.
     served = set(re.findall(rf"^worker (\d+) .*\"GET {LIST} HTTP", output, re.MULTILINE))
     assert len(served) == 2, output
