@@ -37,7 +37,8 @@ from playwright.sync_api import (
 )
 
 from apikeys import Hasher, KeyManager, parse_key, store_from_url
-from apikeys.types import KeyRecord, UsageDelta
+from apikeys.stores import MemoryStore
+from apikeys.types import KeyRecord, StoredKey, UsageDelta
 from apikeys.ui import Reveal, RevealStore
 from apikeys.ui.forms import parse_expiry, relative
 from tests import services
@@ -845,17 +846,24 @@ def test_one_time_key_is_given_once_to_its_user_and_forgotten_after_ttl() -> Non
         rate_limit=None,
         created_at=NOW,
     )
-    store = RevealStore(ttl=60)
-    nonce = store.put(Reveal("ak_secret", record, "u_1"))
-    assert "ak_secret" not in repr(Reveal("ak_secret", record, "u_1"))
-    assert store.pop(nonce, "u_2") is None  # another user's session cannot take it
-    revealed = store.pop(nonce, "u_1")
-    assert revealed is not None
-    assert revealed.key == "ak_secret"
-    assert store.pop(nonce, "u_1") is None  # once
-    expired = RevealStore(ttl=0)
-    assert expired.pop(expired.put(Reveal("ak_secret", record, "u_1")), "u_1") is None
-    assert len(expired) == 0
+
+    async def main() -> None:
+        keys = MemoryStore()
+        await keys.insert(StoredKey(record=record, secret_hash="h"))
+        store = RevealStore(keys, ttl=timedelta(seconds=60))
+        nonce = await store.put(Reveal("ak_secret", record, "u_1"))
+        assert "ak_secret" not in repr(Reveal("ak_secret", record, "u_1"))
+        assert await store.pop(nonce, "u_2") is None  # another user's session cannot take it
+        revealed = await store.pop(nonce, "u_1")
+        assert revealed is not None
+        assert revealed.key == "ak_secret"
+        assert await store.pop(nonce, "u_1") is None  # once
+        expired = RevealStore(keys, ttl=timedelta(0))
+        gone = await expired.put(Reveal("ak_secret", record, "u_1"))
+        assert await expired.pop(gone, "u_1") is None
+        assert len(keys._once) == 0
+
+    run_async(main)
 
 
 def test_settings_never_show_the_password_or_session_secret() -> None:

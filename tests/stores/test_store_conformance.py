@@ -832,3 +832,43 @@ class TestUsageBatchRetention:
             async with store.engine.connect() as conn:
                 count = (await conn.execute(sa.select(sa.func.count()).select_from(batches))).one()
             assert count == (2,)
+
+
+class TestOneTimeValues:
+    """`put_once` and `take_once`: a value is taken at most once, everywhere, within its ttl."""
+
+    async def test_a_value_put_is_taken_once_then_gone(self, store: KeyStore) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "sealed.value", timedelta(minutes=5))
+        assert await store.take_once(token) == "sealed.value"
+        assert await store.take_once(token) is None
+
+    async def test_an_unknown_token_takes_nothing(self, store: KeyStore) -> None:
+        assert await store.take_once(uuid.uuid4().hex) is None
+
+    async def test_values_under_different_tokens_are_taken_apart(self, store: KeyStore) -> None:
+        first, second = uuid.uuid4().hex, uuid.uuid4().hex
+        await store.put_once(first, "one", timedelta(minutes=5))
+        await store.put_once(second, "two", timedelta(minutes=5))
+        assert await store.take_once(second) == "two"
+        assert await store.take_once(first) == "one"
+
+    async def test_if_many_take_one_value_at_once_then_exactly_one_gets_it(
+        self, store: KeyStore
+    ) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "once", timedelta(minutes=5))
+        taken = await asyncio.gather(*(store.take_once(token) for _ in range(20)))
+        assert taken.count("once") == 1
+        assert taken.count(None) == 19
+
+    async def test_if_its_ttl_has_passed_then_a_value_is_never_taken(self, store: KeyStore) -> None:
+        at_once, soon = uuid.uuid4().hex, uuid.uuid4().hex
+        await store.put_once(at_once, "expired", timedelta(0))
+        await store.put_once(soon, "expires", timedelta(milliseconds=50))
+        await asyncio.sleep(0.5)
+        assert await store.take_once(at_once) is None
+        assert await store.take_once(soon) is None
+
+    def test_every_store_keeps_one_time_values(self, store: KeyStore) -> None:
+        assert store.keeps_one_time_values()

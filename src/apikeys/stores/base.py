@@ -94,6 +94,35 @@ class KeyStore(abc.ABC):
         """
         return None
 
+    async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
+        """Keep `value` under `token` for `ttl`, for `take_once` to take, once.
+
+        A small shared place for short-lived single-use values that every process of the
+        store can reach, such as the settings page's sealed new keys (`apikeys.ui`), which
+        must be shown once in whichever process serves the page. `token` is a fresh random
+        string of at most 64 ASCII characters, never reused; `value` is ASCII text of at most
+        a few kilobytes. A store keeps values no longer than needed: an expired value may be
+        dropped at any time, and is never returned.
+
+        The default raises `NotImplementedError`: a store of your own works unchanged
+        unless something asks it for one-time values.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
+
+    async def take_once(self, token: str) -> str | None:
+        """The value `put_once` kept under `token`, removed in the same atomic step; None if
+        there is none (never put, already taken, or its `ttl` has passed).
+
+        At most once, everywhere: of any number of calls with one token, concurrent or not,
+        in any process sharing the store, at most one gets the value.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
+
+    def keeps_one_time_values(self) -> bool:
+        """Whether this store implements `put_once` and `take_once`."""
+        cls = type(self)
+        return cls.put_once is not KeyStore.put_once and cls.take_once is not KeyStore.take_once
+
     @abc.abstractmethod
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries).

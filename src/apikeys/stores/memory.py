@@ -6,7 +6,7 @@ import builtins
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any, ClassVar
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
@@ -64,6 +64,8 @@ class MemoryStore(KeyStore):
         # key id -> (credits, credits_refilled_at) spent since its record was last written
         self._spent: dict[str, tuple[int, datetime | None]] = {}
         self._settings: dict[str, str] = {}
+        # one-time token -> (deadline on time.monotonic(), value), oldest first
+        self._once: dict[str, tuple[float, str]] = {}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -71,6 +73,21 @@ class MemoryStore(KeyStore):
 
     def __repr__(self) -> str:
         return f"MemoryStore(keys={len(self._keys)})"
+
+    async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
+        now = time.monotonic()
+        while self._once:  # drop the expired, oldest first
+            oldest = next(iter(self._once))
+            if self._once[oldest][0] > now:
+                break
+            del self._once[oldest]
+        self._once[token] = (now + ttl.total_seconds(), value)
+
+    async def take_once(self, token: str) -> str | None:
+        item = self._once.pop(token, None)
+        if item is None or item[0] <= time.monotonic():
+            return None
+        return item[1]
 
     async def claim_setting(
         self, name: str, value: str, *, replacing: Collection[str] = ()

@@ -64,7 +64,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import sqlalchemy as sa
@@ -81,6 +81,7 @@ from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.listing import KeyFilter, Position
 from apikeys.policies import load_metadata
+from apikeys.stores import sql_once
 from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.base import days_of as _days
 from apikeys.stores.sql_engine import (
@@ -382,6 +383,7 @@ class SQLStore(KeyStore):
             self._audit,
             self._daily,
             self._settings,
+            self._once,
         ) = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
@@ -936,6 +938,18 @@ class SQLStore(KeyStore):
             return await self._run(work)
         except MissingTable:
             return None  # migrations that predate the settings table: no check, as before
+
+    async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
+        now = datetime.now(UTC)
+        await self._run(
+            lambda conn: sql_once.put_once(
+                conn, self._once, token, value, now=now, expires_at=now + ttl
+            )
+        )
+
+    async def take_once(self, token: str) -> str | None:
+        now = datetime.now(UTC)
+        return await self._run(lambda conn: sql_once.take_once(conn, self._once, token, now=now))
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record

@@ -34,6 +34,7 @@ __all__ = [
     "load_scopes",
     "log_table",
     "metadata",
+    "one_time_table",
     "readers_table",
     "settings_table",
     "store_tables",
@@ -126,6 +127,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     audit_table(name, meta)
     usage_daily_table(name, meta)
     settings_table(name, meta)
+    one_time_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -336,6 +338,24 @@ def settings_table(
     )
 
 
+def one_time_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_once`: short-lived single-use values (`SQLStore.put_once`), each
+    deleted when taken; expired rows are deleted by the next `put_once`."""
+    return _companion(
+        keys_table_name,
+        "once",
+        meta,
+        lambda name: (
+            sa.Column("token", sa.String(64), primary_key=True),
+            sa.Column("value", sa.Text(), nullable=False),
+            sa.Column("expires_at", UTCDateTime(), nullable=False),
+            sa.Index(f"ix_{name}_expires_at", "expires_at"),
+        ),
+    )
+
+
 keys = keys_table()
 """The default keys table, `apikeys_keys`."""
 
@@ -351,6 +371,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         audit_table(table_name),
         usage_daily_table(table_name),
         settings_table(table_name),
+        one_time_table(table_name),
     )
 
 

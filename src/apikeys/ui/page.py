@@ -15,8 +15,9 @@ JavaScript for the copy button); every page works without JavaScript. Mount it a
   application's own session cookie is never read or written.
 - A user sees and changes only their workspace's keys: an id of another workspace's key
   gets the same 404 page as an id that does not exist.
-- A new key (created or rolled) is shown once, on the page the form redirects to, and never
-  again (`RevealStore`).
+- A new key (created or rolled) is shown once, on the page the form redirects to, whichever
+  worker serves it, and never again (`RevealStore`: sealed in the key store, the browser
+  holding the other half).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
         name=exc.name,
     ) from None
 
+from apikeys.errors import ConfigurationError
 from apikeys.manager import KeyManager
 from apikeys.ratelimit import DEFAULT_RATE_LIMIT
 from apikeys.types import ACTIVE, DISABLED, REVOKED, Receive, Scope, Send
@@ -80,9 +82,9 @@ class KeysPage:
     - `product`: the name the page shows for the API (`"Contacts"`).
     - `default_rate_limit`: the limit a key without one gets, shown as a hint.
     - `https_only`: mark the page's cookie Secure (set it when served over https).
-    - `reveals`: where new keys wait to be shown once; by default this process's memory, so
-      with several workers the page after a create must reach the same process (sticky
-      sessions), or the page says the key can no longer be shown.
+    - `reveals`: where new keys wait to be shown once. By default the manager's key store,
+      which every worker and host shares: a new key is sealed there for 5 minutes and
+      shown once by whichever process serves the next page (see `RevealStore`).
     """
 
     def __init__(
@@ -111,7 +113,16 @@ class KeysPage:
         self.logout_url = logout_url
         self.product = product
         self.default_rate_limit = default_rate_limit or DEFAULT_RATE_LIMIT
-        self.reveals = reveals or RevealStore()
+        if reveals is None:
+            if not manager.store.keeps_one_time_values():
+                raise ConfigurationError(
+                    f"the settings page shows each new key once through its key store, and "
+                    f"{type(manager.store).__name__} keeps no one-time values: implement "
+                    "put_once and take_once, or pass reveals=RevealStore(MemoryStore()) "
+                    "to a page served by one process"
+                )
+            reveals = RevealStore(manager.store)
+        self.reveals = reveals
         self.templates = Jinja2Templates(env=self._environment())
         self._app = Starlette(
             routes=[

@@ -114,6 +114,7 @@ def route_path(scope: Scope) -> str:
 
 
 def page_of(request: Request) -> KeysPage:
+    """The `KeysPage` serving `request`."""
     page: KeysPage = request.app.state.page
     return page
 
@@ -165,6 +166,7 @@ def _check_csrf(request: Request, form: Form) -> None:
 
 
 def render(request: Request, template: str, *, status: int = 200, **context: Any) -> Response:
+    """`template` with `context` and what every page shows (user, CSRF token, paths)."""
     base = base_path(request)
     context.update(
         user=request.scope.get(USER_SCOPE_KEY),
@@ -179,6 +181,7 @@ def render(request: Request, template: str, *, status: int = 200, **context: Any
 
 
 def redirect(url: str) -> Response:
+    """303 to `url` (Post/Redirect/Get), never cached."""
     return RedirectResponse(url, status_code=303, headers={"Cache-Control": "no-store"})
 
 
@@ -249,6 +252,7 @@ async def own_key(request: Request, user: PageUser) -> KeyRecord:
 
 
 def refused(record: KeyRecord, verb: str) -> PageError:
+    """The 409 page for a change that `record`'s state does not allow."""
     return PageError(
         409,
         f"This key cannot be {verb}",

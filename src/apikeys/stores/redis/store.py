@@ -20,6 +20,8 @@ and, across keys:
 - `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
 - `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
   fingerprint.
+- `apikeys:once:<token>`: a one-time value (`put_once`), with its TTL; `take_once` reads
+  and deletes it in one script.
 
 The audit trail across keys is read from the per-key lists of the ids an index names. The
 previous release kept one list, `apikeys:audit`, and daily usage under untagged names
@@ -345,6 +347,7 @@ class RedisStore(KeyStore):
         self._update = client.register_script(_lua("update"))
         self._add_usage = client.register_script(_lua("add_usage"))
         self._claim_setting = client.register_script(_lua("claim_setting"))
+        self._take_once = client.register_script(_lua("take_once"))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -580,6 +583,18 @@ class RedisStore(KeyStore):
                 keys=[f"{self._prefix}setting:{name}"], args=[value, *replacing]
             )
         return str(recorded)
+
+    async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
+        milliseconds = int(ttl.total_seconds() * 1000)
+        if milliseconds <= 0:  # expired already: nothing to keep
+            return
+        async with self._calls():
+            await self._client.set(f"{self._prefix}once:{token}", value, px=milliseconds)
+
+    async def take_once(self, token: str) -> str | None:
+        async with self._calls():
+            value = await self._take_once(keys=[f"{self._prefix}once:{token}"])
+        return None if value is None else str(value)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record

@@ -90,7 +90,9 @@ async def show_list(
     reveal: Reveal | None = None
     reveal_lost = False
     if "reveal" in request.session:
-        reveal = page.reveals.pop(request.session.pop("reveal"), user.id)
+        # Forgotten only once answered: if the store cannot be reached, a reload shows it.
+        reveal = await page.reveals.pop(request.session["reveal"], user.id)
+        del request.session["reveal"]
         reveal_lost = reveal is None
     now = utcnow()
     rows = _rows(await page.manager.list(user.workspace), now)
@@ -152,5 +154,6 @@ async def create(request: Request, user: PageUser, form: Form) -> Response:
             errors["form"] = str(exc)
     if errors:
         return await show_list(request, user, form=values, errors=errors, status=422)
-    request.session["reveal"] = page.reveals.put(Reveal(created.key, created.record, user.id))
+    reveal = Reveal(created.key, created.record, user.id)
+    request.session["reveal"] = await page.reveals.put(reveal)
     return redirect(f"{base_path(request)}/#new-key")

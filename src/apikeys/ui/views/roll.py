@@ -102,5 +102,5 @@ async def roll(request: Request, user: PageUser, form: Form) -> Response:
     reveal = Reveal(
         created.key, created.record, user.id, rolled_from=old, old_expires_at=old.expires_at
     )
-    request.session["reveal"] = page.reveals.put(reveal)
+    request.session["reveal"] = await page.reveals.put(reveal)
     return redirect(f"{base_path(request)}/#new-key")
