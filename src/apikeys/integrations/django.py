@@ -449,7 +449,7 @@ def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome |
         return _Outcome(True, record, auth)
     runtime = _runtime()
     scope = _scope_of(request)
-    wanted = runtime.middleware._header_name
+    wanted = runtime.middleware.gate.header_name
     if not any(name == wanted for name, _ in scope["headers"]):
         return None
     outcome = runtime.manager.loop_thread.call(_check, runtime.for_scopes(required), scope)
