@@ -3,8 +3,9 @@
 The same app (a contacts list that needs `contacts:read`, a campaign trigger that needs
 `campaigns:trigger` and costs 5 credits) is served through each entry point: the ASGI
 middleware, Starlette's `AuthenticationMiddleware` with `APIKeyBackend` and `requires()`,
-and the FastAPI dependency. Each behaviour below runs through each of them and checks what
-the client sees and what the key's usage history and the telemetry record.
+the FastAPI dependency, and the Django middleware (through Django's ASGI handler). Each
+behaviour below runs through each of them and checks what the client sees and what the
+key's usage history and the telemetry record.
 
 The one difference is the Starlette backend's, by Starlette's design: a request with no key
 is anonymous, and `requires()` answers it (403, or a redirect).
@@ -12,12 +13,34 @@ is anonymous, and `requires()` answers it (403, or a redirect).
 
 from __future__ import annotations
 
+import django
+from django.conf import settings
+
+if not settings.configured:  # as tests/integrations/test_django.py configures it
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="apikeys-tests-not-secret",
+        ALLOWED_HOSTS=["testserver", "t"],
+        ROOT_URLCONF=__name__,
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"],
+        MIDDLEWARE=[],
+        DATABASES={},
+    )
+    django.setup()
+
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
+from django.core.handlers.asgi import ASGIHandler
+from django.http import HttpRequest
+from django.http import JsonResponse as DjangoJSON
+from django.test import override_settings
+from django.urls import path as django_path
 from fastapi import FastAPI, Security
 from starlette.applications import Starlette
 from starlette.authentication import requires
@@ -37,10 +60,13 @@ from apikeys import (
     generate_key,
 )
 from apikeys.errors import LimiterUnavailable
+from apikeys.integrations import django as django_integration
 from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
 from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
+from apikeys.sync import KeyManager as SyncKeyManager
 from apikeys.telemetry import TelemetryEvent
 from apikeys.types import DailyUsage
+from tests.conftest import TEST_PEPPER
 
 SCOPES = {
     "GET /api/contacts": "contacts:read",
@@ -110,10 +136,21 @@ def fastapi_app(manager: KeyManager, limiter: RateLimiter | None) -> Any:
     return app
 
 
+def django_view(request: HttpRequest, id: int | None = None) -> DjangoJSON:
+    return DjangoJSON({"key": request.apikey.id})  # type: ignore[attr-defined]
+
+
+urlpatterns = [
+    django_path("api/contacts", django_view),
+    django_path("api/campaigns/<int:id>/trigger", django_view),
+]
+
+
 ENTRY_POINTS: dict[str, Callable[[KeyManager, RateLimiter | None], Any]] = {
     "middleware": middleware_app,
     "starlette": starlette_app,
     "fastapi": fastapi_app,
+    "django": lambda manager, limiter: ASGIHandler(),
 }
 
 
@@ -122,7 +159,7 @@ class Served:
     """One entry point serving the app: its client, its manager and what it reported."""
 
     name: str
-    manager: KeyManager
+    manager: Any  # a KeyManager, or Django's awaited on its own loop
     http: httpx.AsyncClient
     events: list[TelemetryEvent] = field(default_factory=list)
 
@@ -147,18 +184,42 @@ def bearer(key: str) -> dict[str, str]:
 Serve = Callable[..., Awaitable[Served]]
 
 
+class OnItsLoop:
+    """Django's manager, awaited from the test's loop: its methods run on its own loop."""
+
+    def __init__(self, manager: SyncKeyManager) -> None:
+        self._sync = manager
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._sync.manager, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await self._sync.loop_thread.acall(method, *args, **kwargs)
+
+        return call
+
+
 @pytest.fixture(params=sorted(ENTRY_POINTS))
-async def serve(request: pytest.FixtureRequest, hasher: Hasher) -> AsyncIterator[Serve]:
+async def serve(
+    request: pytest.FixtureRequest, hasher: Hasher, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Serve]:
     """Serve the app through the entry point of the param, on a fresh memory store."""
     managers: list[KeyManager] = []
     clients: list[httpx.AsyncClient] = []
+    stack = contextlib.ExitStack()
 
     async def start(store: MemoryStore | None = None, limiter: RateLimiter | None = None) -> Served:
         events: list[TelemetryEvent] = []
-        manager = KeyManager(
-            store or MemoryStore(), hasher=hasher, usage_flush_interval=0.05, on_event=events.append
-        )
-        managers.append(manager)
+        if request.param == "django":
+            manager: Any = start_django(stack, monkeypatch, store, limiter, events)
+        else:
+            manager = KeyManager(
+                store or MemoryStore(),
+                hasher=hasher,
+                usage_flush_interval=0.05,
+                on_event=events.append,
+            )
+            managers.append(manager)
         app = ENTRY_POINTS[request.param](manager, limiter)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
         clients.append(http)
@@ -169,6 +230,42 @@ async def serve(request: pytest.FixtureRequest, hasher: Hasher) -> AsyncIterator
         await http.aclose()
     for manager in managers:
         await manager.aclose()
+    await asyncio.to_thread(stack.close)
+
+
+def start_django(
+    stack: contextlib.ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+    store: MemoryStore | None,
+    limiter: RateLimiter | None,
+    events: list[TelemetryEvent],
+) -> OnItsLoop:
+    """Django's settings for the app; its manager (made from them, on its own loop)."""
+    if store is not None:
+        monkeypatch.setattr(django_integration, "store_from_url", lambda url, **_: store)
+    if limiter is not None:
+
+        async def given_limiter(rate_limit: str | None, url: str) -> RateLimiter:
+            return limiter
+
+        monkeypatch.setattr(django_integration, "_limiter", given_limiter)
+    stack.callback(django_integration.reset)
+    stack.enter_context(
+        override_settings(
+            ROOT_URLCONF=__name__,
+            ALLOWED_HOSTS=["t"],
+            MIDDLEWARE=["apikeys.integrations.django.APIKeyMiddleware"],
+            APIKEYS={
+                "STORE_URL": "memory://",
+                "PEPPER": TEST_PEPPER,
+                "PROTECT": "/api/",
+                "SCOPES": SCOPES,
+                "COSTS": COSTS,
+                "MANAGER_OPTIONS": {"usage_flush_interval": 0.05, "on_event": events.append},
+            },
+        )
+    )
+    return OnItsLoop(django_integration.get_manager())
 
 
 def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -314,9 +411,8 @@ class BrokenStore(MemoryStore):
 
 
 async def test_if_store_breaks_then_503_never_500(serve: Serve) -> None:
-    key, _ = await (await serve()).create()
     served = await serve(store=BrokenStore())
-    response = await served.http.get(CONTACTS, headers=bearer(key))
+    response = await served.http.get(CONTACTS, headers=bearer(generate_key().token))
     assert_problem(response, 503, "auth_unavailable")
 
 
