@@ -30,6 +30,8 @@ if not settings.configured:  # as tests/integrations/test_django.py configures i
 
 import asyncio
 import contextlib
+import importlib
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+import apikeys
 from apikeys import (
     APIKeyMiddleware,
     Hasher,
@@ -438,3 +441,33 @@ async def test_if_limiter_fails_then_503_and_history_has_no_auth_unavailable(
     assert "auth_unavailable" not in usage.refused
     assert usage.total == 1
     assert served.limited() == []
+
+
+@pytest.mark.parametrize(
+    "name", ["apikeys.gate", "apikeys.routes", "apikeys.credentials", "apikeys.middleware"]
+)
+def test_the_request_path_modules_export_and_document_what_they_define(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = set(module.__all__)
+    assert len(exported) == len(module.__all__)
+    defined = {
+        item
+        for item, value in vars(module).items()
+        if not item.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and getattr(value, "__module__", None) == name
+    }
+    assert defined <= exported, sorted(defined - exported)
+    for item in exported:
+        value = getattr(module, item)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert inspect.getdoc(value), f"{name}.{item} has no docstring"
+
+
+def test_what_users_imported_from_the_middleware_is_still_there() -> None:
+    from apikeys import middleware, routes
+
+    assert middleware.ScopeTable is routes.ScopeTable is apikeys.ScopeTable
+    assert middleware.CostTable is routes.CostTable
+    for name in ("bearer_token", "header_token", "check_address", "spend_credit"):
+        assert callable(getattr(middleware, name))
