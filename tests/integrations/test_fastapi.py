@@ -502,3 +502,8 @@ async def test_if_the_middleware_admitted_the_request_then_the_dependency_charge
     assert (await memory_manager.get(created.record.id)).credits == 8
     (today,) = await memory_manager.usage(created.record.id, days=1)
     assert (today.admitted, dict(today.refused)) == (1, {"insufficient_scope": 1})
+
+
+def test_if_a_cost_rule_is_wrong_then_refused_when_built(memory_manager: KeyManager) -> None:
+    with pytest.raises(ConfigurationError, match="cost rule"):
+        APIKeySecurity(memory_manager, costs={"POST /trigger": 0})
