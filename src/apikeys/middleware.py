@@ -72,7 +72,9 @@ class APIKeyMiddleware:
       key's own `rate_limit` overrides it. Several named limits are written
       `"burst=10/second, daily=10000/day"` or given as `{"burst": "10/second", …}`: a
       request is admitted only if each admits it (docs/concepts/rate-limits.md).
-    - `limiter_url`: `memory://` or `redis://…` shared by every process; or pass `limiter`.
+    - `limiter_url`: `memory://` or `redis://…` shared by every process; or pass `limiter`
+      (`limiter=manager.limiter` shares the one the Starlette backend and the FastAPI
+      dependency use by default).
     - `realm`: the realm of the `WWW-Authenticate` challenge.
     - `public`: exact paths under `protect` served without a key (an API's own OpenAPI
       document, say), so that everything else under the prefix, unknown paths included,
