@@ -943,3 +943,44 @@ async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_
     with pytest.raises(ConfigurationError):
         async with manager(Hasher(TEST_PEPPER)):
             pass
+
+
+class TestSharedLimiter:
+    """`KeyManager.limiter`: the limiter the integrations share unless given another."""
+
+    async def test_if_none_given_then_one_in_memory_made_once(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from limits.aio.storage import MemoryStorage
+
+        monkeypatch.delenv("APIKEYS_LIMITER_URL", raising=False)
+        async with KeyManager(MemoryStore()) as manager:
+            assert manager.limiter is manager.limiter
+            assert isinstance(manager.limiter.storage, MemoryStorage)
+
+    async def test_if_the_environment_names_a_redis_then_it_is_used(
+        self, monkeypatch: pytest.MonkeyPatch, redis_url: str
+    ) -> None:
+        from limits.aio.storage import RedisStorage
+
+        monkeypatch.setenv("APIKEYS_LIMITER_URL", redis_url)
+        async with KeyManager(MemoryStore()) as manager:
+            assert isinstance(manager.limiter.storage, RedisStorage)
+
+    async def test_if_a_limiter_is_given_then_it_is_used_and_left_open(self) -> None:
+        from apikeys import RateLimiter
+
+        closed: list[bool] = []
+
+        class Given(RateLimiter):
+            async def aclose(self) -> None:
+                closed.append(True)
+
+        given_limiter = Given("5/second")
+        async with KeyManager(MemoryStore(), limiter=given_limiter) as manager:
+            assert manager.limiter is given_limiter
+        assert closed == []
+
+    def test_if_the_limiter_url_is_unknown_then_refused_when_built(self) -> None:
+        with pytest.raises(ConfigurationError, match="unknown limiter storage"):
+            KeyManager(MemoryStore(), limiter="mongodb://nowhere")

@@ -47,7 +47,7 @@ from apikeys.listing import (
     position,
 )
 from apikeys.policies import parse_refill, policy_fields
-from apikeys.ratelimit import format_policies, parse_policies
+from apikeys.ratelimit import RateLimiter, format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
 from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
@@ -69,11 +69,12 @@ from apikeys.types import (
 )
 from apikeys.usage import UsageBuffer, write_at_exit
 
-__all__ = ["STORE_URL_ENV", "KeyManager", "check_usable", "refusal"]
+__all__ = ["LIMITER_URL_ENV", "STORE_URL_ENV", "KeyManager", "check_usable", "refusal"]
 
 logger = logging.getLogger("apikeys")
 
 STORE_URL_ENV: Final = "APIKEYS_STORE_URL"
+LIMITER_URL_ENV: Final = "APIKEYS_LIMITER_URL"
 """The variable naming the key store, read by `KeyManager()` without a store and by the CLI."""
 
 _MAX_TEXT = 200
@@ -207,6 +208,11 @@ class KeyManager:
     (HMAC-SHA256 keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
     `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
 
+    `limiter` is the `RateLimiter` the integrations (the Starlette backend, the FastAPI
+    dependency) share by default: a `RateLimiter`, or its storage URL; without one,
+    `APIKEYS_LIMITER_URL` (`memory://` when it is unset), made on first use with the default
+    limit of `APIKEYS_RATE_LIMIT`. A limiter the manager made is closed by `aclose()`.
+
     Records are cached in process (`cache`, on by default for SQLite, PostgreSQL and Redis)
     and trusted only while the store's invalidation channel proves them fresh, so `verify`
     needs no store round trip while every change still holds for the very next request in
@@ -252,7 +258,12 @@ class KeyManager:
         cache_size: int = DEFAULT_CACHE_SIZE,
         metrics: Any = False,
         on_event: EventHook | None = None,
+        limiter: RateLimiter | str | None = None,
     ) -> None:
+        self._owns_limiter = not isinstance(limiter, RateLimiter)
+        self._limiter_url = limiter if isinstance(limiter, str) else None
+        # A URL is checked now (a RateLimiter opens no connection until it is used).
+        self._limiter = RateLimiter(None, limiter) if isinstance(limiter, str) else limiter
         if store is None:
             store = os.environ.get(STORE_URL_ENV) or "memory://"
         self._url = store if isinstance(store, str) else None
@@ -358,7 +369,7 @@ class KeyManager:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Write buffered usage, stop the cache and close the store."""
+        """Write buffered usage, stop the cache, close the store and the limiter it made."""
         self._release()
         try:
             await self.usage_buffer.aclose()
@@ -367,7 +378,21 @@ class KeyManager:
                 if self._changes is not None:
                     await self._changes.aclose()
             finally:
-                await self.store.aclose()
+                try:
+                    await self.store.aclose()
+                finally:
+                    limiter, self._limiter = self._limiter, None
+                    if limiter is not None and self._owns_limiter:
+                        await limiter.aclose()
+
+    @property
+    def limiter(self) -> RateLimiter:
+        """The rate limiter the integrations share by default (see the class doc)."""
+        limiter = self._limiter
+        if limiter is None:
+            url = self._limiter_url or os.environ.get(LIMITER_URL_ENV) or "memory://"
+            limiter = self._limiter = RateLimiter(None, url)
+        return limiter
 
     async def flush(self) -> None:
         """Write buffered usage counts to the store now."""

@@ -372,6 +372,9 @@ def test_a_request_the_middleware_admitted_is_charged_once(
     assert problem(client.post("/api/v1/drf"))["code"] == "insufficient_scope"
     manager.flush()
     assert manager.get(created.record.id).request_count == 2
+    # Counted in the key's history as refused, as every entry point counts it.
+    (today,) = manager.usage(created.record.id, days=1)
+    assert (today.admitted, dict(today.refused)) == (1, {"insufficient_scope": 1})
 
 
 def test_drf_without_the_exception_handler_keeps_status_body_and_challenge(

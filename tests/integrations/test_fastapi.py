@@ -377,3 +377,133 @@ async def test_if_the_dependency_is_on_the_router_and_the_endpoint_then_a_reques
     assert refused.json()["code"] == "insufficient_scope"
     await memory_manager.flush()
     assert (await memory_manager.get(created.record.id)).request_count == 3
+
+
+def optional_app(manager: KeyManager) -> FastAPI:
+    api_key = APIKeySecurity(manager, optional=True)
+    app = FastAPI()
+    install_error_handler(app)
+
+    @app.get("/greeting")
+    async def greeting(key: KeyRecord | None = Security(api_key)) -> dict[str, str | None]:
+        return {"key": None if key is None else key.id}
+
+    @app.get("/contacts")
+    async def contacts(
+        key: KeyRecord | None = Security(api_key, scopes=["contacts:read"]),
+    ) -> dict[str, str | None]:
+        return {"key": None if key is None else key.id}
+
+    return app
+
+
+async def test_if_optional_and_no_key_then_anonymous_and_a_key_sent_is_still_checked(
+    memory_manager: KeyManager,
+) -> None:
+    created = await memory_manager.create(name="n", workspace="acme", scopes=["other:read"])
+    transport = httpx.ASGITransport(app=optional_app(memory_manager))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        anonymous = await http.get("/greeting")
+        assert anonymous.status_code == 200
+        assert anonymous.json() == {"key": None}
+        assert "ratelimit" not in anonymous.headers
+        # Anonymous also where scopes are asked for: the endpoint decides what None may see.
+        assert (await http.get("/contacts")).json() == {"key": None}
+        known = await http.get("/greeting", headers=bearer(created.key))
+        assert known.json() == {"key": created.record.id}
+        assert known.headers["ratelimit"] == '"default";r=99;t=60'
+        bad = await http.get("/greeting", headers=bearer("nope"))
+        assert bad.status_code == 401
+        assert bad.json()["code"] == "malformed_api_key"
+        unknown = await http.get("/greeting", headers=bearer(generate_key().token))
+        assert unknown.json()["code"] == "invalid_api_key"
+        narrow = await http.get("/contacts", headers=bearer(created.key))
+        assert narrow.status_code == 403
+        assert narrow.json()["code"] == "insufficient_scope"
+
+
+async def test_if_optional_with_a_named_header_then_only_that_header_makes_a_key(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager, optional=True, header="X-API-Key")
+    app = FastAPI()
+    install_error_handler(app)
+
+    @app.get("/greeting")
+    async def greeting(key: KeyRecord | None = Security(api_key)) -> dict[str, str | None]:
+        return {"key": None if key is None else key.id}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        assert (await http.get("/greeting", headers=bearer("nope"))).json() == {"key": None}
+        bad = await http.get("/greeting", headers={"X-API-Key": "nope"})
+    assert bad.status_code == 401
+    assert bad.json()["detail"] == "The X-API-Key header is not exactly one well-formed API key."
+
+
+async def test_if_no_limiter_given_then_dependencies_share_the_managers_limiter(
+    memory_manager: KeyManager,
+) -> None:
+    first, second = APIKeySecurity(memory_manager), APIKeySecurity(memory_manager)
+    assert first.limiter is second.limiter is memory_manager.limiter
+    app = FastAPI()
+    install_error_handler(app)
+
+    @app.get("/one")
+    async def one(key: KeyRecord = Security(first)) -> dict[str, str]:
+        return {"id": key.id}
+
+    @app.get("/two")
+    async def two(key: KeyRecord = Security(second)) -> dict[str, str]:
+        return {"id": key.id}
+
+    created = await memory_manager.create(name="n", full_access=True, rate_limit="1/minute")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        assert (await http.get("/one", headers=bearer(created.key))).status_code == 200
+        limited = await http.get("/two", headers=bearer(created.key))
+    assert limited.status_code == 429
+    assert limited.json()["code"] == "rate_limited"
+
+
+async def test_if_the_middleware_admitted_the_request_then_the_dependency_charges_nothing(
+    memory_manager: KeyManager,
+) -> None:
+    from apikeys import APIKeyMiddleware
+
+    api_key = APIKeySecurity(memory_manager)
+    app = FastAPI()
+    install_error_handler(app)
+
+    @app.get("/api/contacts")
+    async def contacts(
+        key: KeyRecord = Security(api_key, scopes=["contacts:read"]),
+    ) -> dict[str, str]:
+        return {"id": key.id}
+
+    @app.post("/api/contacts")
+    async def add(key: KeyRecord = Security(api_key, scopes=["contacts:write"])) -> dict[str, str]:
+        return {"id": key.id}
+
+    served = APIKeyMiddleware(
+        app, manager=memory_manager, limiter=memory_manager.limiter, unmapped="allow"
+    )
+    created = await memory_manager.create(name="n", scopes=["contacts:read"], credits=10)
+    transport = httpx.ASGITransport(app=served)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        response = await http.get("/api/contacts", headers=bearer(created.key))
+        refused = await http.post("/api/contacts", headers=bearer(created.key))
+    assert response.status_code == 200
+    assert response.headers.get_list("ratelimit") == ['"default";r=99;t=60, "credits";r=9']
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "insufficient_scope"
+    await memory_manager.flush()
+    # One credit for each request, spent by the middleware; none by the dependency.
+    assert (await memory_manager.get(created.record.id)).credits == 8
+    (today,) = await memory_manager.usage(created.record.id, days=1)
+    assert (today.admitted, dict(today.refused)) == (1, {"insufficient_scope": 1})
+
+
+def test_if_a_cost_rule_is_wrong_then_refused_when_built(memory_manager: KeyManager) -> None:
+    with pytest.raises(ConfigurationError, match="cost rule"):
+        APIKeySecurity(memory_manager, costs={"POST /trigger": 0})

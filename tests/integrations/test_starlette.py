@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -238,3 +239,25 @@ async def test_policies_hold_in_the_backend_too(memory_manager: KeyManager) -> N
         second = await http.get("/contacts", headers={"Authorization": f"Bearer {metered.key}"})
         assert second.status_code == 429
         assert second.json()["code"] == "credits_exhausted"
+
+
+def test_if_no_limiter_given_then_the_managers_shared_one_is_used(
+    memory_manager: KeyManager,
+) -> None:
+    assert APIKeyBackend(memory_manager).limiter is memory_manager.limiter
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"scopes": {"GET /contacts": []}},
+        {"scopes": {"FETCH /contacts": "contacts:read"}},
+        {"costs": {"POST /trigger": 0}},
+        {"unmapped": "maybe"},
+    ],
+)
+def test_if_a_route_table_is_wrong_then_refused_when_built(
+    memory_manager: KeyManager, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigurationError):
+        APIKeyBackend(memory_manager, **options)

@@ -79,6 +79,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     ) from None
 
 from apikeys.errors import AuthenticationError, ConfigurationError, InsufficientScope
+from apikeys.gate import Gate
 from apikeys.hashing import Hasher
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
@@ -273,6 +274,11 @@ class _Runtime:
             self.manager.close()
 
 
+async def _refused(gate: Gate, record: KeyRecord, exc: AuthenticationError) -> AuthenticationError:
+    """`gate.refused`, on the manager's loop (where the usage counts are kept)."""
+    return gate.refused(record, exc)
+
+
 async def _limiter(rate_limit: str | None, url: str) -> RateLimiter:
     return RateLimiter(rate_limit, url)
 
@@ -439,17 +445,20 @@ def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome |
     request carries no key (anonymous). A request the middleware admitted is not charged
     again: only its scopes are checked."""
     record = getattr(request, _RECORD, None)
+    runtime = _runtime()
     if record is not None:
         auth: APIKeyAuth = getattr(request, _AUTH)
         if required and not cast("GrantedScopes", auth.scopes).covers(required):
-            refusal = Refusal.of(InsufficientScope(required), _runtime().realm)
+            error = runtime.manager.loop_thread.call(
+                _refused, runtime.middleware.gate, record, InsufficientScope(required)
+            )
+            refusal = Refusal.of(error, runtime.realm)
             return _Outcome(
                 False, record, auth, refusal.status, refusal.headers, bytearray(refusal.body)
             )
         return _Outcome(True, record, auth)
-    runtime = _runtime()
     scope = _scope_of(request)
-    wanted = runtime.middleware._header_name
+    wanted = runtime.middleware.gate.header_name
     if not any(name == wanted for name, _ in scope["headers"]):
         return None
     outcome = runtime.manager.loop_thread.call(_check, runtime.for_scopes(required), scope)

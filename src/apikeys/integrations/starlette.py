@@ -13,40 +13,31 @@ middleware = [
 
 A request without an `Authorization` header (or without the header named by `header=`, such
 as `X-API-Key`, which then carries the bare key) is anonymous (Starlette's `requires()` then
-answers 403, or redirects); any other failure is answered by `on_auth_error` with the same
-problem+json body `APIKeyMiddleware` sends. Scopes are checked with `requires("contacts:read")`
-and understand `resource:*` grants and full access. For `RateLimit` headers on every response,
+answers 403, or redirects); a request with a key goes through the same `Gate` as
+`APIKeyMiddleware`'s requests (address, rate limits, scopes, credits, the same usage counts),
+and any refusal is answered by `on_auth_error` with the same problem+json response. Scopes
+are checked with `requires("contacts:read")` and understand `resource:*` grants and full
+access; give the backend the route table too (`scopes=`, the middleware's rules) to have
+them checked before credits are spent. For `RateLimit` headers on every admitted response,
 use `APIKeyMiddleware` instead.
 """
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from starlette.authentication import AuthenticationBackend, AuthenticationError
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 
 from apikeys import errors
+from apikeys.gate import APIKeyAuth, APIKeyUser, Gate, route_path
 from apikeys.manager import KeyManager
-from apikeys.middleware import (
-    APIKeyAuth,
-    APIKeyUser,
-    _header_error,
-    _key_header,
-    bearer_token,
-    check_address,
-    check_rate_limits,
-    header_token,
-    spend_credit,
-)
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
-from apikeys.scopes import grants_for
 
 __all__ = ["APIKeyBackend", "APIKeyRefused", "on_auth_error"]
-
-logger = logging.getLogger("apikeys")
 
 
 class APIKeyRefused(AuthenticationError):
@@ -61,11 +52,16 @@ class APIKeyRefused(AuthenticationError):
 class APIKeyBackend(AuthenticationBackend):
     """Authenticate `Authorization: Bearer <key>` with a `KeyManager`.
 
-    Every key's rate limit applies (`limiter` defaults to `RateLimiter()`, in memory with
-    the default limit); pass `RateLimiter(storage_url="redis://…")` to share it.
+    Every key's rate limit applies, in `limiter` (default: `manager.limiter`, the one the
+    manager's integrations share; `APIKEYS_LIMITER_URL` names a Redis to share it across
+    processes).
 
     `header="X-API-Key"` reads the bare key from that one header instead, and never reads
-    Authorization, as `APIKeyMiddleware(header=…)` does.
+    Authorization, as `APIKeyMiddleware(header=…)` does. `scopes` (the middleware's rules,
+    `{"GET /api/v1/contacts": "contacts:read"}`) is checked before credits are spent;
+    `unmapped` says what a restricted key may do on a route no rule covers (`"allow"`, the
+    default here: `requires()` decides). `costs`, `policy_name` and `trusted_proxies` are
+    the middleware's.
     """
 
     def __init__(
@@ -76,47 +72,40 @@ class APIKeyBackend(AuthenticationBackend):
         realm: str = "api",
         header: str = "Authorization",
         trusted_proxies: int = 0,
+        scopes: Mapping[str, str | Sequence[str]] | None = None,
+        unmapped: Literal["deny", "allow"] = "allow",
+        costs: Mapping[str, int] | None = None,
+        policy_name: str = "default",
     ) -> None:
         self.manager = manager
-        self.trusted_proxies = trusted_proxies
-        self.limiter = limiter if limiter is not None else RateLimiter()
         self.realm = realm
-        self.header = header
-        self._header_name = _key_header(header)
-        self._bearer = self._header_name == b"authorization"
+        self.gate = Gate(
+            manager,
+            limiter=limiter if limiter is not None else manager.limiter,
+            scopes=scopes,
+            unmapped=unmapped,
+            costs=costs,
+            header=header,
+            policy_name=policy_name,
+            trusted_proxies=trusted_proxies,
+        )
+        """The request path `APIKeyMiddleware` runs too (`apikeys.gate`)."""
+
+    @property
+    def limiter(self) -> RateLimiter:
+        """The limiter the keys' rate limits are held in."""
+        return self.gate.limiter
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[APIKeyAuth, APIKeyUser] | None:
-        header_name = self._header_name
-        values = [value for name, value in conn.scope["headers"] if name == header_name]
-        if not values:
-            return None
-        record = None
+        scope = conn.scope
+        wanted = self.gate.header_name
+        if not any(name == wanted for name, _ in scope["headers"]):
+            return None  # anonymous: requires() refuses or redirects
         try:
-            if self._bearer:
-                record = await self.manager.verify(bearer_token(values))
-            else:
-                record = await self.manager.verify(header_token(values, self.header))
-            if record.allowed_ips:
-                check_address(conn.scope, record, self.trusted_proxies)  # before any charge
-            rate_headers, limited = await check_rate_limits(self.limiter, record)
-            if limited is not None:
-                limited.headers = tuple(rate_headers)
-                raise limited
-            if record.credits is not None:
-                # Spent here, when the key is authenticated: `requires()` checks scopes later.
-                rate_headers = await spend_credit(self.manager, self.limiter, record, rate_headers)
+            await self.gate.admit(scope, route_path(scope))
         except errors.AuthenticationError as exc:
-            if record is not None:  # the key's request, refused: in its usage history
-                self.manager.usage_buffer.refused(record.id, exc.code)
-            if not self._bearer:
-                exc = _header_error(exc, self.header)
             raise APIKeyRefused(exc, self.realm) from None
-        except Exception:
-            # An unforeseen store or limiter error: fail closed, as the middleware does.
-            logger.exception("apikeys: unexpected error while authenticating; answering 503")
-            raise APIKeyRefused(errors.AuthUnavailable(), self.realm) from None
-        conn.scope["apikey"] = record
-        return APIKeyAuth(grants_for(record.scopes, record.access == "full")), APIKeyUser(record)
+        return scope["auth"], scope["user"]
 
 
 def on_auth_error(conn: HTTPConnection, exc: Exception) -> Response:

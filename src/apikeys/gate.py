@@ -1,0 +1,427 @@
+"""The one request path: every entry point admits or refuses a request here.
+
+`Gate.admit` reads the key (`Authorization: Bearer <key>`, or the bare key in one named
+header), verifies it, checks the client address against the key's allowlist, charges its
+rate limits, checks its scopes (against a `ScopeTable` of routes and the scopes an endpoint
+asks for), then spends its credits (what a `CostTable` says the route costs). On admission
+it sets `scope["apikey"]`, `scope["auth"]` and `scope["user"]` and answers the `RateLimit`
+headers; on refusal it raises the `AuthenticationError` to answer with, after the
+bookkeeping every entry point shares: a key's request refused after it was authenticated
+is counted in the key's usage history under its code, and the limiter's refusals in the
+telemetry. Anything unexpected is logged and refused as 503 `auth_unavailable`: fail
+closed, never a 500 and never an open door.
+
+`APIKeyMiddleware`, the Starlette backend, the FastAPI dependency and the Django classes
+are adapters around one `Gate`: they differ in where the request comes from and how the
+refusal is sent, never in what is checked or counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Literal, NamedTuple
+
+from starlette.authentication import AuthCredentials, BaseUser
+
+from apikeys.addresses import Allowlist, client_address
+from apikeys.credentials import bearer_token, header_error, header_token, key_header
+from apikeys.errors import (
+    AuthenticationError,
+    AuthUnavailable,
+    ConfigurationError,
+    CreditsExhausted,
+    InsufficientScope,
+    IPNotAllowed,
+    RateLimited,
+)
+from apikeys.manager import KeyManager
+from apikeys.policies import Refill, parse_refill
+from apikeys.problems import Headers
+from apikeys.ratelimit import DEFAULT_POLICY, PolicyDecision, RateDecision, RateLimiter
+from apikeys.routes import CostTable, ScopeTable
+from apikeys.scopes import GrantedScopes, grants_for
+from apikeys.types import KeyRecord, Scope, utcnow
+
+__all__ = [
+    "REFUSED_AFTER_AUTHENTICATION",
+    "APIKeyAuth",
+    "APIKeyUser",
+    "Gate",
+    "check_address",
+    "check_rate_limits",
+    "credit_headers",
+    "rate_limit_headers",
+    "route_path",
+    "spend_credit",
+]
+
+logger = logging.getLogger("apikeys")
+
+
+class APIKeyUser(BaseUser):
+    """`scope["user"]` for a request authenticated by a key: the key is the principal."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: KeyRecord) -> None:
+        self.record = record
+
+    def __repr__(self) -> str:
+        return f"APIKeyUser(id={self.record.id!r}, workspace={self.record.workspace!r})"
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.record.name
+
+    @property
+    def identity(self) -> str:
+        return self.record.id
+
+    @property
+    def workspace(self) -> str:
+        return self.record.workspace
+
+
+class APIKeyAuth(AuthCredentials):
+    """`scope["auth"]`: its `scopes` understand `resource:*` grants and full access."""
+
+    def __init__(self, scopes: GrantedScopes) -> None:
+        self.scopes = scopes
+
+
+def _policy_name_text(name: str) -> str:
+    """`name` as it can stand in a structured-field string: printable ASCII, no `"` or `\\`."""
+    return "".join(char for char in name if " " <= char <= "~" and char not in '"\\')
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
+    return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
+
+
+class _PolicySet(NamedTuple):
+    """How the headers show a key's several policies: their names and RateLimit-Policy."""
+
+    names: tuple[str, ...]
+    policy_header: tuple[bytes, bytes]
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> _PolicySet:
+    items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
+    return _PolicySet(
+        tuple(name for name, _, _ in policies),
+        (b"ratelimit-policy", ", ".join(items).encode()),
+    )
+
+
+def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
+    _, limit, window, remaining, reset_after = decision
+    value = b'"%s";r=%d;t=%d' % (policy_name.encode(), remaining, reset_after)
+    return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
+
+
+def _policies_headers(decision: PolicyDecision, shown: _PolicySet) -> Headers:
+    value = ", ".join(
+        [
+            f'"{name}";r={status[4]};t={status[5]}'
+            for name, status in zip(shown.names, decision.policies, strict=True)
+        ]
+    )
+    return [shown.policy_header, (b"ratelimit", value.encode())]
+
+
+def rate_limit_headers(
+    decision: RateDecision | PolicyDecision, policy_name: str = "default"
+) -> Headers:
+    """`RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
+
+    One list item per policy: `"burst";q=10;w=1, "daily";q=10000;w=86400` and
+    `"burst";r=3;t=1, "daily";r=9120;t=40210`. The policy named `default` (a key's one
+    unnamed limit) is shown as `policy_name`.
+    """
+    if isinstance(decision, PolicyDecision):
+        return _policies_headers(decision, _shown(decision, policy_name))
+    return _single_headers(decision, policy_name)
+
+
+def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
+    return _policy_set(
+        tuple(
+            (policy_name if status.name == DEFAULT_POLICY else status.name, *status[2:4])
+            for status in decision.policies
+        )
+    )
+
+
+def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
+    """Raise `IPNotAllowed` unless the request's client address is in the key's allowlist
+    (a key without one allows every address). `trusted_proxies` as the middleware's."""
+    allowlist = Allowlist.parse(record.allowed_ips)
+    if allowlist is not None and not allowlist.allows(client_address(scope, trusted_proxies)):
+        raise IPNotAllowed()
+
+
+async def spend_credit(
+    manager: KeyManager, limiter: RateLimiter, record: KeyRecord, headers: Headers, cost: int = 1
+) -> Headers:
+    """Spend `cost` of the key's credits and add them to the RateLimit `headers`; or refuse
+    with `CreditsExhausted` after giving back what the rate limits charged the request, so a
+    refused request is charged to nothing."""
+    left = await manager.spend_credits(record, cost)
+    refill = parse_refill(record.credit_refill) if record.credit_refill else None
+    if left is None:
+        await limiter.refund(record.id, record.rate_limit)
+        retry = None
+        if refill is not None:
+            now = utcnow()
+            retry = math.ceil((refill.next_start(now) - now).total_seconds())
+        raise CreditsExhausted(retry)
+    return credit_headers(headers, left, refill)
+
+
+def credit_headers(
+    headers: Headers, left: int, refill: Refill | None, now: datetime | None = None
+) -> Headers:
+    """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
+    seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
+    item = f'"credits";r={left}'
+    policy = None
+    if refill is not None:
+        now = now or utcnow()
+        start, end = refill.period_start(now), refill.next_start(now)
+        item += f";t={max(1, math.ceil((end - now).total_seconds()))}"
+        policy = f'"credits";q={refill.amount};w={int((end - start).total_seconds())}'
+    updated: Headers = []
+    for name, value in headers:
+        if name == b"ratelimit":
+            value = value + b", " + item.encode()
+        elif name == b"ratelimit-policy" and policy is not None:
+            value = value + b", " + policy.encode()
+        updated.append((name, value))
+    return updated
+
+
+async def check_rate_limits(
+    limiter: RateLimiter, record: KeyRecord, policy_name: str = "default"
+) -> tuple[Headers, RateLimited | None]:
+    """Charge `record`'s request to its policies: the RateLimit headers, and the refusal.
+
+    The refusal (None when admitted) is a `RateLimited` naming the violated policies, with
+    `Retry-After` the longest of their `t`. What the integrations share with the middleware.
+    """
+    limit = record.rate_limit
+    policies = limiter.policies(limit)
+    if len(policies) == 1:
+        name = policy_name if policies[0].name == DEFAULT_POLICY else policies[0].name
+        decision = await limiter.hit(record.id, limit)
+        refusal = None if decision.allowed else RateLimited(decision.reset_after, (name,))
+        return _single_headers(decision, name), refusal
+    decisions = await limiter.hit_policies(record.id, limit)
+    shown = _shown(decisions, policy_name)
+    headers = _policies_headers(decisions, shown)
+    if decisions.allowed:
+        return headers, None
+    return headers, RateLimited(decisions.retry_after, _violated(decisions, shown))
+
+
+def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
+    return tuple(
+        name
+        for name, status in zip(shown.names, decision.policies, strict=True)
+        if not status.allowed
+    )
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes on: `scope["path"]` without the root path that mounted apps
+    and servers run with `--root-path` put in front of it (as Starlette's routing strips)."""
+    path: str = scope["path"]
+    root_path = scope.get("root_path")
+    if root_path and path.startswith(root_path):
+        rest = path[len(root_path) :]
+        if not rest or rest[0] == "/":
+            return rest or "/"
+    return path
+
+
+REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
+    {"ip_not_allowed", "rate_limited", "insufficient_scope", "credits_exhausted"}
+)
+"""The refusals of a request whose key was verified: its usage history counts them."""
+# What the limiter telemetry reports as refused (the other refusals are not the limiter's).
+_LIMITER_CODES = frozenset({"rate_limited", "credits_exhausted"})
+
+
+class Gate:
+    """Admits or refuses a request with an API key: the request path of every entry point.
+
+    - `manager`: the `KeyManager` that verifies keys and counts their use.
+    - `limiter`: the `RateLimiter` that holds the keys' rate limits.
+    - `scopes`: a route table (`ScopeTable`, or its rules) of the scopes each route needs;
+      None checks only the scopes `admit` is given.
+    - `unmapped`: what a restricted key may do on a route no rule of `scopes` covers:
+      `"deny"` (403 `insufficient_scope`) or `"allow"`. Full-access keys pass either way.
+    - `costs`: what a request costs in credits by route (`CostTable`, or its rules); 1
+      where no rule matches.
+    - `header`: `"Authorization"` reads `Authorization: Bearer <key>`; another header name
+      reads the bare key from that one header, and never Authorization.
+    - `policy_name`: how the `RateLimit` headers name a key's one unnamed limit.
+    - `trusted_proxies`: how many proxies append to `X-Forwarded-For` (see
+      `APIKeyMiddleware`); 0 uses the connection's address.
+
+    Everything that can be decided once is decided here; `admit` does only the request's
+    work, in the order the contract gives: address, rate limits, scopes, credits.
+    """
+
+    def __init__(
+        self,
+        manager: KeyManager,
+        *,
+        limiter: RateLimiter,
+        scopes: ScopeTable | Mapping[str, str | Sequence[str]] | None = None,
+        unmapped: Literal["deny", "allow"] = "deny",
+        costs: CostTable | Mapping[str, int] | None = None,
+        header: str = "Authorization",
+        policy_name: str = "default",
+        trusted_proxies: int = 0,
+    ) -> None:
+        if unmapped not in ("deny", "allow"):
+            raise ConfigurationError("unmapped takes 'deny' or 'allow'")
+        if isinstance(trusted_proxies, bool) or not isinstance(trusted_proxies, int):
+            raise ConfigurationError("trusted_proxies takes a whole number of proxies")
+        if trusted_proxies < 0:
+            raise ConfigurationError("trusted_proxies must not be negative")
+        self.manager = manager
+        self.limiter = limiter
+        self.scopes = (
+            scopes if scopes is None or isinstance(scopes, ScopeTable) else ScopeTable(scopes)
+        )
+        self.allow_unmapped = unmapped == "allow"
+        self.costs = (
+            costs
+            if costs is None or isinstance(costs, CostTable)
+            else CostTable(costs)
+            if costs
+            else None
+        )
+        self.header = header
+        self.header_name = key_header(header)
+        """The lower-case name of the header the key is read from."""
+        self._bearer = self.header_name == b"authorization"
+        self.policy_name = _policy_name_text(policy_name)
+        self.trusted_proxies = trusted_proxies
+        # a key's rate_limit -> the name its one policy is shown with, or those of its policies
+        self._shapes: dict[str | None, str | _PolicySet] = {}
+
+    async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
+        """Admit the request `scope` to `path` (the path the app routes on), or refuse it.
+
+        `required` are scopes the key needs besides what the route table says (what an
+        endpoint declares, say). Admitted: `scope["apikey"]` is the `KeyRecord`,
+        `scope["auth"]` an `APIKeyAuth` and `scope["user"]` an `APIKeyUser`, and the answer
+        is the `RateLimit` headers for the response. Refused: raises the
+        `AuthenticationError` to answer with (its `headers` carry the `RateLimit` headers
+        when the key got that far), counted as `refused` says; never anything else.
+        """
+        record: KeyRecord | None = None
+        rate_headers: Headers | None = None
+        try:
+            header_name = self.header_name
+            values = [value for name, value in scope["headers"] if name == header_name]
+            if self._bearer:
+                record = await self.manager.verify(bearer_token(values))
+            else:
+                record = await self.manager.verify(header_token(values, self.header))
+            if record.allowed_ips:
+                check_address(scope, record, self.trusted_proxies)  # before any charge
+            limit = record.rate_limit
+            shape = self._shapes.get(limit) or self._shape(limit)
+            if isinstance(shape, str):
+                # One policy: the fast path, as cheap as a key's limit has always been.
+                decision = await self.limiter.hit(record.id, limit)
+                rate_headers = _single_headers(decision, shape)
+                if not decision.allowed:
+                    raise RateLimited(decision.reset_after, (shape,))
+            else:
+                decisions = await self.limiter.hit_policies(record.id, limit)
+                rate_headers = _policies_headers(decisions, shape)
+                if not decisions.allowed:
+                    raise RateLimited(decisions.retry_after, _violated(decisions, shape))
+            grants = grants_for(record.scopes, record.access == "full")
+            table = self.scopes
+            if table is not None:
+                needed = table.required(scope.get("method", "GET"), path)
+                if needed is None:
+                    # No rule covers the route: only full access, unless the app allows it.
+                    if not (grants.full_access or self.allow_unmapped):
+                        raise InsufficientScope(())
+                elif not grants.covers(needed):
+                    raise InsufficientScope(needed)
+            if required and not grants.covers(required):
+                raise InsufficientScope(required)
+            if record.credits is not None:
+                cost = 1 if self.costs is None else self.costs.cost(scope.get("method", ""), path)
+                rate_headers = await spend_credit(
+                    self.manager, self.limiter, record, rate_headers, cost
+                )
+        except AuthenticationError as exc:
+            raise self.refused(record, exc, rate_headers) from None
+        except Exception:
+            # A bug or an unforeseen store error: log it (no request data) and fail closed.
+            logger.exception("apikeys: unexpected error while authenticating; answering 503")
+            raise AuthUnavailable() from None
+        if self.manager.telemetry.active:
+            self.manager.telemetry.limiter(record.id, "allowed")
+        scope["apikey"] = record
+        scope["auth"] = APIKeyAuth(grants)
+        scope["user"] = APIKeyUser(record)
+        return rate_headers
+
+    def refused(
+        self,
+        record: KeyRecord | None,
+        exc: AuthenticationError,
+        rate_headers: Headers | None = None,
+    ) -> AuthenticationError:
+        """Book the refusal `exc` of a request (of `record`, when its key was verified) and
+        answer the error to send.
+
+        A refusal of `REFUSED_AFTER_AUTHENTICATION` is counted in the key's usage history
+        under its code (the key's request was counted when it was verified), and a rate
+        limit or credits refusal in the limiter telemetry; other refusals (a bad key, 503)
+        are the key's to nobody. The error's detail names the key's header, and its
+        `headers` gain `rate_headers`.
+        """
+        if record is not None and exc.code in REFUSED_AFTER_AUTHENTICATION:
+            self.manager.usage_buffer.refused(record.id, exc.code)
+            if self.manager.telemetry.active and exc.code in _LIMITER_CODES:
+                self.manager.telemetry.limiter(record.id, exc.code)
+        if not self._bearer:
+            exc = header_error(exc, self.header)
+        if rate_headers:
+            exc.headers = (*exc.headers, *rate_headers)
+        return exc
+
+    def _shape(self, limit: str | None) -> str | _PolicySet:
+        shown = tuple(
+            (
+                self.policy_name if policy.name == DEFAULT_POLICY else policy.name,
+                policy.item.amount,
+                policy.item.get_expiry(),
+            )
+            for policy in self.limiter.policies(limit)
+        )
+        shape: str | _PolicySet = shown[0][0] if len(shown) == 1 else _policy_set(shown)
+        if len(self._shapes) >= 10_000:
+            self._shapes.clear()
+        self._shapes[limit] = shape
+        return shape
