@@ -16,6 +16,7 @@ import time
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
@@ -50,7 +51,7 @@ from apikeys.policies import parse_refill, policy_fields
 from apikeys.ratelimit import RateLimiter, format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
-from apikeys.stores.base import ADMITTED, KeyStore, days_of, store_from_url
+from apikeys.stores.base import ADMITTED, MAX_ROLL_HOPS, KeyStore, days_of, store_from_url
 from apikeys.telemetry import EventHook, Telemetry
 from apikeys.types import (
     ACTIVE,
@@ -189,6 +190,10 @@ def refusal(record: KeyRecord, action: str) -> str | None:
             "it was rolled: it stops working when its grace period ends (revoke it to stop it now)"
         )
     return None
+
+
+# The fields of a key's balance: a rolled key has none of its own (see `roll`).
+_BALANCE_FIELDS: Final = frozenset({"credits", "credit_refill", "credits_refilled_at"})
 
 
 class KeyManager:
@@ -611,7 +616,7 @@ class KeyManager:
         stored = await self.store.get(key_id)
         if stored is None:
             raise KeyNotFound(key_id)
-        return self.usage_buffer.apply(stored.record)
+        return self.usage_buffer.apply(await self._shared_credits(stored.record, {}))
 
     async def list(
         self,
@@ -628,9 +633,11 @@ class KeyManager:
         self._use()
         where = KeyFilter(workspace, owner, status)
         now = utcnow()
+        records = await self.store.list(workspace)
+        by_id = {record.id: record for record in records}
         return [
-            self.usage_buffer.apply(record)
-            for record in await self.store.list(workspace)
+            self.usage_buffer.apply(await self._shared_credits(record, by_id))
+            for record in records
             if where.matches(record, now)
         ]
 
@@ -656,7 +663,11 @@ class KeyManager:
         size = check_page_size(limit)
         start = None if cursor is None else decode_cursor(cursor)
         found = await self.store.list_page(where, start=start, limit=size + 1, now=utcnow())
-        records = [self.usage_buffer.apply(record) for record in found[:size]]
+        by_id = {record.id: record for record in found}
+        records = [
+            self.usage_buffer.apply(await self._shared_credits(record, by_id))
+            for record in found[:size]
+        ]
         more = len(found) > size
         return KeyPage(records, encode_cursor(position(records[-1])) if more else None)
 
@@ -680,6 +691,26 @@ class KeyManager:
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
+
+    async def _shared_credits(self, record: KeyRecord, known: Mapping[str, KeyRecord]) -> KeyRecord:
+        """`record`, showing the balance it spends from: a rolled key's is its successor's
+        (followed to the newest key; `known` holds records already read)."""
+        holder = record
+        for _ in range(MAX_ROLL_HOPS):
+            if holder.replaced_by is None or record.credits is None:
+                break
+            successor = known.get(holder.replaced_by)
+            if successor is None:
+                stored = await self.store.get(holder.replaced_by)
+                if stored is None:
+                    break
+                successor = stored.record
+            holder = successor
+        if holder is record:
+            return record
+        return replace(
+            record, credits=holder.credits, credits_refilled_at=holder.credits_refilled_at
+        )
 
     # -- state changes ---------------------------------------------------------------------
 
@@ -883,6 +914,8 @@ class KeyManager:
                 if changes.get("credits") is None:
                     changes["credits"] = refill.amount
                 changes["credits_refilled_at"] = refill.period_start(utcnow())
+        if _BALANCE_FIELDS & changes.keys():
+            await self._check_own_balance(key_id)
         event = await self._event("updated", key_id, actor, changes)
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
@@ -891,7 +924,50 @@ class KeyManager:
             raise InvalidTransition(key_id, REVOKED, "update")
         if changes:
             self._announce(event)
+        if "credit_refill" in changes and record.replaces is not None:
+            await self._refill_predecessors(record, actor)
         return self.usage_buffer.apply(record)
+
+    async def _refill_predecessors(self, record: KeyRecord, actor: str | None) -> None:
+        """Give the keys `record` replaces its new refill: they spend its balance, and a
+        spend refills the balance by the spending key's `credit_refill`."""
+        changes = {"credit_refill": record.credit_refill}
+        successor = record
+        for _ in range(MAX_ROLL_HOPS):
+            if successor.replaces is None:
+                return
+            stored = await self.store.get(successor.replaces)
+            if stored is None or stored.record.replaced_by != successor.id:
+                return
+            key_id = stored.record.id
+            event = await self._event(
+                "updated",
+                key_id,
+                actor,
+                {**changes, "reason": f"the refill of {record.id}, whose credits it spends"},
+                stored.record.workspace,
+            )
+            successor = await self._change(
+                key_id,
+                lambda notice: self.store.update(key_id, changes, notice=notice, event=event),  # noqa: B023
+            )
+            if successor.state != REVOKED:
+                self._announce(event)
+
+    async def _check_own_balance(self, key_id: str) -> None:
+        """Refuse to change the credits of a rolled key: its balance is its successor's."""
+        stored = await self.store.get(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        record = stored.record
+        if record.replaced_by is not None and record.state != REVOKED:
+            raise InvalidTransition(
+                key_id,
+                record.status,
+                "update",
+                "it was rolled: it spends the credits of the key that replaces it, "
+                f"{record.replaced_by}; change them there",
+            )
 
     async def roll(
         self,
@@ -936,7 +1012,9 @@ class KeyManager:
                 "owner": old.owner,
                 "metadata": old.metadata,
                 "allowed_ips": old.allowed_ips,
-                "credits": old.credits,
+                # One balance for the pair: the new key starts empty and is given the old
+                # key's credits once the old key spends from it (below).
+                "credits": None if old.credits is None else 0,
                 "credit_refill": old.credit_refill,
                 "credits_refilled_at": old.credits_refilled_at,
             },
@@ -981,7 +1059,35 @@ class KeyManager:
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
         self._announce(rolled)
+        if old.credits is not None:
+            created = CreatedKey(created.key, await self._move_balance(old, new_id, actor))
         return created
+
+    async def _move_balance(self, old: KeyRecord, new_id: str, actor: str | None) -> KeyRecord:
+        """Give the new key of a roll the old key's credits, as they were when the old key
+        began to spend from the new one's balance (`old`, as `shorten_expiry` returned it).
+
+        Spends of the old key taken before the link are in `old.credits`; those after it are
+        taken from the new key (which holds none until this: they are refused for that
+        moment, never admitted twice). So the pair spends one balance, never a copy.
+        """
+        changes = {"credits": old.credits, "credits_refilled_at": old.credits_refilled_at}
+        event = AuditEvent(
+            time=utcnow(),
+            key_id=new_id,
+            workspace=old.workspace,
+            action="updated",
+            actor=actor,
+            changes=jsonable({**changes, "reason": f"the credits of {old.id}, which it replaces"}),
+        )
+        record = await self._change(
+            new_id,
+            lambda notice: self.store.update(new_id, changes, notice=notice, event=event),
+            wait=False,  # it only widens the key
+        )
+        if record.state != REVOKED:
+            self._announce(event)
+        return record
 
     async def spend_credits(self, record: KeyRecord, cost: int = 1) -> int | None:
         """Take `cost` of the key's credits, refilling them first when a new period began.

@@ -872,3 +872,118 @@ class TestOneTimeValues:
 
     def test_every_store_keeps_one_time_values(self, store: KeyStore) -> None:
         assert store.keeps_one_time_values()
+
+
+class TestRolledPairSharesOneBalance:
+    """CONTRACT §3: a rolled pair in its grace period spends one balance, never a copy."""
+
+    @staticmethod
+    def manager(store: KeyStore) -> Any:
+        from apikeys import Hasher, KeyManager
+
+        return KeyManager(store, hasher=Hasher(pepper="conformance-pepper-0123456789"))
+
+    async def test_a_roll_moves_the_balance_and_both_keys_spend_it(self, store: KeyStore) -> None:
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=100)
+            for _ in range(40):
+                assert await manager.spend_credits(old.record, 1) is not None
+            new = await manager.roll(old.record.id, grace=timedelta(hours=24))
+            assert new.record.credits == 60
+
+            admitted = 0
+            for _ in range(100):  # both keys, in turn, until the balance is spent
+                for record in (old.record, new.record):
+                    if await manager.spend_credits(record, 1) is not None:
+                        admitted += 1
+            assert admitted == 60  # not 120: one balance for the pair
+            assert (await manager.get(old.record.id)).credits == 0
+            assert (await manager.get(new.record.id)).credits == 0
+            listed = {record.id: record.credits for record in await manager.list()}
+            assert listed == {old.record.id: 0, new.record.id: 0}
+
+    async def test_concurrent_spends_on_both_keys_never_exceed_the_balance(
+        self, store: KeyStore
+    ) -> None:
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=50)
+            new = await manager.roll(old.record.id, grace=timedelta(hours=1))
+            newer = await manager.roll(new.record.id, grace=timedelta(hours=1))
+
+            async def spend(record: KeyRecord) -> list[int]:
+                left = []
+                for _ in range(15):
+                    spent = await manager.spend_credits(record, 1)
+                    if spent is not None:
+                        left.append(spent)
+                return left
+
+            records = [old.record, new.record, newer.record] * 2
+            results = await asyncio.gather(*(spend(record) for record in records))
+            left = sorted(value for result in results for value in result)
+            assert left == list(range(50))  # each credit spent once, by whichever key
+            for record in records[:3]:
+                assert (await manager.get(record.id)).credits == 0
+
+    async def test_revoking_either_key_gives_the_other_no_credits(self, store: KeyStore) -> None:
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=10)
+            new = await manager.roll(old.record.id, grace=timedelta(hours=1))
+            assert await manager.spend_credits(old.record, 3) == 7
+            await manager.revoke(old.record.id)
+            assert await manager.spend_credits(old.record, 1) is None
+            assert await manager.spend_credits(new.record, 2) == 5
+
+            other = await manager.create(name="m", scopes=["contacts:read"], credits=10)
+            successor = await manager.roll(other.record.id, grace=timedelta(hours=1))
+            await manager.revoke(successor.record.id)
+            # The old key still spends the pair's balance, and only that.
+            assert await manager.spend_credits(other.record, 4) == 6
+            assert await manager.spend_credits(successor.record, 1) is None
+            assert (await manager.get(other.record.id)).credits == 6
+
+    async def test_a_refill_applies_once_to_the_pair(self, store: KeyStore) -> None:
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credit_refill="5/day")
+            assert await manager.spend_credits(old.record, 5) == 0
+            new = await manager.roll(old.record.id, grace=timedelta(hours=1))
+            assert new.record.credits == 0
+            # The next day's refill, due for the pair: taken by whichever key spends first.
+            yesterday = new.record.credits_refilled_at - timedelta(days=1)  # type: ignore[operator]
+            await store.update(new.record.id, {"credits_refilled_at": yesterday})
+            assert await manager.spend_credits(old.record, 1) == 4
+            assert await manager.spend_credits(new.record, 1) == 3
+            assert await manager.spend_credits(old.record, 3) == 0
+            assert await manager.spend_credits(new.record, 1) is None
+
+    async def test_the_credits_of_a_rolled_key_are_changed_on_its_successor(
+        self, store: KeyStore
+    ) -> None:
+        from apikeys import InvalidTransition
+
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=10)
+            new = await manager.roll(old.record.id, grace=timedelta(hours=1))
+            with pytest.raises(InvalidTransition, match=new.record.id):
+                await manager.update(old.record.id, credits=1000)
+            await manager.update(new.record.id, credits=3)
+            assert (await manager.get(old.record.id)).credits == 3
+            assert await manager.spend_credits(old.record, 3) == 0
+            # A new refill on the successor is the pair's: the old key refills by it too.
+            await manager.update(new.record.id, credit_refill="7/day")
+            assert (await manager.get(old.record.id)).credit_refill == "7/day"
+
+    async def test_a_spend_follows_the_link_a_roll_sets(self, store: KeyStore) -> None:
+        old = await inserted(store, credits=9)
+        new = await inserted(store, credits=0, replaces=old.id)
+        assert await store.spend_credits(old.id, 2) == 7
+        linked = await store.shorten_expiry(old.id, T0 + HOUR, replaced_by=new.id)
+        assert linked.credits == 7
+        assert await store.spend_credits(old.id, 1) is None  # the successor holds none yet
+        await store.update(new.id, {"credits": linked.credits})
+        assert await store.spend_credits(old.id, 1) == 6
+        assert await store.spend_credits(new.id, 6) == 0
+        assert (await record_of(store, old.id)).credits == 7  # its own count is left alone
+        await store.set_state(new.id, "revoked", allowed_from=("active",), at=T0)
+        await store.update(new.id, {"credits": 5})  # a revoked key is not changed
+        assert await store.spend_credits(old.id, 1) is None

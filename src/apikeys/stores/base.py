@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMITTED",
+    "MAX_ROLL_HOPS",
     "USAGE_BATCH_RETENTION",
     "KeyStore",
     "days_of",
@@ -43,6 +44,10 @@ A batch sent again within this window is recognised and skipped; one sent again 
 be applied a second time. `UsageBuffer` retries a batch within seconds or minutes, so the
 window only has to outlast the longest outage a process rides out without restarting.
 """
+
+MAX_ROLL_HOPS: Final = 32
+"""How many `replaced_by` links a spend follows to the key that holds a rolled pair's
+balance; a longer chain is refused (nothing taken), never followed without end."""
 
 
 class KeyStore(abc.ABC):
@@ -197,6 +202,10 @@ class KeyStore(abc.ABC):
         """Atomically set `expires_at` to the earlier of its value and `expires_at`, and
         `replaced_by` when given (`roll` links the old key to the new one).
 
+        From the moment `replaced_by` is set, `spend_credits` of this key takes from the
+        successor's balance; the record returned holds the old key's last `credits`, which
+        `roll` gives to the successor.
+
         A revoked key is left unchanged. Returns the record afterwards; raises `KeyNotFound`.
         A `notice` is published with the change.
         """
@@ -241,6 +250,15 @@ class KeyStore(abc.ABC):
         """Atomically take `cost` of the key's credits; return how many are left, or None
         (nothing taken) when fewer than `cost` are left, the key has no credits (unlimited),
         is revoked, or does not exist.
+
+        One balance per rolled pair: a key whose `replaced_by` is set spends from its
+        successor's balance (following `replaced_by` to the newest key, at most
+        `MAX_ROLL_HOPS` links), never from its own `credits`, which `roll` moved to the
+        successor. Following a link and taking the credits are one atomic step with respect
+        to `shorten_expiry` setting the link: a spend that races a roll is taken either from
+        the old key before the roll read its balance, or from the successor. Only the state
+        of `key_id` itself is checked: a revoked successor still lends its balance to the
+        key it replaces.
 
         `refill` is `(amount, period_start)`: when the key's credits were last refilled
         before `period_start` (or never), they are first set back to `amount`, and the

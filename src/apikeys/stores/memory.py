@@ -10,7 +10,13 @@ from datetime import date, datetime, timedelta
 from typing import Any, ClassVar
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
+from apikeys.stores.base import (
+    MAX_ROLL_HOPS,
+    USAGE_BATCH_RETENTION,
+    KeyStore,
+    days_of,
+    select_events,
+)
 from apikeys.types import (
     REVOKED,
     AuditEvent,
@@ -206,10 +212,21 @@ class MemoryStore(KeyStore):
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
     ) -> int | None:
         stored = self._keys.get(key_id)
-        if stored is None:
+        if stored is None or stored.record.state == REVOKED:
+            return None
+        # A rolled pair has one balance, the newest key's: follow the links to it.
+        for _ in range(MAX_ROLL_HOPS):
+            successor = stored.record.replaced_by
+            if successor is None:
+                break
+            following = self._keys.get(successor)
+            if following is None:
+                return None
+            key_id, stored = successor, following
+        else:
             return None
         record = stored.record
-        if record.credits is None or record.state == REVOKED:
+        if record.credits is None:
             return None
         left, refilled_at = self._spent.get(key_id) or (
             record.credits,

@@ -82,7 +82,7 @@ from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.listing import KeyFilter, Position
 from apikeys.policies import load_metadata
 from apikeys.stores import sql_once
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.base import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.base import days_of as _days
 from apikeys.stores.sql_engine import (
     MissingTable,
@@ -1110,31 +1110,59 @@ class SQLStore(KeyStore):
             due = sa.or_(refilled_at.is_(None), refilled_at < refill[1])
         amount = refill[0] if refill is not None else 0
         start = refill[1] if refill is not None else None
-        spend = (
-            sa.update(table)
-            .where(
-                table.c.id == key_id,
-                table.c.state != REVOKED,
-                credits.is_not(None),
-                sa.or_(sa.and_(due, sa.literal(amount) >= cost), sa.and_(~due, credits >= cost)),
+
+        def spend(target: str, followed: bool) -> sa.Update:
+            # Only a key no roll has linked yet holds its balance (`replaced_by IS NULL`,
+            # checked again after waiting for a roll that locked the row).
+            conditions = [table.c.id == target, table.c.replaced_by.is_(None)]
+            if not followed:
+                conditions.append(table.c.state != REVOKED)
+            return (
+                sa.update(table)
+                .where(
+                    *conditions,
+                    credits.is_not(None),
+                    sa.or_(
+                        sa.and_(due, sa.literal(amount) >= cost), sa.and_(~due, credits >= cost)
+                    ),
+                )
+                .values(
+                    credits=sa.case((due, amount - cost), else_=credits - cost),
+                    credits_refilled_at=sa.case((due, start), else_=refilled_at),
+                )
+                .returning(credits)
             )
-            .values(
-                credits=sa.case((due, amount - cost), else_=credits - cost),
-                credits_refilled_at=sa.case((due, start), else_=refilled_at),
-            )
-            .returning(credits)
-        )
 
         async def work(conn: AsyncConnection) -> int | None:
-            row = (await conn.execute(spend)).first()
-            if row is None and refill is not None:
-                # Too few left even after a refill: still start the new period.
-                await conn.execute(
-                    sa.update(table)
-                    .where(table.c.id == key_id, credits.is_not(None), due)
-                    .values(credits=amount, credits_refilled_at=start)
-                )
-            return None if row is None else int(row[0])
+            target, followed = key_id, False
+            for _ in range(MAX_ROLL_HOPS):
+                row = (await conn.execute(spend(target, followed))).first()
+                if row is not None:
+                    return int(row[0])
+                link = (
+                    await conn.execute(
+                        sa.select(table.c.state, table.c.replaced_by).where(table.c.id == target)
+                    )
+                ).first()
+                if link is None or (link[0] == REVOKED and not followed):
+                    return None
+                if link[1] is None:
+                    if refill is not None:
+                        # Too few left even after a refill: still start the new period.
+                        await conn.execute(
+                            sa.update(table)
+                            .where(
+                                table.c.id == target,
+                                table.c.replaced_by.is_(None),
+                                credits.is_not(None),
+                                due,
+                            )
+                            .values(credits=amount, credits_refilled_at=start)
+                        )
+                    return None
+                # Rolled: the pair's balance is the successor's.
+                target, followed = link[1], True
+            return None
 
         return await self._run(work)
 

@@ -109,7 +109,13 @@ from apikeys.errors import (
 )
 from apikeys.listing import KeyFilter, Position, after
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.base import USAGE_BATCH_RETENTION, KeyStore, days_of, select_events
+from apikeys.stores.base import (
+    MAX_ROLL_HOPS,
+    USAGE_BATCH_RETENTION,
+    KeyStore,
+    days_of,
+    select_events,
+)
 from apikeys.stores.redis.client import (
     CLUSTER_SCHEMES,
     DEFAULT_WAIT_TIMEOUT,
@@ -752,11 +758,17 @@ class RedisStore(KeyStore):
     ) -> int | None:
         # On the request path: not followed by WAIT (see docs/stores.md).
         amount, start = ("", "0") if refill is None else (str(refill[0]), _encode_time(refill[1]))
+        target, followed = key_id, ""
         async with self._calls():
-            left = await self._spend_credits(
-                keys=[self.key_name(key_id)], args=[cost, amount, start]
-            )
-        return None if int(left) < 0 else int(left)
+            for _ in range(MAX_ROLL_HOPS):
+                left = await self._spend_credits(
+                    keys=[self.key_name(target)], args=[cost, amount, start, followed]
+                )
+                if isinstance(left, int):
+                    return None if left < 0 else left
+                # Rolled: the pair's balance is the successor's (in its own slot).
+                target, followed = left.decode() if isinstance(left, bytes) else str(left), "1"
+        return None
 
     async def replace_hash(
         self,
