@@ -4,7 +4,7 @@ credits, metadata and owner (CONTRACT §8)."""
 from __future__ import annotations
 
 import ipaddress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import http_sf
@@ -159,6 +159,26 @@ class TestCredits:
         body = assert_problem(refused, 429, "credits_exhausted")
         assert abs(int(refused.headers["retry-after"]) - to_midnight) <= 2
         assert body["retry_after"] == int(refused.headers["retry-after"])
+
+    async def test_a_rolled_pair_spends_one_balance_then_both_are_refused(
+        self, manager: KeyManager, app: APIKeyMiddleware
+    ) -> None:
+        old = await manager.create(name="n", scopes=["items:read"], credits=5)
+        async with client_for(app) as http:
+            for _ in range(2):
+                assert (await http.get("/api/items", headers=bearer(old.key))).status_code == 200
+            new = await manager.roll(old.record.id, grace=timedelta(hours=24))
+            answers = [
+                await http.get("/api/items", headers=bearer(token))
+                for token in (old.key, new.key) * 3
+            ]
+        admitted = [answer for answer in answers if answer.status_code == 200]
+        # 3 left when rolled, for the pair: not 3 for each.
+        assert [ratelimit(a)["credits"] for a in admitted] == [{"r": 2}, {"r": 1}, {"r": 0}]
+        for refused in answers[3:]:
+            assert_problem(refused, 429, "credits_exhausted")
+        assert (await manager.get(old.record.id)).credits == 0
+        assert (await manager.get(new.record.id)).credits == 0
 
     async def test_a_request_refused_for_its_scope_spends_no_credit(
         self, manager: KeyManager, app: APIKeyMiddleware

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -524,3 +525,40 @@ async def test_if_a_key_has_credits_then_exactly_that_many_are_admitted_across_p
         )
         assert left == list(range(credits))  # each credit spent once, none below zero
         assert (await manager.get(created.record.id)).credits == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_if_a_key_is_rolled_then_both_keys_spend_one_balance_across_processes(
+    cluster: Cluster,
+) -> None:
+    async with cluster.config.manager() as manager:
+        old = await manager.create(
+            name="credits",
+            workspace="mp",
+            scopes=["contacts:read"],
+            rate_limit="100000/minute",
+            credits=40,
+        )
+        spent = await fire([(cluster.urls[i % 2] + "/api/v1/contacts", old.key) for i in range(10)])
+        assert [answer.status_code for answer in spent] == [200] * 10
+        new = await manager.roll(old.record.id, grace=timedelta(hours=24))
+        assert new.record.credits == 30
+        # Both keys, in both processes, at once.
+        load = [
+            (cluster.urls[i % 2] + "/api/v1/contacts", (old.key, new.key)[(i // 2) % 2])
+            for i in range(120)
+        ]
+        answers = await fire(load)
+
+        admitted = [answer for answer in answers if answer.status_code == 200]
+        assert len(admitted) == 30  # what was left when rolled, once for the pair
+        for answer in answers:
+            if answer.status_code != 200:
+                assert_problem(answer, 429, "credits_exhausted")
+        left = sorted(
+            int(answer.headers["ratelimit"].split('"credits";r=')[1].split(";")[0].split(",")[0])
+            for answer in admitted
+        )
+        assert left == list(range(30))
+        assert (await manager.get(old.record.id)).credits == 0
+        assert (await manager.get(new.record.id)).credits == 0

@@ -3,7 +3,8 @@
 Rules create, disable, enable, revoke, roll and verify keys, and spend and set their credits,
 in any order; whenever it is looked at (all records listed, or one read), the store's view
 (statuses, counts, credits) must equal the model's, and every verification and spend must
-give exactly the outcome the model predicts.
+give exactly the outcome the model predicts. A rolled key and its successors share one
+balance in the model (CONTRACT §3): a spend by any of them is a spend of all.
 """
 
 from __future__ import annotations
@@ -50,12 +51,27 @@ CREDITS = st.integers(0, 30) | st.none()
 
 
 @dataclass
+class Balance:
+    """The credits of a key and of every key that replaced it: one count for all."""
+
+    credits: int | None = None
+
+
+@dataclass
 class ModelKey:
+    balance: Balance
     state: str = "active"
     expired: bool = False
     uses: int = 0
-    credits: int | None = None
     rolled: bool = False
+
+    @property
+    def credits(self) -> int | None:
+        return self.balance.credits
+
+    @credits.setter
+    def credits(self, credits: int | None) -> None:
+        self.balance.credits = credits
 
     @property
     def status(self) -> str:
@@ -101,8 +117,8 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             finally:
                 self.runner.close()
 
-        def _add(self, created: Any, credits: int | None) -> tuple[str, str]:
-            self.model[created.record.id] = ModelKey(credits=credits)
+        def _add(self, created: Any, balance: Balance) -> tuple[str, str]:
+            self.model[created.record.id] = ModelKey(balance=balance)
             self.records[created.record.id] = created.record
             return created.record.id, created.key
 
@@ -120,7 +136,7 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
                         name="k", workspace=WORKSPACE, scopes=["contacts:read"], credits=credits
                     )
                 )
-            return self._add(created, credits)
+            return self._add(created, Balance(credits))
 
         def _transition(self, action: str, key: tuple[str, str], target: str) -> None:
             key_id = key[0]
@@ -162,7 +178,8 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
             entry.rolled = True
             if immediate:
                 entry.expired = True
-            return self._add(created, entry.credits)  # the new key starts with what was left
+            # The new key holds the balance both spend from now: one count for the pair.
+            return self._add(created, entry.balance)
 
         @rule(key=tokens, cost=st.integers(1, 3))
         def spend(self, key: tuple[str, str], cost: int) -> None:
@@ -183,9 +200,11 @@ def build_machine(make_store: Callable[[], Awaitable[KeyStore]]) -> type[RuleBas
                 record = self.run(self.store.update(key_id, {"credits": credits}))
                 if entry.state != "revoked":
                     assert record.credits == credits
-                    entry.credits = credits
+                    if not entry.rolled:  # a rolled key's own count is no longer spent
+                        entry.credits = credits
                 return
-            if entry.state == "revoked":
+            if entry.state == "revoked" or entry.rolled:
+                # A rolled key's credits are its successor's: changed there.
                 with pytest.raises(InvalidTransition):
                     self.run(self.manager.update(key_id, credits=credits))
                 return

@@ -697,7 +697,7 @@ class KeyManager:
         (followed to the newest key; `known` holds records already read)."""
         holder = record
         for _ in range(MAX_ROLL_HOPS):
-            if holder.replaced_by is None or record.credits is None:
+            if holder.replaced_by is None:
                 break
             successor = known.get(holder.replaced_by)
             if successor is None:
@@ -924,14 +924,15 @@ class KeyManager:
             raise InvalidTransition(key_id, REVOKED, "update")
         if changes:
             self._announce(event)
-        if "credit_refill" in changes and record.replaces is not None:
-            await self._refill_predecessors(record, actor)
+        if _BALANCE_FIELDS & changes.keys() and record.replaces is not None:
+            await self._share_with_predecessors(record, actor)
         return self.usage_buffer.apply(record)
 
-    async def _refill_predecessors(self, record: KeyRecord, actor: str | None) -> None:
-        """Give the keys `record` replaces its new refill: they spend its balance, and a
-        spend refills the balance by the spending key's `credit_refill`."""
-        changes = {"credit_refill": record.credit_refill}
+    async def _share_with_predecessors(self, record: KeyRecord, actor: str | None) -> None:
+        """Copy `record`'s credit settings to the keys it replaces, which spend its balance:
+        whether a request is charged is read from the key's own record, and a refill follows
+        the spending key's `credit_refill`."""
+        changes = {"credits": record.credits, "credit_refill": record.credit_refill}
         successor = record
         for _ in range(MAX_ROLL_HOPS):
             if successor.replaces is None:
@@ -944,7 +945,7 @@ class KeyManager:
                 "updated",
                 key_id,
                 actor,
-                {**changes, "reason": f"the refill of {record.id}, whose credits it spends"},
+                {**changes, "reason": f"the credits of {record.id}, which it spends"},
                 stored.record.workspace,
             )
             successor = await self._change(
