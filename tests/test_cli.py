@@ -1084,3 +1084,27 @@ def test_if_the_cli_has_another_pepper_than_the_store_then_create_refuses_in_one
     assert "not-the-service-pepper" not in result.output
     # Commands that neither hash nor check a secret still work.
     ok(store_url, "list")
+
+
+def test_a_rolled_pair_shows_and_spends_one_balance(store_url: str) -> None:
+    old = create_key(store_url, "--scope", "contacts:read", "--credits", "100")
+
+    async def spend(key_id: str, cost: int) -> int | None:
+        async with KeyManager(store_url) as manager:
+            return await manager.spend_credits(await manager.get(key_id), cost)
+
+    assert asyncio.run(spend(old["id"], 40)) == 60
+    rolled = json.loads(ok(store_url, "roll", old["id"], "--grace", "24h", "--json").stdout)
+    assert (rolled["credits"], rolled["replaced"]["credits"]) == (60, 60)
+    assert asyncio.run(spend(old["id"], 10)) == 50
+    assert (show(store_url, old["id"])["credits"], show(store_url, rolled["id"])["credits"]) == (
+        50,
+        50,
+    )
+    listed = json.loads(ok(store_url, "list", "--json").stdout)
+    assert [record["credits"] for record in listed] == [50, 50]
+    refused = run(store_url, "update", old["id"], "--credits", "1000")
+    assert refused.exit_code == 1
+    assert rolled["id"] in refused_with_one_line(refused)
+    ok(store_url, "update", rolled["id"], "--credits", "7")
+    assert show(store_url, old["id"])["credits"] == 7

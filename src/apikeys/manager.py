@@ -907,6 +907,8 @@ class KeyManager:
         ):
             if value is None:
                 changes[field] = cleared
+        if _BALANCE_FIELDS & changes.keys():
+            await self._check_own_balance(key_id, changes)
         if changes.get("credit_refill") is not None:
             refill = parse_refill(str(changes["credit_refill"]))
             if refill is not None:
@@ -914,8 +916,6 @@ class KeyManager:
                 if changes.get("credits") is None:
                     changes["credits"] = refill.amount
                 changes["credits_refilled_at"] = refill.period_start(utcnow())
-        if _BALANCE_FIELDS & changes.keys():
-            await self._check_own_balance(key_id)
         event = await self._event("updated", key_id, actor, changes)
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
@@ -955,13 +955,23 @@ class KeyManager:
             if successor.state != REVOKED:
                 self._announce(event)
 
-    async def _check_own_balance(self, key_id: str) -> None:
-        """Refuse to change the credits of a rolled key: its balance is its successor's."""
+    async def _check_own_balance(self, key_id: str, changes: dict[str, object]) -> None:
+        """Refuse to change the credits of a rolled key: its balance is its successor's.
+
+        Credit settings given as they are (a form sent back unchanged) are dropped from
+        `changes` instead.
+        """
         stored = await self.store.get(key_id)
         if stored is None:
             raise KeyNotFound(key_id)
         record = stored.record
-        if record.replaced_by is not None and record.state != REVOKED:
+        if record.replaced_by is None or record.state == REVOKED:
+            return
+        shown = await self._shared_credits(record, {})
+        for field in _BALANCE_FIELDS & changes.keys():
+            if changes[field] == getattr(shown, field):
+                del changes[field]
+        if _BALANCE_FIELDS & changes.keys():
             raise InvalidTransition(
                 key_id,
                 record.status,

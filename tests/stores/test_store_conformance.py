@@ -925,6 +925,34 @@ class TestRolledPairSharesOneBalance:
             for record in records[:3]:
                 assert (await manager.get(record.id)).credits == 0
 
+    async def test_spends_that_race_the_roll_are_taken_once(self, store: KeyStore) -> None:
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=40)
+            rolled = asyncio.Event()
+
+            async def spend_until_rolled() -> int:
+                admitted = 0
+                while not rolled.is_set():
+                    admitted += await manager.spend_credits(old.record, 1) is not None
+                    await asyncio.sleep(0)
+                return admitted
+
+            async def roll() -> Any:
+                await asyncio.sleep(0)
+                try:
+                    return await manager.roll(old.record.id, grace=timedelta(hours=1))
+                finally:
+                    rolled.set()
+
+            *during, new = await asyncio.gather(*(spend_until_rolled() for _ in range(4)), roll())
+            # Moved: what the old key had not spent when linked (some spent since, maybe).
+            assert new.record.credits >= 40 - sum(during)
+            after = 0
+            for _ in range(40):
+                for record in (old.record, new.record):
+                    after += await manager.spend_credits(record, 1) is not None
+            assert sum(during) + after == 40
+
     async def test_revoking_either_key_gives_the_other_no_credits(self, store: KeyStore) -> None:
         async with self.manager(store) as manager:
             old = await manager.create(name="n", scopes=["contacts:read"], credits=10)
