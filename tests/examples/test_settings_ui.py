@@ -880,3 +880,48 @@ def test_settings_never_show_the_password_or_session_secret() -> None:
         Settings.from_env({"EXAMPLE_ADMIN_EMAIL": "a@example.com"})
     with pytest.raises(ValueError, match="at least 8"):
         Settings.from_env({"EXAMPLE_ADMIN_EMAIL": "a@example.com", "EXAMPLE_ADMIN_PASSWORD": "x"})
+
+
+def test_a_rolled_key_shows_and_spends_the_credits_of_its_successor(
+    ui_service: UIService, page: Page
+) -> None:
+    log_in(page)
+    page.goto(KEYS)
+    page.fill("#name", "Metered")
+    page.check("input[name=access][value=restricted]")
+    page.check("input[name=scopes][value='contacts:read']")
+    page.click("summary:has-text('Owner, metadata, allowed addresses and credits')")
+    page.fill("#credits", "10")
+    page.click("button:text('Create key')")
+    key = page.input_value("#new-key-value")
+    old_id = parse_key(key).id
+    with ui_service.api(key) as api:
+        for _ in range(4):
+            assert api.get("/api/v1/contacts").status_code == 200
+    page.goto(f"{KEYS}/{old_id}/roll")
+    page.click("button:text('Roll key')")
+    new_key = page.input_value("#new-key-value")
+    page.goto(LIST)
+    expect(row(page, key).locator(".credits")).to_have_text(
+        "6 credits left, shared with its successor"
+    )
+    expect(row(page, new_key).locator(".credits")).to_have_text("6 credits left")
+
+    with ui_service.api(key) as old_api, ui_service.api(new_key) as new_api:
+        answers = [api.get("/api/v1/contacts") for api in (old_api, new_api) * 4]
+    assert [answer.status_code for answer in answers] == [200] * 6 + [429] * 2
+    assert_problem(answers[-1], 429, "credits_exhausted")
+    page.goto(LIST)
+    expect(row(page, key).locator(".credits")).to_contain_text("0 credits left")
+    expect(row(page, new_key).locator(".credits")).to_have_text("0 credits left")
+
+    # Set on the old key: refused beside the field, and nothing changes.
+    page.goto(f"{KEYS}/{old_id}/edit")
+    page.fill("#credits", "1000")
+    page.click("button:text('Save changes')")
+    expect(page.locator("#form-errors")).to_contain_text("The key was not changed")
+    expect(page.locator("body")).to_contain_text(
+        f"spends the credits of the key that replaces it, {parse_key(new_key).id}"
+    )
+    with ui_service.api(key) as old_api:
+        assert_problem(old_api.get("/api/v1/contacts"), 429, "credits_exhausted")

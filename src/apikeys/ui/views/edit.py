@@ -81,8 +81,13 @@ async def edit(request: Request, user: PageUser, form: Form) -> Response:
             actor=user.name,
             **policy,
         )
-    except InvalidTransition:
-        raise refused(await page.manager.get(record.id), "edited") from None
+    except InvalidTransition as exc:
+        current = await page.manager.get(record.id)
+        if current.state != REVOKED and current.replaced_by is not None:
+            # A rolled key's credits are its successor's: said beside the field.
+            why = f"This key {exc.why.removeprefix('it ')}."
+            return _show_edit(request, record, values, {"credits": why}, status=422)
+        raise refused(current, "edited") from None
     except InvalidKeyParameters as exc:
         return _show_edit(request, record, values, {"form": str(exc)}, status=422)
     notice(
