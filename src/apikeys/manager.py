@@ -995,6 +995,9 @@ class KeyManager:
         did after its creation (a key that never expired gives one that never does), unless
         `expires_in` says otherwise. Refused for a revoked or disabled key, and for one rolled
         already (roll its successor): see `refusal`.
+
+        The pair has one balance of credits: the new key takes over what the old one had
+        left, and the old key spends from the new key's balance through its grace period.
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
@@ -1070,7 +1073,7 @@ class KeyManager:
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
         self._announce(rolled)
-        if old.credits is not None:
+        if old.credits is not None or created.record.credits is not None:
             created = CreatedKey(created.key, await self._move_balance(old, new_id, actor))
         return created
 
@@ -1105,7 +1108,8 @@ class KeyManager:
 
         Returns the credits left, or None when too few were left (nothing is taken). Exact
         across processes: the store takes them in one atomic step. A key without credits
-        (unlimited) is not for this method.
+        (unlimited) is not for this method. A rolled key spends its successor's balance,
+        which the pair shares (see `roll`).
         """
         if not record.credit_refill:
             return await self.store.spend_credits(record.id, cost)
