@@ -113,7 +113,9 @@ async def test_a_receiver_gets_every_event_in_order_with_valid_signatures(
     if not down:
         await receiver.start()
     try:
-        created = json.loads(await cli(url, "create", "--name", "zapier", "--full-access", "--json"))
+        created = json.loads(
+            await cli(url, "create", "--name", "zapier", "--full-access", "--json")
+        )
         key_id = created["id"]
         await cli(url, "update", key_id, "--name", "zapier-eu")
         await cli(url, "disable", key_id)
@@ -137,14 +139,17 @@ async def test_a_receiver_gets_every_event_in_order_with_valid_signatures(
             assert {d["last_error"] for d in listed if d["attempts"]} == {"ConnectError"}
             assert receiver.received == []
             await receiver.start()
-        await receiver.wait_for(7)
+        async with asyncio.timeout(60):
+            await receiver.wait_for(7)
         await asyncio.sleep(0.5)  # nothing more comes
     finally:
         await receiver.stop()
 
     events = _events(receiver, added["secret"])
     assert len(events) == 7
-    of_key = [(e["type"], e["data"]["key"]["id"]) for e in events if e["data"]["key"]["id"] == key_id]
+    of_key = [
+        (e["type"], e["data"]["key"]["id"]) for e in events if e["data"]["key"]["id"] == key_id
+    ]
     assert [kind for kind, _ in of_key] == [
         "key.created",
         "key.updated",
