@@ -235,3 +235,29 @@ async def test_the_sqlite_log_keeps_what_a_webhook_has_not_taken(
     with sqlite3.connect(tmp_path / "keys.db") as db:
         left = db.execute("SELECT count(*) FROM apikeys_keys_changes").fetchone()[0]
     assert left == 1
+
+
+async def test_key_expiring_is_sent_once_per_key_notice_and_expiry(
+    store: SQLStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.expiring"])
+    soon = await manager.create(name="soon", full_access=True, expires_in=timedelta(hours=12))
+    later = await manager.create(name="later", full_access=True, expires_in=timedelta(days=3))
+    await manager.create(name="far", full_access=True, expires_in=timedelta(days=30))
+    await manager.create(name="never", full_access=True)
+    now = utcnow()
+    assert await hooks.expiring(now) == 3
+    assert await hooks.expiring(now + timedelta(minutes=1)) == 0  # once, whoever looks again
+    await hooks.take(now)  # the other events are not this endpoint's
+    made = await hooks.deliveries()
+    assert sorted((d.key_id, d.event) for d in made) == sorted(
+        [
+            (soon.record.id, "key.expiring"),
+            (soon.record.id, "key.expiring"),
+            (later.record.id, "key.expiring"),
+        ]
+    )
+    # A new expiry is a new window: its notices are sent again.
+    await manager.update(later.record.id, expires_in=timedelta(days=5))
+    assert await hooks.expiring(utcnow()) == 1

@@ -125,6 +125,11 @@ class WebhookStore(abc.ABC):
         transaction with moving the mark; the number of deliveries made."""
 
     @abc.abstractmethod
+    async def expiring(self, now: datetime) -> int:
+        """Make a `key.expiring` delivery for each key that expires within a notice of
+        `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made."""
+
+    @abc.abstractmethod
     async def claim(
         self, holder: str, now: datetime, lease_until: datetime, limit: int
     ) -> list[Claimed]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,7 +40,8 @@ class DeliveryOptions:
     - `give_up_after`: how long an event is retried before it is marked failed (24 h);
     - `timeout`: seconds an endpoint has to answer (10);
     - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
-    - `batch`: deliveries leased per round (20).
+    - `batch`: deliveries leased per round (20);
+    - `check_interval`: seconds between looks for keys about to expire (60).
     """
 
     poll_interval: float = 1.0
@@ -48,6 +50,7 @@ class DeliveryOptions:
     timeout: float = 10.0
     lease: float = 60.0
     batch: int = 20
+    check_interval: float = 60.0
 
     def next_attempt(self, attempts: int, created_at: datetime, now: datetime) -> datetime | None:
         """When to try again after `attempts` failed attempts; None: give up."""
@@ -66,6 +69,7 @@ class Deliverer:
         self.holder = secrets.token_hex(8)
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
+        self._checked = float("-inf")
 
     def start(self) -> None:
         """Start the task on the running loop (once)."""
@@ -109,6 +113,9 @@ class Deliverer:
             return 0
         now = utcnow()
         await self.store.take(now)
+        if time.monotonic() - self._checked >= self.options.check_interval:
+            await self.store.expiring(now)
+            self._checked = time.monotonic()
         claimed = await self.store.claim(
             self.holder,
             now,

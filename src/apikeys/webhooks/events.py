@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
 from apikeys.policies import load_metadata
 from apikeys.types import KeyRecord, StoredState, isoformat
 
-__all__ = ["EVENT_TYPES", "event_body", "record_from_snapshot"]
+__all__ = ["EVENT_TYPES", "EXPIRING_NOTICES", "event_body", "record_from_snapshot"]
 
 EVENT_TYPES: Final = (
     "key.created",
@@ -28,6 +28,9 @@ EVENT_TYPES: Final = (
     "key.usage_threshold",
 )
 """Every event an endpoint can ask for (all of them by default)."""
+
+EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
+"""How long before a key expires `key.expiring` is sent (once for each)."""
 
 _TIMES: Final = ("created_at", "expires_at", "last_used_at", "revoked_at", "credits_refilled_at")
 

@@ -10,6 +10,7 @@ the log is never pruned past the lowest mark. Deliveries are leased (`lease_unti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
@@ -17,15 +18,17 @@ from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from apikeys.stores.sql_schema import (
     changes_table,
+    keys_table,
     webhook_deliveries_table,
     webhooks_table,
 )
 from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import event_body, record_from_snapshot
+from apikeys.webhooks.events import EXPIRING_NOTICES, event_body, record_from_snapshot
 
 __all__ = ["SQLWebhooks"]
 
@@ -49,6 +52,7 @@ class SQLWebhooks(WebhookStore):
         self._hooks = webhooks_table(keys_table_name)
         self._deliveries = webhook_deliveries_table(keys_table_name)
         self._changes = changes_table(keys_table_name)
+        self._keys = keys_table(keys_table_name)
 
     async def _run(self, work: Callable[[AsyncConnection], Coroutine[Any, Any, _T]]) -> _T:
         return cast(_T, await self._run_work(work))
@@ -303,5 +307,66 @@ class SQLWebhooks(WebhookStore):
                 )
             )
             return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def expiring(self, now: datetime) -> int:
+        hooks, keys, d = self._hooks, self._keys, self._deliveries
+        soonest = now + max(EXPIRING_NOTICES)
+        insert = (
+            postgresql.insert(d) if self._postgres else sqlite.insert(d)
+        ).on_conflict_do_nothing()
+
+        async def work(conn: AsyncConnection) -> int:
+            endpoints = (await conn.execute(sa.select(hooks))).all()
+            wanting = [
+                row
+                for row in endpoints
+                if not json.loads(row.events) or "key.expiring" in json.loads(row.events)
+            ]
+            if not wanting:
+                return 0
+            rows = await conn.execute(
+                sa.select(keys).where(
+                    keys.c.state != "revoked",
+                    keys.c.expires_at.is_not(None),
+                    keys.c.expires_at > now,
+                    keys.c.expires_at <= soonest,
+                )
+            )
+            records = [record_from_snapshot(dict(row._mapping)) for row in rows]
+            values = []
+            for endpoint in wanting:
+                for record in records:
+                    if endpoint.workspace is not None and endpoint.workspace != record.workspace:
+                        continue
+                    assert record.expires_at is not None
+                    for notice in EXPIRING_NOTICES:
+                        if record.expires_at - now > notice:
+                            continue
+                        # One id per endpoint, key, notice and expiry: made again by any
+                        # process, in any round, it is the same delivery, stored once.
+                        days = notice.days
+                        window = f"{endpoint.id}|{record.id}|{days}|{record.expires_at}"
+                        values.append(
+                            {
+                                "id": "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
+                                "webhook_id": endpoint.id,
+                                "key_id": record.id,
+                                "seq": endpoint.taken,
+                                "event": "key.expiring",
+                                "body": event_body(
+                                    "key.expiring", now, record, expires_in_days=days
+                                ).decode(),
+                                "status": "pending",
+                                "attempts": 0,
+                                "created_at": now,
+                                "next_attempt_at": now,
+                            }
+                        )
+            made = 0
+            for value in values:
+                made += (await conn.execute(insert.values(value))).rowcount or 0
+            return made
 
         return await self._run(work)
