@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import secrets
 import time
@@ -70,6 +71,7 @@ class Deliverer:
         self._task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._checked = float("-inf")
+        self._warned = False
 
     def start(self) -> None:
         """Start the task on the running loop (once)."""
@@ -110,6 +112,13 @@ class Deliverer:
         """One round: take new events, lease what is due, send it. The number sent."""
         endpoints = {endpoint.id: endpoint for endpoint in await self.store.endpoints()}
         if not endpoints:
+            return 0
+        if importlib.util.find_spec("httpx") is None:
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "webhooks are not sent: they need httpx (pip install 'apikeys[webhooks]')"
+                )
             return 0
         now = utcnow()
         await self.store.take(now)
