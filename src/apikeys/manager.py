@@ -1039,6 +1039,8 @@ class KeyManager:
         prefix, key_id, secret = split_key(token, self.prefix)
         if not self._in_use:
             self._use()
+        if self._deliverer is not None:
+            self._deliverer.start()  # (again, when the manager moved to another loop)
         cache = self.cache
         if cache is None:
             stored = await self.store.get_for_verification(key_id)

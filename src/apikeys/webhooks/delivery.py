@@ -69,31 +69,45 @@ class Deliverer:
         self.options = options or DeliveryOptions()
         self.holder = secrets.token_hex(8)
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._checked = float("-inf")
         self._warned = False
 
     def start(self) -> None:
-        """Start the task on the running loop (once)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name="apikeys-webhooks"
-            )
+        """Start the task on the running loop, unless it runs there already (a manager
+        moved to another loop starts it anew there)."""
+        loop = asyncio.get_running_loop()
+        task = self._task
+        if task is not None and not task.done() and self._loop is loop:
+            return
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                task.cancel()
+        self._loop = loop
+        self._client = None  # bound to the loop it was made on
+        self._task = loop.create_task(self._run(), name="apikeys-webhooks")
 
     async def aclose(self) -> None:
         """Stop the task (a delivery in flight is dropped; its lease runs out) and close
         the HTTP client."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        here = self._loop is asyncio.get_running_loop()
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                task.cancel()
+            if here:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and here:
             await client.aclose()
 
-    async def _loop(self) -> None:
+    async def _run(self) -> None:
         failures = 0
+        # The first round waits a poll interval: a short script's manager (an asyncio.run
+        # that issues a key and ends) is gone before it would touch the store.
+        await asyncio.sleep(self.options.poll_interval)
         while True:
             try:
                 sent = await self.run_once()
