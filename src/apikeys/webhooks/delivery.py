@@ -92,7 +92,7 @@ class Deliverer:
         """Stop the task (a delivery in flight is dropped; its lease runs out) and close
         the HTTP client."""
         task, self._task = self._task, None
-        here = self._loop is asyncio.get_running_loop()
+        here = self._loop in (None, asyncio.get_running_loop())
         if task is not None and not task.done():
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 task.cancel()
