@@ -28,6 +28,14 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 - SQLite's triggers name the columns they watch; their names carry a digest of them, and a
   release adds its own beside an older one's, never removes one (an older release's
   `setup()` during a rolling upgrade then cannot narrow what is logged).
+- **The webhooks' outbox.** Each entry also carries the event the change is (`key.created`
+  for an insert; `key.disabled`, `key.enabled` or `key.revoked` for a change of state;
+  `key.rolled` when `replaced_by` is set; `key.updated` for any other change a reader sees,
+  not for a re-hash alone; none for a delete or a truncate) and the key's record after it
+  as JSON, without its hash, with the time (`apikeys.webhooks.sql`). The log is never
+  pruned past the lowest mark of the webhooks' endpoints (`<table>_webhooks.taken`). The
+  version-2 triggers replace PostgreSQL's version 1; on SQLite they join an older
+  release's, whose entries carry no event.
 - `check_change_log` tells whether the triggers are there and enabled; readers run it with
   every registration, and give no proof while they are not (a table rebuilt by a migration
   tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.

@@ -1,8 +1,9 @@
 """The SQL store's schema: its tables on `metadata`, and creating them safely.
 
-`keys_table(name)` puts the keys table and the four that go with it on `metadata` (or a
-`MetaData` of yours): the applied usage batches, the change log the key cache reads on
-SQLite, and the registry of processes that cache keys. Add `metadata` to your Alembic
+`keys_table(name)` puts the keys table and the tables that go with it on `metadata` (or a
+`MetaData` of yours): the applied usage batches, the change log (the key cache's and the
+webhooks' outbox), the registry of processes that cache keys, the audit trail, daily usage,
+settings, and the webhooks' endpoints and deliveries. Add `metadata` to your Alembic
 `target_metadata`, or let `SQLStore.setup()` / `create_tables()` create what is missing.
 """
 
