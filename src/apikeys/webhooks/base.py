@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -158,7 +157,3 @@ class WebhookStore(abc.ABC):
     @abc.abstractmethod
     async def replay(self, delivery_id: str, now: datetime) -> bool:
         """Send a delivery again (same id and body): pending from `now`."""
-
-
-def filter_events(events: Sequence[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(events))

@@ -35,7 +35,7 @@ __all__ = ["SQLWebhooks"]
 _T = TypeVar("_T")
 
 
-def new_delivery_id() -> str:
+def _new_delivery_id() -> str:
     return "msg_" + secrets.token_hex(12)
 
 
@@ -167,7 +167,7 @@ class SQLWebhooks(WebhookStore):
                     at = datetime.fromisoformat(str(snapshot["at"]))
                     values.append(
                         {
-                            "id": new_delivery_id(),
+                            "id": _new_delivery_id(),
                             "webhook_id": row.id,
                             "key_id": record.id,
                             "seq": entry.seq,
