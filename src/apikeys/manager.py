@@ -69,6 +69,7 @@ from apikeys.types import (
     utcnow,
 )
 from apikeys.usage import UsageBuffer, write_at_exit
+from apikeys.webhooks.delivery import Deliverer, DeliveryOptions
 
 __all__ = ["LIMITER_URL_ENV", "STORE_URL_ENV", "KeyManager", "check_usable", "refusal"]
 
@@ -228,6 +229,10 @@ class KeyManager:
     replaces the store's own channel with another `Channel` of the same store (tests use
     it to route the channel through a proxy); a URL there is ignored, with a warning.
 
+    From its first use until it is closed, a manager also delivers the store's webhooks
+    that are due (docs/webhooks.md); `webhooks=False` stops that, and a `DeliveryOptions`
+    tunes it.
+
     Close a manager when done with it: `await manager.aclose()`, or use it as
     `async with KeyManager(...) as manager:`. One that has done work (issued, read, changed
     or verified a key) and is garbage-collected or reaches interpreter exit unclosed emits a
@@ -240,6 +245,7 @@ class KeyManager:
     # Class defaults: `__del__` may run on an instance whose `__init__` raised.
     _in_use = False
     _warned = False
+    _deliverer: Deliverer | None = None
     _decoy: str | None = None
 
     async def _decoy_hash(self) -> str:
@@ -264,6 +270,7 @@ class KeyManager:
         metrics: Any = False,
         on_event: EventHook | None = None,
         limiter: RateLimiter | str | None = None,
+        webhooks: bool | DeliveryOptions = True,
     ) -> None:
         self._owns_limiter = not isinstance(limiter, RateLimiter)
         self._limiter_url = limiter if isinstance(limiter, str) else None
@@ -292,6 +299,13 @@ class KeyManager:
             self._changes = KeyCache(self.store, chosen, lease=cache_lease, max_entries=cache_size)
             if cache:
                 self.cache = self._changes
+        # Webhooks: this process delivers what is due, from its first use until `aclose`.
+        self._deliverer: Deliverer | None = None
+        hooks = self.store.webhooks() if webhooks is not False else None
+        if hooks is not None:
+            self._deliverer = Deliverer(
+                hooks, webhooks if isinstance(webhooks, DeliveryOptions) else None
+            )
 
     def __repr__(self) -> str:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
@@ -377,6 +391,8 @@ class KeyManager:
         """Write buffered usage, stop the cache, close the store and the limiter it made."""
         self._release()
         try:
+            if self._deliverer is not None:
+                await self._deliverer.aclose()
             await self.usage_buffer.aclose()
         finally:
             try:
@@ -411,6 +427,9 @@ class KeyManager:
         if not self._in_use:
             self._in_use = True
             _unclosed.add(self)
+            if self._deliverer is not None:
+                with contextlib.suppress(RuntimeError):  # no running loop: no deliveries
+                    self._deliverer.start()
 
     def _release(self) -> None:
         """Forget that this manager has done work, without closing anything: `aclose` does
@@ -1141,6 +1160,8 @@ class KeyManager:
         prefix, key_id, secret = split_key(token, self.prefix)
         if not self._in_use:
             self._use()
+        if self._deliverer is not None:
+            self._deliverer.start()  # (again, when the manager moved to another loop)
         cache = self.cache
         if cache is None:
             stored = await self.store.get_for_verification(key_id)

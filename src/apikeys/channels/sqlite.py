@@ -62,6 +62,8 @@ class SQLiteChannel(Channel):
         self.path = path
         self.poll_interval = poll_interval
         self._changes = changes_table
+        # The webhooks' endpoints, whose `taken` marks keep entries from pruning.
+        self._webhooks = changes_table.removesuffix("_changes") + "_webhooks"
         self._log = log_table
         self._triggers = triggers
         self._check_sql = (
@@ -240,10 +242,12 @@ class SQLiteChannel(Channel):
             "expires_at = excluded.expires_at, seen = max(seen, excluded.seen)",
             (self.ident, self._acked, clock() + ttl),
         )
-        # Housekeeping, rarely needed: old registrations and the oldest changes.
+        # Housekeeping, rarely needed: old registrations and the oldest changes, but none
+        # that a webhook has not taken yet (the change log is their outbox).
         await self._execute(
             f'DELETE FROM "{self._changes}" WHERE seq <= '  # noqa: S608
-            f'(SELECT max(seq) FROM "{self._changes}") - ?',
+            f'(SELECT max(seq) FROM "{self._changes}") - ? AND seq <= '
+            f'coalesce((SELECT min(taken) FROM "{self._webhooks}"), seq)',
             (KEEP_CHANGES,),
         )
 

@@ -19,7 +19,7 @@ by `create` and `roll`, once; every other output shows the masked form `ak_<id>_
 
 from __future__ import annotations
 
-from apikeys.cli import audit, keys, scan, usage  # noqa: F401 - importing them adds their commands
+from apikeys.cli import audit, keys, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
 from apikeys.cli.common import main
 
 __all__ = ["main"]

@@ -291,7 +291,8 @@ def _run(
             param_hint="'--store' / APIKEYS_STORE_URL",
         ) from None
     try:
-        manager = KeyManager(store, hasher=_make_hasher(quiet=not uses_secrets))
+        # A command's process exits at once: the long-running processes deliver webhooks.
+        manager = KeyManager(store, hasher=_make_hasher(quiet=not uses_secrets), webhooks=False)
     except ConfigurationError as exc:
         raise Refused(_redact(str(exc), url)) from None
 

@@ -25,6 +25,7 @@ from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredSt
 
 if TYPE_CHECKING:
     from apikeys.channels.base import Channel
+    from apikeys.webhooks.base import WebhookStore
 
 __all__ = [
     "ADMITTED",
@@ -82,6 +83,11 @@ class KeyStore(abc.ABC):
         Stores shared between processes return one (the memory store, which lives in one
         process, needs none); `KeyManager` then caches records in process.
         """
+        return None
+
+    def webhooks(self) -> WebhookStore | None:
+        """Where this store keeps webhook endpoints and deliveries; None when it keeps none
+        (then no webhook is sent: the default, so a store of your own works unchanged)."""
         return None
 
     async def setup(self) -> None:  # noqa: B027 - optional hook with a sensible default

@@ -128,6 +128,8 @@ if TYPE_CHECKING:
     import aiosqlite
     import asyncpg
 
+    from apikeys.webhooks.base import WebhookStore
+
 __all__ = [
     "DEFAULT_TABLE_NAME",
     "SQLStore",
@@ -384,6 +386,8 @@ class SQLStore(KeyStore):
             self._daily,
             self._settings,
             self._once,
+            self._webhooks,
+            self._deliveries,
         ) = self._tables
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in _FIELDS)
@@ -874,6 +878,14 @@ class SQLStore(KeyStore):
             # Prepared statements off means a pooler in transaction mode: no LISTEN there.
             listen=options.get("statement_cache_size") != 0,
         )
+
+    def webhooks(self) -> WebhookStore | None:
+        """The webhook tables (`apikeys.webhooks.sql`); None for an in-memory database."""
+        if self._sqlite and self._memory:
+            return None
+        from apikeys.webhooks.sql import SQLWebhooks
+
+        return SQLWebhooks(self._run, self._engine.dialect.name, self._table.name)
 
     async def _keys_schema(self) -> str:
         """The PostgreSQL schema the keys table is in, as this store's connections see it

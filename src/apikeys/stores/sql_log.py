@@ -28,6 +28,14 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 - SQLite's triggers name the columns they watch; their names carry a digest of them, and a
   release adds its own beside an older one's, never removes one (an older release's
   `setup()` during a rolling upgrade then cannot narrow what is logged).
+- **The webhooks' outbox.** Each entry also carries the event the change is (`key.created`
+  for an insert; `key.disabled`, `key.enabled` or `key.revoked` for a change of state;
+  `key.rolled` when `replaced_by` is set; `key.updated` for any other change a reader sees,
+  not for a re-hash alone; none for a delete or a truncate) and the key's record after it
+  as JSON, without its hash, with the time (`apikeys.webhooks.sql`). The log is never
+  pruned past the lowest mark of the webhooks' endpoints (`<table>_webhooks.taken`). The
+  version-2 triggers replace PostgreSQL's version 1; on SQLite they join an older
+  release's, whose entries carry no event.
 - `check_change_log` tells whether the triggers are there and enabled; readers run it with
   every registration, and give no proof while they are not (a table rebuilt by a migration
   tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.
@@ -50,6 +58,7 @@ from apikeys.channels.base import STORE_WRITER
 __all__ = [
     "KEEP_CHANGES",
     "POSTGRES_TRIGGERS",
+    "SECRET_COLUMNS",
     "USAGE_COLUMNS",
     "check_change_log_sql",
     "install_change_log",
@@ -57,11 +66,19 @@ __all__ = [
     "trigger_names",
 ]
 
-# One version of the PostgreSQL triggers: they watch every column but the usage ones, so a
-# release that adds a column needs no new trigger.
-_PG_BASE: Final = "apikeys_log_v1"
+# The version of the PostgreSQL triggers: they watch every column but the usage ones, so a
+# release that adds a column needs no new trigger. Version 2 also writes each change's
+# event and record (the webhooks' outbox), and keeps what a webhook has not taken yet.
+_PG_BASE: Final = "apikeys_log_v2"
 POSTGRES_TRIGGERS: Final = (f"{_PG_BASE}_rows", f"{_PG_BASE}_updates", f"{_PG_BASE}_truncate")
 """The triggers that keep the change log on PostgreSQL (the same for every keys table)."""
+
+_PG_OLDER: Final = ("apikeys_log_v1_rows", "apikeys_log_v1_updates", "apikeys_log_v1_truncate")
+# The version in the names of SQLite's triggers (beside a digest of the columns they watch).
+_SQLITE_VERSION: Final = "v2"
+
+SECRET_COLUMNS: Final = frozenset({"secret_hash"})
+"""Columns never written to the change log's records (nor to a webhook's body)."""
 
 KEEP_CHANGES: Final = 10_000
 """Changes kept in the log; a reader that falls further behind starts afresh."""
@@ -112,7 +129,7 @@ def trigger_names(keys: sa.Table, dialect: str) -> tuple[str, ...]:
     """The names of the triggers that log changes to `keys` on `dialect`."""
     if dialect == "postgresql":
         return POSTGRES_TRIGGERS
-    base = f"{keys.name}_log_{_digest(*_watched(keys))}"
+    base = f"{keys.name}_log_{_digest(_SQLITE_VERSION, *_watched(keys))}"
     return (f"{base}_insert", f"{base}_delete", f"{base}_update")
 
 
@@ -158,11 +175,21 @@ def _install_sqlite(connection: sa.Connection, keys: sa.Table, changes: sa.Table
         [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(keys)]
         + (["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"] if "credits" in keys.columns else [])
     )
+
+    def record(row: str) -> str:
+        fields = ", ".join(
+            f"'{column.name}', {row}.{quote.quote(column.name)}"
+            for column in keys.columns
+            if column.name not in SECRET_COLUMNS
+        )
+        now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+        return f"json_object('at', {now}, 'key', json_object({fields}))"
+
     connection.execute(
         sa.text(
             f"CREATE TRIGGER IF NOT EXISTS {quote.quote(inserted)} AFTER INSERT "
-            f"ON {keys_name} BEGIN INSERT INTO {changes_name} (notice) "
-            f"VALUES ({notice}NEW.id); END"
+            f"ON {keys_name} BEGIN INSERT INTO {changes_name} (notice, event, data) "
+            f"VALUES ({notice}NEW.id, 'key.created', {record('NEW')}); END"
         )
     )
     connection.execute(
@@ -172,14 +199,36 @@ def _install_sqlite(connection: sa.Connection, keys: sa.Table, changes: sa.Table
             f"VALUES ({notice}OLD.id); END"
         )
     )
+    event = _sqlite_update_event(keys, quote)
     connection.execute(
         sa.text(
             f"CREATE TRIGGER IF NOT EXISTS {quote.quote(updated)} AFTER UPDATE "
             f"ON {keys_name} WHEN {differ} BEGIN "
-            f"INSERT INTO {changes_name} (notice) VALUES ({notice}OLD.id); "
+            f"INSERT INTO {changes_name} (notice, event, data) SELECT {notice}OLD.id, e, "
+            f"CASE WHEN e IS NULL THEN NULL ELSE {record('NEW')} END "
+            f"FROM (SELECT CASE WHEN NEW.id IS OLD.id THEN {event} END AS e); "
             f"INSERT INTO {changes_name} (notice) SELECT {notice}NEW.id "
             "WHERE NEW.id IS NOT OLD.id; END"
         )
+    )
+
+
+def _sqlite_update_event(keys: sa.Table, quote: sa.sql.compiler.IdentifierPreparer) -> str:
+    """The SQL of the event an update of a key is: its state, a roll, or any other change
+    but of usage or of the hash alone (a re-hash is no event)."""
+    visible = [
+        f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}"
+        for name in _watched(keys)
+        if name not in SECRET_COLUMNS
+    ]
+    if "credits" in keys.columns:
+        visible.append("(OLD.credits IS NULL) <> (NEW.credits IS NULL)")
+    return (
+        "CASE WHEN OLD.state IS NOT NEW.state THEN CASE NEW.state "
+        "WHEN 'revoked' THEN 'key.revoked' WHEN 'disabled' THEN 'key.disabled' "
+        "ELSE 'key.enabled' END "
+        "WHEN OLD.replaced_by IS NULL AND NEW.replaced_by IS NOT NULL THEN 'key.rolled' "
+        f"WHEN {' OR '.join(visible)} THEN 'key.updated' END"
     )
 
 
@@ -225,8 +274,11 @@ def _install_postgres(
         connection.execute(
             sa.text(f"ALTER TABLE {qualified(changes.name)} ALTER COLUMN seq TYPE bigint")
         )
-    function = qualified(f"apikeys_log_{_digest(schema, keys.name)}")
+    function = qualified(f"{_PG_BASE}_{_digest(schema, keys.name)}")
     log_name, changes_name = qualified(log.name), qualified(changes.name)
+    hooks_name = qualified(f"{keys.name}_webhooks")
+    hidden = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
+    secret = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))
     channel = notice_channel_name(keys.name)
     usage = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS))
     connection.execute(
@@ -238,15 +290,34 @@ DECLARE
   s bigint;
   k text;
   ids text[];
+  ev text;
+  evkey text;
+  rec text;
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     ids := ARRAY['*'];
   ELSIF TG_OP = 'INSERT' THEN
     ids := ARRAY[NEW.id::text];
+    ev := 'key.created';
   ELSIF TG_OP = 'DELETE' OR OLD.id = NEW.id THEN
     ids := ARRAY[OLD.id::text];
   ELSE
     ids := ARRAY[OLD.id::text, NEW.id::text];
+  END IF;
+  IF TG_OP = 'UPDATE' AND OLD.id = NEW.id THEN
+    IF OLD.state IS DISTINCT FROM NEW.state THEN
+      ev := CASE NEW.state WHEN 'revoked' THEN 'key.revoked'
+        WHEN 'disabled' THEN 'key.disabled' ELSE 'key.enabled' END;
+    ELSIF OLD.replaced_by IS NULL AND NEW.replaced_by IS NOT NULL THEN
+      ev := 'key.rolled';
+    ELSIF (to_jsonb(OLD) - {hidden}) IS DISTINCT FROM (to_jsonb(NEW) - {hidden})
+        OR (OLD.credits IS NULL) <> (NEW.credits IS NULL) THEN
+      ev := 'key.updated';
+    END IF;
+  END IF;
+  IF ev IS NOT NULL THEN
+    evkey := NEW.id::text;
+    rec := jsonb_build_object('at', clock_timestamp(), 'key', to_jsonb(NEW) - {secret})::text;
   END IF;
   FOREACH k IN ARRAY ids LOOP
     UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
@@ -259,10 +330,14 @@ BEGIN
         ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
         RETURNING seq INTO s;
     END IF;
-    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{STORE_WRITER}:' || s || ':' || k);
+    INSERT INTO {changes_name} (seq, notice, event, data) VALUES (
+      s, '{STORE_WRITER}:' || s || ':' || k,
+      CASE WHEN k = evkey THEN ev END, CASE WHEN k = evkey THEN rec END);
     IF s % 128 = 0 THEN
-      -- The newest changes are kept; a reader further behind starts afresh.
-      DELETE FROM {changes_name} WHERE seq <= s - {KEEP_CHANGES};
+      -- The newest changes are kept, and every one a webhook has not taken yet; a reader
+      -- further behind starts afresh.
+      DELETE FROM {changes_name} WHERE seq <= LEAST(
+        s - {KEEP_CHANGES}, (SELECT min(taken) FROM {hooks_name}));
     END IF;
     PERFORM pg_notify('{channel}', '{STORE_WRITER}:' || s || ':' || k);
   END LOOP;
@@ -272,7 +347,9 @@ $log$
 """
         )
     )
-    for name in (rows, updates, truncate):
+    # Version 2 replaces version 1 (which an older release's `setup()` may make again: its
+    # entries carry no event, and are no webhook's business).
+    for name in (rows, updates, truncate, *_PG_OLDER):
         connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {quote.quote(name)} ON {keys_name}"))
     # Deferred to commit: the log's row is locked last, after every key row the
     # transaction touches, so two transactions cannot wait for each other through it.

@@ -1,8 +1,9 @@
 """The SQL store's schema: its tables on `metadata`, and creating them safely.
 
-`keys_table(name)` puts the keys table and the four that go with it on `metadata` (or a
-`MetaData` of yours): the applied usage batches, the change log the key cache reads on
-SQLite, and the registry of processes that cache keys. Add `metadata` to your Alembic
+`keys_table(name)` puts the keys table and the tables that go with it on `metadata` (or a
+`MetaData` of yours): the applied usage batches, the change log (the key cache's and the
+webhooks' outbox), the registry of processes that cache keys, the audit trail, daily usage,
+settings, and the webhooks' endpoints and deliveries. Add `metadata` to your Alembic
 `target_metadata`, or let `SQLStore.setup()` / `create_tables()` create what is missing.
 """
 
@@ -39,6 +40,8 @@ __all__ = [
     "settings_table",
     "store_tables",
     "usage_batches_table",
+    "webhook_deliveries_table",
+    "webhooks_table",
 ]
 
 DEFAULT_TABLE_NAME: Final = "apikeys_keys"
@@ -128,6 +131,8 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     usage_daily_table(name, meta)
     settings_table(name, meta)
     one_time_table(name, meta)
+    webhooks_table(name, meta)
+    webhook_deliveries_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -231,6 +236,10 @@ def changes_table(
                 autoincrement=True,
             ),
             sa.Column("notice", sa.String(64), nullable=False),
+            # Added with webhooks: the event the change is (`key.created`, …), and the key's
+            # record after it as JSON without its hash (the outbox of `apikeys.webhooks`).
+            sa.Column("event", sa.String(32), nullable=True),
+            sa.Column("data", sa.Text(), nullable=True),
             sa.Index(f"ix_{name}_notice", "notice"),
         ),
         sqlite_autoincrement=True,
@@ -356,6 +365,66 @@ def one_time_table(
     )
 
 
+def webhooks_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_webhooks`: the endpoints events are sent to (`apikeys.webhooks`).
+
+    One row per endpoint: its URL, the events and workspace it wants, its signing secret
+    (and the previous one while a roll's overlap lasts), and `taken`, the last entry of the
+    change log handed to its deliveries. The change log keeps every entry after the lowest
+    `taken`.
+    """
+    return _companion(
+        keys_table_name,
+        "webhooks",
+        meta,
+        lambda name: (
+            sa.Column("id", sa.String(32), primary_key=True),
+            sa.Column("url", sa.Text(), nullable=False),
+            sa.Column("events", sa.Text(), nullable=False),
+            sa.Column("workspace", sa.String(), nullable=True),
+            sa.Column("secret", sa.String(128), nullable=False),
+            sa.Column("previous_secret", sa.String(128), nullable=True),
+            sa.Column("previous_until", UTCDateTime(), nullable=True),
+            sa.Column("taken", sa.BigInteger(), nullable=False),
+            sa.Column("created_at", UTCDateTime(), nullable=False),
+            sa.Column("lease_until", UTCDateTime(), nullable=True),
+        ),
+    )
+
+
+def webhook_deliveries_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_deliveries`: one row per event and endpoint, with its signed body,
+    status (`pending`, `delivered`, `failed`), attempts and last response."""
+    return _companion(
+        keys_table_name,
+        "deliveries",
+        meta,
+        lambda name: (
+            sa.Column("id", sa.String(40), primary_key=True),
+            sa.Column("webhook_id", sa.String(32), nullable=False),
+            sa.Column("key_id", sa.String(12), nullable=False),
+            sa.Column("seq", sa.BigInteger(), nullable=False),
+            sa.Column("event", sa.String(32), nullable=False),
+            sa.Column("body", sa.Text(), nullable=False),
+            sa.Column("status", sa.String(16), nullable=False),
+            sa.Column("attempts", sa.Integer(), nullable=False),
+            sa.Column("created_at", UTCDateTime(), nullable=False),
+            sa.Column("next_attempt_at", UTCDateTime(), nullable=False),
+            sa.Column("last_attempt_at", UTCDateTime(), nullable=True),
+            sa.Column("last_status", sa.Integer(), nullable=True),
+            sa.Column("last_error", sa.String(200), nullable=True),
+            sa.Column("lease_until", UTCDateTime(), nullable=True),
+            sa.Column("leased_by", sa.String(32), nullable=True),
+            sa.Index(f"ix_{name}_due", "status", "next_attempt_at"),
+            sa.Index(f"ix_{name}_hook_key", "webhook_id", "key_id", "seq"),
+        ),
+    )
+
+
 keys = keys_table()
 """The default keys table, `apikeys_keys`."""
 
@@ -372,6 +441,8 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         usage_daily_table(table_name),
         settings_table(table_name),
         one_time_table(table_name),
+        webhooks_table(table_name),
+        webhook_deliveries_table(table_name),
     )
 
 

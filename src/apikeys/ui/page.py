@@ -59,7 +59,7 @@ from apikeys.ui.request import (
     methods,
     route_path,
 )
-from apikeys.ui.views import activity, edit, keys, roll, states, usage
+from apikeys.ui.views import activity, edit, keys, roll, states, usage, webhooks
 
 __all__ = ["PAGE_HEADERS", "KeysPage", "PageUser", "UserHook"]
 
@@ -133,6 +133,7 @@ class KeysPage:
                     methods=_GET_POST,
                 ),
                 Route("/activity", activity.activity_page, methods=["GET"]),
+                Route("/webhooks", webhooks.deliveries_page, methods=["GET"]),
                 Route("/{key_id}/usage", usage.usage_page, methods=["GET"]),
                 Route("/{key_id}/disable", states.disable, methods=["POST"]),
                 Route("/{key_id}/enable", states.enable, methods=["POST"]),

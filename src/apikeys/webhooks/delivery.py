@@ -1,0 +1,196 @@
+"""The deliverer: a task in every process with a `KeyManager` that sends what is due.
+
+Each round it hands new events of the change log to their deliveries (`take`), leases the
+deliveries that are due and first in line for their endpoint and key (`claim`), and sends
+them, signed. A 2xx answer delivers one; anything else (or no answer within `timeout`)
+schedules the next attempt after a growing delay, until `give_up_after` has passed since
+the event was taken: it is then marked `failed`, and the next event for that key goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from apikeys.types import utcnow
+from apikeys.webhooks.base import Claimed, Endpoint, WebhookStore
+from apikeys.webhooks.signing import signed_headers
+
+__all__ = ["DEFAULT_RETRY_DELAYS", "Deliverer", "DeliveryOptions"]
+
+logger = logging.getLogger("apikeys.webhooks")
+
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14400, 28800)
+"""Seconds before each retry; the last repeats until `give_up_after`."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryOptions:
+    """How a process delivers webhooks.
+
+    - `poll_interval`: seconds between rounds when nothing was due (1);
+    - `retry_delays`: seconds before each retry, growing; the last repeats;
+    - `give_up_after`: how long an event is retried before it is marked failed (24 h);
+    - `timeout`: seconds an endpoint has to answer (10);
+    - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
+    - `batch`: deliveries leased per round (20);
+    - `check_interval`: seconds between looks for keys about to expire (60).
+    """
+
+    poll_interval: float = 1.0
+    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS
+    give_up_after: timedelta = timedelta(hours=24)
+    timeout: float = 10.0
+    lease: float = 60.0
+    batch: int = 20
+    check_interval: float = 60.0
+
+    def next_attempt(self, attempts: int, created_at: datetime, now: datetime) -> datetime | None:
+        """When to try again after `attempts` failed attempts; None: give up."""
+        delays = list(self.retry_delays) or [60.0]
+        delay = delays[min(attempts - 1, len(delays) - 1)]
+        at = now + timedelta(seconds=delay)
+        return None if at > created_at + self.give_up_after else at
+
+
+class Deliverer:
+    """Runs delivery rounds on `store` until stopped (see the module doc)."""
+
+    def __init__(self, store: WebhookStore, options: DeliveryOptions | None = None) -> None:
+        self.store = store
+        self.options = options or DeliveryOptions()
+        self.holder = secrets.token_hex(8)
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._checked = float("-inf")
+        self._warned = False
+
+    def start(self) -> None:
+        """Start the task on the running loop, unless it runs there already (a manager
+        moved to another loop starts it anew there)."""
+        loop = asyncio.get_running_loop()
+        task = self._task
+        if task is not None and not task.done() and self._loop is loop:
+            return
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                task.cancel()
+        self._loop = loop
+        self._client = None  # bound to the loop it was made on
+        self._task = loop.create_task(self._run(), name="apikeys-webhooks")
+
+    async def aclose(self) -> None:
+        """Stop the task (a delivery in flight is dropped; its lease runs out) and close
+        the HTTP client."""
+        task, self._task = self._task, None
+        here = self._loop in (None, asyncio.get_running_loop())
+        if task is not None and not task.done():
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                task.cancel()
+            if here:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        client, self._client = self._client, None
+        if client is not None and here:
+            await client.aclose()
+
+    async def _run(self) -> None:
+        failures = 0
+        # The first round waits a poll interval: a short script's manager (an asyncio.run
+        # that issues a key and ends) is gone before it would touch the store.
+        await asyncio.sleep(self.options.poll_interval)
+        while True:
+            try:
+                sent = await self.run_once()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                logger.warning("webhooks: a delivery round failed: %s", type(exc).__name__)
+                sent = 0
+            if not sent:
+                pause = self.options.poll_interval * min(2**failures, 30)
+                await asyncio.sleep(pause)
+
+    async def run_once(self) -> int:
+        """One round: take new events, lease what is due, send it. The number sent."""
+        endpoints = {endpoint.id: endpoint for endpoint in await self.store.endpoints()}
+        if not endpoints:
+            return 0
+        if importlib.util.find_spec("httpx") is None:
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "webhooks are not sent: they need httpx (pip install 'apikeys[webhooks]')"
+                )
+            return 0
+        now = utcnow()
+        await self.store.take(now)
+        if time.monotonic() - self._checked >= self.options.check_interval:
+            await self.store.expiring(now)
+            self._checked = time.monotonic()
+        claimed = await self.store.claim(
+            self.holder,
+            now,
+            now + timedelta(seconds=self.options.lease),
+            self.options.batch,
+        )
+        await asyncio.gather(
+            *(self._send(item, endpoints.get(item.webhook_id)) for item in claimed)
+        )
+        return len(claimed)
+
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            self._client = httpx.AsyncClient(timeout=self.options.timeout, follow_redirects=False)
+        return self._client
+
+    async def _send(self, item: Claimed, endpoint: Endpoint | None) -> None:
+        response: int | None = None
+        error: str | None = None
+        if endpoint is None:
+            error = "the endpoint was removed"
+        else:
+            now = utcnow()
+            headers = signed_headers(
+                endpoint.secrets(now), item.id, int(now.timestamp()), item.body
+            )
+            try:
+                reply = await self._http().post(endpoint.url, content=item.body, headers=headers)
+                response = reply.status_code
+            except Exception as exc:
+                error = type(exc).__name__
+        now = utcnow()
+        if response is not None and 200 <= response < 300:
+            await self.store.finish(
+                item.id,
+                self.holder,
+                now=now,
+                status="delivered",
+                next_attempt_at=now,
+                response=response,
+                error=None,
+            )
+            return
+        then = self.options.next_attempt(item.attempts + 1, item.created_at, now)
+        await self.store.finish(
+            item.id,
+            self.holder,
+            now=now,
+            status="failed" if then is None else "pending",
+            next_attempt_at=now if then is None else then,
+            response=response,
+            error=error if error is not None else f"HTTP {response}",
+        )

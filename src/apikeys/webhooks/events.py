@@ -1,0 +1,88 @@
+"""The events webhooks send, and the JSON body of each.
+
+The body is `{"type": …, "timestamp": …, "data": {"key": <record JSON>}}`: the key's record
+as `KeyRecord.to_dict()` gives it, never a secret or a hash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, cast
+
+from apikeys.policies import load_metadata
+from apikeys.types import KeyRecord, StoredState, isoformat
+
+__all__ = ["EVENT_TYPES", "EXPIRING_NOTICES", "event_body", "record_from_snapshot"]
+
+EVENT_TYPES: Final = (
+    "key.created",
+    "key.updated",
+    "key.disabled",
+    "key.enabled",
+    "key.rolled",
+    "key.revoked",
+    "key.leaked",
+    "key.expiring",
+    "key.usage_threshold",
+)
+"""Every event an endpoint can ask for (all of them by default)."""
+
+EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
+"""How long before a key expires `key.expiring` is sent (once for each)."""
+
+_TIMES: Final = ("created_at", "expires_at", "last_used_at", "revoked_at", "credits_refilled_at")
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(str(value))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        value = json.loads(value)
+    return tuple(str(item) for item in value)
+
+
+def record_from_snapshot(row: Mapping[str, Any]) -> KeyRecord:
+    """The record of a key from a row of the keys table as JSON (the change log's copy)."""
+    metadata = row.get("metadata")
+    return KeyRecord(
+        id=str(row["id"]),
+        name=str(row["name"]),
+        workspace=str(row["workspace"]),
+        prefix=str(row["prefix"]),
+        access=row["access"],
+        scopes=_names(row.get("scopes")),
+        state=cast(StoredState, row["state"]),
+        rate_limit=row.get("rate_limit"),
+        created_at=cast(datetime, _time(row["created_at"])),
+        expires_at=_time(row.get("expires_at")),
+        last_used_at=_time(row.get("last_used_at")),
+        request_count=int(row.get("request_count") or 0),
+        revoked_at=_time(row.get("revoked_at")),
+        replaces=row.get("replaces"),
+        replaced_by=row.get("replaced_by"),
+        owner=row.get("owner"),
+        metadata=load_metadata(metadata) if isinstance(metadata, str) else dict(metadata or {}),
+        allowed_ips=_names(row.get("allowed_ips")),
+        credits=row.get("credits"),
+        credit_refill=row.get("credit_refill"),
+        credits_refilled_at=_time(row.get("credits_refilled_at")),
+    )
+
+
+def event_body(event: str, at: datetime, record: KeyRecord, **extra: Any) -> bytes:
+    """The JSON body of `event` about `record` at `at` (`extra` joins `data`)."""
+    data: dict[str, Any] = {"key": record.to_dict(), **extra}
+    return json.dumps(
+        {"type": event, "timestamp": isoformat(at), "data": data},
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()

@@ -1,0 +1,372 @@
+"""Webhooks on the SQL store: the change log is the outbox.
+
+The keys table's triggers write each change's event and the key's record (without its
+hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql_log`).
+`take` hands the entries after each endpoint's mark (`taken`) to `<table>_deliveries` and
+moves the mark in one transaction, so an entry becomes exactly one delivery per endpoint;
+the log is never pruned past the lowest mark. Deliveries are leased (`lease_until`,
+`leased_by`) with a conditional UPDATE, so no two processes send one at the same time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import datetime
+from typing import Any, TypeVar, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from apikeys.stores.sql_schema import (
+    changes_table,
+    keys_table,
+    webhook_deliveries_table,
+    webhooks_table,
+)
+from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
+from apikeys.webhooks.events import EXPIRING_NOTICES, event_body, record_from_snapshot
+
+__all__ = ["SQLWebhooks"]
+
+_T = TypeVar("_T")
+
+
+def _new_delivery_id() -> str:
+    return "msg_" + secrets.token_hex(12)
+
+
+Run = Callable[[Callable[[AsyncConnection], Coroutine[Any, Any, Any]]], Awaitable[Any]]
+
+
+class SQLWebhooks(WebhookStore):
+    """The webhook tables of the keys table `keys_table_name`, used through `run` (the
+    store's own: one transaction each, its errors translated, its tables made if missing)."""
+
+    def __init__(self, run: Run, dialect: str, keys_table_name: str) -> None:
+        self._run_work = run
+        self._postgres = dialect == "postgresql"
+        self._hooks = webhooks_table(keys_table_name)
+        self._deliveries = webhook_deliveries_table(keys_table_name)
+        self._changes = changes_table(keys_table_name)
+        self._keys = keys_table(keys_table_name)
+
+    async def _run(self, work: Callable[[AsyncConnection], Coroutine[Any, Any, _T]]) -> _T:
+        return cast(_T, await self._run_work(work))
+
+    async def add_endpoint(self, endpoint: Endpoint) -> None:
+        hooks, changes = self._hooks, self._changes
+
+        async def work(conn: AsyncConnection) -> None:
+            mark = (
+                await conn.execute(sa.select(sa.func.coalesce(sa.func.max(changes.c.seq), 0)))
+            ).scalar_one()
+            await conn.execute(
+                sa.insert(hooks).values(
+                    id=endpoint.id,
+                    url=endpoint.url,
+                    events=json.dumps(list(endpoint.events)),
+                    workspace=endpoint.workspace,
+                    secret=endpoint.secret,
+                    taken=mark,
+                    created_at=endpoint.created_at,
+                )
+            )
+
+        await self._run(work)
+
+    async def endpoints(self) -> list[Endpoint]:
+        hooks = self._hooks
+
+        async def work(conn: AsyncConnection) -> list[Endpoint]:
+            rows = await conn.execute(sa.select(hooks).order_by(hooks.c.created_at, hooks.c.id))
+            return [
+                Endpoint(
+                    id=row.id,
+                    url=row.url,
+                    events=tuple(json.loads(row.events)),
+                    workspace=row.workspace,
+                    secret=row.secret,
+                    created_at=row.created_at,
+                    previous_secret=row.previous_secret,
+                    previous_until=row.previous_until,
+                )
+                for row in rows
+            ]
+
+        return await self._run(work)
+
+    async def remove_endpoint(self, endpoint_id: str) -> bool:
+        hooks, deliveries = self._hooks, self._deliveries
+
+        async def work(conn: AsyncConnection) -> bool:
+            await conn.execute(sa.delete(deliveries).where(deliveries.c.webhook_id == endpoint_id))
+            result = await conn.execute(sa.delete(hooks).where(hooks.c.id == endpoint_id))
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
+        hooks = self._hooks
+
+        async def work(conn: AsyncConnection) -> bool:
+            result = await conn.execute(
+                sa.update(hooks)
+                .where(hooks.c.id == endpoint_id)
+                .values(previous_secret=hooks.c.secret, previous_until=overlap_until, secret=secret)
+            )
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def take(self, now: datetime, limit: int = 500) -> int:
+        hooks, changes, deliveries = self._hooks, self._changes, self._deliveries
+
+        async def work(conn: AsyncConnection) -> int:
+            # Lock every endpoint's row first: a concurrent `take` waits, then finds the
+            # marks moved (the same entries never become two deliveries).
+            await conn.execute(sa.update(hooks).values(taken=hooks.c.taken))
+            rows = (await conn.execute(sa.select(hooks))).all()
+            if not rows:
+                return 0
+            lowest = min(row.taken for row in rows)
+            # The log's end first: every entry up to it has committed (the log has no
+            # holes, see sql_log), so the entries read next are all there are up to it.
+            newest = (await conn.execute(sa.select(sa.func.max(changes.c.seq)))).scalar()
+            if newest is None:
+                return 0
+            entries = (
+                await conn.execute(
+                    sa.select(changes.c.seq, changes.c.event, changes.c.data)
+                    .where(
+                        changes.c.seq > lowest,
+                        changes.c.seq <= newest,
+                        changes.c.event.is_not(None),
+                    )
+                    .order_by(changes.c.seq)
+                    .limit(limit)
+                )
+            ).all()
+            end = entries[-1].seq if len(entries) == limit else newest
+            made = 0
+            for row in rows:
+                endpoint_events = tuple(json.loads(row.events))
+                values = []
+                for entry in entries:
+                    if entry.seq <= row.taken:
+                        continue
+                    snapshot = json.loads(entry.data)
+                    record = record_from_snapshot(snapshot["key"])
+                    if endpoint_events and entry.event not in endpoint_events:
+                        continue
+                    if row.workspace is not None and row.workspace != record.workspace:
+                        continue
+                    at = datetime.fromisoformat(str(snapshot["at"]))
+                    values.append(
+                        {
+                            "id": _new_delivery_id(),
+                            "webhook_id": row.id,
+                            "key_id": record.id,
+                            "seq": entry.seq,
+                            "event": entry.event,
+                            "body": event_body(entry.event, at, record).decode(),
+                            "status": "pending",
+                            "attempts": 0,
+                            "created_at": now,
+                            "next_attempt_at": now,
+                        }
+                    )
+                if values:
+                    await conn.execute(sa.insert(deliveries), values)
+                    made += len(values)
+                if end > row.taken:
+                    await conn.execute(
+                        sa.update(hooks).where(hooks.c.id == row.id).values(taken=end)
+                    )
+            return made
+
+        return await self._run(work)
+
+    async def claim(
+        self, holder: str, now: datetime, lease_until: datetime, limit: int
+    ) -> list[Claimed]:
+        d = self._deliveries
+        earlier = d.alias("earlier")
+        free = sa.or_(d.c.lease_until.is_(None), d.c.lease_until < now)
+        first_in_line = ~sa.exists().where(
+            earlier.c.webhook_id == d.c.webhook_id,
+            earlier.c.key_id == d.c.key_id,
+            earlier.c.status == "pending",
+            earlier.c.seq < d.c.seq,
+        )
+        due = (
+            sa.select(d.c.id)
+            .where(d.c.status == "pending", d.c.next_attempt_at <= now, free, first_in_line)
+            .order_by(d.c.seq)
+            .limit(limit)
+        )
+        if self._postgres:
+            due = due.with_for_update(skip_locked=True, of=d)
+        statement = (
+            sa.update(d)
+            .where(d.c.id.in_(due.scalar_subquery()), d.c.status == "pending", free)
+            .values(lease_until=lease_until, leased_by=holder)
+            .returning(d.c.id, d.c.webhook_id, d.c.body, d.c.attempts, d.c.created_at, d.c.seq)
+        )
+
+        async def work(conn: AsyncConnection) -> list[Claimed]:
+            rows = sorted((await conn.execute(statement)).all(), key=lambda row: row.seq)
+            return [
+                Claimed(
+                    id=row.id,
+                    webhook_id=row.webhook_id,
+                    body=row.body.encode(),
+                    attempts=row.attempts,
+                    created_at=row.created_at,
+                )
+                for row in rows
+            ]
+
+        return await self._run(work)
+
+    async def finish(
+        self,
+        delivery_id: str,
+        holder: str,
+        *,
+        now: datetime,
+        status: DeliveryStatus,
+        next_attempt_at: datetime,
+        response: int | None,
+        error: str | None,
+    ) -> None:
+        d = self._deliveries
+
+        async def work(conn: AsyncConnection) -> None:
+            await conn.execute(
+                sa.update(d)
+                .where(d.c.id == delivery_id, d.c.leased_by == holder)
+                .values(
+                    status=status,
+                    attempts=d.c.attempts + 1,
+                    last_attempt_at=now,
+                    next_attempt_at=next_attempt_at,
+                    last_status=response,
+                    last_error=None if error is None else error[:200],
+                    lease_until=None,
+                    leased_by=None,
+                )
+            )
+
+        await self._run(work)
+
+    async def deliveries(
+        self, *, status: DeliveryStatus | None = None, limit: int = 100
+    ) -> list[Delivery]:
+        d = self._deliveries
+        statement = sa.select(d).order_by(d.c.seq.desc(), d.c.webhook_id).limit(limit)
+        if status is not None:
+            statement = statement.where(d.c.status == status)
+
+        async def work(conn: AsyncConnection) -> list[Delivery]:
+            return [
+                Delivery(
+                    id=row.id,
+                    webhook_id=row.webhook_id,
+                    key_id=row.key_id,
+                    event=row.event,
+                    status=cast(DeliveryStatus, row.status),
+                    attempts=row.attempts,
+                    created_at=row.created_at,
+                    next_attempt_at=row.next_attempt_at,
+                    last_attempt_at=row.last_attempt_at,
+                    last_status=row.last_status,
+                    last_error=row.last_error,
+                )
+                for row in await conn.execute(statement)
+            ]
+
+        return await self._run(work)
+
+    async def replay(self, delivery_id: str, now: datetime) -> bool:
+        d = self._deliveries
+
+        async def work(conn: AsyncConnection) -> bool:
+            result = await conn.execute(
+                sa.update(d)
+                .where(d.c.id == delivery_id)
+                .values(
+                    status="pending",
+                    created_at=now,
+                    next_attempt_at=now,
+                    lease_until=None,
+                    leased_by=None,
+                )
+            )
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def expiring(self, now: datetime) -> int:
+        hooks, keys, d = self._hooks, self._keys, self._deliveries
+        soonest = now + max(EXPIRING_NOTICES)
+        insert = (
+            postgresql.insert(d) if self._postgres else sqlite.insert(d)
+        ).on_conflict_do_nothing()
+
+        async def work(conn: AsyncConnection) -> int:
+            endpoints = (await conn.execute(sa.select(hooks))).all()
+            wanting = [
+                row
+                for row in endpoints
+                if not json.loads(row.events) or "key.expiring" in json.loads(row.events)
+            ]
+            if not wanting:
+                return 0
+            rows = await conn.execute(
+                sa.select(keys).where(
+                    keys.c.state != "revoked",
+                    keys.c.expires_at.is_not(None),
+                    keys.c.expires_at > now,
+                    keys.c.expires_at <= soonest,
+                )
+            )
+            records = [record_from_snapshot(dict(row._mapping)) for row in rows]
+            values = []
+            for endpoint in wanting:
+                for record in records:
+                    if endpoint.workspace is not None and endpoint.workspace != record.workspace:
+                        continue
+                    assert record.expires_at is not None
+                    for notice in EXPIRING_NOTICES:
+                        if record.expires_at - now > notice:
+                            continue
+                        # One id per endpoint, key, notice and expiry: made again by any
+                        # process, in any round, it is the same delivery, stored once.
+                        days = notice.days
+                        window = f"{endpoint.id}|{record.id}|{days}|{record.expires_at}"
+                        values.append(
+                            {
+                                "id": "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
+                                "webhook_id": endpoint.id,
+                                "key_id": record.id,
+                                "seq": endpoint.taken,
+                                "event": "key.expiring",
+                                "body": event_body(
+                                    "key.expiring", now, record, expires_in_days=days
+                                ).decode(),
+                                "status": "pending",
+                                "attempts": 0,
+                                "created_at": now,
+                                "next_attempt_at": now,
+                            }
+                        )
+            made = 0
+            for value in values:
+                made += (await conn.execute(insert.values(value))).rowcount or 0
+            return made
+
+        return await self._run(work)

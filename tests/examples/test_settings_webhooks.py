@@ -1,0 +1,100 @@
+"""The example service delivers webhooks, and its settings page lists the deliveries.
+
+A key created in the browser sends `key.created` to a receiver started here, signed with
+the endpoint's secret; the settings page's Webhooks view shows the delivery as delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from playwright.sync_api import Page, expect
+from standardwebhooks import Webhook
+
+from apikeys import parse_key, store_from_url
+from apikeys.webhooks.admin import add_endpoint
+from apikeys.webhooks.base import Endpoint
+from tests.examples.test_settings_ui import (  # noqa: F401 - fixtures used by name
+    KEYS,
+    UIService,
+    browser,
+    context,
+    create_key,
+    log_in,
+    page,
+    run_async,
+    ui_service,
+)
+
+Received = list[tuple[dict[str, str], bytes]]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, Received]]:
+    received: Received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length", "0")))
+            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hooks", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _add_endpoint(store_url: str, url: str) -> Endpoint:
+    async def add() -> Endpoint:
+        store = store_from_url(store_url)
+        try:
+            hooks = store.webhooks()
+            assert hooks is not None
+            return await add_endpoint(hooks, url)
+        finally:
+            await store.aclose()
+
+    return run_async(add)
+
+
+def test_the_settings_page_lists_the_deliveries_the_service_made(
+    ui_service: UIService,  # noqa: F811 - the fixture imported above
+    page: Page,  # noqa: F811
+    receiver: tuple[str, Received],
+) -> None:
+    url, received = receiver
+    endpoint = _add_endpoint(ui_service.store_url, url)
+    log_in(page)
+    key = create_key(page, "webhooked")
+    key_id = parse_key(key).id
+    deadline = time.monotonic() + 30
+    while not any(b'"key.created"' in body and key_id.encode() in body for _, body in received):
+        assert time.monotonic() < deadline, "no delivery within 30 seconds"
+        time.sleep(0.1)
+    headers, body = next((h, b) for h, b in received if key_id.encode() in b)
+    event = Webhook(endpoint.secret).verify(body, headers)
+    assert event["type"] == "key.created"
+    assert event["data"]["key"]["id"] == key_id
+    assert parse_key(key).secret.encode() not in body
+
+    page.goto(f"{KEYS}/webhooks")
+    row = page.locator(f"tr.delivery[data-key-id='{key_id}']")
+    expect(row).to_have_count(1)
+    expect(row.locator(".status")).to_have_text("delivered")
+    expect(row).to_contain_text("key.created")
+    expect(row).to_contain_text("204")
+    expect(row).to_contain_text(url)
+    assert endpoint.secret not in page.content()

@@ -1,0 +1,263 @@
+"""Webhooks in one process: signatures, rolled secrets, retries, failure, replay, pruning."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from standardwebhooks import Webhook, WebhookVerificationError
+
+import apikeys.channels.sqlite as sqlite_channel
+from apikeys import Hasher, KeyManager
+from apikeys.stores.sql import SQLStore
+from apikeys.types import utcnow
+from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
+from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
+from apikeys.webhooks.base import WebhookStore
+from tests.pgbouncer import free_port
+from tests.webhooks.receiver import Receiver
+
+FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    message_id=st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1),
+    data=_JSON,
+)
+@settings(max_examples=50, deadline=None)
+def test_every_signature_verifies_with_standard_webhooks(message_id: str, data: object) -> None:
+    body = json.dumps(data).encode()
+    secret = new_secret()
+    headers = signed_headers([secret], message_id, int(time.time()), body)
+    Webhook(secret).verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(new_secret()).verify(body, headers)
+
+
+def test_during_an_overlap_both_secrets_verify() -> None:
+    old, new = new_secret(), new_secret()
+    body = b'{"type":"key.created"}'
+    headers = signed_headers([new, old], "msg_1", int(time.time()), body)
+    assert len(headers["webhook-signature"].split()) == 2
+    Webhook(old).verify(body, headers)
+    Webhook(new).verify(body, headers)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """A store URL and a keys table name of its own."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'keys.db'}", "apikeys_keys"
+    return request.getfixturevalue("postgres_url"), f"apikeys_wh_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def store(sql_url: tuple[str, str]) -> AsyncIterator[SQLStore]:
+    url, table = sql_url
+    sql = SQLStore(url, table_name=table)
+    await sql.setup()
+    try:
+        yield sql
+    finally:
+        await sql.aclose()
+
+
+@pytest.fixture
+async def manager(store: SQLStore) -> AsyncIterator[KeyManager]:
+    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
+        yield made
+
+
+def hooks_of(store: SQLStore) -> WebhookStore:
+    hooks = store.webhooks()
+    assert hooks is not None
+    return hooks
+
+
+async def deliver_until(deliverer: Deliverer, done: Callable[[], bool]) -> None:
+    async with asyncio.timeout(30):
+        while not done():
+            await deliverer.run_once()
+            await asyncio.sleep(0.02)
+
+
+async def test_a_rolled_secret_signs_beside_the_new_one_during_the_overlap(
+    store: SQLStore, manager: KeyManager
+) -> None:
+    receiver = Receiver(free_port())
+    await receiver.start()
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url)
+    new = await roll_endpoint_secret(hooks, endpoint.id)
+    assert new is not None
+    assert new != endpoint.secret
+    deliverer = Deliverer(hooks, FAST)
+    try:
+        await manager.create(name="a", full_access=True)
+        await deliver_until(deliverer, lambda: len(receiver.received) == 1)
+    finally:
+        await deliverer.aclose()
+        await receiver.stop()
+    item = receiver.received[0]
+    assert Webhook(endpoint.secret).verify(item.body, item.headers)["type"] == "key.created"
+    assert Webhook(new).verify(item.body, item.headers)["type"] == "key.created"
+
+
+async def test_a_failing_receiver_is_retried_then_failed_and_the_next_event_goes(
+    store: SQLStore, manager: KeyManager
+) -> None:
+    receiver = Receiver(free_port(), status=500)
+    await receiver.start()
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, receiver.url)
+    options = DeliveryOptions(
+        poll_interval=0.02, retry_delays=(0.05,), give_up_after=timedelta(seconds=1)
+    )
+    deliverer = Deliverer(hooks, options)
+    try:
+        created = await manager.create(name="a", full_access=True)
+        await manager.disable(created.record.id)
+
+        async def failed() -> bool:
+            return any(d.status == "failed" for d in await hooks.deliveries())
+
+        async with asyncio.timeout(30):
+            while not await failed():
+                await deliverer.run_once()
+                await asyncio.sleep(0.02)
+        # Every attempt so far was the first event's: the second waited behind it.
+        kinds = {json.loads(item.body)["type"] for item in receiver.received}
+        assert kinds == {"key.created"}
+        assert len(receiver.received) >= 2
+        receiver.status = 200
+        await deliver_until(
+            deliverer,
+            lambda: json.loads(receiver.received[-1].body)["type"] == "key.disabled",
+        )
+    finally:
+        await deliverer.aclose()
+        await receiver.stop()
+    listed = {d.event: d for d in await hooks.deliveries()}
+    assert listed["key.created"].status == "failed"
+    assert listed["key.created"].last_status == 500
+    assert listed["key.disabled"].status == "delivered"
+    assert [d.status for d in await hooks.deliveries(status="failed")] == ["failed"]
+
+
+async def test_a_replay_sends_the_same_delivery_again(store: SQLStore, manager: KeyManager) -> None:
+    receiver = Receiver(free_port())
+    await receiver.start()
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url, events=["key.revoked"])
+    deliverer = Deliverer(hooks, FAST)
+    try:
+        created = await manager.create(name="a", full_access=True)
+        await manager.revoke(created.record.id)
+        await deliver_until(deliverer, lambda: len(receiver.received) == 1)
+        (delivery,) = await hooks.deliveries()
+        assert await hooks.replay(delivery.id, delivery.created_at)
+        assert not await hooks.replay("msg_unknown", delivery.created_at)
+        await deliver_until(deliverer, lambda: len(receiver.received) == 2)
+    finally:
+        await deliverer.aclose()
+        await receiver.stop()
+    first, again = receiver.received
+    assert first.body == again.body
+    assert first.headers["webhook-id"] == again.headers["webhook-id"] == delivery.id
+    assert Webhook(endpoint.secret).verify(again.body, again.headers)["type"] == "key.revoked"
+    (delivery,) = await hooks.deliveries()
+    assert delivery.status == "delivered"
+    assert delivery.attempts == 2
+    assert await hooks.remove_endpoint(endpoint.id)
+    assert await hooks.endpoints() == []
+    assert await hooks.deliveries() == []
+
+
+async def test_two_deliverers_never_send_one_delivery_twice(
+    store: SQLStore, manager: KeyManager
+) -> None:
+    receiver = Receiver(free_port())
+    await receiver.start()
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, receiver.url)
+    first, second = Deliverer(hooks, FAST), Deliverer(store.webhooks() or hooks, FAST)
+    try:
+        for number in range(10):
+            await manager.create(name=f"k{number}", full_access=True)
+        async with asyncio.timeout(30):
+            while len(receiver.received) < 10:
+                await asyncio.gather(first.run_once(), second.run_once())
+    finally:
+        await first.aclose()
+        await second.aclose()
+        await receiver.stop()
+    ids = [item.headers["webhook-id"] for item in receiver.received]
+    assert len(ids) == len(set(ids)) == 10
+
+
+async def test_the_sqlite_log_keeps_what_a_webhook_has_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SQLStore(f"sqlite:///{tmp_path / 'keys.db'}")
+    channel = store.channel()
+    assert channel is not None
+    monkeypatch.setattr(sqlite_channel, "KEEP_CHANGES", 1)
+    hooks = hooks_of(store)
+    try:
+        async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+            await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+            for number in range(5):
+                await manager.create(name=f"k{number}", full_access=True)
+            await channel.connect("pruner", lambda notice: None)
+            await channel.register(1.0)
+            assert await hooks.take(utcnow()) == 5
+            await channel.register(1.0)
+            assert await hooks.take(utcnow()) == 0
+    finally:
+        await channel.disconnect()
+        await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as db:
+        left = db.execute("SELECT count(*) FROM apikeys_keys_changes").fetchone()[0]
+    assert left == 1
+
+
+async def test_key_expiring_is_sent_once_per_key_notice_and_expiry(
+    store: SQLStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.expiring"])
+    soon = await manager.create(name="soon", full_access=True, expires_in=timedelta(hours=12))
+    later = await manager.create(name="later", full_access=True, expires_in=timedelta(days=3))
+    await manager.create(name="far", full_access=True, expires_in=timedelta(days=30))
+    await manager.create(name="never", full_access=True)
+    now = utcnow()
+    assert await hooks.expiring(now) == 3
+    assert await hooks.expiring(now + timedelta(minutes=1)) == 0  # once, whoever looks again
+    await hooks.take(now)  # the other events are not this endpoint's
+    made = await hooks.deliveries()
+    assert sorted((d.key_id, d.event) for d in made) == sorted(
+        [
+            (soon.record.id, "key.expiring"),
+            (soon.record.id, "key.expiring"),
+            (later.record.id, "key.expiring"),
+        ]
+    )
+    # A new expiry is a new window: its notices are sent again.
+    await manager.update(later.record.id, expires_in=timedelta(days=5))
+    assert await hooks.expiring(utcnow()) == 1
