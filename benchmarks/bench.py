@@ -13,7 +13,9 @@ next), in this order:
 - `growth`: verification time with 10, 10,000 and 1,000,000 keys (benchmarks/growth.py);
 - `stores`: per-store verifications per second and round trips, in-process
   (benchmarks/stores.py);
-- `overhead`: what the middleware adds per request, in-process (benchmarks/overhead.py).
+- `overhead`: what the middleware adds per request, in-process (benchmarks/overhead.py);
+- `handwritten`: what the middleware adds next to what a hand-written check adds, in CPU
+  time per request, in-process (benchmarks/handwritten.py).
 
 It makes the bench venv (`benchmarks/.venv`: uvicorn with uvloop and httptools, the peer
 libraries, matplotlib, the profilers) on first use, installs wrk from Debian's packages when
@@ -23,7 +25,7 @@ PostgreSQL and Redis come from `APIKEYS_TEST_POSTGRES_URL` and `APIKEYS_TEST_RED
 (default: the local servers); a section skips what it cannot reach. Every server, database,
 table, file and Redis key a section makes is removed when it ends, interrupted or not.
 
-Run: `python benchmarks/bench.py [--only http,peers,growth,stores,overhead] [--quick]`.
+Run: `python benchmarks/bench.py [--only http,peers,growth,stores,overhead,handwritten] [--quick]`.
 """
 
 from __future__ import annotations
@@ -58,19 +60,29 @@ from benchmarks._common import (  # noqa: E402
     write_json,
 )
 
-SECTIONS = ("http", "revoke", "peers", "growth", "stores", "overhead")
+from apikeys.cache import DEFAULT_LEASE  # noqa: E402
+
+SECTIONS = ("http", "revoke", "peers", "growth", "stores", "overhead", "handwritten")
 AIMS = {
     "http_memory_ratio": 0.85,
-    "http_cached_ratio": 0.7,
+    "http_cached_ratio": 0.8,
     "sql_store_ops_per_request": 0.02,
     "redis_commands_per_request": 0.2,
-    "revoke_p99_ms": 50.0,
+    "revoke_p99_ms": 20.0,
+    # p99 of revoke with the workers under wrk's load, in leases of the key cache
+    "revoke_loaded_p99_leases": 1.5,
     "round_trips_per_request": 2.0,
     "vs_keyshield_default": 100.0,
-    "vs_drf_api_key_sqlite": 3.0,
+    "vs_drf_api_key_sqlite": 10.0,
+    # what the middleware adds to a request over what a hand-written check adds
+    "handwritten_ratio": 2.0,
     "memory_verify_per_s": 100_000.0,
     "flat_growth": 1.5,
 }
+
+
+# The key cache's lease, which the revoke benchmark's workers keep.
+LEASE_MS = DEFAULT_LEASE * 1000
 
 
 class Interrupted(Exception):
@@ -126,6 +138,9 @@ def section_command(name: str, out: Path, quick: bool, venv: Path | None) -> lis
     if name == "overhead":
         rounds = ["--rounds", "5", "--per-round", "2000"] if quick else []
         return [here, "-m", "benchmarks.overhead", *rounds]
+    if name == "handwritten":
+        rounds = ["--rounds", "10", "--per-round", "1000"] if quick else []
+        return [here, "-m", "benchmarks.handwritten", "--json", str(out), *rounds]
     raise ValueError(name)
 
 
@@ -291,11 +306,20 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             add(
                 f"revoke returns, {store}, {measured['workers']} worker processes",
                 measured["p99_ms"],
-                f"p99 <= {AIMS['revoke_p99_ms']:g} ms",
-                measured["p99_ms"] <= AIMS["revoke_p99_ms"] and stale == 0,
+                f"p99 < {AIMS['revoke_p99_ms']:g} ms",
+                measured["p99_ms"] < AIMS["revoke_p99_ms"] and stale == 0,
                 f"{measured['samples']} revokes; p50 {measured['p50_ms']:.1f} ms{under}; "
                 f"{stale} stale admits after return",
             )
+            if "p99_ms" in loaded:
+                bound = AIMS["revoke_loaded_p99_leases"] * LEASE_MS
+                add(
+                    f"revoke returns under wrk load, {store}, {measured['workers']} workers",
+                    loaded["p99_ms"],
+                    f"p99 <= {bound:g} ms ({AIMS['revoke_loaded_p99_leases']:g} leases)",
+                    loaded["p99_ms"] <= bound and stale == 0,
+                    f"p50 {loaded['p50_ms']:.1f} ms",
+                )
     for config in http.get("configs", []):
         trips = config.get("round_trips")
         if trips:
@@ -342,6 +366,18 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
             f">= {AIMS['vs_drf_api_key_sqlite']:g}x",
             value >= AIMS["vs_drf_api_key_sqlite"],
             "drf-api-key 3.1 hashes with one SHA-512",
+        )
+    handwritten = results.get("handwritten", {})
+    if "ratio" in handwritten:
+        value = handwritten["ratio"]
+        add(
+            "added CPU per request vs a hand-written check, in-process",
+            round(value, 2),
+            f"<= {AIMS['handwritten_ratio']:g}x",
+            value <= AIMS["handwritten_ratio"],
+            f"middleware adds {handwritten['apikeys_added_us']:.1f} us, the hand-written "
+            f"check {handwritten['hand_written_added_us']:.1f} us (medians of "
+            f"{handwritten['rounds']} rounds)",
         )
     memory_rates = [
         r["verify_per_s"]["median"]

@@ -7,6 +7,7 @@ end. Nothing here looks at a time.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,79 @@ def test_the_aims_of_issue_13_are_evaluated() -> None:
     assert aims["HTTP throughput, postgres + memory limiter, cache, vs bare"]["met"]
     assert aims["store operations per request, postgres + memory limiter, cache"]["met"]
     assert aims["revoke returns, redis, 4 worker processes"]["met"]
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_the_hand_written_comparison_runs_and_prints_its_aim(tmp_path: Path) -> None:
+    out = tmp_path / "handwritten.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/handwritten.py",
+            "--rounds",
+            "2",
+            "--per-round",
+            "50",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "hand-written" in result.stdout
+    assert "aim <= 2x" in result.stdout
+    measured = json.loads(out.read_text())
+    assert set(measured["us_per_request"]) == {"bare", "hand-written", "apikeys"}
+
+
+@pytest.mark.usefixtures("bench_path")
+def test_the_step_breakdown_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "benchmarks/handwritten.py", "--steps", *("--rounds", "1", "-p", "50")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for step in ("key format", "peppered hash", "usage counting", "rate limit", "whole"):
+        assert step in result.stdout
+
+
+@pytest.mark.sqlite
+@pytest.mark.slow
+def test_the_aims_of_issue_24_are_evaluated() -> None:
+    from benchmarks import bench
+
+    results = {
+        "handwritten": {
+            "ratio": 1.8,
+            "rounds": 30,
+            "apikeys_added_us": 9.0,
+            "hand_written_added_us": 5.0,
+        },
+        "revoke": {
+            "stores": {
+                "postgres": {
+                    "workers": 4,
+                    "samples": 10,
+                    "p50_ms": 3.0,
+                    "p99_ms": 25.0,
+                    "stale_admits": 0,
+                    "under_load": {"p50_ms": 12.0, "p99_ms": 1400.0, "stale_admits": 0},
+                }
+            }
+        },
+    }
+    aims = {aim["aim"]: aim for aim in bench.evaluate(results)}
+    assert aims["added CPU per request vs a hand-written check, in-process"]["met"]
+    # idle p99 must be under 20 ms; under load, within 1.5 leases (1.5 s)
+    assert not aims["revoke returns, postgres, 4 worker processes"]["met"]
+    assert aims["revoke returns under wrk load, postgres, 4 workers"]["met"]
