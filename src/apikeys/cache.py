@@ -178,6 +178,18 @@ class KeyCache:
         self.hits += 1
         return stored
 
+    def hit(self, key_id: str) -> StoredKey | None:
+        """`get` that counts and starts nothing on a miss: the cached record of `key_id` if
+        the cache is provably fresh, else None (and then `get` is asked, as usual)."""
+        if self._clock() - self._proof_at >= self.lease:
+            return None
+        entries = self._entries
+        stored = entries.get(key_id)
+        if stored is not None:
+            entries.move_to_end(key_id)
+            self.hits += 1
+        return stored
+
     def missing(self, key_id: str) -> bool:
         """True if the store provably has no key `key_id` (a fresh proof covers its absence).
 

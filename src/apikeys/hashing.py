@@ -263,6 +263,29 @@ class Hasher:
         """True when `stored` is checked in microseconds (no thread needed)."""
         return stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME))
 
+    def verify_fast(self, secret: str, stored: str) -> Verification | None:
+        """`verify` for a hash of this hasher's fast schemes; None for any other hash (then
+        `verify`, or `averify` for a slow one). The cached request path's check."""
+        try:
+            parsed = self._parsed[stored]
+        except KeyError:
+            if not stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME)):
+                return None
+            return self.verify(secret, stored)
+        if parsed is None:
+            return self.verify(secret, stored)
+        base, digest, on_match = parsed
+        # _HMACKey.digest, written out: this runs on every request.
+        inner = base._inner.copy()
+        inner.update(secret.encode())
+        outer = base._outer.copy()
+        outer.update(inner.digest())
+        if not hmac.compare_digest(outer.digest(), digest):
+            return _NO_MATCH
+        if on_match is None:
+            return Verification(True, self._fast_hash(secret))
+        return on_match
+
     def verify(self, secret: str, stored: str) -> Verification:
         """Check `secret` against `stored` in constant time. May block for slow schemes."""
         try:

@@ -501,10 +501,10 @@ class RateLimiter:
         For a key with one policy; a key with several is checked with `hit_policies`
         (`hit` raises `InvalidKeyParameters` for it).
         """
+        decided = self.hit_now(key_id, limit)
+        if decided is not None:
+            return decided
         counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
-        local = self._local
-        if local is not None:
-            return self._decide_local(local, counter, amount, window)
         if self._redis is not None:
             return await self._hit_leased(counter, amount, window)
         try:
@@ -520,6 +520,45 @@ class RateLimiter:
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
         return _decision(amount, window, count, end - now)
+
+    def hit_now(self, key_id: str, limit: str | None = None) -> RateDecision | None:
+        """`hit` when it need not wait: the in-process limiter always decides at once, and
+        Redis' while this process holds units of the window it leased. None when Redis
+        must be asked (or the storage is another): then `await hit(key_id, limit)`.
+
+        The request path calls this first, to spare an await per request.
+        """
+        counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
+        local = self._local
+        if local is not None:
+            # The count of FixedWindowMemoryStorage.count, written out: it runs on every
+            # request.
+            now = time.time()
+            counts, ends = local.storage, local.expirations
+            end = ends.get(counter, 0.0)
+            if end > now:
+                count = counts[counter] + 1
+            else:
+                count = 1
+                end = ends[counter] = now + window
+                local.sweep_due(now)
+            # A refused request is charged nothing.
+            counts[counter] = count if count <= amount else count - 1
+            remaining = amount - count
+            # In-process, the window's end is known exactly: no second look-up, no rounding.
+            reset_after = math.ceil(end - now)
+            return RateDecision(
+                remaining >= 0,
+                amount,
+                window,
+                remaining if remaining > 0 else 0,
+                reset_after if reset_after > 1 else 1,
+            )
+        if self._redis is not None:
+            lease = self._slices.get(counter)
+            if lease is not None:
+                return self._spend_lease(lease, amount, window, time.monotonic())
+        return None
 
     async def hit_policies(
         self, key_id: str, policies: str | Sequence[Policy] | None = None
@@ -576,23 +615,32 @@ class RateLimiter:
 
     # -- one policy ------------------------------------------------------------------------
 
+    @staticmethod
+    def _spend_lease(
+        lease: _Slice | None, amount: int, window: int, now: float
+    ) -> RateDecision | None:
+        """The decision this process's lease of a window makes alone, or None (ask Redis)."""
+        if lease is not None and lease.pending is None and now < lease.spend_until:
+            if lease.seen > amount:
+                lease.left = 0  # leased under a wider limit: the narrowed one decides
+            if lease.left > 0:
+                # Spent without a round trip: nothing awaits between check and spend.
+                lease.left -= 1
+                remaining = max(0, amount - lease.seen) + lease.left
+                return _decision(amount, window, amount - remaining, lease.reset_at - now)
+            if lease.seen >= amount:
+                # The window is used up everywhere as far as Redis said: refused locally
+                # until it ends (its end came from the same call: Retry-After holds).
+                return _decision(amount, window, amount + 1, lease.reset_at - now)
+        return None
+
     async def _hit_leased(self, counter: str, amount: int, window: int) -> RateDecision:
         slices = self._slices
         while True:
-            now = time.monotonic()
             lease = slices.get(counter)
-            if lease is not None and lease.pending is None and now < lease.spend_until:
-                if lease.seen > amount:
-                    lease.left = 0  # leased under a wider limit: the narrowed one decides
-                if lease.left > 0:
-                    # Spent without a round trip: nothing awaits between check and spend.
-                    lease.left -= 1
-                    remaining = max(0, amount - lease.seen) + lease.left
-                    return _decision(amount, window, amount - remaining, lease.reset_at - now)
-                if lease.seen >= amount:
-                    # The window is used up everywhere as far as Redis said: refused locally
-                    # until it ends (its end came from the same call: Retry-After holds).
-                    return _decision(amount, window, amount + 1, lease.reset_at - now)
+            decided = self._spend_lease(lease, amount, window, time.monotonic())
+            if decided is not None:
+                return decided
             if lease is not None and lease.pending is not None:
                 await asyncio.shield(lease.pending)  # one lease in flight per counter
                 continue
@@ -635,16 +683,6 @@ class RateLimiter:
         lease.left += granted - 1  # one unit is this request's
         remaining = max(0, amount - lease.seen) + lease.left
         return _decision(amount, window, amount - remaining, lease.reset_at - received)
-
-    @staticmethod
-    def _decide_local(
-        local: FixedWindowMemoryStorage, counter: str, amount: int, window: int
-    ) -> RateDecision:
-        count = local.count(counter, window)
-        if count > amount:
-            local.storage[counter] = count - 1  # refused: charged nothing
-        # In-process, the window's end is known exactly: no second look-up, no rounding up.
-        return _decision(amount, window, count, local.expirations[counter] - time.time())
 
     def _plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
         policies = self.policies(limit)

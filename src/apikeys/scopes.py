@@ -67,7 +67,7 @@ class GrantedScopes(list[str]):
 
     def covers(self, required: Iterable[str]) -> bool:
         """True when these grants include every scope of `required`."""
-        if self._full:
+        if self._full or self._exact.issuperset(required):
             return True
         for scope in required:  # noqa: SIM110 - a plain loop is the fastest here
             if scope not in self:

@@ -82,6 +82,7 @@ class UsageBuffer:
         self._open: dict[str, list[Any]] = {}
         self._day = ""
         self._day_ends = 0.0  # Unix time at which `_day` ends
+        self._admitted = ("", ADMITTED)  # (`_day`, ADMITTED): the slot of today's requests
         # Sealed batches not yet confirmed written, oldest first. The open accumulator is
         # sealed only once this is empty, so it holds at most a batch or so.
         self._queue: deque[_Batch] = deque()
@@ -98,6 +99,7 @@ class UsageBuffer:
         if now >= self._day_ends:
             day = datetime.fromtimestamp(now, UTC).date()
             self._day = day.isoformat()
+            self._admitted = (self._day, ADMITTED)
             self._day_ends = datetime.combine(
                 day + timedelta(days=1), datetime.min.time(), UTC
             ).timestamp()
@@ -106,7 +108,7 @@ class UsageBuffer:
     def record(self, key_id: str) -> None:
         """Count one request of `key_id`, now, as admitted. Never awaits, never fails."""
         now = time.time()
-        slot = (self._today(now), ADMITTED)
+        slot = self._admitted if now < self._day_ends else (self._today(now), ADMITTED)
         entry = self._open.get(key_id)
         if entry is None:
             self._open[key_id] = [1, now, {slot: 1}]

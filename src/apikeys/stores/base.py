@@ -16,7 +16,7 @@ import builtins
 import importlib
 from collections.abc import Collection, Iterable, Mapping
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 from urllib.parse import urlsplit
 
 from apikeys.errors import ConfigurationError
@@ -147,6 +147,12 @@ class KeyStore(abc.ABC):
     async def get(self, key_id: str) -> StoredKey | None:
         """The key with this id, or None, in one round trip. Verification reads through
         `get_for_verification`, which is this unless a store says otherwise."""
+
+    def get_for_verification_now(self, key_id: str) -> StoredKey | Literal[False] | None:
+        """`get_for_verification` without awaiting, for a store that keeps its keys in the
+        process; False from a store that must be awaited (every store but the memory one),
+        and then `KeyManager.verify` awaits `get_for_verification`."""
+        return False
 
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
         """`get`, for `KeyManager.verify`: the same key, except that its record's `credits`

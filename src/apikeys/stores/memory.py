@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import date, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.stores.base import (
@@ -48,6 +48,8 @@ class MemoryStore(KeyStore):
     schemes = ("memory",)
     # True in a subclass that overrides `get` but not `get_for_verification`.
     _verify_through_get: ClassVar[bool] = False
+    # False in a subclass that overrides either: it is then awaited, as it always was.
+    _verify_now: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -56,6 +58,11 @@ class MemoryStore(KeyStore):
         cls._verify_through_get = (
             cls.get is not MemoryStore.get
             and cls.get_for_verification is MemoryStore.get_for_verification
+        )
+        cls._verify_now = (
+            cls.get is MemoryStore.get
+            and cls.get_for_verification is MemoryStore.get_for_verification
+            and cls.get_for_verification_now is MemoryStore.get_for_verification_now
         )
 
     def __init__(self) -> None:
@@ -117,6 +124,9 @@ class MemoryStore(KeyStore):
 
     async def get(self, key_id: str) -> StoredKey | None:
         return self._current(key_id)
+
+    def get_for_verification_now(self, key_id: str) -> StoredKey | Literal[False] | None:
+        return self._keys.get(key_id) if self._verify_now else False
 
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
         if self._verify_through_get:

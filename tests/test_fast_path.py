@@ -1,0 +1,151 @@
+"""The request path's answers that need no await: `KeyManager.verify_now` and
+`RateLimiter.hit_now` decide what `verify` and `hit` decide, or say that they cannot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from apikeys import (
+    Hasher,
+    InvalidAPIKey,
+    KeyManager,
+    KeyRevoked,
+    MalformedAPIKey,
+    MemoryStore,
+    RateLimiter,
+)
+from apikeys.types import StoredKey
+
+from .conftest import TEST_PEPPER
+
+
+async def _verify_now_eventually(manager: KeyManager, token: str) -> object:
+    """`verify_now`, asked until the key cache has proved itself fresh (a few probes)."""
+    deadline = time.monotonic() + 10
+    while True:
+        record = manager.verify_now(token)
+        if record is not None or time.monotonic() > deadline:
+            return record
+        await manager.verify(token, record_usage=False)
+        await asyncio.sleep(0.05)
+
+
+async def test_a_key_the_manager_holds_is_verified_without_awaiting(manager: KeyManager) -> None:
+    created = await manager.create(name="fast", scopes=["contacts:read"])
+    record = await _verify_now_eventually(manager, created.key)
+    # Every store: the memory store at once, the others from the key cache once it is fresh.
+    assert record is not None
+    assert record == created.record
+    before = manager.usage_buffer.pending_daily(created.record.id)
+    assert manager.verify_now(created.key) == created.record
+    after = manager.usage_buffer.pending_daily(created.record.id)
+    assert sum(after.values()) == sum(before.values()) + 1  # the request is counted
+
+
+async def test_verify_now_refuses_what_verify_refuses(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(name="fast", scopes=["contacts:read"])
+    wrong = created.key[:-20] + ("A" if created.key[-20] != "A" else "B") + created.key[-19:]
+    with pytest.raises(MalformedAPIKey):  # the checksum no longer matches
+        memory_manager.verify_now(wrong)
+    with pytest.raises(MalformedAPIKey):
+        memory_manager.verify_now("not a key")
+    other = await memory_manager.create(name="other", scopes=["contacts:read"])
+    # The right id with another key's secret (and a checksum that matches): invalid.
+    from apikeys.keys import ParsedKey, split_key
+
+    prefix, key_id, _ = split_key(created.key)
+    forged = ParsedKey(prefix, key_id, split_key(other.key)[2]).token
+    with pytest.raises(InvalidAPIKey):
+        memory_manager.verify_now(forged)
+    await memory_manager.revoke(created.record.id)
+    with pytest.raises(KeyRevoked):
+        memory_manager.verify_now(created.key)
+
+
+async def test_verify_now_leaves_to_verify_what_needs_it(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(name="fast", scopes=["contacts:read"])
+    # An unknown id: verify checks it against the decoy and refuses it.
+    from apikeys.keys import generate_key
+
+    unknown = generate_key().token
+    assert memory_manager.verify_now(unknown) is None
+    with pytest.raises(InvalidAPIKey):
+        await memory_manager.verify(unknown)
+    assert memory_manager.verify_now(created.key) is not None
+
+    # Telemetry on: verify times and reports it.
+    events: list[object] = []
+    watched = KeyManager(
+        memory_manager.store, hasher=Hasher(pepper=TEST_PEPPER), on_event=events.append
+    )
+    try:
+        assert watched.verify_now(created.key) is None
+        assert (await watched.verify(created.key)).id == created.record.id
+    finally:
+        await watched.aclose()
+
+
+class CountingStore(MemoryStore):
+    """A test double that counts reads: the request path must still go through it."""
+
+    reads = 0
+
+    async def get(self, key_id: str) -> StoredKey | None:
+        CountingStore.reads += 1
+        return await super().get(key_id)
+
+
+async def test_a_store_that_overrides_reads_is_read_every_time() -> None:
+    manager = KeyManager(CountingStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        created = await manager.create(name="counted", scopes=["contacts:read"])
+        assert manager.verify_now(created.key) is None
+        reads = CountingStore.reads
+        await manager.verify(created.key)
+        assert CountingStore.reads == reads + 1
+    finally:
+        await manager.aclose()
+
+
+async def test_the_memory_limiter_decides_without_awaiting() -> None:
+    limiter = RateLimiter("3/minute", "memory://")
+    try:
+        first = limiter.hit_now("k")
+        assert first is not None
+        assert (first.allowed, first.remaining) == (True, 2)
+        second = await limiter.hit("k")  # the same counter
+        assert (second.allowed, second.remaining) == (True, 1)
+        third = limiter.hit_now("k")
+        assert third is not None
+        assert third.allowed
+        refused = [limiter.hit_now("k") for _ in range(3)]
+        assert all(d is not None and not d.allowed for d in refused)
+        # A refused request is charged nothing: one refund brings back one request.
+        await limiter.refund("k")
+        again = limiter.hit_now("k")
+        assert again is not None
+        assert again.allowed
+        assert again.remaining == 0
+        assert 1 <= again.reset_after <= 60
+    finally:
+        await limiter.aclose()
+
+
+async def test_a_shared_limiter_without_a_lease_asks_redis(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    limiter = RateLimiter("1000/minute", redis_url, key_prefix=redis_key_prefix)
+    try:
+        assert limiter.hit_now("k") is None  # nothing leased yet: hit() asks Redis
+        decision = await limiter.hit("k")
+        assert decision.allowed
+        # The lease just taken answers the next requests without a round trip.
+        following = limiter.hit_now("k")
+        assert following is not None
+        assert following.allowed
+        assert following.remaining == decision.remaining - 1
+    finally:
+        await limiter.aclose()
