@@ -15,9 +15,10 @@ from apikeys import (
     KeyRevoked,
     MalformedAPIKey,
     MemoryStore,
+    RateDecision,
     RateLimiter,
 )
-from apikeys.types import StoredKey
+from apikeys.types import KeyRecord, StoredKey
 
 from .conftest import TEST_PEPPER
 
@@ -149,3 +150,35 @@ async def test_a_shared_limiter_without_a_lease_asks_redis(
         assert following.remaining == decision.remaining - 1
     finally:
         await limiter.aclose()
+
+
+class RefusingLimiter(RateLimiter):
+    """A test double that overrides `hit` only: every request must still reach it."""
+
+    async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
+        return RateDecision(False, 1, 60, 0, 60)
+
+
+class CountingManager(KeyManager):
+    """A test double that overrides `verify` only: every request must still reach it."""
+
+    verified = 0
+
+    async def verify(self, token: str, *, record_usage: bool = True) -> KeyRecord:
+        CountingManager.verified += 1
+        return await super().verify(token, record_usage=record_usage)
+
+
+async def test_subclasses_that_override_the_awaited_methods_are_not_bypassed() -> None:
+    limiter = RefusingLimiter("10/minute", "memory://")
+    manager = CountingManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        assert limiter.hit_now("k") is None
+        assert not (await limiter.hit("k")).allowed
+        created = await manager.create(name="counted", scopes=["contacts:read"])
+        assert manager.verify_now(created.key) is None
+        assert (await manager.verify(created.key)).id == created.record.id
+        assert CountingManager.verified == 1
+    finally:
+        await limiter.aclose()
+        await manager.aclose()

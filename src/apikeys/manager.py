@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import replace
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, ClassVar, Final, Self, TypeVar
 
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
@@ -244,6 +244,16 @@ class KeyManager:
 
     # Class defaults: `__del__` may run on an instance whose `__init__` raised.
     _in_use = False
+    # False in a subclass that overrides `verify` but not `verify_now`: `verify_now` then
+    # leaves every request to its `verify`.
+    _verifies_now: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._verifies_now = (
+            cls.verify is KeyManager.verify or cls.verify_now is not KeyManager.verify_now
+        )
+
     _warned = False
     _deliverer: Deliverer | None = None
     _decoy: str | None = None
@@ -1170,7 +1180,7 @@ class KeyManager:
         hash moves to another scheme, or telemetry is on: then `await verify(token)`
         decides. The request path calls this first, to spare the awaits of a cached key.
         """
-        if self.telemetry.active:
+        if self.telemetry.active or not self._verifies_now:
             return None
         prefix, key_id, secret = split_key(token, self.prefix)
         if not self._in_use:

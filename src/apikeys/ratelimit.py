@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from limits import RateLimitItem, parse_many
 from limits.aio.storage import MemoryStorage, RedisClusterStorage, Storage
@@ -435,6 +435,14 @@ class RateLimiter:
     they are checked, then charged, and a charge that overshot is taken back.
     """
 
+    # False in a subclass that overrides `hit` but not `hit_now` (a test double that fails
+    # or counts): `hit_now` then leaves every request to its `hit`.
+    _decides_now: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._decides_now = cls.hit is RateLimiter.hit or cls.hit_now is not RateLimiter.hit_now
+
     def __init__(
         self,
         default: str | Mapping[str, str] | None = None,
@@ -501,10 +509,10 @@ class RateLimiter:
         For a key with one policy; a key with several is checked with `hit_policies`
         (`hit` raises `InvalidKeyParameters` for it).
         """
-        decided = self.hit_now(key_id, limit)
+        counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
+        decided = self._decide_now(counter, amount, window)
         if decided is not None:
             return decided
-        counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
         if self._redis is not None:
             return await self._hit_leased(counter, amount, window)
         try:
@@ -528,7 +536,13 @@ class RateLimiter:
 
         The request path calls this first, to spare an await per request.
         """
+        if not self._decides_now:
+            return None
         counter, amount, window = self._plans.get((key_id, limit)) or self._plan(key_id, limit)
+        return self._decide_now(counter, amount, window)
+
+    def _decide_now(self, counter: str, amount: int, window: int) -> RateDecision | None:
+        """One policy's decision when this process can make it alone, else None."""
         local = self._local
         if local is not None:
             # The count of FixedWindowMemoryStorage.count, written out: it runs on every
