@@ -107,6 +107,15 @@ def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
     return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
 
 
+class _OnePolicy(NamedTuple):
+    """How the headers show a key's one policy, built once per limit: its name, its
+    RateLimit-Policy header and the start of its RateLimit value."""
+
+    name: str
+    policy_header: tuple[bytes, bytes]
+    start: bytes  # b'"name";r='
+
+
 class _PolicySet(NamedTuple):
     """How the headers show a key's several policies: their names and RateLimit-Policy."""
 
@@ -320,7 +329,7 @@ class Gate:
         self.policy_name = _policy_name_text(policy_name)
         self.trusted_proxies = trusted_proxies
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
-        self._shapes: dict[str | None, str | _PolicySet] = {}
+        self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
         """Admit the request `scope` to `path` (the path the app routes on), or refuse it.
@@ -336,21 +345,31 @@ class Gate:
         rate_headers: Headers | None = None
         try:
             header_name = self.header_name
-            values = [value for name, value in scope["headers"] if name == header_name]
-            if self._bearer:
-                record = await self.manager.verify(bearer_token(values))
-            else:
-                record = await self.manager.verify(header_token(values, self.header))
+            values = []
+            for name, value in scope["headers"]:
+                if name == header_name:
+                    values.append(value)
+            token = bearer_token(values) if self._bearer else header_token(values, self.header)
+            # A cached key is decided without awaiting; verify() reads the store otherwise.
+            manager = self.manager
+            record = manager.verify_now(token) or await manager.verify(token)
             if record.allowed_ips:
                 check_address(scope, record, self.trusted_proxies)  # before any charge
             limit = record.rate_limit
             shape = self._shapes.get(limit) or self._shape(limit)
-            if isinstance(shape, str):
-                # One policy: the fast path, as cheap as a key's limit has always been.
-                decision = await self.limiter.hit(record.id, limit)
-                rate_headers = _single_headers(decision, shape)
+            if isinstance(shape, _OnePolicy):
+                # One policy: the fast path, decided without awaiting while it can be.
+                limiter = self.limiter
+                decision = limiter.hit_now(record.id, limit) or await limiter.hit(record.id, limit)
+                rate_headers = [
+                    shape.policy_header,
+                    (
+                        b"ratelimit",
+                        b"%s%d;t=%d" % (shape.start, decision.remaining, decision.reset_after),
+                    ),
+                ]
                 if not decision.allowed:
-                    raise RateLimited(decision.reset_after, (shape,))
+                    raise RateLimited(decision.reset_after, (shape.name,))
             else:
                 decisions = await self.limiter.hit_policies(record.id, limit)
                 rate_headers = _policies_headers(decisions, shape)
@@ -411,7 +430,7 @@ class Gate:
             exc.headers = (*exc.headers, *rate_headers)
         return exc
 
-    def _shape(self, limit: str | None) -> str | _PolicySet:
+    def _shape(self, limit: str | None) -> _OnePolicy | _PolicySet:
         shown = tuple(
             (
                 self.policy_name if policy.name == DEFAULT_POLICY else policy.name,
@@ -420,7 +439,12 @@ class Gate:
             )
             for policy in self.limiter.policies(limit)
         )
-        shape: str | _PolicySet = shown[0][0] if len(shown) == 1 else _policy_set(shown)
+        shape: _OnePolicy | _PolicySet
+        if len(shown) == 1:
+            name = shown[0][0]
+            shape = _OnePolicy(name, _policy_header(*shown[0]), b'"%s";r=' % name.encode())
+        else:
+            shape = _policy_set(shown)
         if len(self._shapes) >= 10_000:
             self._shapes.clear()
         self._shapes[limit] = shape
