@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import csv
 import hashlib
+import importlib
+import inspect
 import json
-import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,48 +35,8 @@ from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, foreign, import_keys, read_csv, read_drf
 from apikeys.keys import parse_key
 from apikeys.stores.base import KeyStore
-from tests import services
-from tests.conftest import TEST_PEPPER, _create_database, _drop_database
-
-HERE = Path(__file__).resolve().parent
-
-DRF_DATABASES = [
-    pytest.param("sqlite", marks=pytest.mark.sqlite, id="drf-sqlite"),
-    pytest.param("postgres", marks=pytest.mark.postgres, id="drf-postgres"),
-]
-
-
-def make_drf_database(url: str) -> dict[str, Any]:
-    """A djangorestframework-api-key database at `url`, made by that package."""
-    done = subprocess.run(
-        [sys.executable, str(HERE / "drf_project.py"), url],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    made: dict[str, Any] = json.loads(done.stdout)
-    return made
-
-
-@pytest.fixture(scope="module", params=DRF_DATABASES)
-def drf(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """(database URL, {label: key string}) of a drf-api-key project, SQLite or PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('drf') / 'django.db'}"
-        yield url, make_drf_database(url)["keys"]
-        return
-    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
-    name = f"apikeys_drf_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_create_database(services.POSTGRES_URL, name))
-    url = f"{services.POSTGRES_URL.rsplit('/', 1)[0]}/{name}"
-    try:
-        yield url, make_drf_database(url)["keys"]
-    finally:
-        asyncio.run(_drop_database(services.POSTGRES_URL, name))
+from tests.conftest import TEST_PEPPER
+from tests.drf_databases import drf_database  # noqa: F401 - the `drf` fixture
 
 
 @pytest.fixture
@@ -520,3 +480,23 @@ def test_foreign_looking_garbage_tokens_are_always_401_never_500(
         finally:
             runner.run(client.aclose())
             runner.run(manager.aclose())
+
+
+@pytest.mark.parametrize(
+    "name", ["apikeys.importing", "apikeys.importing.foreign", "apikeys.importing.sources"]
+)
+def test_importing_modules_export_every_public_name_with_a_docstring(name: str) -> None:
+    module = importlib.import_module(name)
+    assert all(hasattr(module, item) for item in module.__all__)
+    defined = {
+        item
+        for item, value in vars(module).items()
+        if not item.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and getattr(value, "__module__", None) == name
+    }
+    assert defined <= set(module.__all__), sorted(defined - set(module.__all__))
+    for item in module.__all__:
+        value = getattr(module, item)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert inspect.getdoc(value), item

@@ -38,13 +38,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IMPORTED",
+    "INSTALL_HINT",
     "LOOKUP_SETTING",
     "MAX_FOREIGN_LENGTH",
+    "digest_handle",
     "foreign_handles",
     "foreign_scheme",
     "is_foreign_token",
     "lookup_id",
     "needs_prefix",
+    "prefix_handle",
+    "valid_prefix",
     "verify_foreign",
 ]
 
