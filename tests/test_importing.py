@@ -145,9 +145,34 @@ async def test_imported_keys_keep_fields_and_roll_to_apikeys_format(
 async def test_if_store_holds_no_imported_keys_then_foreign_tokens_are_malformed(
     importer: KeyManager,
 ) -> None:
+    looked_up: list[str] = []
+    store = importer.store
+    get, get_for_verification = store.get, store.get_for_verification
+
+    async def counting_get(key_id: str) -> Any:
+        looked_up.append(key_id)
+        return await get(key_id)
+
+    async def counting_get_for_verification(key_id: str) -> Any:
+        looked_up.append(key_id)
+        return await get_for_verification(key_id)
+
+    store.get = counting_get  # type: ignore[method-assign]
+    store.get_for_verification = counting_get_for_verification  # type: ignore[method-assign]
     for token in ("KHNhgcGJ.sXgJYYeP0OgexChAVC6sGy41SnRcfY3x", "sk_live_" + "a" * 40):
         with pytest.raises(MalformedAPIKey):
             await importer.verify(token)
+    assert looked_up == []
+
+
+async def test_progress_is_told_of_every_row(importer: KeyManager, tmp_path: Path) -> None:
+    rows, _keys = csv_keys()
+    path = _csv(tmp_path / "keys.csv", rows + [row for row, _ in REFUSED_ROWS])
+    seen: list[int] = []
+    await import_keys(
+        importer, read_csv(path), source="csv", full_access=True, progress=seen.append
+    )
+    assert sum(seen) == len(rows) + len(REFUSED_ROWS)
 
 
 @pytest.mark.sqlite
