@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
-import hashlib
 import logging
 import os
 import re
@@ -40,7 +39,6 @@ from apikeys.errors import (
 )
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.importing.foreign import (
-    IMPORTED,
     LOOKUP_SETTING,
     foreign_handles,
     is_foreign_token,
@@ -243,9 +241,6 @@ class KeyManager:
     _decoy: str | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
-    # What an unknown old key string is checked against: a djangorestframework-api-key hash
-    # (the common kind) of a random string, through the same slow path as imported hashes.
-    _foreign_decoy: Final = IMPORTED + "sha512$$" + hashlib.sha512(os.urandom(32)).hexdigest()
 
     async def _decoy_hash(self) -> str:
         """A hash of a random secret, made as keys' hashes are: checked against when the
@@ -1015,7 +1010,7 @@ class KeyManager:
             if imported is None:
                 raise
             key_id, stored = imported
-            return await self._check(key_id, stored, token, record_usage, foreign=True)
+            return await self._check(key_id, stored, token, record_usage)
         if not self._in_use:
             self._use()
         stored = await self._load(key_id)
@@ -1041,17 +1036,13 @@ class KeyManager:
         stored: StoredKey | None,
         secret: str,
         record_usage: bool,
-        *,
-        foreign: bool = False,
     ) -> KeyRecord:
         hasher = self.hasher
         if stored is None:
             # Checked against a decoy: the same hash work as a wrong secret for a key that
-            # exists, so that the time of a refusal does not tell whether an id exists.
-            if foreign:
-                secret_hash = self._foreign_decoy
-            else:
-                secret_hash = self._decoy or await self._decoy_hash()
+            # exists, so that the time of a refusal does not tell whether an id exists. An
+            # unknown old key string too: an imported key in use has a hash of this kind.
+            secret_hash = self._decoy or await self._decoy_hash()
         else:
             secret_hash = stored.secret_hash
         if hasher.is_fast(secret_hash):

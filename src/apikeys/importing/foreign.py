@@ -19,7 +19,8 @@ from a *lookup handle*: the old prefix (the part before the first `.`) for keys 
 salted, or the key's SHA-256 or SHA-512 for plain digests. The ids in lists and the store
 say nothing about old prefixes, and `KeyManager.verify` looks up every handle a token could
 have, whether or not a key exists for the first one, so that the number of lookups does not
-tell which old prefixes exist; an unknown token is checked against a decoy of the same kind.
+tell which old prefixes exist. An unknown token is checked against the manager's decoy, a
+hash of apikeys' own scheme: the kind every imported key has once it has been used.
 """
 
 from __future__ import annotations
