@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -343,6 +344,32 @@ async def test_if_csv_rows_cannot_be_imported_then_each_refusal_says_why(
 def test_a_foreign_key_repr_shows_no_hash() -> None:
     key = ForeignKey(row=1, name="n", hashed="sha256:" + "a" * 64)
     assert "a" * 64 not in repr(key)
+
+
+def test_if_a_hash_backend_is_missing_then_import_and_verify_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    hashed = django_argon2.using(rounds=1, memory_cost=1024).hash("Ar9yLm3N.secret")
+    real = foreign._context()
+
+    class WithoutBackend:
+        """passlib's context as it is without argon2-cffi."""
+
+        def identify(self, hashed: str) -> Any:
+            return real.identify(hashed)
+
+        def handler(self, scheme: str) -> Any:
+            return SimpleNamespace(has_backend=lambda: False)
+
+        def verify(self, *_: Any) -> bool:
+            raise RuntimeError("argon2: no backends available")
+
+    monkeypatch.setattr(foreign, "_context", WithoutBackend)
+    with pytest.raises(ConfigurationError, match=r"pip install 'apikeys\[import\]'"):
+        foreign.foreign_scheme(hashed)
+    verdict = Hasher(TEST_PEPPER).verify("Ar9yLm3N.secret", foreign.IMPORTED + hashed)
+    assert not verdict.ok  # fails closed: 401, never a 500
+    assert "pip install 'apikeys[import]'" in caplog.text
 
 
 def test_if_libpass_is_missing_then_the_error_names_the_extra(

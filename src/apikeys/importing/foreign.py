@@ -121,7 +121,15 @@ def foreign_scheme(hashed: str) -> str | None:
         scheme = context.identify(hashed)
     except ValueError:
         return None
-    return str(scheme) if scheme else None
+    if not scheme:
+        return None
+    handler = context.handler(scheme)
+    if hasattr(handler, "has_backend") and not handler.has_backend():
+        raise ConfigurationError(
+            f"{scheme} hashes need a package that is not installed (argon2-cffi or bcrypt). "
+            f"Install it with: {INSTALL_HINT}"
+        )
+    return str(scheme)
 
 
 def needs_prefix(hashed: str) -> bool:
@@ -144,6 +152,10 @@ def verify_foreign(token: str, hashed: str) -> bool:
         return bool(context.identify(hashed)) and bool(context.verify(token, hashed))
     except ValueError:
         return False
+    except RuntimeError as exc:  # passlib's MissingBackendError: argon2-cffi or bcrypt
+        raise ConfigurationError(
+            f"an imported hash needs a package that is not installed: {INSTALL_HINT}"
+        ) from exc
 
 
 def is_foreign_token(token: str, prefix: str) -> bool:
