@@ -418,6 +418,8 @@ def test_cli_import_drf_dry_run_then_import_then_again(
     for key in keys.values():
         assert key not in done.output
         assert key.partition(".")[0] not in done.output
+    assert "sha512$$" not in done.output
+    assert "pbkdf2_sha256$" not in done.output
     again = run(cli_store, *args, "--scope", "contacts:read")
     assert again.exit_code == 0, again.output
     assert f"Imported 0 key(s) into workspace 'acme'; skipped {len(keys)}" in again.output
