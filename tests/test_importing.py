@@ -554,3 +554,22 @@ def test_importing_modules_export_every_public_name_with_a_docstring(name: str) 
         value = getattr(module, item)
         if inspect.isclass(value) or inspect.isfunction(value):
             assert inspect.getdoc(value), item
+
+
+async def test_if_store_keeps_no_settings_then_import_is_refused_and_tokens_stay_malformed(
+    tmp_path: Path,
+) -> None:
+    from apikeys.stores.memory import MemoryStore
+
+    class NoSettings(MemoryStore):
+        async def claim_setting(self, name: str, value: str, **_: Any) -> str | None:
+            return None
+
+    rows, keys = csv_keys()
+    path = _csv(tmp_path / "keys.csv", rows)
+    async with KeyManager(NoSettings(), hasher=Hasher(TEST_PEPPER)) as manager:
+        with pytest.raises(ConfigurationError, match="keeps no settings"):
+            await import_keys(manager, read_csv(path), source="csv", full_access=True)
+        assert await manager.list() == []
+        with pytest.raises(MalformedAPIKey):
+            await manager.verify(keys["unkey"])

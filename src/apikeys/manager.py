@@ -1085,27 +1085,28 @@ class KeyManager:
         return found
 
     async def _lookup_secret(self) -> str | None:
-        """The store's secret for imported keys' ids, or None when it has imported none
-        (asked again at most once a second, so that such keys work at once after an
-        import while garbage tokens cost the store almost nothing)."""
+        """`import_lookup_secret(create=False)`, asked again at most once a second while
+        the store has none, so that keys imported while the service runs work at once and
+        garbage tokens cost the store almost nothing."""
         if self._import_secret is not None:
             return self._import_secret
         now = time.monotonic()
         if now - self._import_checked < _IMPORT_RECHECK:
             return None
         self._import_checked = now
-        # Claiming "" reads the setting without choosing a secret: the importer replaces it.
-        recorded = await self.store.claim_setting(LOOKUP_SETTING, "")
-        if recorded:
-            self._import_secret = recorded
-        return self._import_secret
+        return await self.import_lookup_secret(create=False)
 
-    async def import_lookup_secret(self) -> str | None:
-        """The store's secret for imported keys' ids, chosen now if it has none (None: the
-        store keeps no settings, so it cannot hold imported keys)."""
-        recorded = await self.store.claim_setting(
-            LOOKUP_SETTING, secrets.token_hex(32), replacing=("",)
-        )
+    async def import_lookup_secret(self, *, create: bool = True) -> str | None:
+        """The store's secret for imported keys' ids (`apikeys.importing.foreign`), chosen
+        now if it has none and `create` is true. None: the store holds no imported keys (or,
+        with `create`, keeps no settings, so it cannot hold any)."""
+        if create:
+            recorded = await self.store.claim_setting(
+                LOOKUP_SETTING, secrets.token_hex(32), replacing=("",)
+            )
+        else:
+            # Claiming "" reads the setting without choosing a secret: importing replaces it.
+            recorded = await self.store.claim_setting(LOOKUP_SETTING, "")
         if recorded:
             self._import_secret = recorded
         return recorded or None

@@ -109,12 +109,10 @@ async def import_keys(
     if full_access == bool(scope_tuple):
         raise ConfigurationError("imported keys take full access or at least one scope")
     store = manager.store
-    if dry_run:
-        secret = await manager._lookup_secret()  # None: nothing was imported before
-    else:
-        secret = await manager.import_lookup_secret()
-        if secret is None:
-            raise ConfigurationError("this key store keeps no settings: it cannot hold imports")
+    # A dry run chooses no secret: without one, nothing was imported before.
+    secret = await manager.import_lookup_secret(create=not dry_run)
+    if secret is None and not dry_run:
+        raise ConfigurationError("this key store keeps no settings: it cannot hold imports")
     report = ImportReport(dry_run=dry_run)
     seen: set[str] = set()
     now = utcnow()
