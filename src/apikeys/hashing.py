@@ -13,7 +13,9 @@ Stored hashes describe their scheme, so schemes can change under a running syste
 - `hmac-sha256$<pepper id>$<hex>`: keyed with the pepper whose id is named;
 - `sha256$<hex>`: no pepper;
 - anything passlib recognises (`$argon2id$…`, `$2b$…`, `$pbkdf2-sha256$…`): slow schemes,
-  opt-in through a passlib `CryptContext`.
+  opt-in through a passlib `CryptContext`;
+- `imported$<an old system's hash>`: a key brought in by `apikeys import`, checked as slowly
+  as any slow scheme (`apikeys.importing.foreign`) and re-hashed on its first use.
 
 A hash in a scheme that is no longer the preferred one (unpeppered SHA-256 once a pepper is
 set, an old pepper, a deprecated passlib scheme) is replaced on its next successful use.
@@ -54,6 +56,7 @@ UNPEPPERED = "unpeppered"
 """The pepper fingerprint of a hasher without a pepper."""
 _HMAC_SCHEME = "hmac-sha256$"
 _SHA256_SCHEME = "sha256$"
+_IMPORTED = "imported$"  # apikeys.importing.foreign.IMPORTED: an old system's hash
 
 
 class Verification(NamedTuple):
@@ -161,6 +164,7 @@ class Hasher:
     ) -> None:
         self._allow_unpeppered = allow_unpeppered
         self._warned_unpeppered = False
+        self._warned_imported = False
         if pepper is None:
             pepper = os.environ.get(PEPPER_ENV) or None
         if old_peppers is None:
@@ -313,10 +317,31 @@ class Hasher:
             if self._pepper is not None:
                 return Verification(True, self._fast_hash(secret))
             return _MATCH
+        if stored.startswith(_IMPORTED):
+            return self._verify_imported(secret, stored[len(_IMPORTED) :])
         try:
             return self._verify_slow(secret, stored)
         except ValueError:  # looks like a passlib hash, but is not a valid one
             return Verification(False)
+
+    def _verify_imported(self, token: str, original: str) -> Verification:
+        """An imported key's old hash (`apikeys.importing`): on a match, the hash to keep
+        instead is this hasher's own, of the whole old key string."""
+        from apikeys.importing.foreign import verify_foreign
+
+        try:
+            ok = verify_foreign(token, original)
+        except ConfigurationError as exc:
+            # Fail closed, and say why once: the service lacks the extra imports need.
+            if not self._warned_imported:
+                self._warned_imported = True
+                logger.error("apikeys: an imported key was refused: %s", exc)
+            return _NO_MATCH
+        if not ok:
+            return _NO_MATCH
+        if self._context is not None:
+            return _MATCH_STALE
+        return Verification(True, self._fast_hash(token))
 
     def _warn_unpeppered(self) -> None:
         if not self._warned_unpeppered:

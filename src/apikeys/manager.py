@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import time
 import warnings
 import weakref
@@ -34,9 +35,16 @@ from apikeys.errors import (
     KeyExpired,
     KeyNotFound,
     KeyRevoked,
+    MalformedAPIKey,
     StoreUnavailable,
 )
 from apikeys.hashing import UNPEPPERED, Hasher
+from apikeys.importing.foreign import (
+    LOOKUP_SETTING,
+    foreign_handles,
+    is_foreign_token,
+    lookup_id,
+)
 from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
 from apikeys.listing import (
     DEFAULT_PAGE_SIZE,
@@ -82,6 +90,7 @@ LIMITER_URL_ENV: Final = "APIKEYS_LIMITER_URL"
 _MAX_TEXT = 200
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _INSERT_ATTEMPTS = 5
+_IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
 _T = TypeVar("_T")
 
 # How long interpreter exit may spend writing the counts of managers left unclosed.
@@ -257,6 +266,8 @@ class KeyManager:
     _warned = False
     _deliverer: Deliverer | None = None
     _decoy: str | None = None
+    _import_secret: str | None = None
+    _import_checked = float("-inf")
 
     async def _decoy_hash(self) -> str:
         """A hash of a random secret, made as keys' hashes are: checked against when the
@@ -1175,14 +1186,19 @@ class KeyManager:
 
         Returns the record of the key `token` names, its request counted, when the key is
         there and its hash is a fast one; raises what `verify` raises for such a key (and
-        `MalformedAPIKey` for any malformed token). Returns None when the store must be
+        `MalformedAPIKey` for a malformed token that cannot be an imported key's). Returns None when the store must be
         read, the key is not found (an unknown id is checked against the decoy there), its
         hash moves to another scheme, or telemetry is on: then `await verify(token)`
         decides. The request path calls this first, to spare the awaits of a cached key.
         """
         if self.telemetry.active or not self._verifies_now:
             return None
-        prefix, key_id, secret = split_key(token, self.prefix)
+        try:
+            prefix, key_id, secret = split_key(token, self.prefix)
+        except MalformedAPIKey:
+            if is_foreign_token(token, self.prefix):
+                return None  # perhaps an imported key's old string: `verify` looks it up
+            raise
         if not self._in_use:
             self._use()
         cache = self.cache
@@ -1209,26 +1225,47 @@ class KeyManager:
         return record
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
-        prefix, key_id, secret = split_key(token, self.prefix)
+        try:
+            prefix, key_id, secret = split_key(token, self.prefix)
+        except MalformedAPIKey:
+            imported = await self._find_imported(token)
+            if imported is None:
+                raise
+            key_id, stored = imported
+            return await self._check(key_id, stored, token, record_usage)
         if not self._in_use:
             self._use()
         if self._deliverer is not None:
             self._deliverer.start()  # (again, when the manager moved to another loop)
+        stored = await self._load(key_id)
+        # The prefix is part of the key: a test key re-prefixed as live is another key.
+        if stored is not None and stored.record.key_prefix != prefix:
+            stored = None
+        return await self._check(key_id, stored, secret, record_usage)
+
+    async def _load(self, key_id: str) -> StoredKey | None:
         cache = self.cache
         if cache is None:
-            stored = await self.store.get_for_verification(key_id)
-        else:
-            stored = cache.get(key_id)
-            if self.telemetry.active:
-                self.telemetry.cache_lookup(stored is not None)
-            if stored is None and not cache.missing(key_id):
-                stored = await cache.load(key_id)
+            return await self.store.get_for_verification(key_id)
+        stored = cache.get(key_id)
+        if self.telemetry.active:
+            self.telemetry.cache_lookup(stored is not None)
+        if stored is None and not cache.missing(key_id):
+            stored = await cache.load(key_id)
+        return stored
+
+    async def _check(
+        self,
+        key_id: str,
+        stored: StoredKey | None,
+        secret: str,
+        record_usage: bool,
+    ) -> KeyRecord:
         hasher = self.hasher
-        # The prefix is part of the key: a test key re-prefixed as live is another key.
-        if stored is None or stored.record.key_prefix != prefix:
+        if stored is None:
             # Checked against a decoy: the same hash work as a wrong secret for a key that
-            # exists, so that the time of a refusal does not tell whether an id exists.
-            stored = None
+            # exists, so that the time of a refusal does not tell whether an id exists. An
+            # unknown old key string too: an imported key in use has a hash of this kind.
             secret_hash = self._decoy or await self._decoy_hash()
         else:
             secret_hash = stored.secret_hash
@@ -1246,6 +1283,57 @@ class KeyManager:
         if record_usage:
             self.usage_buffer.record(key_id)
         return record
+
+    # -- imported keys (apikeys.importing) -------------------------------------------------
+
+    async def _find_imported(self, token: str) -> tuple[str, StoredKey | None] | None:
+        """The id and key an old system's key string names, when this store holds imported
+        keys and `token` could be one (None: it is simply malformed).
+
+        Every lookup handle the token could have is looked up, found or not, so the work
+        done does not tell which old prefixes exist (`apikeys.importing.foreign`).
+        """
+        if not is_foreign_token(token, self.prefix):
+            return None
+        secret = await self._lookup_secret()
+        if secret is None:
+            return None
+        if not self._in_use:
+            self._use()
+        found: tuple[str, StoredKey | None] | None = None
+        for handle in foreign_handles(token):
+            key_id = lookup_id(secret, handle)
+            stored = await self._load(key_id)
+            if found is None or (found[1] is None and stored is not None):
+                found = (key_id, stored)
+        return found
+
+    async def _lookup_secret(self) -> str | None:
+        """`import_lookup_secret(create=False)`, asked again at most once a second while
+        the store has none, so that keys imported while the service runs work at once and
+        garbage tokens cost the store almost nothing."""
+        if self._import_secret is not None:
+            return self._import_secret
+        now = time.monotonic()
+        if now - self._import_checked < _IMPORT_RECHECK:
+            return None
+        self._import_checked = now
+        return await self.import_lookup_secret(create=False)
+
+    async def import_lookup_secret(self, *, create: bool = True) -> str | None:
+        """The store's secret for imported keys' ids (`apikeys.importing.foreign`), chosen
+        now if it has none and `create` is true. None: the store holds no imported keys (or,
+        with `create`, keeps no settings, so it cannot hold any)."""
+        if create:
+            recorded = await self.store.claim_setting(
+                LOOKUP_SETTING, secrets.token_hex(32), replacing=("",)
+            )
+        else:
+            # Claiming "" reads the setting without choosing a secret: importing replaces it.
+            recorded = await self.store.claim_setting(LOOKUP_SETTING, "")
+        if recorded:
+            self._import_secret = recorded
+        return recorded or None
 
     async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:
         try:

@@ -6,6 +6,7 @@ apikeys list --workspace acme
 apikeys roll 3xK9pQ2mZ7aB --grace 24h
 apikeys revoke 3xK9pQ2mZ7aB --yes
 apikeys scan . --revoke
+apikeys import --from drf-api-key postgresql://localhost/django --full-access
 ```
 
 The store is `--store URL` or `APIKEYS_STORE_URL` (default `sqlite:///apikeys.db`, the one
@@ -19,7 +20,7 @@ by `create` and `roll`, once; every other output shows the masked form `ak_<id>_
 
 from __future__ import annotations
 
-from apikeys.cli import audit, keys, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
+from apikeys.cli import audit, importing, keys, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
 from apikeys.cli.common import main
 
 __all__ = ["main"]

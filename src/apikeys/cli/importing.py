@@ -1,0 +1,100 @@
+"""`apikeys import`: bring in keys from djangorestframework-api-key or a CSV file."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+
+import click
+
+from apikeys.cli.common import _access_options, _echo_json, _run, actor_of, actor_option, main
+from apikeys.importing import ImportReport, import_keys, read_csv, read_drf
+from apikeys.importing.sources import ForeignKey, Refusal
+from apikeys.manager import KeyManager
+
+__all__: list[str] = []
+
+# Rows from which a terminal shows a progress bar.
+_PROGRESS_FROM = 50
+
+
+@main.command("import")
+@click.option(
+    "--from",
+    "source",
+    type=click.Choice(["drf-api-key", "csv"]),
+    required=True,
+    help="drf-api-key: SOURCE is the database URL of a djangorestframework-api-key project; "
+    "csv: SOURCE is a CSV file (name,hash[,expires_at][,prefix]).",
+)
+@click.argument("location", metavar="SOURCE")
+@click.option("--workspace", default="default", show_default=True, help="The keys' workspace.")
+@_access_options("Grant the imported keys a scope. Repeat it, or separate with commas.")
+@click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
+@actor_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the report.")
+@click.pass_context
+def import_(
+    ctx: click.Context,
+    /,
+    source: str,
+    location: str,
+    workspace: str,
+    full_access: bool,
+    scopes: tuple[str, ...],
+    dry_run: bool,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Import keys with their existing hashes: each old key string keeps working.
+
+    An old key is re-hashed with apikeys' own scheme on its first use. Importing twice is
+    harmless: keys imported before are skipped. Prints how many keys were imported,
+    skipped and refused (with why).
+    """
+    if full_access and scopes:
+        raise click.UsageError("--full-access and --scope exclude each other", ctx)
+    if not full_access and not scopes:
+        raise click.UsageError(
+            "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
+        )
+    audit_source = "drf-api-key" if source == "drf-api-key" else "csv"
+
+    async def work(manager: KeyManager) -> ImportReport:
+        rows: Iterable[ForeignKey | Refusal]
+        if source == "drf-api-key":
+            rows = await read_drf(location)
+        else:
+            rows = list(read_csv(location))
+        rows = list(rows)
+        show = not as_json and len(rows) >= _PROGRESS_FROM and sys.stderr.isatty()
+        with click.progressbar(
+            length=len(rows), label="Importing", file=sys.stderr, hidden=not show
+        ) as bar:
+            update: Callable[[int], None] = bar.update
+            return await import_keys(
+                manager,
+                rows,
+                source=audit_source,
+                workspace=workspace,
+                scopes=scopes,
+                full_access=full_access,
+                dry_run=dry_run,
+                actor=actor_of(actor),
+                progress=update,
+            )
+
+    report = _run(ctx, work, uses_secrets=True)
+    if as_json:
+        _echo_json(report.to_dict())
+        return
+    would = "Would import" if dry_run else "Imported"
+    click.echo(
+        f"{would} {len(report.imported)} key(s) into workspace {workspace!r}; "
+        f"skipped {len(report.skipped)} (imported before); refused {len(report.refused)}."
+    )
+    for refusal in report.refused:
+        name = f" ({refusal.name!r})" if refusal.name else ""
+        click.echo(f"refused row {refusal.row}{name}: {refusal.reason}")
+    if dry_run:
+        click.echo("Dry run: nothing was changed.")

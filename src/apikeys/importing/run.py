@@ -1,0 +1,185 @@
+"""Importing keys: each old key becomes a record of apikeys that keeps its old hash."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from apikeys.errors import ConfigurationError, DuplicateKeyId
+from apikeys.importing.foreign import (
+    IMPORTED,
+    digest_handle,
+    foreign_scheme,
+    lookup_id,
+    needs_prefix,
+    prefix_handle,
+    valid_prefix,
+)
+from apikeys.importing.sources import ForeignKey, Refusal
+from apikeys.keys import mask
+from apikeys.scopes import validate_scopes
+from apikeys.types import ACTIVE, REVOKED, AuditEvent, KeyRecord, StoredKey, utcnow
+
+if TYPE_CHECKING:
+    from apikeys.manager import KeyManager
+
+__all__ = ["ImportReport", "import_keys"]
+
+_MAX_NAME = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(slots=True)
+class ImportReport:
+    """What an import did (or, with `dry_run`, would do).
+
+    `imported` holds the records made; `skipped` the ids of keys imported before (importing
+    twice is harmless); `refused` each row not imported, with why.
+    """
+
+    dry_run: bool
+    imported: list[KeyRecord] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON: counts, the imported records, skipped ids and refusals."""
+        return {
+            "dry_run": self.dry_run,
+            "imported": len(self.imported),
+            "skipped": len(self.skipped),
+            "refused": len(self.refused),
+            "keys": [record.to_dict() for record in self.imported],
+            "skipped_ids": list(self.skipped),
+            "refusals": [refusal.to_dict() for refusal in self.refused],
+        }
+
+
+def _handle(key: ForeignKey) -> str:
+    """How the key will be found: by its old prefix, or by the digest its hash is. Raises
+    `ValueError` with the reason it cannot be found."""
+    hashed = key.hashed
+    if key.prefix is not None:
+        if not valid_prefix(key.prefix):
+            raise ValueError("the prefix is 1 to 64 printable characters without '.' or spaces")
+        return prefix_handle(key.prefix)
+    if hashed.startswith("sha512$$"):  # SHA-512 of the whole key, without a salt
+        return digest_handle("sha512", hashed[len("sha512$$") :])
+    if needs_prefix(hashed):
+        raise ValueError(
+            "a salted hash cannot find its key: give the key's prefix (the part before its "
+            "'.') in a prefix column"
+        )
+    algorithm, _, hex_digest = hashed.partition(":")
+    return digest_handle(algorithm, hex_digest)
+
+
+def _name(name: str) -> str:
+    if not name.strip():
+        raise ValueError("the name is empty")
+    if len(name) > _MAX_NAME or _CONTROL.search(name):
+        raise ValueError(f"the name is over {_MAX_NAME} characters or holds control characters")
+    return name
+
+
+async def import_keys(
+    manager: KeyManager,
+    keys: Iterable[ForeignKey | Refusal],
+    *,
+    source: str,
+    workspace: str = "default",
+    scopes: Sequence[str] = (),
+    full_access: bool = False,
+    dry_run: bool = False,
+    actor: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Import other systems' keys into `manager`'s store, keeping their hashes.
+
+    Each old key string then works as it is (`KeyManager.verify`), and is re-hashed with
+    apikeys' own scheme on its first successful use. Imported keys keep their names,
+    creation times, expiry and revoked status, in `workspace`, with `full_access` or
+    `scopes`. A key imported before is skipped; `dry_run` changes nothing and reports
+    what would happen. `source` names the old system in the audit trail (`drf-api-key`,
+    `csv`); `progress(1)` is called after each row.
+    """
+    scope_tuple = validate_scopes(scopes)
+    if full_access == bool(scope_tuple):
+        raise ConfigurationError("imported keys take full access or at least one scope")
+    store = manager.store
+    # A dry run chooses no secret: without one, nothing was imported before.
+    secret = await manager.import_lookup_secret(create=not dry_run)
+    if secret is None and not dry_run:
+        raise ConfigurationError("this key store keeps no settings: it cannot hold imports")
+    report = ImportReport(dry_run=dry_run)
+    seen: set[str] = set()
+    now = utcnow()
+    for key in keys:
+        if progress is not None:
+            progress(1)
+        if isinstance(key, Refusal):
+            report.refused.append(key)
+            continue
+        try:
+            name = _name(key.name)
+            scheme = foreign_scheme(key.hashed)
+            if scheme is None:
+                raise ValueError(
+                    "the hash is in no format apikeys can check (see docs/migrating.md)"
+                )
+            handle = _handle(key)
+        except ValueError as exc:
+            report.refused.append(Refusal(key.row, key.name or None, str(exc)))
+            continue
+        if handle in seen:
+            report.refused.append(
+                Refusal(key.row, name, "an earlier row has the same prefix or the same hash")
+            )
+            continue
+        seen.add(handle)
+        key_id = lookup_id(secret or "", handle)
+        if secret is not None and await store.get(key_id) is not None:
+            report.skipped.append(key_id)
+            continue
+        record = KeyRecord(
+            id=key_id,
+            name=name,
+            workspace=workspace,
+            prefix=mask(manager.prefix, key_id),
+            access="full" if full_access else "restricted",
+            scopes=scope_tuple,
+            state=REVOKED if key.revoked else ACTIVE,
+            rate_limit=None,
+            created_at=key.created_at or now,
+            expires_at=key.expires_at,
+            revoked_at=now if key.revoked else None,
+        )
+        if dry_run:
+            report.imported.append(record)
+            continue
+        event = AuditEvent(
+            time=now,
+            key_id=key_id,
+            workspace=workspace,
+            action="created",
+            actor=actor,
+            # Where it came from and its old scheme's name: never the hash.
+            changes={
+                "name": name,
+                "access": record.access,
+                "scopes": list(scope_tuple),
+                "state": record.state,
+                "imported_from": source,
+                "scheme": scheme,
+            },
+        )
+        try:
+            await store.insert(StoredKey(record, IMPORTED + key.hashed), event=event)
+        except DuplicateKeyId:  # imported by a concurrent run
+            report.skipped.append(key_id)
+            continue
+        manager._announce(event)
+        report.imported.append(record)
+    return report

@@ -1,0 +1,166 @@
+"""Where imported keys come from: a djangorestframework-api-key table, or a CSV file.
+
+Each source yields `ForeignKey`s (a row apikeys may import) and `Refusal`s (a row it cannot
+read, with why), in the source's order.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from apikeys.errors import ConfigurationError
+
+__all__ = ["DRF_TABLE", "ForeignKey", "Refusal", "read_csv", "read_drf"]
+
+DRF_TABLE: Final = "rest_framework_api_key_apikey"
+"""The table djangorestframework-api-key keeps its keys in."""
+CSV_COLUMNS: Final = ("name", "hash", "expires_at", "prefix", "created_at", "revoked")
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignKey:
+    """One key of another system, as read: never the key, only its hash.
+
+    `row` numbers it in its source (the CSV line, or the table row from 1); `prefix` is the
+    old prefix that finds a key whose hash is salted (the part of the key before its `.`).
+    """
+
+    row: int
+    name: str
+    hashed: str
+    prefix: str | None = None
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    revoked: bool = False
+
+    def __repr__(self) -> str:
+        return f"ForeignKey(row={self.row}, name={self.name!r}, hashed='…')"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A row that is not imported, and why (never a hash or a key in `reason`)."""
+
+    row: int
+    name: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row": self.row, "name": self.name, "reason": self.reason}
+
+
+def _moment(value: Any) -> datetime | None:
+    """A time read from a table or a file: naive means UTC (Django's SQLite rows)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    elif isinstance(value, datetime):
+        moment = value
+    else:
+        raise ValueError(f"not a time: {type(value).__name__}")
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "t", "yes", "y", "revoked"}
+    return bool(value)
+
+
+async def read_drf(url: str) -> list[ForeignKey | Refusal]:
+    """Every row of djangorestframework-api-key's table in the database at `url`
+    (`sqlite:///path` or `postgresql://…`), oldest first."""
+    try:
+        import sqlalchemy as sa
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        from apikeys.stores.sql_engine import async_url
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"reading a database needs SQLAlchemy: pip install 'apikeys[import]' ({exc.name})"
+        ) from exc
+    try:
+        engine = create_async_engine(async_url(url))
+    except ModuleNotFoundError as exc:
+        extra = "postgres" if exc.name == "asyncpg" else "sql"
+        raise ConfigurationError(
+            f"reading that database needs {exc.name}: pip install 'apikeys[{extra}]'"
+        ) from exc
+    query = sa.text(
+        "SELECT prefix, hashed_key, created, name, revoked, expiry_date "  # noqa: S608
+        f"FROM {DRF_TABLE} ORDER BY created, prefix"
+    )
+    try:
+        async with engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+    except sa.exc.SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise ConfigurationError(
+            f"could not read {DRF_TABLE}: {reason[0] if reason else type(exc).__name__}"
+        ) from None
+    finally:
+        await engine.dispose()
+    found: list[ForeignKey | Refusal] = []
+    for number, (prefix, hashed, created, name, revoked, expiry) in enumerate(rows, start=1):
+        try:
+            found.append(
+                ForeignKey(
+                    row=number,
+                    name=str(name or ""),
+                    hashed=str(hashed or ""),
+                    prefix=str(prefix or ""),
+                    created_at=_moment(created),
+                    expires_at=_moment(expiry),
+                    revoked=_truthy(revoked),
+                )
+            )
+        except ValueError as exc:
+            found.append(Refusal(number, str(name) if name else None, f"unreadable time: {exc}"))
+    return found
+
+
+def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
+    """The rows of a CSV file with a header line: `name,hash` and optionally `expires_at`,
+    `prefix`, `created_at` and `revoked` (times in ISO 8601; naive means UTC).
+
+    Raises `ConfigurationError` when the file cannot be read or lacks `name` or `hash`.
+    """
+    try:
+        handle = Path(path).open(newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with handle:
+        reader = csv.DictReader(handle)
+        columns = [column.strip() for column in reader.fieldnames or ()]
+        missing = [column for column in ("name", "hash") if column not in columns]
+        if missing:
+            raise ConfigurationError(
+                f"{path}: the header line lacks {', '.join(missing)} "
+                f"(columns: {', '.join(CSV_COLUMNS)})"
+            )
+        reader.fieldnames = columns
+        try:
+            for fields in reader:
+                row = reader.line_num
+                name = (fields.get("name") or "").strip()
+                try:
+                    yield ForeignKey(
+                        row=row,
+                        name=name,
+                        hashed=(fields.get("hash") or "").strip(),
+                        prefix=(fields.get("prefix") or "").strip() or None,
+                        created_at=_moment(fields.get("created_at")),
+                        expires_at=_moment(fields.get("expires_at")),
+                        revoked=_truthy(fields.get("revoked") or ""),
+                    )
+                except ValueError as exc:
+                    yield Refusal(row, name or None, f"unreadable time: {exc}")
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
