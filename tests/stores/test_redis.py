@@ -487,3 +487,13 @@ async def test_a_database_of_the_previous_release_keeps_its_audit_trail_and_usag
     ]
     [day] = await store.usage_history("old1", today)
     assert day.admitted == 3
+
+
+async def test_the_key_prefix_is_read_from_the_url_query() -> None:
+    store = store_from_url("redis://127.0.0.1:6379/13?key_prefix=contacts:&socket_timeout=3")
+    try:
+        assert isinstance(store, RedisStore)
+        assert store.key_prefix == "contacts:"
+        assert store.key_name("k") == "contacts:key:{k}"
+    finally:
+        await store.aclose()

@@ -29,10 +29,14 @@ PEPPER = "webhooks-test-pepper-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'keys.db'}"
+        return
+    if request.param == "redis":
+        prefix = request.getfixturevalue("redis_key_prefix")  # its keys deleted at the end
+        yield f"{request.getfixturevalue('redis_url')}?key_prefix={prefix}"
         return
     services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
     name = f"apikeys_wh_{uuid.uuid4().hex[:12]}"

@@ -6,7 +6,6 @@ import asyncio
 import json
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -18,11 +17,13 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 import apikeys.channels.sqlite as sqlite_channel
 from apikeys import Hasher, KeyManager
+from apikeys.stores import KeyStore
 from apikeys.stores.sql import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
 from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
 from apikeys.webhooks.base import WebhookStore
+from tests.conftest import SCALE_OUT_STORES, STORES
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
@@ -59,32 +60,26 @@ def test_during_an_overlap_both_secrets_verify() -> None:
     Webhook(new).verify(body, headers)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """A store URL and a keys table name of its own."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'keys.db'}", "apikeys_keys"
-    return request.getfixturevalue("postgres_url"), f"apikeys_wh_{uuid.uuid4().hex[:10]}"
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", marks=pytest.mark.sqlite, id="sqlite"),
+        pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
+        *STORES[3:],
+        *SCALE_OUT_STORES,
+    ]
+)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store that keeps webhooks (`store` in tests/conftest.py makes each)."""
+    return str(request.param)
 
 
 @pytest.fixture
-async def store(sql_url: tuple[str, str]) -> AsyncIterator[SQLStore]:
-    url, table = sql_url
-    sql = SQLStore(url, table_name=table)
-    await sql.setup()
-    try:
-        yield sql
-    finally:
-        await sql.aclose()
-
-
-@pytest.fixture
-async def manager(store: SQLStore) -> AsyncIterator[KeyManager]:
+async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
     async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
         yield made
 
 
-def hooks_of(store: SQLStore) -> WebhookStore:
+def hooks_of(store: KeyStore) -> WebhookStore:
     hooks = store.webhooks()
     assert hooks is not None
     return hooks
@@ -98,7 +93,7 @@ async def deliver_until(deliverer: Deliverer, done: Callable[[], bool]) -> None:
 
 
 async def test_a_rolled_secret_signs_beside_the_new_one_during_the_overlap(
-    store: SQLStore, manager: KeyManager
+    store: KeyStore, manager: KeyManager
 ) -> None:
     receiver = Receiver(free_port())
     await receiver.start()
@@ -120,7 +115,7 @@ async def test_a_rolled_secret_signs_beside_the_new_one_during_the_overlap(
 
 
 async def test_a_failing_receiver_is_retried_then_failed_and_the_next_event_goes(
-    store: SQLStore, manager: KeyManager
+    store: KeyStore, manager: KeyManager
 ) -> None:
     receiver = Receiver(free_port(), status=500)
     await receiver.start()
@@ -160,7 +155,7 @@ async def test_a_failing_receiver_is_retried_then_failed_and_the_next_event_goes
     assert [d.status for d in await hooks.deliveries(status="failed")] == ["failed"]
 
 
-async def test_a_replay_sends_the_same_delivery_again(store: SQLStore, manager: KeyManager) -> None:
+async def test_a_replay_sends_the_same_delivery_again(store: KeyStore, manager: KeyManager) -> None:
     receiver = Receiver(free_port())
     await receiver.start()
     hooks = hooks_of(store)
@@ -190,7 +185,7 @@ async def test_a_replay_sends_the_same_delivery_again(store: SQLStore, manager: 
 
 
 async def test_two_deliverers_never_send_one_delivery_twice(
-    store: SQLStore, manager: KeyManager
+    store: KeyStore, manager: KeyManager
 ) -> None:
     receiver = Receiver(free_port())
     await receiver.start()
@@ -238,7 +233,7 @@ async def test_the_sqlite_log_keeps_what_a_webhook_has_not_taken(
 
 
 async def test_key_expiring_is_sent_once_per_key_notice_and_expiry(
-    store: SQLStore, manager: KeyManager
+    store: KeyStore, manager: KeyManager
 ) -> None:
     hooks = hooks_of(store)
     await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.expiring"])

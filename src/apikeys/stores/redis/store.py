@@ -7,6 +7,8 @@ and every script names keys of that slot only:
 - `apikeys:key:{<id>}`: a hash per key.
 - `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
   server's time in microseconds, a space, and the event's JSON.
+- `apikeys:events:{<id>}`: the key's webhook events not taken yet (a list; see
+  `apikeys.webhooks.redis`), appended by the change scripts.
 - `apikeys:usage:{<id>}:<YYYY-MM-DD>`: the key's requests on one UTC day, by outcome (a hash,
   kept `DAILY_USAGE_RETENTION_DAYS`).
 - `apikeys:usage-batch:<batch_id>` (on a cluster, `apikeys:usage-batch:{<id>}:<batch_id>`,
@@ -22,6 +24,8 @@ and, across keys:
   fingerprint.
 - `apikeys:once:<token>`: a one-time value (`put_once`), with its TTL; `take_once` reads
   and deletes it in one script.
+- `apikeys:events-pending`: the ids whose outbox may hold events (a sorted set), and
+  `apikeys:{webhooks}:…`, endpoints and deliveries (`apikeys.webhooks.redis`).
 
 The audit trail across keys is read from the per-key lists of the ids an index names. The
 previous release kept one list, `apikeys:audit`, and daily usage under untagged names
@@ -79,7 +83,8 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import UTC, date, datetime, timedelta
 from functools import cache
 from importlib import resources
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -134,7 +139,21 @@ from apikeys.types import (
     UsageDelta,
 )
 
-__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
+if TYPE_CHECKING:
+    from apikeys.webhooks.redis import RedisWebhooks
+
+__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "WEBHOOK_EVENTS", "RedisStore"]
+
+WEBHOOK_EVENTS: Final[Mapping[str, str]] = {
+    "created": "key.created",
+    "updated": "key.updated",
+    "disabled": "key.disabled",
+    "enabled": "key.enabled",
+    "rolled": "key.rolled",
+    "revoked": "key.revoked",
+    "leak_revoked": "key.revoked",
+}
+"""The webhook event of each audit action (a re-hash is none)."""
 
 DEFAULT_KEY_PREFIX = "apikeys:"
 
@@ -369,6 +388,13 @@ class RedisStore(KeyStore):
         50 connections (per node, on a cluster; a single node's pool waits up to 2 s,
         `timeout`, for a free one). `decode_responses` is always on.
         """
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query)
+        given = [value for name, value in query if name == "key_prefix"]
+        if given:  # the store's own option: not one for the connection
+            rest = urlencode([(name, value) for name, value in query if name != "key_prefix"])
+            url = urlunsplit(parts._replace(query=rest))
+            options.setdefault("key_prefix", given[-1])
         target = parse_redis_url(url)
         key_prefix = _check_key_prefix(str(options.pop("key_prefix", DEFAULT_KEY_PREFIX)))
         wait_replicas = options.pop("wait_replicas", target.wait_replicas)
@@ -476,6 +502,22 @@ class RedisStore(KeyStore):
             return f"{self._prefix}usage-batch:{{{key_id}}}:{batch_id}"
         return f"{self._prefix}usage-batch:{batch_id}"
 
+    def outbox_name(self, key_id: str) -> str:
+        """The list of key `key_id`'s webhook events not taken yet (`apikeys.webhooks.redis`)."""
+        return f"{self._prefix}events:{{{key_id}}}"
+
+    @property
+    def outbox_index_name(self) -> str:
+        """The sorted set of the ids whose outbox may hold events, each scored by a count
+        of its changes (`apikeys.webhooks.redis`)."""
+        return f"{self._prefix}events-pending"
+
+    def webhooks(self) -> RedisWebhooks:
+        """Endpoints and deliveries on this store's server (`apikeys.webhooks.redis`)."""
+        from apikeys.webhooks.redis import RedisWebhooks
+
+        return RedisWebhooks(self)
+
     @property
     def all_index_name(self) -> str:
         """The Redis key of the sorted set that indexes every key."""
@@ -541,6 +583,18 @@ class RedisStore(KeyStore):
                 await sentinel.aclose()
 
     async def _change(
+        self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
+    ) -> Any:
+        """Run a change script (see `_change_once`). On a cluster the index of keys with
+        webhook events is in another slot: the id is added to it right after the script
+        (a process that dies in between leaves it to `RedisWebhooks.expiring` to find)."""
+        reply = await self._change_once(script, keys, args)
+        if self._cluster and args[-4]:
+            key_id = keys[0][len(self._prefix) + len("key:{") : -1]
+            await self._client.zincrby(self.outbox_index_name, 1, key_id)
+        return reply
+
+    async def _change_once(
         self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
     ) -> Any:
         """Run a change script; with `wait_replicas`, wait on the same connection until that
@@ -612,9 +666,7 @@ class RedisStore(KeyStore):
                 pipe.zadd(self._all_index, {record.id: score}, nx=True)
                 await pipe.execute()
             created = await self._change(
-                self._insert,
-                [self.key_name(record.id), self.audit_list_name(record.id)],
-                [*_encode(stored), *self._tail(event, None)],
+                self._insert, self._keys(record.id), [*_encode(stored), *self._tail(event, None)]
             )
         if not created:
             raise DuplicateKeyId(record.id)
@@ -715,8 +767,10 @@ class RedisStore(KeyStore):
         return _decode(_pairs(cast("list[str]", reply))).record
 
     def _keys(self, key_id: str) -> builtins.list[str]:
-        """KEYS of a change script: the key's hash and audit list (one slot)."""
-        return [self.key_name(key_id), self.audit_list_name(key_id)]
+        """KEYS of a change script: the key's hash, audit list and webhook outbox (one
+        slot), and, but on a cluster, the index of keys with events to take."""
+        names = [self.key_name(key_id), self.audit_list_name(key_id), self.outbox_name(key_id)]
+        return names if self._cluster else [*names, self.outbox_index_name]
 
     async def set_state(
         self,
@@ -847,9 +901,11 @@ class RedisStore(KeyStore):
             )
         return self._record_from_reply(key_id, reply)
 
-    def _tail(self, event: AuditEvent | None, notice: str | None) -> tuple[str, str, str]:
-        """The last ARGV of every change script: the event, the notice channel, the notice."""
-        return _event(event), notices_channel(self._prefix), notice or ""
+    def _tail(self, event: AuditEvent | None, notice: str | None) -> tuple[str, str, str, str]:
+        """The last ARGV of every change script: the webhook event, the audit event, the
+        notice channel, the notice."""
+        hook = "" if event is None else WEBHOOK_EVENTS.get(event.action, "")
+        return hook, _event(event), notices_channel(self._prefix), notice or ""
 
     def channel(self) -> RedisChannel | RedisClusterChannel:
         """Redis pub/sub and tracking on this store's server and key prefix (see

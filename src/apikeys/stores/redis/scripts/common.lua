@@ -1,8 +1,9 @@
--- Prepended to every change script. Each one ends its ARGV with the same three values: the
--- audit event, the notice channel and the notice ('' for none), and has the key's audit
--- list as KEYS[2], in the key's own slot. The event is appended only when the change
--- happened, and the notice published, in the script itself: no change commits without its
--- event and its notice.
+-- Prepended to every change script. Each one ends its ARGV with the same four values: the
+-- webhook event ('' for none), the audit event, the notice channel and the notice ('' for
+-- none), and has as KEYS[2] the key's audit list, as KEYS[3] its webhook outbox, both in the
+-- key's own slot, and as KEYS[4] (not on a cluster) the index of keys with events to take.
+-- The event is appended only when the change happened, and the notice published, in the
+-- script itself: no change commits without its event and its notice.
 local function publish()
   if ARGV[#ARGV] ~= '' then
     redis.call('PUBLISH', ARGV[#ARGV - 1], ARGV[#ARGV])
@@ -11,10 +12,26 @@ end
 -- Each event is stored after the server's time in microseconds and a space: events of
 -- different keys live in different lists, and this puts them back in the order they were
 -- committed (the events of one change, such as a roll, share their own `time`).
+-- The webhook event goes to the key's outbox with that time and the key's fields as they
+-- are now, without its hash; the outbox lives a week after its last event.
 local function record()
   if ARGV[#ARGV - 2] ~= '' then
     local now = redis.call('TIME')
     local stamp = now[1] .. string.format('%06d', tonumber(now[2]))
     redis.call('RPUSH', KEYS[2], stamp .. ' ' .. ARGV[#ARGV - 2])
+    if ARGV[#ARGV - 3] ~= '' and KEYS[3] then
+      local fields = redis.call('HGETALL', KEYS[1])
+      local key = {}
+      for i = 1, #fields, 2 do
+        if fields[i] ~= 'secret_hash' then
+          key[fields[i]] = fields[i + 1]
+        end
+      end
+      redis.call('RPUSH', KEYS[3], cjson.encode({stamp, ARGV[#ARGV - 3], key}))
+      redis.call('EXPIRE', KEYS[3], 604800)
+      if KEYS[4] then
+        redis.call('ZINCRBY', KEYS[4], 1, key['id'])
+      end
+    end
   end
 end

@@ -6,7 +6,7 @@ if not current then
   return false
 end
 if current ~= ARGV[1] then
-  for i = 3, #ARGV - 3 do
+  for i = 3, #ARGV - 4 do
     if ARGV[i] == current then
       if ARGV[1] == 'revoked' then
         redis.call('HSET', KEYS[1], 'state', ARGV[1], 'revoked_at', ARGV[2])

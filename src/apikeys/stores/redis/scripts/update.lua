@@ -11,7 +11,7 @@ if state ~= 'revoked' then
   for i = 2, 1 + 2 * sets, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   end
-  for i = 2 + 2 * sets, #ARGV - 3 do
+  for i = 2 + 2 * sets, #ARGV - 4 do
     redis.call('HDEL', KEYS[1], ARGV[i])
   end
   record()
