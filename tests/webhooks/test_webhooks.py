@@ -18,6 +18,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 import apikeys.channels.sqlite as sqlite_channel
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
+from apikeys.stores.redis import RedisStore
 from apikeys.stores.sql import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
@@ -256,3 +257,19 @@ async def test_key_expiring_is_sent_once_per_key_notice_and_expiry(
     # A new expiry is a new window: its notices are sent again.
     await manager.update(later.record.id, expires_in=timedelta(days=5))
     assert await hooks.expiring(utcnow()) == 1
+
+
+async def test_a_cluster_outbox_left_out_of_the_index_is_found_by_the_sweep(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    if not isinstance(store, RedisStore) or store.deployment != "cluster":
+        pytest.skip("only a Redis Cluster counts an outbox after the change's script")
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    created = await manager.create(name="a", full_access=True)
+    # As if the process that made the change died before it counted the key's outbox.
+    assert await store.client.zrem(store.outbox_index_name, created.record.id) == 1
+    assert await hooks.take(utcnow()) == 0
+    await hooks.expiring(utcnow())
+    assert await hooks.take(utcnow()) == 1
+    assert [d.event for d in await hooks.deliveries()] == ["key.created"]
