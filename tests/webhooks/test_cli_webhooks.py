@@ -49,6 +49,6 @@ def test_bad_input_is_refused_with_a_clear_status(tmp_path: Path) -> None:
 
 
 def test_a_store_without_webhooks_says_so() -> None:
-    result = run("memory://", "list")
+    result = run("sqlite:///:memory:", "list")
     assert result.exit_code == 1
     assert "keeps no webhooks" in result.output

@@ -13,6 +13,8 @@ MODULES = [
     "apikeys.webhooks.base",
     "apikeys.webhooks.delivery",
     "apikeys.webhooks.events",
+    "apikeys.webhooks.memory",
+    "apikeys.webhooks.redis",
     "apikeys.webhooks.signing",
     "apikeys.webhooks.sql",
 ]

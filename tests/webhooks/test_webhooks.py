@@ -63,6 +63,7 @@ def test_during_an_overlap_both_secrets_verify() -> None:
 
 @pytest.fixture(
     params=[
+        STORES[0],
         pytest.param("sqlite", marks=pytest.mark.sqlite, id="sqlite"),
         pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
         *STORES[3:],

@@ -26,6 +26,7 @@ from apikeys.types import (
     StoredState,
     UsageDelta,
 )
+from apikeys.webhooks.memory import MemoryWebhooks
 
 __all__ = ["MemoryStore"]
 
@@ -79,6 +80,7 @@ class MemoryStore(KeyStore):
         self._settings: dict[str, str] = {}
         # one-time token -> (deadline on time.monotonic(), value), oldest first
         self._once: dict[str, tuple[float, str]] = {}
+        self._webhooks = MemoryWebhooks(self)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -110,9 +112,12 @@ class MemoryStore(KeyStore):
             self._settings[name] = recorded = value
         return recorded
 
-    def _record(self, event: AuditEvent | None) -> None:
+    def _record(self, event: AuditEvent | None, record: KeyRecord) -> None:
+        """Keep the audit event of a change, and its webhook event with `record`, the key
+        as the change left it."""
         if event is not None:
             self._audit.append(event)
+            self._webhooks.log(event, record)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         key_id = stored.record.id
@@ -120,7 +125,12 @@ class MemoryStore(KeyStore):
             raise DuplicateKeyId(key_id)
         self._keys[key_id] = stored
         self._by_workspace.setdefault(stored.record.workspace, {})[key_id] = None
-        self._record(event)
+        self._record(event, stored.record)
+
+    def webhooks(self) -> MemoryWebhooks:
+        """Webhooks kept in the process (`apikeys.webhooks.memory`): for a single-process
+        app and for tests."""
+        return self._webhooks
 
     async def get(self, key_id: str) -> StoredKey | None:
         return self._current(key_id)
@@ -179,8 +189,9 @@ class MemoryStore(KeyStore):
         if record.state == state or record.state not in allowed_from:
             return record
         revoked_at = at if state == REVOKED else record.revoked_at
-        self._record(event)
-        return self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
+        record = self._put_record(stored, replace(record, state=state, revoked_at=revoked_at))
+        self._record(event, record)
+        return record
 
     async def shorten_expiry(
         self,
@@ -199,9 +210,11 @@ class MemoryStore(KeyStore):
             record = replace(record, expires_at=expires_at)
         if replaced_by is not None:
             record = replace(record, replaced_by=replaced_by)
-        if record != stored.record:
-            self._record(event)
-        return self._put_record(stored, record)
+        changed = record != stored.record
+        record = self._put_record(stored, record)
+        if changed:
+            self._record(event, record)
+        return record
 
     async def update(
         self,
@@ -215,8 +228,9 @@ class MemoryStore(KeyStore):
         record = stored.record
         if record.state == REVOKED or not changes:
             return record
-        self._record(event)
-        return self._put_record(stored, replace(record, **changes))
+        record = self._put_record(stored, replace(record, **changes))
+        self._record(event, record)
+        return record
 
     async def spend_credits(
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
@@ -266,7 +280,7 @@ class MemoryStore(KeyStore):
         if stored is None or stored.secret_hash != old_hash:
             return False
         self._keys[key_id] = replace(stored, secret_hash=new_hash)
-        self._record(event)
+        self._record(event, stored.record)
         return True
 
     async def audit(

@@ -14,7 +14,13 @@ from typing import Any, Final, cast
 from apikeys.policies import load_metadata
 from apikeys.types import KeyRecord, StoredState, isoformat
 
-__all__ = ["EVENT_TYPES", "EXPIRING_NOTICES", "event_body", "record_from_snapshot"]
+__all__ = [
+    "EVENT_OF_ACTION",
+    "EVENT_TYPES",
+    "EXPIRING_NOTICES",
+    "event_body",
+    "record_from_snapshot",
+]
 
 EVENT_TYPES: Final = (
     "key.created",
@@ -28,6 +34,18 @@ EVENT_TYPES: Final = (
     "key.usage_threshold",
 )
 """Every event an endpoint can ask for (all of them by default)."""
+
+EVENT_OF_ACTION: Final[Mapping[str, str]] = {
+    "created": "key.created",
+    "updated": "key.updated",
+    "disabled": "key.disabled",
+    "enabled": "key.enabled",
+    "rolled": "key.rolled",
+    "revoked": "key.revoked",
+    "leak_revoked": "key.revoked",
+}
+"""The event of a change, by its audit action, for the stores that have no change log of
+triggers (Redis, memory). A re-hash is none."""
 
 EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
 """How long before a key expires `key.expiring` is sent (once for each)."""

@@ -138,22 +138,13 @@ from apikeys.types import (
     StoredState,
     UsageDelta,
 )
+from apikeys.webhooks.events import EVENT_OF_ACTION
 
 if TYPE_CHECKING:
     from apikeys.webhooks.redis import RedisWebhooks
 
-__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "WEBHOOK_EVENTS", "RedisStore"]
+__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
 
-WEBHOOK_EVENTS: Final[Mapping[str, str]] = {
-    "created": "key.created",
-    "updated": "key.updated",
-    "disabled": "key.disabled",
-    "enabled": "key.enabled",
-    "rolled": "key.rolled",
-    "revoked": "key.revoked",
-    "leak_revoked": "key.revoked",
-}
-"""The webhook event of each audit action (a re-hash is none)."""
 
 DEFAULT_KEY_PREFIX = "apikeys:"
 
@@ -904,7 +895,7 @@ class RedisStore(KeyStore):
     def _tail(self, event: AuditEvent | None, notice: str | None) -> tuple[str, str, str, str]:
         """The last ARGV of every change script: the webhook event, the audit event, the
         notice channel, the notice."""
-        hook = "" if event is None else WEBHOOK_EVENTS.get(event.action, "")
+        hook = "" if event is None else EVENT_OF_ACTION.get(event.action, "")
         return hook, _event(event), notices_channel(self._prefix), notice or ""
 
     def channel(self) -> RedisChannel | RedisClusterChannel:

@@ -1,0 +1,247 @@
+"""Webhooks on the memory store: the outbox, endpoints and deliveries in the process.
+
+The store appends each change's event with the key's record (`log`) in the same step as the
+change, while an endpoint exists (without one, nothing would ever take it). Every method
+runs without awaiting anything, so each is atomic on its event loop, as the store's own.
+It all lives and dies with the process: for a single-process app and for tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from apikeys.types import AuditEvent, KeyRecord
+from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
+from apikeys.webhooks.events import EVENT_OF_ACTION, EXPIRING_NOTICES, event_body
+
+if TYPE_CHECKING:
+    from apikeys.stores.memory import MemoryStore
+
+__all__ = ["MemoryWebhooks"]
+
+
+@dataclass(slots=True)
+class _Entry:
+    seq: int
+    event: str
+    at: datetime
+    record: KeyRecord
+
+
+@dataclass(slots=True)
+class _Held:
+    delivery: Delivery
+    order: int
+    body: bytes
+    holder: str | None = None
+    lease_until: datetime | None = None
+
+
+class MemoryWebhooks(WebhookStore):
+    """The webhook side of a `MemoryStore` (see the module doc)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._seq = 0
+        self._log: list[_Entry] = []
+        self._endpoints: dict[str, Endpoint] = {}
+        self._taken: dict[str, int] = {}
+        self._deliveries: dict[str, _Held] = {}
+
+    def log(self, event: AuditEvent, record: KeyRecord) -> None:
+        """Keep the webhook event of the change `event` made, with `record` as it left the
+        key (the store calls this in the change's own step)."""
+        kind = EVENT_OF_ACTION.get(event.action)
+        if kind is None or not self._endpoints:
+            return
+        self._seq += 1
+        self._log.append(_Entry(self._seq, kind, event.time, record))
+
+    async def add_endpoint(self, endpoint: Endpoint) -> None:
+        self._endpoints[endpoint.id] = endpoint
+        self._taken[endpoint.id] = self._seq
+
+    async def endpoints(self) -> list[Endpoint]:
+        return sorted(self._endpoints.values(), key=lambda item: (item.created_at, item.id))
+
+    async def remove_endpoint(self, endpoint_id: str) -> bool:
+        if self._endpoints.pop(endpoint_id, None) is None:
+            return False
+        del self._taken[endpoint_id]
+        for delivery_id, held in list(self._deliveries.items()):
+            if held.delivery.webhook_id == endpoint_id:
+                del self._deliveries[delivery_id]
+        return True
+
+    async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
+        endpoint = self._endpoints.get(endpoint_id)
+        if endpoint is None:
+            return False
+        self._endpoints[endpoint_id] = replace(
+            endpoint, secret=secret, previous_secret=endpoint.secret, previous_until=overlap_until
+        )
+        return True
+
+    def _make(
+        self,
+        delivery_id: str,
+        endpoint_id: str,
+        key_id: str,
+        event: str,
+        *,
+        now: datetime,
+        order: int,
+        body: bytes,
+    ) -> bool:
+        if delivery_id in self._deliveries:
+            return False
+        self._deliveries[delivery_id] = _Held(
+            Delivery(
+                id=delivery_id,
+                webhook_id=endpoint_id,
+                key_id=key_id,
+                event=event,
+                status="pending",
+                attempts=0,
+                created_at=now,
+                next_attempt_at=now,
+                last_attempt_at=None,
+                last_status=None,
+                last_error=None,
+            ),
+            order,
+            body,
+        )
+        return True
+
+    async def take(self, now: datetime, limit: int = 500) -> int:
+        made = 0
+        for endpoint in self._endpoints.values():
+            mark = self._taken[endpoint.id]
+            for entry in self._log:
+                if entry.seq <= mark or not endpoint.wants(entry.event, entry.record.workspace):
+                    continue
+                made += self._make(
+                    "msg_" + secrets.token_hex(12),
+                    endpoint.id,
+                    entry.record.id,
+                    entry.event,
+                    now=now,
+                    order=entry.seq,
+                    body=event_body(entry.event, entry.at, entry.record),
+                )
+            self._taken[endpoint.id] = self._seq
+        self._log.clear()  # every endpoint took it all
+        return made
+
+    async def expiring(self, now: datetime) -> int:
+        wanting = [
+            endpoint
+            for endpoint in self._endpoints.values()
+            if not endpoint.events or "key.expiring" in endpoint.events
+        ]
+        made = 0
+        for record in await self._store.list():
+            if record.state == "revoked" or record.expires_at is None:
+                continue
+            if not now < record.expires_at <= now + max(EXPIRING_NOTICES):
+                continue
+            for endpoint in wanting:
+                if endpoint.workspace is not None and endpoint.workspace != record.workspace:
+                    continue
+                for notice in EXPIRING_NOTICES:
+                    if record.expires_at - now > notice:
+                        continue
+                    # One id per endpoint, key, notice and expiry (as on SQL and Redis).
+                    days = notice.days
+                    window = f"{endpoint.id}|{record.id}|{days}|{record.expires_at}"
+                    made += self._make(
+                        "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
+                        endpoint.id,
+                        record.id,
+                        "key.expiring",
+                        now=now,
+                        order=self._seq,
+                        body=event_body("key.expiring", now, record, expires_in_days=days),
+                    )
+        return made
+
+    async def claim(
+        self, holder: str, now: datetime, lease_until: datetime, limit: int
+    ) -> list[Claimed]:
+        pending = sorted(
+            (held for held in self._deliveries.values() if held.delivery.status == "pending"),
+            key=lambda held: held.order,
+        )
+        first: dict[tuple[str, str], _Held] = {}
+        for held in pending:
+            first.setdefault((held.delivery.webhook_id, held.delivery.key_id), held)
+        claimed: list[Claimed] = []
+        for held in first.values():
+            if len(claimed) == limit:
+                break
+            free = held.lease_until is None or held.lease_until < now
+            if held.delivery.next_attempt_at <= now and free:
+                held.holder, held.lease_until = holder, lease_until
+                delivery = held.delivery
+                claimed.append(
+                    Claimed(
+                        id=delivery.id,
+                        webhook_id=delivery.webhook_id,
+                        body=held.body,
+                        attempts=delivery.attempts,
+                        created_at=delivery.created_at,
+                    )
+                )
+        return claimed
+
+    async def finish(
+        self,
+        delivery_id: str,
+        holder: str,
+        *,
+        now: datetime,
+        status: DeliveryStatus,
+        next_attempt_at: datetime,
+        response: int | None,
+        error: str | None,
+    ) -> None:
+        held = self._deliveries.get(delivery_id)
+        if held is None or held.holder != holder:
+            return
+        held.delivery = replace(
+            held.delivery,
+            status=status,
+            attempts=held.delivery.attempts + 1,
+            last_attempt_at=now,
+            next_attempt_at=next_attempt_at,
+            last_status=response,
+            last_error=None if error is None else error[:200],
+        )
+        held.holder = held.lease_until = None
+
+    async def deliveries(
+        self, *, status: DeliveryStatus | None = None, limit: int = 100
+    ) -> list[Delivery]:
+        listed = sorted(
+            self._deliveries.values(),
+            key=lambda held: (held.order, held.delivery.webhook_id),
+            reverse=True,
+        )
+        return [
+            held.delivery for held in listed if status is None or held.delivery.status == status
+        ][:limit]
+
+    async def replay(self, delivery_id: str, now: datetime) -> bool:
+        held = self._deliveries.get(delivery_id)
+        if held is None:
+            return False
+        held.delivery = replace(
+            held.delivery, status="pending", created_at=now, next_attempt_at=now
+        )
+        held.holder = held.lease_until = None
+        return True
