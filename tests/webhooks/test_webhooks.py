@@ -274,3 +274,53 @@ async def test_a_cluster_outbox_left_out_of_the_index_is_found_by_the_sweep(
     await hooks.expiring(utcnow())
     assert await hooks.take(utcnow()) == 1
     assert [d.event for d in await hooks.deliveries()] == ["key.created"]
+
+
+async def test_key_usage_threshold_is_sent_once_per_threshold_and_refill_period(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.usage_threshold"])
+    metered = await manager.create(name="metered", full_access=True, credit_refill="100/day")
+    await manager.create(name="one-off", full_access=True, credits=10)  # no refill: none
+    await manager.create(name="unlimited", full_access=True)
+    assert await hooks.usage_thresholds(utcnow()) == 0
+    sent: list[tuple[int, int]] = []
+    for spend, reached in ((79, 0), (1, 1), (5, 0), (5, 1), (9, 0), (1, 1)):
+        record = await manager.get(metered.record.id)
+        assert await manager.spend_credits(record, spend) is not None
+        assert await hooks.usage_thresholds(utcnow()) == reached
+        assert await hooks.usage_thresholds(utcnow()) == 0  # once, whoever looks again
+    now = utcnow()
+    for item in await hooks.claim("test", now, now + timedelta(minutes=1), 10):
+        body = json.loads(item.body)
+        assert body["type"] == "key.usage_threshold"
+        assert body["data"]["key"]["id"] == metered.record.id
+        sent.append((body["data"]["threshold"], body["data"]["used"]))
+        await hooks.finish(
+            item.id,
+            "test",
+            now=now,
+            status="delivered",
+            next_attempt_at=now,
+            response=200,
+            error=None,
+        )
+    for _ in range(2):
+        now = utcnow()
+        for item in await hooks.claim("test", now, now + timedelta(minutes=1), 10):
+            body = json.loads(item.body)
+            sent.append((body["data"]["threshold"], body["data"]["used"]))
+            await hooks.finish(
+                item.id,
+                "test",
+                now=now,
+                status="delivered",
+                next_attempt_at=now,
+                response=200,
+                error=None,
+            )
+    assert sorted(sent) == [(80, 80), (90, 90), (100, 100)]
+    jumping = await manager.create(name="jumping", full_access=True, credit_refill="100/day")
+    assert await manager.spend_credits(jumping.record, 95) == 5
+    assert await hooks.usage_thresholds(utcnow()) == 2  # the 80 and the 90 together

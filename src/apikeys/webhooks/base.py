@@ -128,6 +128,13 @@ class WebhookStore(abc.ABC):
         """Make a `key.expiring` delivery for each key that expires within a notice of
         `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made."""
 
+    async def usage_thresholds(self, now: datetime) -> int:
+        """Make a `key.usage_threshold` delivery for each threshold of `USAGE_THRESHOLDS`
+        a key with a credit refill has reached in its current period (`crossed_thresholds`),
+        once per endpoint, key, threshold and period; the number made. None by default (a
+        store of your own works unchanged)."""
+        return 0
+
     @abc.abstractmethod
     async def claim(
         self, holder: str, now: datetime, lease_until: datetime, limit: int

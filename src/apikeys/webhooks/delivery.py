@@ -42,7 +42,8 @@ class DeliveryOptions:
     - `timeout`: seconds an endpoint has to answer (10);
     - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
     - `batch`: deliveries leased per round (20);
-    - `check_interval`: seconds between looks for keys about to expire (60).
+    - `check_interval`: seconds between looks for keys about to expire or past a usage
+      threshold (60).
     """
 
     poll_interval: float = 1.0
@@ -138,6 +139,7 @@ class Deliverer:
         await self.store.take(now)
         if time.monotonic() - self._checked >= self.options.check_interval:
             await self.store.expiring(now)
+            await self.store.usage_thresholds(now)
             self._checked = time.monotonic()
         claimed = await self.store.claim(
             self.holder,

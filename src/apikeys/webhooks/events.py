@@ -11,13 +11,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
-from apikeys.policies import load_metadata
+from apikeys.policies import load_metadata, parse_refill
 from apikeys.types import KeyRecord, StoredState, isoformat
 
 __all__ = [
     "EVENT_OF_ACTION",
     "EVENT_TYPES",
     "EXPIRING_NOTICES",
+    "USAGE_THRESHOLDS",
+    "crossed_thresholds",
     "event_body",
     "record_from_snapshot",
 ]
@@ -49,6 +51,10 @@ triggers (Redis, memory). A re-hash is none."""
 
 EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
 """How long before a key expires `key.expiring` is sent (once for each)."""
+
+USAGE_THRESHOLDS: Final = (80, 90, 100)
+"""The percentages of a key's credits per refill period at which `key.usage_threshold` is
+sent (once each, per period)."""
 
 _TIMES: Final = ("created_at", "expires_at", "last_used_at", "revoked_at", "credits_refilled_at")
 
@@ -104,3 +110,24 @@ def event_body(event: str, at: datetime, record: KeyRecord, **extra: Any) -> byt
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
+
+
+def crossed_thresholds(record: KeyRecord, now: datetime) -> list[tuple[int, dict[str, Any]]]:
+    """The thresholds of `USAGE_THRESHOLDS` a key with credits and a refill has reached in
+    the refill period `now` is in, each with the `data` of its `key.usage_threshold` event
+    (`threshold`, `used`, `granted`, `period_start`). A key without a refill has none: a
+    store keeps its balance, not what was granted."""
+    refill = parse_refill(record.credit_refill) if record.credit_refill else None
+    if refill is None or record.credits is None or refill.amount <= 0:
+        return []
+    start = refill.period_start(now)
+    refilled = record.credits_refilled_at
+    if refilled is None or refilled < start:
+        return []  # not spent from yet this period: its next spend refills it first
+    used = max(0, refill.amount - record.credits)
+    extra = {"used": used, "granted": refill.amount, "period_start": isoformat(start)}
+    return [
+        (threshold, {"threshold": threshold, **extra})
+        for threshold in USAGE_THRESHOLDS
+        if used * 100 >= threshold * refill.amount
+    ]

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from apikeys.types import AuditEvent, KeyRecord
 from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import EVENT_OF_ACTION, EXPIRING_NOTICES, event_body
+from apikeys.webhooks.events import (
+    EVENT_OF_ACTION,
+    EXPIRING_NOTICES,
+    crossed_thresholds,
+    event_body,
+)
 
 if TYPE_CHECKING:
     from apikeys.stores.memory import MemoryStore
@@ -167,6 +172,33 @@ class MemoryWebhooks(WebhookStore):
                         now=now,
                         order=self._seq,
                         body=event_body("key.expiring", now, record, expires_in_days=days),
+                    )
+        return made
+
+    async def usage_thresholds(self, now: datetime) -> int:
+        wanting = [
+            endpoint
+            for endpoint in self._endpoints.values()
+            if not endpoint.events or "key.usage_threshold" in endpoint.events
+        ]
+        made = 0
+        for record in await self._store.list() if wanting else []:
+            if record.state == "revoked":
+                continue
+            for threshold, data in crossed_thresholds(record, now):
+                for endpoint in wanting:
+                    if endpoint.workspace not in (None, record.workspace):
+                        continue
+                    # One id per endpoint, key, threshold and refill period (as on SQL).
+                    window = f"{endpoint.id}|{record.id}|{threshold}%|{data['period_start']}"
+                    made += self._make(
+                        "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
+                        endpoint.id,
+                        record.id,
+                        "key.usage_threshold",
+                        now=now,
+                        order=self._seq,
+                        body=event_body("key.usage_threshold", now, record, **data),
                     )
         return made
 

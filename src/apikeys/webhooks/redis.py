@@ -29,7 +29,7 @@ from typing import Any, cast
 
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
 from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import EXPIRING_NOTICES, event_body
+from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
 
 __all__ = ["RedisWebhooks"]
 
@@ -230,6 +230,53 @@ class RedisWebhooks(WebhookStore):
                         "key.expiring",
                         event_body("key.expiring", now, record, expires_in_days=days).decode(),
                         str(order),
+                    ]
+        return await self._make(now, values)
+
+    async def usage_thresholds(self, now: datetime) -> int:
+        store = self._store
+        rows = [
+            endpoint
+            for endpoint, _ in await self._endpoint_rows()
+            if not endpoint.events or "key.usage_threshold" in endpoint.events
+        ]
+        if not rows:
+            return 0
+        async with store._calls():
+            client = store._client
+            ids = cast("list[str]", await client.zrange(store.all_index_name, 0, -1))
+            async with client.pipeline(transaction=False) as pipe:
+                for key_id in ids:
+                    pipe.hmget(store.key_name(key_id), "state", "credits", "credit_refill")
+                replies = await pipe.execute()
+            refilled = [
+                key_id
+                for key_id, (state, credits, refill) in zip(ids, replies, strict=True)
+                if state not in (None, "revoked") and credits is not None and refill
+            ]
+            if not refilled:
+                return 0
+            async with client.pipeline(transaction=False) as pipe:
+                for key_id in refilled:
+                    pipe.hgetall(store.key_name(key_id))
+                hashes: list[dict[str, str]] = await pipe.execute()
+        values: list[str] = []
+        for fields in hashes:
+            if not fields:
+                continue
+            record = _decode(fields).record
+            for threshold, data in crossed_thresholds(record, now):
+                for endpoint in rows:
+                    if endpoint.workspace not in (None, record.workspace):
+                        continue
+                    # One id per endpoint, key, threshold and refill period (as on SQL).
+                    values += [
+                        _delivery_id(endpoint.id, record.id, f"{threshold}%", data["period_start"]),
+                        endpoint.id,
+                        record.id,
+                        "key.usage_threshold",
+                        event_body("key.usage_threshold", now, record, **data).decode(),
+                        str(_micros(now)),
                     ]
         return await self._make(now, values)
 

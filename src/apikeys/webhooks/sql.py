@@ -28,7 +28,12 @@ from apikeys.stores.sql_schema import (
     webhooks_table,
 )
 from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import EXPIRING_NOTICES, event_body, record_from_snapshot
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    crossed_thresholds,
+    event_body,
+    record_from_snapshot,
+)
 
 __all__ = ["SQLWebhooks"]
 
@@ -367,6 +372,53 @@ class SQLWebhooks(WebhookStore):
             made = 0
             for value in values:
                 made += (await conn.execute(insert.values(value))).rowcount or 0
+            return made
+
+        return await self._run(work)
+
+    async def usage_thresholds(self, now: datetime) -> int:
+        hooks, keys, d = self._hooks, self._keys, self._deliveries
+        insert = (
+            postgresql.insert(d) if self._postgres else sqlite.insert(d)
+        ).on_conflict_do_nothing()
+
+        async def work(conn: AsyncConnection) -> int:
+            wanting = [
+                row
+                for row in (await conn.execute(sa.select(hooks))).all()
+                if not json.loads(row.events) or "key.usage_threshold" in json.loads(row.events)
+            ]
+            if not wanting:
+                return 0
+            rows = await conn.execute(
+                sa.select(keys).where(
+                    keys.c.state != "revoked",
+                    keys.c.credits.is_not(None),
+                    keys.c.credit_refill.is_not(None),
+                )
+            )
+            made = 0
+            for row in rows:
+                record = record_from_snapshot(dict(row._mapping))
+                for threshold, data in crossed_thresholds(record, now):
+                    for endpoint in wanting:
+                        if endpoint.workspace not in (None, record.workspace):
+                            continue
+                        # One id per endpoint, key, threshold and refill period.
+                        window = f"{endpoint.id}|{record.id}|{threshold}%|{data['period_start']}"
+                        value = {
+                            "id": "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
+                            "webhook_id": endpoint.id,
+                            "key_id": record.id,
+                            "seq": endpoint.taken,
+                            "event": "key.usage_threshold",
+                            "body": event_body("key.usage_threshold", now, record, **data).decode(),
+                            "status": "pending",
+                            "attempts": 0,
+                            "created_at": now,
+                            "next_attempt_at": now,
+                        }
+                        made += (await conn.execute(insert.values(value))).rowcount or 0
             return made
 
         return await self._run(work)
