@@ -324,3 +324,29 @@ async def test_key_usage_threshold_is_sent_once_per_threshold_and_refill_period(
     jumping = await manager.create(name="jumping", full_access=True, credit_refill="100/day")
     assert await manager.spend_credits(jumping.record, 95) == 5
     assert await hooks.usage_thresholds(utcnow()) == 2  # the 80 and the 90 together
+
+
+async def test_a_leaked_key_is_key_leaked_or_key_revoked_to_an_endpoint_that_asks_only_for_that(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    every = await add_endpoint(hooks, "http://127.0.0.1:9/every")
+    revocations = await add_endpoint(hooks, "http://127.0.0.1:9/revoked", events=["key.revoked"])
+    leaks = await add_endpoint(hooks, "http://127.0.0.1:9/leaked", events=["key.leaked"])
+    leaked = await manager.create(name="leaked", full_access=True)
+    plain = await manager.create(name="plain", full_access=True)
+    await manager.revoke(leaked.record.id, leaked=True)
+    await manager.revoke(plain.record.id)
+    await hooks.take(utcnow())
+    made = {
+        (d.webhook_id, d.key_id, d.event)
+        for d in await hooks.deliveries()
+        if d.event != "key.created"
+    }
+    assert made == {
+        (every.id, leaked.record.id, "key.leaked"),
+        (every.id, plain.record.id, "key.revoked"),
+        (revocations.id, leaked.record.id, "key.revoked"),
+        (revocations.id, plain.record.id, "key.revoked"),
+        (leaks.id, leaked.record.id, "key.leaked"),
+    }

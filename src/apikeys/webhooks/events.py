@@ -20,6 +20,7 @@ __all__ = [
     "EXPIRING_NOTICES",
     "USAGE_THRESHOLDS",
     "crossed_thresholds",
+    "delivered_as",
     "event_body",
     "record_from_snapshot",
 ]
@@ -44,7 +45,7 @@ EVENT_OF_ACTION: Final[Mapping[str, str]] = {
     "enabled": "key.enabled",
     "rolled": "key.rolled",
     "revoked": "key.revoked",
-    "leak_revoked": "key.revoked",
+    "leak_revoked": "key.leaked",
 }
 """The event of a change, by its audit action, for the stores that have no change log of
 triggers (Redis, memory). A re-hash is none."""
@@ -131,3 +132,17 @@ def crossed_thresholds(record: KeyRecord, now: datetime) -> list[tuple[int, dict
         for threshold in USAGE_THRESHOLDS
         if used * 100 >= threshold * refill.amount
     ]
+
+
+def delivered_as(wanted: tuple[str, ...], event: str) -> str | None:
+    """The event an endpoint that asks for `wanted` (empty: every event) is sent for a
+    change that is `event`; None when it is sent none.
+
+    A key revoked because its secret leaked is `key.leaked`, sent as `key.revoked` to an
+    endpoint that asks for `key.revoked` but not `key.leaked`: one event per endpoint and
+    change, and no endpoint that follows revocations misses one."""
+    if not wanted or event in wanted:
+        return event
+    if event == "key.leaked" and "key.revoked" in wanted:
+        return "key.revoked"
+    return None

@@ -20,6 +20,7 @@ from apikeys.webhooks.events import (
     EVENT_OF_ACTION,
     EXPIRING_NOTICES,
     crossed_thresholds,
+    delivered_as,
     event_body,
 )
 
@@ -128,16 +129,19 @@ class MemoryWebhooks(WebhookStore):
         for endpoint in self._endpoints.values():
             mark = self._taken[endpoint.id]
             for entry in self._log:
-                if entry.seq <= mark or not endpoint.wants(entry.event, entry.record.workspace):
+                sent = delivered_as(endpoint.events, entry.event)
+                if entry.seq <= mark or sent is None:
+                    continue
+                if endpoint.workspace not in (None, entry.record.workspace):
                     continue
                 made += self._make(
                     "msg_" + secrets.token_hex(12),
                     endpoint.id,
                     entry.record.id,
-                    entry.event,
+                    sent,
                     now=now,
                     order=entry.seq,
-                    body=event_body(entry.event, entry.at, entry.record),
+                    body=event_body(sent, entry.at, entry.record),
                 )
             self._taken[endpoint.id] = self._seq
         self._log.clear()  # every endpoint took it all

@@ -29,7 +29,12 @@ from typing import Any, cast
 
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
 from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    crossed_thresholds,
+    delivered_as,
+    event_body,
+)
 
 __all__ = ["RedisWebhooks"]
 
@@ -149,14 +154,17 @@ class RedisWebhooks(WebhookStore):
                 at = _time(stamp)
                 assert at is not None
                 for endpoint, since in rows:
-                    if int(stamp) <= since or not endpoint.wants(event, record.workspace):
+                    sent = delivered_as(endpoint.events, event)
+                    if int(stamp) <= since or sent is None:
+                        continue
+                    if endpoint.workspace not in (None, record.workspace):
                         continue
                     values += [
-                        _delivery_id(endpoint.id, record.id, stamp, event),
+                        _delivery_id(endpoint.id, record.id, stamp, sent),
                         endpoint.id,
                         record.id,
-                        event,
-                        event_body(event, at, record).decode(),
+                        sent,
+                        event_body(sent, at, record).decode(),
                         stamp,
                     ]
         made = await self._make(now, values)

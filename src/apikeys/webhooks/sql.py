@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from apikeys.stores.sql_schema import (
+    audit_table,
     changes_table,
     keys_table,
     webhook_deliveries_table,
@@ -31,6 +32,7 @@ from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, W
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
     crossed_thresholds,
+    delivered_as,
     event_body,
     record_from_snapshot,
 )
@@ -58,6 +60,7 @@ class SQLWebhooks(WebhookStore):
         self._deliveries = webhook_deliveries_table(keys_table_name)
         self._changes = changes_table(keys_table_name)
         self._keys = keys_table(keys_table_name)
+        self._audit = audit_table(keys_table_name)
 
     async def _run(self, work: Callable[[AsyncConnection], Coroutine[Any, Any, _T]]) -> _T:
         return cast(_T, await self._run_work(work))
@@ -129,6 +132,7 @@ class SQLWebhooks(WebhookStore):
 
     async def take(self, now: datetime, limit: int = 500) -> int:
         hooks, changes, deliveries = self._hooks, self._changes, self._deliveries
+        audit = self._audit
 
         async def work(conn: AsyncConnection) -> int:
             # Lock every endpoint's row first: a concurrent `take` waits, then finds the
@@ -156,6 +160,24 @@ class SQLWebhooks(WebhookStore):
                 )
             ).all()
             end = entries[-1].seq if len(entries) == limit else newest
+            # A revocation is a leak's when the key's audit trail says so: it is written in
+            # the revocation's own transaction, and a key is revoked once.
+            revoked = {
+                record_from_snapshot(json.loads(entry.data)["key"]).id
+                for entry in entries
+                if entry.event == "key.revoked"
+            }
+            leaked: set[str] = set()
+            if revoked:
+                leaked = set(
+                    (
+                        await conn.execute(
+                            sa.select(audit.c.key_id).where(
+                                audit.c.key_id.in_(revoked), audit.c.action == "leak_revoked"
+                            )
+                        )
+                    ).scalars()
+                )
             made = 0
             for row in rows:
                 endpoint_events = tuple(json.loads(row.events))
@@ -165,7 +187,11 @@ class SQLWebhooks(WebhookStore):
                         continue
                     snapshot = json.loads(entry.data)
                     record = record_from_snapshot(snapshot["key"])
-                    if endpoint_events and entry.event not in endpoint_events:
+                    event = entry.event
+                    if event == "key.revoked" and record.id in leaked:
+                        event = "key.leaked"
+                    sent = delivered_as(endpoint_events, event)
+                    if sent is None:
                         continue
                     if row.workspace is not None and row.workspace != record.workspace:
                         continue
@@ -176,8 +202,8 @@ class SQLWebhooks(WebhookStore):
                             "webhook_id": row.id,
                             "key_id": record.id,
                             "seq": entry.seq,
-                            "event": entry.event,
-                            "body": event_body(entry.event, at, record).decode(),
+                            "event": sent,
+                            "body": event_body(sent, at, record).decode(),
                             "status": "pending",
                             "attempts": 0,
                             "created_at": now,
