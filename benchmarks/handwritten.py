@@ -20,6 +20,9 @@ The aim: at most 2.
 
 Run: `python benchmarks/handwritten.py [--rounds 30] [--per-round 3000] [--json FILE]`.
 `--rate-limit` gives the key several limits ("a=1000000000/second, b=1000000000/day").
+`--count` counts what the interpreter executes per request instead of timing it: bytecode
+instructions (`sys.settrace` opcode events), Python calls and calls into C
+(`sys.setprofile`). The counts do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -168,6 +171,76 @@ async def measure(rounds: int, per_round: int, rate_limit: str) -> dict[str, Any
     }
 
 
+async def _counted(call: Any, requests: int) -> dict[str, float]:
+    """Instructions, Python calls and C calls per request of `requests` calls of `call`."""
+    tally = {"instructions": 0, "python calls": 0, "C calls": 0}
+
+    def on_opcode(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            tally["instructions"] += 1
+        return on_opcode
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return on_opcode
+
+    def on_profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            tally["python calls"] += 1
+        elif event == "c_call":
+            tally["C calls"] += 1
+
+    sys.settrace(on_call)
+    sys.setprofile(on_profile)
+    try:
+        for _ in range(requests):
+            await call()
+    finally:
+        sys.setprofile(None)
+        sys.settrace(None)
+    return {kind: value / requests for kind, value in tally.items()}
+
+
+async def count(requests: int, rate_limit: str) -> dict[str, Any]:
+    """Bytecode instructions, Python calls and C calls per request of each app, and what the
+    hand-written check and the middleware add to bare: counts, not times."""
+    calls, manager = await build(rate_limit)
+    per: dict[str, dict[str, float]] = {}
+    try:
+        for name, call in calls.items():
+            for _ in range(50):  # caches filled, windows opened, first-call work done
+                await call()
+            per[name] = await _counted(call, requests)
+    finally:
+        await manager.aclose()
+    added = {
+        name: {kind: per[name][kind] - per["bare"][kind] for kind in per["bare"]}
+        for name in ("hand-written", "apikeys")
+    }
+    ratio = added["apikeys"]["instructions"] / added["hand-written"]["instructions"]
+    return {
+        "requests": requests,
+        "rate_limit": rate_limit,
+        "per_request": per,
+        "added": added,
+        "instruction_ratio": ratio,
+    }
+
+
+def report_count(result: dict[str, Any]) -> None:
+    print(
+        f"per request, counted over {result['requests']} requests (sys.settrace, "
+        f"sys.setprofile); rate limit {result['rate_limit']}"
+    )
+    kinds = list(result["per_request"]["bare"])
+    print(f"  {'':<24}" + "".join(f"{kind:>16}" for kind in kinds))
+    for name, values in result["per_request"].items():
+        print(f"  {name:<24}" + "".join(f"{values[kind]:16.1f}" for kind in kinds))
+    for name, values in result["added"].items():
+        print(f"  {name + ' adds':<24}" + "".join(f"{values[kind]:16.1f}" for kind in kinds))
+    print(f"  ratio of the added instructions: {result['instruction_ratio']:.2f}x")
+
+
 async def steps(rounds: int, per_round: int) -> dict[str, float]:
     """What each step of the middleware's request path costs: the CPU time per request of
     the middleware whole, then with one step at a time replaced by a stub that answers what
@@ -196,6 +269,8 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
     record = stored.record
     match = manager.hasher.verify(parts[2], stored.secret_hash)
     decision = app.limiter.hit_now(record.id, record.rate_limit)
+    assert decision is not None
+    counted = (decision.remaining, decision.reset_after)
     required = app.scopes.required("GET", PATH)
     originals = {
         "key format (split_key: regex, checksum)": (
@@ -216,14 +291,14 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
         "usage counting": (manager.usage_buffer, "record", lambda key_id: None),
         "rate limit (count and decision)": (
             app.limiter,
-            "hit_now",
-            lambda key_id, limit: decision,
+            "count_here",
+            lambda counter, amount, window: counted,
         ),
         "scope table lookup": (app.scopes, "required", lambda method, path: required),
         "verification whole (manager.verify_now)": (
             manager,
             "verify_now",
-            lambda token: record,
+            lambda token, count=True: record,
         ),
     }
 
@@ -295,7 +370,16 @@ if __name__ == "__main__":
     parser.add_argument("--rate-limit", default=UNLIMITED, help="the key's limit or limits")
     parser.add_argument("--json", type=Path, help="write the result here")
     parser.add_argument("--steps", action="store_true", help="what each step costs")
+    parser.add_argument(
+        "--count", action="store_true", help="instructions and calls per request, not time"
+    )
     args = parser.parse_args()
+    if args.count:
+        counted = asyncio.run(count(200, args.rate_limit))
+        report_count(counted)
+        if args.json:
+            args.json.write_text(json.dumps(counted, indent=2))
+        raise SystemExit(0)
     if args.steps:
         report_steps(asyncio.run(steps(args.rounds, args.per_round)))
         raise SystemExit(0)

@@ -163,6 +163,24 @@ def test_the_step_breakdown_runs() -> None:
         assert step in result.stdout
 
 
+def test_the_instruction_count_runs(tmp_path: Path) -> None:
+    out = tmp_path / "count.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/handwritten.py", "--count", "--json", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ratio of the added instructions" in result.stdout
+    counted = json.loads(out.read_text())
+    assert set(counted["per_request"]) == {"bare", "hand-written", "apikeys"}
+    assert counted["added"]["apikeys"]["instructions"] > 0
+
+
 @pytest.mark.sqlite
 @pytest.mark.slow
 def test_the_aims_of_issue_24_are_evaluated() -> None:

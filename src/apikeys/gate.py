@@ -28,7 +28,13 @@ from typing import Literal, NamedTuple
 from starlette.authentication import AuthCredentials, BaseUser
 
 from apikeys.addresses import Allowlist, client_address
-from apikeys.credentials import bearer_token, header_error, header_token, key_header
+from apikeys.credentials import (
+    MAX_AUTHORIZATION_LENGTH,
+    bearer_token,
+    header_error,
+    header_token,
+    key_header,
+)
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
@@ -66,9 +72,14 @@ class APIKeyUser(BaseUser):
     """`scope["user"]` for a request authenticated by a key: the key is the principal."""
 
     __slots__ = ("record",)
+    record: KeyRecord
 
     def __init__(self, record: KeyRecord) -> None:
-        self.record = record
+        object.__setattr__(self, "record", record)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # One per key version, shared by its requests (see Gate.admit_now): read-only.
+        raise AttributeError("an APIKeyUser cannot be changed")
 
     def __repr__(self) -> str:
         return f"APIKeyUser(id={self.record.id!r}, workspace={self.record.workspace!r})"
@@ -94,7 +105,11 @@ class APIKeyAuth(AuthCredentials):
     """`scope["auth"]`: its `scopes` understand `resource:*` grants and full access."""
 
     def __init__(self, scopes: GrantedScopes) -> None:
-        self.scopes = scopes
+        object.__setattr__(self, "scopes", scopes)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # One per key version, shared by its requests (see Gate.admit_now): read-only.
+        raise AttributeError("an APIKeyAuth cannot be changed")
 
 
 def _policy_name_text(name: str) -> str:
@@ -169,6 +184,23 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
             for status in decision.policies
         )
     )
+
+
+class _Prepared(NamedTuple):
+    """What `Gate.admit_now` needs of one version of a key, made at its first request:
+    the objects the request's scope gets, its grants, and its one limit's counter and
+    headers. `common` is False for a key `admit_now` leaves to `admit` (an address
+    allowlist, credits, several limits)."""
+
+    record: KeyRecord
+    common: bool
+    grants: GrantedScopes
+    auth: APIKeyAuth
+    user: APIKeyUser
+    counter: str
+    amount: int
+    window: int
+    shape: _OnePolicy | None
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -330,6 +362,128 @@ class Gate:
         self.trusted_proxies = trusted_proxies
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
         self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
+        # key id -> what admit_now needs of the key's latest version seen
+        self._prepared: dict[str, _Prepared] = {}
+
+    def admit_now(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers | None:
+        """`admit` for the common case, decided without an await; None for any other case,
+        having charged and counted nothing: then `await admit(scope, path, required)`.
+
+        The common case: the key's header holds one well-formed value; the manager holds
+        the key in its key cache (or its memory store) with a fast hash (`verify_now`);
+        the limiter counts in this process (`RateLimiter.counts_here`); the key has one
+        rate limit, no address allowlist and no credits; telemetry is off. The checks are
+        `admit`'s, in its order, without the layers between them: the key's format and
+        checksum, its peppered hash (compared in constant time), its state and expiry (all
+        in `verify_now`), its usage count, its limit and the two RateLimit headers, its
+        scopes. What can be made once per key version (its grants, `scope["auth"]` and
+        `scope["user"]`, its limit's counter and headers) is made at its first request.
+
+        Why a second body: it is the request path of nearly every request, and each layer
+        it skips (a coroutine, the header helpers, the limiter's decision object, two
+        objects per request) is a measurable share of the middleware's cost next to a
+        hand-written check (docs/performance.md). Everything it cannot decide at once, and
+        every malformed header, goes to `admit`, which decides the same way; a refusal it
+        makes (a wrong secret, a revoked key, a limit, a scope) is booked by `refused`
+        exactly as `admit` books it.
+        """
+        manager, limiter = self.manager, self.limiter
+        if not limiter.counts_here or manager.telemetry.active:
+            return None
+        record: KeyRecord | None = None
+        rate_headers: Headers | None = None
+        try:
+            # The key's header: exactly one, read as bearer_token / header_token read it.
+            header_name = self.header_name
+            value = None
+            for name, found in scope["headers"]:
+                if name == header_name:
+                    if value is not None:
+                        return None  # two: admit refuses
+                    value = found
+            if value is None:
+                return None
+            value = value.strip(b" \t")
+            if len(value) > MAX_AUTHORIZATION_LENGTH or not value.isascii():
+                return None
+            if self._bearer:
+                if value[:7].lower() != b"bearer ":
+                    return None
+                value = value[7:]
+            # Format, checksum, hash, state and expiry; the request is not counted yet.
+            record = manager.verify_now(value.decode("ascii"), count=False)
+            if record is None:
+                return None
+            key_id = record.id
+            prepared = self._prepared.get(key_id)
+            if prepared is None or prepared.record is not record:
+                prepared = self._prepare(record)
+            if not prepared.common:
+                return None
+            manager.usage_buffer.record(key_id)
+            remaining, reset_after = limiter.count_here(
+                prepared.counter, prepared.amount, prepared.window
+            )
+            shape = prepared.shape
+            assert shape is not None
+            rate_headers = [
+                shape.policy_header,
+                (
+                    b"ratelimit",
+                    b"%s%d;t=%d" % (shape.start, remaining if remaining > 0 else 0, reset_after),
+                ),
+            ]
+            if remaining < 0:
+                raise RateLimited(reset_after, (shape.name,))
+            # The scopes, as admit checks them.
+            grants = prepared.grants
+            table = self.scopes
+            if table is not None:
+                needed = table.required(scope.get("method", "GET"), path)
+                if needed is None:
+                    if not (grants.full_access or self.allow_unmapped):
+                        raise InsufficientScope(())
+                elif not grants.covers(needed):
+                    raise InsufficientScope(needed)
+            if required and not grants.covers(required):
+                raise InsufficientScope(required)
+        except AuthenticationError as exc:
+            raise self.refused(record, exc, rate_headers) from None
+        except Exception:
+            logger.exception("apikeys: unexpected error while authenticating; answering 503")
+            raise AuthUnavailable() from None
+        scope["apikey"] = record
+        scope["auth"] = prepared.auth
+        scope["user"] = prepared.user
+        return rate_headers
+
+    def _prepare(self, record: KeyRecord) -> _Prepared:
+        """What `admit_now` needs of this version of the key (see `_Prepared`)."""
+        grants = grants_for(record.scopes, record.access == "full")
+        limit = record.rate_limit
+        shape = self._shapes.get(limit) or self._shape(limit)
+        common = not record.allowed_ips and record.credits is None
+        counter, amount, window = "", 0, 0
+        one = shape if isinstance(shape, _OnePolicy) else None
+        if one is None:
+            common = False
+        else:
+            counter, amount, window = self.limiter.plan(record.id, limit)
+        prepared = _Prepared(
+            record,
+            common,
+            grants,
+            APIKeyAuth(grants),
+            APIKeyUser(record),
+            counter,
+            amount,
+            window,
+            one,
+        )
+        if len(self._prepared) >= 10_000:
+            self._prepared.clear()
+        self._prepared[record.id] = prepared
+        return prepared
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
         """Admit the request `scope` to `path` (the path the app routes on), or refuse it.
@@ -341,6 +495,14 @@ class Gate:
         `AuthenticationError` to answer with (its `headers` carry the `RateLimit` headers
         when the key got that far), counted as `refused` says; never anything else.
         """
+        decided = self.admit_now(scope, path, required)
+        if decided is not None:
+            return decided
+        return await self.admit_general(scope, path, required)
+
+    async def admit_general(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
+        """`admit` for every case, the common one included: what `admit` does when
+        `admit_now` cannot decide (a caller that has just asked `admit_now` calls this)."""
         record: KeyRecord | None = None
         rate_headers: Headers | None = None
         try:

@@ -143,7 +143,14 @@ def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
         if found is None:
             raise MalformedAPIKey()
         key_id, secret, given = found.groups()
-        if checksum(token[:-CHECKSUM_LENGTH]) != given:
+        # checksum(), written out: this runs on every request.
+        value = zlib.crc32(token[:-CHECKSUM_LENGTH].encode("ascii"))
+        pairs = _PAIRS
+        if (
+            pairs[value // _PAIR_BASE_SQUARED]
+            + pairs[value // _PAIR_BASE % _PAIR_BASE]
+            + pairs[value % _PAIR_BASE]
+        ) != given:
             raise MalformedAPIKey()
         return prefix, key_id, secret
     if not isinstance(token, str) or len(token) > MAX_KEY_LENGTH or not token.isascii():

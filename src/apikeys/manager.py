@@ -45,7 +45,7 @@ from apikeys.importing.foreign import (
     is_foreign_token,
     lookup_id,
 )
-from apikeys.keys import DEFAULT_PREFIX, generate_key, split_key, validate_prefix
+from apikeys.keys import DEFAULT_PREFIX, ID_LENGTH, generate_key, split_key, validate_prefix
 from apikeys.listing import (
     DEFAULT_PAGE_SIZE,
     KeyFilter,
@@ -80,6 +80,9 @@ from apikeys.usage import UsageBuffer, write_at_exit
 from apikeys.webhooks.delivery import Deliverer, DeliveryOptions
 
 __all__ = ["LIMITER_URL_ENV", "STORE_URL_ENV", "KeyManager", "check_usable", "refusal"]
+
+# Where a record's masked prefix ("{key_prefix}_{id}_…") ends its key prefix.
+_PREFIX_END = -ID_LENGTH - 3
 
 logger = logging.getLogger("apikeys")
 
@@ -1181,7 +1184,7 @@ class KeyManager:
         self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
         return record
 
-    def verify_now(self, token: str) -> KeyRecord | None:
+    def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:
         """`verify` when it need not wait: from the key cache, or an in-process store.
 
         Returns the record of the key `token` names, its request counted, when the key is
@@ -1190,6 +1193,8 @@ class KeyManager:
         read, the key is not found (an unknown id is checked against the decoy there), its
         hash moves to another scheme, or telemetry is on: then `await verify(token)`
         decides. The request path calls this first, to spare the awaits of a cached key.
+        `count=False` leaves the request uncounted: the caller counts it with
+        `usage_buffer.record(record.id)` once it has decided to go on without `verify`.
         """
         if self.telemetry.active or not self._verifies_now:
             return None
@@ -1209,7 +1214,9 @@ class KeyManager:
             if found is False:
                 return None
             stored = found
-        if stored is None or stored.record.key_prefix != prefix:
+        # The prefix is part of the key (see _verify); `prefix` is "{key_prefix}_{id}_…"
+        # and an id is ID_LENGTH long: the slice is KeyRecord.key_prefix, without its call.
+        if stored is None or stored.record.prefix[:_PREFIX_END] != prefix:
             return None
         verdict = self.hasher.verify_fast(secret, stored.secret_hash)
         if verdict is None:
@@ -1221,7 +1228,8 @@ class KeyManager:
             check_usable(record)
         if verdict.new_hash is not None or verdict.stale:
             return None
-        self.usage_buffer.record(key_id)
+        if count:
+            self.usage_buffer.record(key_id)
         return record
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:

@@ -177,8 +177,12 @@ class APIKeyMiddleware:
         if not path.startswith(self.protect) or path in self.public:
             await self.app(scope, receive, send)
             return
+        gate = self.gate
         try:
-            rate_headers = await self.gate.admit(scope, path)
+            # The common case without an await; admit decides every other (apikeys.gate).
+            rate_headers = gate.admit_now(scope, path)
+            if rate_headers is None:
+                rate_headers = await gate.admit_general(scope, path)
         except AuthenticationError as exc:
             await self._refuse(scope, send, exc)
             return

@@ -529,6 +529,16 @@ class RateLimiter:
                 end = await self._fetch_window_end(counter, now)
         return _decision(amount, window, count, end - now)
 
+    @property
+    def counts_here(self) -> bool:
+        """True when this limiter counts in this process (the memory storage, and no
+        subclass deciding otherwise): `count_here` then decides a request at once."""
+        return self._local is not None and self._decides_now
+
+    def plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
+        """`key_id`'s one policy of `limit` as `(counter, amount, window)`, made once."""
+        return self._plans.get((key_id, limit)) or self._plan(key_id, limit)
+
     def hit_now(self, key_id: str, limit: str | None = None) -> RateDecision | None:
         """`hit` when it need not wait: the in-process limiter always decides at once, and
         Redis' while this process holds units of the window it leased. None when Redis
@@ -543,36 +553,38 @@ class RateLimiter:
 
     def _decide_now(self, counter: str, amount: int, window: int) -> RateDecision | None:
         """One policy's decision when this process can make it alone, else None."""
-        local = self._local
-        if local is not None:
-            # The count of FixedWindowMemoryStorage.count, written out: it runs on every
-            # request.
-            now = time.time()
-            counts, ends = local.storage, local.expirations
-            end = ends.get(counter, 0.0)
-            if end > now:
-                count = counts[counter] + 1
-            else:
-                count = 1
-                end = ends[counter] = now + window
-                local.sweep_due(now)
-            # A refused request is charged nothing.
-            counts[counter] = count if count <= amount else count - 1
-            remaining = amount - count
-            # In-process, the window's end is known exactly: no second look-up, no rounding.
-            reset_after = math.ceil(end - now)
+        if self._local is not None:
+            remaining, reset_after = self.count_here(counter, amount, window)
             return RateDecision(
-                remaining >= 0,
-                amount,
-                window,
-                remaining if remaining > 0 else 0,
-                reset_after if reset_after > 1 else 1,
+                remaining >= 0, amount, window, remaining if remaining > 0 else 0, reset_after
             )
         if self._redis is not None:
             lease = self._slices.get(counter)
             if lease is not None:
                 return self._spend_lease(lease, amount, window, time.monotonic())
         return None
+
+    def count_here(self, counter: str, amount: int, window: int) -> tuple[int, int]:
+        """Charge one request to `counter` (a `plan`'s) in this process's windows, unless
+        that would pass `amount`: `(remaining, reset_after)`, `remaining` below 0 when
+        refused (and then nothing is charged). Only when `counts_here` is True."""
+        local = self._local
+        assert local is not None
+        # The count of FixedWindowMemoryStorage.count, written out: it runs on every request.
+        now = time.time()
+        counts, ends = local.storage, local.expirations
+        end = ends.get(counter, 0.0)
+        if end > now:
+            count = counts[counter] + 1
+        else:
+            count = 1
+            end = ends[counter] = now + window
+            local.sweep_due(now)
+        # A refused request is charged nothing.
+        counts[counter] = count if count <= amount else count - 1
+        # In-process, the window's end is known exactly: no second look-up, no rounding.
+        reset_after = math.ceil(end - now)
+        return amount - count, reset_after if reset_after > 1 else 1
 
     async def hit_policies(
         self, key_id: str, policies: str | Sequence[Policy] | None = None

@@ -1,0 +1,154 @@
+"""`Gate.admit_now`: the common case of `admit` decided without an await, the same way
+`admit_general` decides it; every other case left to `admit_general`, charged nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from apikeys import AuthenticationError, KeyManager, RateLimiter
+from apikeys.gate import APIKeyAuth, APIKeyUser, Gate
+
+PATH = "/api/v1/contacts"
+
+
+def _scope(token: str, method: str = "GET") -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": method,
+        "path": PATH,
+        "headers": [(b"authorization", f"Bearer {token}".encode())],
+        "client": ("10.0.0.1", 1234),
+    }
+
+
+def _gate(manager: KeyManager, limit: str = "5/minute") -> Gate:
+    return Gate(
+        manager,
+        limiter=RateLimiter(limit),
+        scopes={f"GET {PATH}": "contacts:read", f"POST {PATH}": "contacts:write"},
+    )
+
+
+def _admitted(manager: KeyManager, key_id: str) -> int:
+    return sum(
+        count
+        for (_, outcome), count in manager.usage_buffer.pending_daily(key_id).items()
+        if outcome == "admitted"
+    )
+
+
+async def test_the_common_case_is_admitted_as_admit_general_admits_it(
+    memory_manager: KeyManager,
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    fast_gate, general_gate = _gate(memory_manager), _gate(memory_manager)
+    fast, general = _scope(created.key), _scope(created.key)
+    headers = fast_gate.admit_now(fast, PATH)
+    assert headers is not None
+    assert headers == await general_gate.admit_general(general, PATH)
+    assert headers == [(b"ratelimit-policy", b'"default";q=5;w=60'), (b"ratelimit", headers[1][1])]
+    assert headers[1][1].startswith(b'"default";r=4;t=')
+    for key in ("apikey", "auth", "user"):
+        assert fast[key] == general[key] or key != "apikey"
+    assert fast["apikey"] == created.record
+    assert list(fast["auth"].scopes) == list(general["auth"].scopes) == ["contacts:read"]
+    assert fast["user"].identity == created.record.id
+    assert _admitted(memory_manager, created.record.id) == 2  # each request counted once
+
+
+async def test_refusals_are_the_same_and_booked_the_same(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"], rate_limit="1/minute")
+    for make_gate in (lambda: _gate(memory_manager), lambda: _gate(memory_manager)):
+        gate = make_gate()
+        assert gate.admit_now(_scope(created.key), PATH) is not None
+    # The scope: a POST needs contacts:write.
+    fast_gate, general_gate = _gate(memory_manager, "10/minute"), _gate(memory_manager, "10/minute")
+    scoped = await memory_manager.create(name="s", scopes=["contacts:read"])
+    with pytest.raises(AuthenticationError) as fast_refusal:
+        fast_gate.admit_now(_scope(scoped.key, "POST"), PATH)
+    with pytest.raises(AuthenticationError) as general_refusal:
+        await general_gate.admit_general(_scope(scoped.key, "POST"), PATH)
+    assert fast_refusal.value.code == general_refusal.value.code == "insufficient_scope"
+    assert fast_refusal.value.headers == general_refusal.value.headers
+    daily = memory_manager.usage_buffer.pending_daily(scoped.record.id)
+    assert sum(c for (_, o), c in daily.items() if o == "insufficient_scope") == 2
+    assert _admitted(memory_manager, scoped.record.id) == 0
+    # The rate limit: the key's own 1/minute, spent by the first request of each gate.
+    limited = _gate(memory_manager)
+    assert limited.admit_now(_scope(created.key), PATH) is not None
+    with pytest.raises(AuthenticationError) as refusal:
+        limited.admit_now(_scope(created.key), PATH)
+    assert refusal.value.code == "rate_limited"
+    assert (b"ratelimit-policy", b'"default";q=1;w=60') in refusal.value.headers
+    # A wrong secret: refused, with admit's error.
+    wrong = created.key[:-12] + ("A" if created.key[-12] != "A" else "B") + created.key[-11:]
+    with pytest.raises(AuthenticationError) as bad:
+        limited.admit_now(_scope(wrong), PATH)
+    assert bad.value.code in {"malformed_api_key", "invalid_api_key"}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"credits": 10},
+        {"allowed_ips": ["10.0.0.0/8"]},
+        {"rate_limits": {"burst": "5/second", "daily": "100/day"}},
+    ],
+)
+async def test_other_keys_are_left_to_admit_general_charged_nothing(
+    memory_manager: KeyManager, options: dict[str, Any]
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"], **options)
+    gate = _gate(memory_manager)
+    scope = _scope(created.key)
+    assert gate.admit_now(scope, PATH) is None
+    assert "apikey" not in scope
+    assert _admitted(memory_manager, created.record.id) == 0
+    headers = await gate.admit(scope, PATH)  # admit decides it, counted once
+    assert scope["apikey"] == created.record
+    assert any(name == b"ratelimit" for name, _ in headers)
+    assert _admitted(memory_manager, created.record.id) == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"authorization", b"Basic abc")],
+        [(b"authorization", b"Bearer a"), (b"authorization", b"Bearer b")],
+        [(b"authorization", "Bearer ключ".encode())],
+    ],
+)
+async def test_a_header_out_of_the_common_case_is_left_to_admit(
+    memory_manager: KeyManager, headers: list[tuple[bytes, bytes]]
+) -> None:
+    gate = _gate(memory_manager)
+    scope = {**_scope("x"), "headers": headers}
+    assert gate.admit_now(scope, PATH) is None
+    with pytest.raises(AuthenticationError):
+        await gate.admit(scope, PATH)
+
+
+async def test_telemetry_on_leaves_every_request_to_admit_general(
+    memory_manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    monkeypatch.setattr(memory_manager.telemetry, "active", True)
+    assert _gate(memory_manager).admit_now(_scope(created.key), PATH) is None
+
+
+async def test_the_shared_auth_and_user_are_read_only(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    gate = _gate(memory_manager)
+    first, second = _scope(created.key), _scope(created.key)
+    gate.admit_now(first, PATH)
+    gate.admit_now(second, PATH)
+    assert isinstance(first["auth"], APIKeyAuth)
+    assert isinstance(first["user"], APIKeyUser)
+    with pytest.raises(AttributeError):
+        first["auth"].scopes = ["admin:*"]
+    with pytest.raises(AttributeError):
+        first["user"].record = None
+    assert list(second["auth"].scopes) == ["contacts:read"]
