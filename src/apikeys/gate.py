@@ -186,6 +186,9 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
+_NO_POLICY = _OnePolicy("", (b"", b""), b"")
+
+
 class _Prepared(NamedTuple):
     """What `Gate.admit_now` needs of one version of a key, made at its first request:
     the objects the request's scope gets, its grants, and its one limit's counter and
@@ -197,10 +200,11 @@ class _Prepared(NamedTuple):
     grants: GrantedScopes
     auth: APIKeyAuth
     user: APIKeyUser
+    covered: dict[tuple[str, ...], bool]  # the scopes a route needs -> whether it has them
     counter: str
     amount: int
     window: int
-    shape: _OnePolicy | None
+    shape: _OnePolicy  # (a placeholder when not common)
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -364,6 +368,9 @@ class Gate:
         self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
         # key id -> what admit_now needs of the key's latest version seen
         self._prepared: dict[str, _Prepared] = {}
+        # (method, path) -> the scopes the route needs (None: no rule), for admit_now
+        self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
+        self._counts_here = limiter.counts_here
 
     def admit_now(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers | None:
         """`admit` for the common case, decided without an await; None for any other case,
@@ -387,8 +394,8 @@ class Gate:
         makes (a wrong secret, a revoked key, a limit, a scope) is booked by `refused`
         exactly as `admit` books it.
         """
-        manager, limiter = self.manager, self.limiter
-        if not limiter.counts_here or manager.telemetry.active:
+        manager = self.manager
+        if not self._counts_here or manager.telemetry.active:
             return None
         record: KeyRecord | None = None
         rate_headers: Headers | None = None
@@ -421,11 +428,10 @@ class Gate:
             if not prepared.common:
                 return None
             manager.usage_buffer.record(key_id)
-            remaining, reset_after = limiter.count_here(
+            remaining, reset_after = self.limiter.count_here(
                 prepared.counter, prepared.amount, prepared.window
             )
             shape = prepared.shape
-            assert shape is not None
             rate_headers = [
                 shape.policy_header,
                 (
@@ -435,17 +441,24 @@ class Gate:
             ]
             if remaining < 0:
                 raise RateLimited(reset_after, (shape.name,))
-            # The scopes, as admit checks them.
-            grants = prepared.grants
-            table = self.scopes
-            if table is not None:
-                needed = table.required(scope.get("method", "GET"), path)
+            # The scopes, as admit_general checks them; what a route needs is looked up
+            # once per route, and whether the key has it once per key version.
+            if self.scopes is not None:
+                route = (scope.get("method", "GET"), path)
+                try:
+                    needed = self._routes[route]
+                except KeyError:
+                    needed = self._route(route)
                 if needed is None:
-                    if not (grants.full_access or self.allow_unmapped):
+                    if not (prepared.grants.full_access or self.allow_unmapped):
                         raise InsufficientScope(())
-                elif not grants.covers(needed):
-                    raise InsufficientScope(needed)
-            if required and not grants.covers(required):
+                else:
+                    covered = prepared.covered.get(needed)
+                    if covered is None:
+                        covered = prepared.covered[needed] = prepared.grants.covers(needed)
+                    if not covered:
+                        raise InsufficientScope(needed)
+            if required and not prepared.grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
             raise self.refused(record, exc, rate_headers) from None
@@ -457,6 +470,15 @@ class Gate:
         scope["user"] = prepared.user
         return rate_headers
 
+    def _route(self, route: tuple[str, str]) -> tuple[str, ...] | None:
+        """What `route` (method, path) needs by the scope table, remembered for admit_now."""
+        assert self.scopes is not None
+        needed = self.scopes.required(*route)
+        if len(self._routes) >= 10_000:
+            self._routes.clear()
+        self._routes[route] = needed
+        return needed
+
     def _prepare(self, record: KeyRecord) -> _Prepared:
         """What `admit_now` needs of this version of the key (see `_Prepared`)."""
         grants = grants_for(record.scopes, record.access == "full")
@@ -464,8 +486,8 @@ class Gate:
         shape = self._shapes.get(limit) or self._shape(limit)
         common = not record.allowed_ips and record.credits is None
         counter, amount, window = "", 0, 0
-        one = shape if isinstance(shape, _OnePolicy) else None
-        if one is None:
+        one = shape if isinstance(shape, _OnePolicy) else _NO_POLICY
+        if one is _NO_POLICY:
             common = False
         else:
             counter, amount, window = self.limiter.plan(record.id, limit)
@@ -475,6 +497,7 @@ class Gate:
             grants,
             APIKeyAuth(grants),
             APIKeyUser(record),
+            {},
             counter,
             amount,
             window,
