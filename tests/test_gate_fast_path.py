@@ -86,27 +86,54 @@ async def test_refusals_are_the_same_and_booked_the_same(memory_manager: KeyMana
     assert bad.value.code in {"malformed_api_key", "invalid_api_key"}
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"credits": 10},
-        {"allowed_ips": ["10.0.0.0/8"]},
-        {"rate_limits": {"burst": "5/second", "daily": "100/day"}},
-    ],
-)
-async def test_other_keys_are_left_to_admit_general_charged_nothing(
-    memory_manager: KeyManager, options: dict[str, Any]
+async def test_a_key_with_credits_is_left_to_admit_general_charged_nothing(
+    memory_manager: KeyManager,
 ) -> None:
-    created = await memory_manager.create(name="k", scopes=["contacts:read"], **options)
+    created = await memory_manager.create(name="k", scopes=["contacts:read"], credits=10)
     gate = _gate(memory_manager)
     scope = _scope(created.key)
-    assert gate.admit_now(scope, PATH) is None
+    assert gate.admit_now(scope, PATH) is None  # credits are spent by an await
     assert "apikey" not in scope
     assert _admitted(memory_manager, created.record.id) == 0
     headers = await gate.admit(scope, PATH)  # admit decides it, counted once
     assert scope["apikey"] == created.record
-    assert any(name == b"ratelimit" for name, _ in headers)
+    assert any(name == b"ratelimit" and b'"credits";r=9' in value for name, value in headers)
     assert _admitted(memory_manager, created.record.id) == 1
+
+
+async def test_several_limits_and_an_allowlist_are_decided_as_admit_general_decides(
+    memory_manager: KeyManager,
+) -> None:
+    created = await memory_manager.create(
+        name="k",
+        scopes=["contacts:read"],
+        rate_limits={"burst": "2/minute", "daily": "100/day"},
+        allowed_ips=["10.0.0.0/8"],
+    )
+    fast_gate, general_gate = _gate(memory_manager), _gate(memory_manager)
+    for _ in range(2):
+        fast = fast_gate.admit_now(_scope(created.key), PATH)
+        assert fast is not None
+        assert fast == await general_gate.admit_general(_scope(created.key), PATH)
+    assert fast[0] == (b"ratelimit-policy", b'"burst";q=2;w=60, "daily";q=100;w=86400')
+    with pytest.raises(AuthenticationError) as fast_refusal:
+        fast_gate.admit_now(_scope(created.key), PATH)  # burst spent
+    with pytest.raises(AuthenticationError) as general_refusal:
+        await general_gate.admit_general(_scope(created.key), PATH)
+    refusals = [fast_refusal.value, general_refusal.value]
+    assert [refusal.code for refusal in refusals] == ["rate_limited", "rate_limited"]
+    assert refusals[0].headers == refusals[1].headers
+    # The address: checked before any charge, from another network refused by both.
+    elsewhere = {**_scope(created.key), "client": ("192.0.2.1", 1234)}
+    with pytest.raises(AuthenticationError) as fast_address:
+        fast_gate.admit_now(dict(elsewhere), PATH)
+    with pytest.raises(AuthenticationError) as general_address:
+        await general_gate.admit_general(dict(elsewhere), PATH)
+    assert fast_address.value.code == general_address.value.code == "ip_not_allowed"
+    daily = memory_manager.usage_buffer.pending_daily(created.record.id)
+    assert sum(c for (_, o), c in daily.items() if o == "ip_not_allowed") == 2
+    assert sum(c for (_, o), c in daily.items() if o == "rate_limited") == 2
+    assert _admitted(memory_manager, created.record.id) == 4
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,16 @@ closed, never a 500 and never an open door.
 `APIKeyMiddleware`, the Starlette backend, the FastAPI dependency and the Django classes
 are adapters around one `Gate`: they differ in where the request comes from and how the
 refusal is sent, never in what is checked or counted.
+
+The path has two bodies, side by side in `Gate`: `admit_general`, which decides every
+request, and `admit_now`, which decides the common one (a key the process holds with a
+fast hash, limits counted in this process, no credits, telemetry off) without an await and
+without the layers between the checks, and says None, having charged and counted nothing,
+for anything else. `admit` is the one, else the other. The second body exists because it
+runs on nearly every request and next to a hand-written check the layers were most of the
+middleware's cost (docs/performance.md measures it). It makes the same checks in the same
+order, with the same functions wherever one is called per request, and its refusals are
+booked by the same `refused`; tests/test_gate_fast_path.py holds the two to the same answers.
 """
 
 from __future__ import annotations
@@ -186,14 +196,11 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
-_NO_POLICY = _OnePolicy("", (b"", b""), b"")
-
-
 class _Prepared(NamedTuple):
     """What `Gate.admit_now` needs of one version of a key, made at its first request:
-    the objects the request's scope gets, its grants, and its one limit's counter and
-    headers. `common` is False for a key `admit_now` leaves to `admit` (an address
-    allowlist, credits, several limits)."""
+    the objects the request's scope gets, its grants, how its limits are shown, and its one
+    limit's counter. `common` is False for a key `admit_now` leaves to `admit_general`
+    (one with credits, which are spent by an await)."""
 
     record: KeyRecord
     common: bool
@@ -204,7 +211,7 @@ class _Prepared(NamedTuple):
     counter: str
     amount: int
     window: int
-    shape: _OnePolicy  # (a placeholder when not common)
+    shape: _OnePolicy | _PolicySet
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -428,19 +435,29 @@ class Gate:
             if not prepared.common:
                 return None
             manager.usage_buffer.record(key_id)
-            remaining, reset_after = self.limiter.count_here(
-                prepared.counter, prepared.amount, prepared.window
-            )
+            if record.allowed_ips:
+                check_address(scope, record, self.trusted_proxies)  # before any charge
             shape = prepared.shape
-            rate_headers = [
-                shape.policy_header,
-                (
-                    b"ratelimit",
-                    b"%s%d;t=%d" % (shape.start, remaining if remaining > 0 else 0, reset_after),
-                ),
-            ]
-            if remaining < 0:
-                raise RateLimited(reset_after, (shape.name,))
+            if shape.__class__ is _OnePolicy:
+                remaining, reset_after = self.limiter.count_here(
+                    prepared.counter, prepared.amount, prepared.window
+                )
+                rate_headers = [
+                    shape.policy_header,
+                    (
+                        b"ratelimit",
+                        b"%s%d;t=%d"
+                        % (shape.start, remaining if remaining > 0 else 0, reset_after),
+                    ),
+                ]
+                if remaining < 0:
+                    raise RateLimited(reset_after, (shape.name,))
+            else:
+                assert isinstance(shape, _PolicySet)
+                decisions = self.limiter.policies_here(key_id, record.rate_limit)
+                rate_headers = _policies_headers(decisions, shape)
+                if not decisions.allowed:
+                    raise RateLimited(decisions.retry_after, _violated(decisions, shape))
             # The scopes, as admit_general checks them; what a route needs is looked up
             # once per route, and whether the key has it once per key version.
             if self.scopes is not None:
@@ -484,16 +501,12 @@ class Gate:
         grants = grants_for(record.scopes, record.access == "full")
         limit = record.rate_limit
         shape = self._shapes.get(limit) or self._shape(limit)
-        common = not record.allowed_ips and record.credits is None
         counter, amount, window = "", 0, 0
-        one = shape if isinstance(shape, _OnePolicy) else _NO_POLICY
-        if one is _NO_POLICY:
-            common = False
-        else:
+        if isinstance(shape, _OnePolicy):
             counter, amount, window = self.limiter.plan(record.id, limit)
         prepared = _Prepared(
             record,
-            common,
+            record.credits is None,
             grants,
             APIKeyAuth(grants),
             APIKeyUser(record),
@@ -501,7 +514,7 @@ class Gate:
             counter,
             amount,
             window,
-            one,
+            shape,
         )
         if len(self._prepared) >= 10_000:
             self._prepared.clear()
@@ -509,7 +522,8 @@ class Gate:
         return prepared
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
-        """Admit the request `scope` to `path` (the path the app routes on), or refuse it.
+        """Admit the request `scope` to `path` (the path the app routes on), or refuse it:
+        `admit_now`, and `admit_general` when that cannot decide.
 
         `required` are scopes the key needs besides what the route table says (what an
         endpoint declares, say). Admitted: `scope["apikey"]` is the `KeyRecord`,

@@ -438,10 +438,18 @@ class RateLimiter:
     # False in a subclass that overrides `hit` but not `hit_now` (a test double that fails
     # or counts): `hit_now` then leaves every request to its `hit`.
     _decides_now: ClassVar[bool] = True
+    # False in a subclass that overrides how a request is charged: Gate.admit_now, which
+    # counts in this process's windows itself (count_here, policies_here), then steps aside.
+    _counts_here: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._decides_now = cls.hit is RateLimiter.hit or cls.hit_now is not RateLimiter.hit_now
+        cls._counts_here = (
+            cls.hit is RateLimiter.hit
+            and cls.hit_now is RateLimiter.hit_now
+            and cls.hit_policies is RateLimiter.hit_policies
+        )
 
     def __init__(
         self,
@@ -532,8 +540,9 @@ class RateLimiter:
     @property
     def counts_here(self) -> bool:
         """True when this limiter counts in this process (the memory storage, and no
-        subclass deciding otherwise): `count_here` then decides a request at once."""
-        return self._local is not None and self._decides_now
+        subclass charging otherwise): `count_here` and `policies_here` then decide a
+        request at once."""
+        return self._local is not None and self._counts_here
 
     def plan(self, key_id: str, limit: str | None) -> tuple[str, int, int]:
         """`key_id`'s one policy of `limit` as `(counter, amount, window)`, made once."""
@@ -585,6 +594,18 @@ class RateLimiter:
         # In-process, the window's end is known exactly: no second look-up, no rounding.
         reset_after = math.ceil(end - now)
         return amount - count, reset_after if reset_after > 1 else 1
+
+    def policies_here(
+        self, key_id: str, policies: str | Sequence[Policy] | None = None
+    ) -> PolicyDecision:
+        """`hit_policies` in this process's windows, without the coroutine: only when
+        `counts_here` is True."""
+        if policies.__class__ is list:
+            policies = tuple(policies)  # hashable, as the plans are cached by it
+        plans = self._plan_sets.get((key_id, policies)) or self._plan_set(key_id, policies)
+        local = self._local
+        assert local is not None
+        return self._decide_local_many(local, plans)
 
     async def hit_policies(
         self, key_id: str, policies: str | Sequence[Policy] | None = None
