@@ -99,6 +99,22 @@ async def test_a_key_with_credits_is_left_to_admit_general_charged_nothing(
     assert scope["apikey"] == created.record
     assert any(name == b"ratelimit" and b'"credits";r=9' in value for name, value in headers)
     assert _admitted(memory_manager, created.record.id) == 1
+    # Its next requests go to admit_general at once: verified once each, not twice.
+    verified = []
+    verify_now = memory_manager.verify_now
+
+    def counting(token: str, *, count: bool = True) -> Any:
+        verified.append(token)
+        return verify_now(token, count=count)
+
+    memory_manager.verify_now = counting  # type: ignore[method-assign]
+    for left in (8, 7):
+        scope = _scope(created.key)
+        assert gate.admit_now(scope, PATH) is None
+        headers = await gate.admit(scope, PATH)
+        assert any(f'"credits";r={left}'.encode() in value for _, value in headers)
+    assert len(verified) == 2
+    assert _admitted(memory_manager, created.record.id) == 3
 
 
 async def test_several_limits_and_an_allowlist_are_decided_as_admit_general_decides(

@@ -54,6 +54,7 @@ from apikeys.errors import (
     IPNotAllowed,
     RateLimited,
 )
+from apikeys.keys import ID_LENGTH
 from apikeys.manager import KeyManager
 from apikeys.policies import Refill, parse_refill
 from apikeys.problems import Headers
@@ -378,6 +379,13 @@ class Gate:
         # (method, path) -> the scopes the route needs (None: no rule), for admit_now
         self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._counts_here = limiter.counts_here
+        # The ids of keys admit_now leaves to admit_general (bytes), and where a token of
+        # the manager's prefix holds its id ("{prefix}_{id}_…"): so that their requests are
+        # not verified twice, once by each body. (0, 0) when the manager reads any prefix.
+        self._general: set[bytes] = set()
+        prefix = manager.prefix
+        self._id_start = len(prefix) + 1 if prefix else 0
+        self._id_end = self._id_start + ID_LENGTH if prefix else 0
 
     def admit_now(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers | None:
         """`admit` for the common case, decided without an await; None for any other case,
@@ -424,6 +432,8 @@ class Gate:
                 if value[:7].lower() != b"bearer ":
                     return None
                 value = value[7:]
+            if self._general and value[self._id_start : self._id_end] in self._general:
+                return None  # a key with credits: admit_general, without verifying twice
             # Format, checksum, hash, state and expiry; the request is not counted yet.
             record = manager.verify_now(value.decode("ascii"), count=False)
             if record is None:
@@ -433,6 +443,10 @@ class Gate:
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
             if not prepared.common:
+                if self._id_end:
+                    if len(self._general) >= 10_000:
+                        self._general.clear()
+                    self._general.add(key_id.encode())
                 return None
             manager.usage_buffer.record(key_id)
             if record.allowed_ips:
@@ -552,6 +566,8 @@ class Gate:
             # A cached key is decided without awaiting; verify() reads the store otherwise.
             manager = self.manager
             record = manager.verify_now(token) or await manager.verify(token)
+            if self._general and record.credits is None:
+                self._general.discard(record.id.encode())  # its credits were taken away
             if record.allowed_ips:
                 check_address(scope, record, self.trusted_proxies)  # before any charge
             limit = record.rate_limit
