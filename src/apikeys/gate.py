@@ -389,25 +389,26 @@ class Gate:
 
     def admit_now(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers | None:
         """`admit` for the common case, decided without an await; None for any other case,
-        having charged and counted nothing: then `await admit(scope, path, required)`.
+        having charged and counted nothing: then `await admit_general(scope, path, required)`.
 
         The common case: the key's header holds one well-formed value; the manager holds
         the key in its key cache (or its memory store) with a fast hash (`verify_now`);
-        the limiter counts in this process (`RateLimiter.counts_here`); the key has one
-        rate limit, no address allowlist and no credits; telemetry is off. The checks are
-        `admit`'s, in its order, without the layers between them: the key's format and
-        checksum, its peppered hash (compared in constant time), its state and expiry (all
-        in `verify_now`), its usage count, its limit and the two RateLimit headers, its
-        scopes. What can be made once per key version (its grants, `scope["auth"]` and
-        `scope["user"]`, its limit's counter and headers) is made at its first request.
+        the limiter counts in this process (`RateLimiter.counts_here`); the key has no
+        credits; telemetry is off. The checks are `admit_general`'s, in its order, without
+        the layers between them: the key's format and checksum, its peppered hash
+        (compared in constant time), its state and expiry (all in `verify_now`), its usage
+        count, its address, its limits and the two RateLimit headers, its scopes. What can
+        be made once per key version (its grants, `scope["auth"]` and `scope["user"]`, its
+        limit's counter and headers, whether it has a route's scopes) is made at its first
+        request.
 
         Why a second body: it is the request path of nearly every request, and each layer
         it skips (a coroutine, the header helpers, the limiter's decision object, two
         objects per request) is a measurable share of the middleware's cost next to a
         hand-written check (docs/performance.md). Everything it cannot decide at once, and
-        every malformed header, goes to `admit`, which decides the same way; a refusal it
-        makes (a wrong secret, a revoked key, a limit, a scope) is booked by `refused`
-        exactly as `admit` books it.
+        every malformed header, goes to `admit_general`, which decides the same way; a
+        refusal it makes (a wrong secret, a revoked key, an address, a limit, a scope) is
+        booked by `refused` exactly as `admit_general` books it.
         """
         manager = self.manager
         if not self._counts_here or manager.telemetry.active:
