@@ -1189,10 +1189,11 @@ class KeyManager:
 
         Returns the record of the key `token` names, its request counted, when the key is
         there and its hash is a fast one; raises what `verify` raises for such a key (and
-        `MalformedAPIKey` for a malformed token that cannot be an imported key's). Returns None when the store must be
-        read, the key is not found (an unknown id is checked against the decoy there), its
-        hash moves to another scheme, or telemetry is on: then `await verify(token)`
-        decides. The request path calls this first, to spare the awaits of a cached key.
+        `MalformedAPIKey` for a malformed token that cannot be an imported key's). Returns
+        None when the store must be read, the key is not found (an unknown id is checked
+        against the decoy there), its hash moves to another scheme, or telemetry is on:
+        then `await verify(token)` decides. The request path calls this first, to spare
+        the awaits of a cached key.
         `count=False` leaves the request uncounted: the caller counts it with
         `usage_buffer.record(record.id)` once it has decided to go on without `verify`.
         """
