@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -192,3 +194,27 @@ async def test_the_shared_auth_and_user_are_read_only(memory_manager: KeyManager
     with pytest.raises(AttributeError):
         first["user"].record = None
     assert list(second["auth"].scopes) == ["contacts:read"]
+
+
+async def test_a_changed_key_is_decided_by_its_new_version_on_every_store(
+    manager: KeyManager,
+) -> None:
+    """What admit_now made of a key's version is never used for another: a key's scopes
+    taken away, then the key revoked, are seen at once (through the key cache on the
+    stores that have one)."""
+    created = await manager.create(name="k", scopes=["contacts:read"])
+    gate = _gate(manager, "1000/minute")
+    deadline = time.monotonic() + 10
+    while gate.admit_now(_scope(created.key), PATH) is None:  # until the cache is fresh
+        assert time.monotonic() < deadline
+        await gate.admit_general(_scope(created.key), PATH)
+        await asyncio.sleep(0.05)
+    await manager.update(created.record.id, scopes=["contacts:write"])
+    with pytest.raises(AuthenticationError) as refusal:
+        await gate.admit(_scope(created.key), PATH)
+    assert refusal.value.code == "insufficient_scope"
+    await manager.revoke(created.record.id)
+    for _ in range(3):
+        with pytest.raises(AuthenticationError) as refusal:
+            await gate.admit(_scope(created.key), PATH)
+        assert refusal.value.code == "key_revoked"
