@@ -795,6 +795,51 @@ class SQLStore(KeyStore):
         else:
             await conn.execute(sa.select(sa.func.pg_notify(self._notice_channel, notice)))
 
+    def _change_in_one(
+        self, update: sa.Update, notice: str | None, event: AuditEvent | None
+    ) -> sa.Select[Any]:
+        """`update`, the audit entry of `event` and the notice, as one PostgreSQL statement.
+
+        A change holds its key's row lock from its UPDATE to its commit; every statement in
+        between is a round trip, and on a loaded host each one waits for the client and the
+        server to be scheduled, while usage flushes queue behind the lock. In one statement
+        (data-modifying CTEs), the change costs the transaction's BEGIN, this, and COMMIT.
+        The audit entry and the notice are made only when the UPDATE changed the row, as
+        in the statements' usual order; when it did not, the caller reads the record and
+        publishes the notice on its own. A notice is delivered at commit, whenever it is
+        sent in the transaction.
+        """
+        changed = update.returning(*self._columns).cte("changed")
+        selected: list[Any] = list(changed.c)
+        if notice is not None:
+            selected.append(sa.func.pg_notify(self._notice_channel, notice))
+        statement = sa.select(*selected)
+        if event is not None:
+            audit = self._audit
+            values = {
+                "at": event.time,
+                "key_id": event.key_id,
+                "workspace": event.workspace,
+                "action": event.action,
+                "actor": event.actor,
+                "changes": json.dumps(dict(event.changes), separators=(",", ":")),
+            }
+            logged = (
+                sa.insert(audit)
+                .from_select(
+                    list(values),
+                    sa.select(
+                        *(
+                            sa.literal(value, type_=audit.c[name].type).label(name)
+                            for name, value in values.items()
+                        )
+                    ).select_from(changed),
+                )
+                .cte("logged")
+            )
+            statement = statement.add_cte(logged)
+        return statement
+
     async def _record_event(self, conn: AsyncConnection, event: AuditEvent | None) -> None:
         """Append `event` to the audit trail in the transaction of `conn`."""
         if event is None:
@@ -823,10 +868,20 @@ class SQLStore(KeyStore):
         changed the row, and only then.
         """
 
+        folded = update is not None and self._returning and not self._sqlite
+
         async def work(conn: AsyncConnection) -> KeyRecord:
             record: KeyRecord | None = None
+            published = False
             if update is not None:
-                if self._returning:
+                if folded:
+                    # One round trip: the change, its audit entry and its notice.
+                    statement = self._change_in_one(update, notice, event)
+                    row = (await conn.execute(statement)).first()
+                    if row is not None:
+                        record = _record(row)
+                        published = True
+                elif self._returning:
                     row = (await conn.execute(update.returning(*self._columns))).first()
                     if row is not None:
                         record = _record(row)
@@ -836,7 +891,8 @@ class SQLStore(KeyStore):
                         await self._record_event(conn, event)
             if record is None:
                 record = await self._require(conn, key_id)
-            await self._publish(conn, notice)
+            if not published:
+                await self._publish(conn, notice)
             return record
 
         return await self._run(work)
@@ -1297,10 +1353,14 @@ class SQLStore(KeyStore):
             if not claimed:
                 await conn.rollback()  # applied before: nothing to do
                 return
-            if params:
-                await conn.execute(statement, params)
             if daily_rows:
                 await self._add_daily_usage(conn, daily_rows)
+            # The keys' rows last, right before the commit: a change to a key (a revoke)
+            # waits for their locks, and every statement between the lock and the commit
+            # would be one more round trip of this process (slow on a loaded host) for it
+            # to wait through.
+            if params:
+                await conn.execute(statement, params)
 
         await self._run(work)
         await self._maybe_prune_batches()
