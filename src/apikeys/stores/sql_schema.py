@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -109,7 +110,13 @@ class _Metadata(sa.types.TypeDecorator[dict[str, Any]]):
         return load_metadata(value)
 
 
+@functools.lru_cache(maxsize=4096)
 def load_scopes(value: str | None) -> tuple[str, ...]:
+    """The scopes (or addresses) a store kept as JSON text, as a tuple.
+
+    Kept for the 4,096 texts read last: many keys share their scopes, and a key read from
+    the store again (a miss of the key cache, or a store without one) costs no parse.
+    """
     if not value:
         return ()
     return tuple(json.loads(value))
