@@ -128,6 +128,7 @@ async def build_rig(
         store_from_url(app_store_url, **store_options, **timeouts),
         hasher=hasher,
         usage_flush_interval=FLUSH_INTERVAL,
+        webhooks=False,  # its own transactions would be held in place of the flush's
     )
     # The limiter's counters go under the store's Redis prefix, which the test deletes.
     limiter = RateLimiter(

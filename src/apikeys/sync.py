@@ -289,6 +289,7 @@ class KeyManager:
     usage = _Blocking(AsyncKeyManager.usage)
     spend_credits = _Blocking(AsyncKeyManager.spend_credits)
     flush = _Blocking(AsyncKeyManager.flush)
+    import_lookup_secret = _Blocking(AsyncKeyManager.import_lookup_secret)
 
     def iter_keys(
         self,
