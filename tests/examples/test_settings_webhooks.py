@@ -98,3 +98,45 @@ def test_the_settings_page_lists_the_deliveries_the_service_made(
     expect(row).to_contain_text("204")
     expect(row).to_contain_text(url)
     assert endpoint.secret not in page.content()
+
+
+def test_the_settings_page_replays_a_delivery_with_its_id_and_body(
+    ui_service: UIService,  # noqa: F811 - the fixture imported above
+    page: Page,  # noqa: F811
+    receiver: tuple[str, Received],
+) -> None:
+    url, received = receiver
+    endpoint = _add_endpoint(ui_service.store_url, url)
+    log_in(page)
+    key_id = parse_key(create_key(page, "replayed")).id
+
+    def sent() -> list[tuple[dict[str, str], bytes]]:
+        return [(h, b) for h, b in received if key_id.encode() in b]
+
+    deadline = time.monotonic() + 30
+    while not sent():
+        assert time.monotonic() < deadline, "no delivery within 30 seconds"
+        time.sleep(0.1)
+    page.goto(f"{KEYS}/webhooks")
+    # The rows of this test's endpoint (the service's other tests may have added others).
+    row = page.locator(f"tr.delivery[data-key-id='{key_id}']", has_text=url)
+    expect(row.locator(".status")).to_have_text("delivered")
+    row.get_by_role("button", name="Send the key.created delivery again").click()
+    expect(page.get_by_text("The key.created delivery will be sent again.")).to_be_visible()
+    deadline = time.monotonic() + 30
+    while len(sent()) < 2:
+        assert time.monotonic() < deadline, "not sent again within 30 seconds"
+        time.sleep(0.1)
+    (first_headers, first_body), (again_headers, again_body) = sent()[:2]
+    assert again_headers["webhook-id"] == first_headers["webhook-id"]
+    assert again_body == first_body
+    Webhook(endpoint.secret).verify(again_body, again_headers)
+
+    # A delivery id that is not listed for this workspace is the 404 page, nothing sent.
+    page.goto(f"{KEYS}/webhooks")
+    page.locator(f"tr.delivery[data-key-id='{key_id}']", has_text=url).locator("form").evaluate(
+        "form => { form.action = form.action.replace(/webhooks\\/[^/]+\\/replay/,"
+        " 'webhooks/not-a-delivery/replay'); form.submit(); }"
+    )
+    expect(page.get_by_text("No such delivery")).to_be_visible()
+    assert len(sent()) == 2

@@ -134,6 +134,7 @@ class KeysPage:
                 ),
                 Route("/activity", activity.activity_page, methods=["GET"]),
                 Route("/webhooks", webhooks.deliveries_page, methods=["GET"]),
+                Route("/webhooks/{delivery_id}/replay", webhooks.replay, methods=["POST"]),
                 Route("/{key_id}/usage", usage.usage_page, methods=["GET"]),
                 Route("/{key_id}/disable", states.disable, methods=["POST"]),
                 Route("/{key_id}/enable", states.enable, methods=["POST"]),

@@ -1,14 +1,27 @@
-"""The workspace's webhook deliveries, newest first: event, key, status, attempts."""
+"""The workspace's webhook deliveries, newest first: event, key, status, attempts; and
+sending one of them again."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from apikeys.errors import KeyNotFound
 from apikeys.types import utcnow
-from apikeys.ui.request import PageUser, page_of, render, view
+from apikeys.ui.forms import Form
+from apikeys.ui.request import (
+    PageError,
+    PageUser,
+    action,
+    base_path,
+    notice,
+    page_of,
+    redirect,
+    render,
+    view,
+)
 
-__all__ = ["DELIVERIES_LIMIT", "deliveries_page"]
+__all__ = ["DELIVERIES_LIMIT", "deliveries_page", "replay"]
 
 DELIVERIES_LIMIT = 200
 
@@ -38,4 +51,25 @@ async def deliveries_page(request: Request, user: PageUser) -> Response:
         available=hooks is not None,
         now=utcnow(),
         limit=DELIVERIES_LIMIT,
+        notice=request.session.pop("notice", None),
     )
+
+
+@action
+async def replay(request: Request, user: PageUser, form: Form) -> Response:
+    """Send a listed delivery again (same id and body, 24 hours of retries anew), when it is
+    about a key of the user's workspace; any other id is the 404 page."""
+    manager = page_of(request).manager
+    hooks = manager.store.webhooks()
+    delivery_id: str = request.path_params["delivery_id"]
+    listed = [] if hooks is None else await hooks.deliveries(limit=DELIVERIES_LIMIT)
+    found = next((delivery for delivery in listed if delivery.id == delivery_id), None)
+    try:
+        mine = found is not None and (await manager.get(found.key_id)).workspace == user.workspace
+    except KeyNotFound:
+        mine = False
+    if hooks is None or found is None or not mine:
+        raise PageError(404, "No such delivery", "This delivery is not one of your keys'.")
+    await hooks.replay(found.id, utcnow())
+    notice(request, f"The {found.event} delivery will be sent again.")
+    return redirect(base_path(request) + "/webhooks")
