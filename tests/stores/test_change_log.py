@@ -260,3 +260,32 @@ async def test_a_truncate_by_hand_is_logged_as_every_key(postgres_url: str) -> N
     finally:
         await reader.channel.disconnect()
         await store.aclose()
+
+
+async def test_a_sqlite_reader_prunes_a_long_log_a_batch_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a bulk load, one DELETE of the whole backlog would hold SQLite's write lock past
+    # the other writers' busy timeout: each registration prunes one batch of the oldest.
+    import apikeys.channels.sqlite as sqlite_channel
+
+    monkeypatch.setattr(sqlite_channel, "KEEP_CHANGES", 1)
+    monkeypatch.setattr(sqlite_channel, "_PRUNE_BATCH", 5)
+    path = tmp_path / "keys.db"
+    store = SQLStore(f"sqlite:///{path}")
+    channel = store.channel()
+    assert channel is not None
+    try:
+        await store.setup()
+        for _ in range(12):
+            await store.insert(make_key())
+        await channel.connect("pruner", lambda notice: None)
+        left = []
+        for _ in range(4):
+            await channel.register(1.0)
+            with sqlite3.connect(path) as db:
+                left.append(db.execute("SELECT count(*) FROM apikeys_keys_changes").fetchone()[0])
+    finally:
+        await channel.disconnect()
+        await store.aclose()
+    assert left == [7, 2, 1, 1]

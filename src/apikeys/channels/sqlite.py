@@ -39,6 +39,8 @@ class _Unprepared(Exception):
 
 
 _DELIVERY_POLL = 0.002
+# Log entries pruned at most at one registration (one a lease in each process).
+_PRUNE_BATCH = 5_000
 
 
 class SQLiteChannel(Channel):
@@ -243,12 +245,16 @@ class SQLiteChannel(Channel):
             (self.ident, self._acked, clock() + ttl),
         )
         # Housekeeping, rarely needed: old registrations and the oldest changes, but none
-        # that a webhook has not taken yet (the change log is their outbox).
+        # that a webhook has not taken yet (the change log is their outbox). A batch at a
+        # time: after a bulk load (an import of a million keys) one DELETE of the whole
+        # backlog would hold the database's write lock past every writer's busy timeout.
         await self._execute(
-            f'DELETE FROM "{self._changes}" WHERE seq <= '  # noqa: S608
+            f'DELETE FROM "{self._changes}" WHERE seq IN ('  # noqa: S608
+            f'SELECT seq FROM "{self._changes}" WHERE seq <= '
             f'(SELECT max(seq) FROM "{self._changes}") - ? AND seq <= '
-            f'coalesce((SELECT min(taken) FROM "{self._webhooks}"), seq)',
-            (KEEP_CHANGES,),
+            f'coalesce((SELECT min(taken) FROM "{self._webhooks}"), seq) '
+            "ORDER BY seq LIMIT ?)",
+            (KEEP_CHANGES, _PRUNE_BATCH),
         )
 
     async def readers(self) -> set[str]:
