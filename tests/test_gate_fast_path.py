@@ -218,3 +218,7 @@ async def test_a_changed_key_is_decided_by_its_new_version_on_every_store(
         with pytest.raises(AuthenticationError) as refusal:
             await gate.admit(_scope(created.key), PATH)
         assert refusal.value.code == "key_revoked"
+
+
+async def test_a_gate_without_a_limiter_shares_the_managers(memory_manager: KeyManager) -> None:
+    assert Gate(memory_manager).limiter is memory_manager.limiter

@@ -318,7 +318,8 @@ class Gate:
     """Admits or refuses a request with an API key: the request path of every entry point.
 
     - `manager`: the `KeyManager` that verifies keys and counts their use.
-    - `limiter`: the `RateLimiter` that holds the keys' rate limits.
+    - `limiter`: the `RateLimiter` that holds the keys' rate limits; None takes the
+      manager's (`KeyManager.limiter`), which the integrations share.
     - `scopes`: a route table (`ScopeTable`, or its rules) of the scopes each route needs;
       None checks only the scopes `admit` is given.
     - `unmapped`: what a restricted key may do on a route no rule of `scopes` covers:
@@ -339,7 +340,7 @@ class Gate:
         self,
         manager: KeyManager,
         *,
-        limiter: RateLimiter,
+        limiter: RateLimiter | None = None,
         scopes: ScopeTable | Mapping[str, str | Sequence[str]] | None = None,
         unmapped: Literal["deny", "allow"] = "deny",
         costs: CostTable | Mapping[str, int] | None = None,
@@ -354,7 +355,7 @@ class Gate:
         if trusted_proxies < 0:
             raise ConfigurationError("trusted_proxies must not be negative")
         self.manager = manager
-        self.limiter = limiter
+        self.limiter = limiter if limiter is not None else manager.limiter
         self.scopes = (
             scopes if scopes is None or isinstance(scopes, ScopeTable) else ScopeTable(scopes)
         )
@@ -378,7 +379,7 @@ class Gate:
         self._prepared: dict[str, _Prepared] = {}
         # (method, path) -> the scopes the route needs (None: no rule), for admit_now
         self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
-        self._counts_here = limiter.counts_here
+        self._counts_here = self.limiter.counts_here
         # The ids of keys admit_now leaves to admit_general (bytes), and where a token of
         # the manager's prefix holds its id ("{prefix}_{id}_…"): so that their requests are
         # not verified twice, once by each body. (0, 0) when the manager reads any prefix.

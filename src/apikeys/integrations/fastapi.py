@@ -107,7 +107,7 @@ class APIKeySecurity(HTTPBearer):
         self.optional = optional
         self.gate = Gate(
             manager,
-            limiter=limiter if limiter is not None else manager.limiter,
+            limiter=limiter,
             costs=costs,
             header=header,
             policy_name=policy_name,

@@ -81,7 +81,7 @@ class APIKeyBackend(AuthenticationBackend):
         self.realm = realm
         self.gate = Gate(
             manager,
-            limiter=limiter if limiter is not None else manager.limiter,
+            limiter=limiter,
             scopes=scopes,
             unmapped=unmapped,
             costs=costs,
