@@ -30,8 +30,6 @@ if not settings.configured:  # as tests/integrations/test_django.py configures i
 
 import asyncio
 import contextlib
-import importlib
-import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +68,7 @@ from apikeys.sync import KeyManager as SyncKeyManager
 from apikeys.telemetry import TelemetryEvent
 from apikeys.types import DailyUsage
 from tests.conftest import TEST_PEPPER
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 SCOPES = {
     "GET /api/contacts": "contacts:read",
@@ -447,21 +446,8 @@ async def test_if_limiter_fails_then_503_and_history_has_no_auth_unavailable(
     "name", ["apikeys.gate", "apikeys.routes", "apikeys.credentials", "apikeys.middleware"]
 )
 def test_the_request_path_modules_export_and_document_what_they_define(name: str) -> None:
-    module = importlib.import_module(name)
-    exported = set(module.__all__)
-    assert len(exported) == len(module.__all__)
-    defined = {
-        item
-        for item, value in vars(module).items()
-        if not item.startswith("_")
-        and (inspect.isclass(value) or inspect.isfunction(value))
-        and getattr(value, "__module__", None) == name
-    }
-    assert defined <= exported, sorted(defined - exported)
-    for item in exported:
-        value = getattr(module, item)
-        if inspect.isclass(value) or inspect.isfunction(value):
-            assert inspect.getdoc(value), f"{name}.{item} has no docstring"
+    assert_all_is_complete(name)
+    assert_exports_are_documented(name)
 
 
 def test_what_users_imported_from_the_middleware_is_still_there() -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import hashlib
-import importlib
-import inspect
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -38,6 +36,7 @@ from apikeys.keys import parse_key
 from apikeys.stores.base import KeyStore
 from tests.conftest import TEST_PEPPER
 from tests.drf_databases import drf_database  # noqa: F401 - the `drf` fixture
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 
 @pytest.fixture
@@ -540,20 +539,8 @@ def test_foreign_looking_garbage_tokens_are_always_401_never_500(
     "name", ["apikeys.importing", "apikeys.importing.foreign", "apikeys.importing.sources"]
 )
 def test_importing_modules_export_every_public_name_with_a_docstring(name: str) -> None:
-    module = importlib.import_module(name)
-    assert all(hasattr(module, item) for item in module.__all__)
-    defined = {
-        item
-        for item, value in vars(module).items()
-        if not item.startswith("_")
-        and (inspect.isclass(value) or inspect.isfunction(value))
-        and getattr(value, "__module__", None) == name
-    }
-    assert defined <= set(module.__all__), sorted(defined - set(module.__all__))
-    for item in module.__all__:
-        value = getattr(module, item)
-        if inspect.isclass(value) or inspect.isfunction(value):
-            assert inspect.getdoc(value), item
+    assert_all_is_complete(name)
+    assert_exports_are_documented(name)
 
 
 async def test_if_store_keeps_no_settings_then_import_is_refused_and_tokens_stay_malformed(

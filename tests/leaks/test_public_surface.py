@@ -8,7 +8,6 @@ these modules, and every error class is in the tree `apikeys.errors` draws.
 from __future__ import annotations
 
 import importlib
-import inspect
 import re
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 import apikeys
 from apikeys import errors
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = [
@@ -33,30 +33,12 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_all_names_exist_and_every_public_definition_is_in_all(name: str) -> None:
-    module = importlib.import_module(name)
-    exported = set(module.__all__)
-    assert len(exported) == len(module.__all__), "a name is listed twice"
-    assert all(hasattr(module, item) for item in exported)
-    defined = {
-        item
-        for item, value in vars(module).items()
-        if not item.startswith("_")
-        and (inspect.isclass(value) or inspect.isfunction(value))
-        and getattr(value, "__module__", None) == name
-    }
-    assert defined <= exported, sorted(defined - exported)
+    assert_all_is_complete(name)
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_exported_class_and_function_has_a_docstring(name: str) -> None:
-    module = importlib.import_module(name)
-    undocumented = [
-        item
-        for item in module.__all__
-        if (inspect.isclass(value := getattr(module, item)) or inspect.isfunction(value))
-        and not inspect.getdoc(value)
-    ]
-    assert not undocumented
+    assert_exports_are_documented(name)
 
 
 def test_every_error_is_in_the_tree_and_importable_from_apikeys() -> None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 import pytest
+
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 MODULES = [
     "apikeys.webhooks",
@@ -22,22 +21,5 @@ MODULES = [
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_public_definition_is_in_all_and_documented(name: str) -> None:
-    module = importlib.import_module(name)
-    exported = set(module.__all__)
-    assert len(exported) == len(module.__all__)
-    assert all(hasattr(module, item) for item in exported)
-    defined = {
-        item
-        for item, value in vars(module).items()
-        if not item.startswith("_")
-        and (inspect.isclass(value) or inspect.isfunction(value))
-        and getattr(value, "__module__", None) == name
-    }
-    assert defined <= exported, sorted(defined - exported)
-    undocumented = [
-        item
-        for item in module.__all__
-        if (inspect.isclass(value := getattr(module, item)) or inspect.isfunction(value))
-        and not inspect.getdoc(value)
-    ]
-    assert not undocumented
+    assert_all_is_complete(name)
+    assert_exports_are_documented(name)
