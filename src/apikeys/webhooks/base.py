@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import abc
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from apikeys.types import isoformat
+from apikeys.types import KeyRecord, isoformat
+from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
 
-__all__ = ["Claimed", "Delivery", "DeliveryStatus", "Endpoint", "WebhookStore"]
+__all__ = [
+    "Claimed",
+    "Delivery",
+    "DeliveryStatus",
+    "Endpoint",
+    "Timed",
+    "WebhookStore",
+    "delivery_id",
+    "expiring_deliveries",
+    "usage_threshold_deliveries",
+    "wanting",
+]
 
 DeliveryStatus = Literal["pending", "delivered", "failed"]
 
@@ -98,6 +112,78 @@ class Claimed:
     created_at: datetime
 
 
+def delivery_id(*parts: object) -> str:
+    """The id of the delivery that `parts` (endpoint, key, and what makes the event that
+    one) name: made again by any process, in any round, it is the same delivery."""
+    return "msg_" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """A delivery of an event found by the clock (`key.expiring`, `key.usage_threshold`),
+    for a store to make unless it holds one of that `id` already."""
+
+    id: str
+    webhook_id: str
+    key_id: str
+    event: str
+    body: bytes
+
+
+def wanting(endpoints: Iterable[Endpoint], event: str) -> list[Endpoint]:
+    """The endpoints that are sent `event` (about a key of one workspace or another)."""
+    return [endpoint for endpoint in endpoints if not endpoint.events or event in endpoint.events]
+
+
+def expiring_deliveries(
+    endpoints: Iterable[Endpoint], record: KeyRecord, now: datetime
+) -> list[Timed]:
+    """The `key.expiring` deliveries `record` calls for at `now`: one per endpoint that
+    wants it and notice of `EXPIRING_NOTICES` the key's expiry is within, each once per
+    endpoint, key, notice and expiry. None for a revoked key."""
+    expires_at = record.expires_at
+    if record.state == "revoked" or expires_at is None:
+        return []
+    if not now < expires_at <= now + max(EXPIRING_NOTICES):
+        return []
+    return [
+        Timed(
+            delivery_id(endpoint.id, record.id, notice.days, expires_at),
+            endpoint.id,
+            record.id,
+            "key.expiring",
+            event_body("key.expiring", now, record, expires_in_days=notice.days),
+        )
+        for endpoint in endpoints
+        if endpoint.wants("key.expiring", record.workspace)
+        for notice in EXPIRING_NOTICES
+        if expires_at - now <= notice
+    ]
+
+
+def usage_threshold_deliveries(
+    endpoints: Iterable[Endpoint], record: KeyRecord, now: datetime
+) -> list[Timed]:
+    """The `key.usage_threshold` deliveries `record` calls for at `now`: one per threshold
+    it has reached (`crossed_thresholds`) and endpoint that wants it, each once per
+    endpoint, key, threshold and refill period. None for a revoked key."""
+    if record.state == "revoked":
+        return []
+    endpoints = list(endpoints)
+    return [
+        Timed(
+            delivery_id(endpoint.id, record.id, f"{threshold}%", data["period_start"]),
+            endpoint.id,
+            record.id,
+            "key.usage_threshold",
+            event_body("key.usage_threshold", now, record, **data),
+        )
+        for threshold, data in crossed_thresholds(record, now)
+        for endpoint in endpoints
+        if endpoint.wants("key.usage_threshold", record.workspace)
+    ]
+
+
 class WebhookStore(abc.ABC):
     """The webhook side of a store: endpoints, the outbox's hand-over, and leases."""
 
@@ -126,13 +212,15 @@ class WebhookStore(abc.ABC):
     @abc.abstractmethod
     async def expiring(self, now: datetime) -> int:
         """Make a `key.expiring` delivery for each key that expires within a notice of
-        `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made."""
+        `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made.
+        `expiring_deliveries` gives a key's."""
 
     async def usage_thresholds(self, now: datetime) -> int:
         """Make a `key.usage_threshold` delivery for each threshold of `USAGE_THRESHOLDS`
         a key with a credit refill has reached in its current period (`crossed_thresholds`),
-        once per endpoint, key, threshold and period; the number made. None by default (a
-        store of your own works unchanged)."""
+        once per endpoint, key, threshold and period; the number made
+        (`usage_threshold_deliveries` gives a key's). None by default (a store of your own
+        works unchanged)."""
         return 0
 
     @abc.abstractmethod

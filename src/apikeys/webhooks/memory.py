@@ -8,21 +8,24 @@ It all lives and dies with the process: for a single-process app and for tests.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from apikeys.types import AuditEvent, KeyRecord
-from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import (
-    EVENT_OF_ACTION,
-    EXPIRING_NOTICES,
-    crossed_thresholds,
-    delivered_as,
-    event_body,
+from apikeys.webhooks.base import (
+    Claimed,
+    Delivery,
+    DeliveryStatus,
+    Endpoint,
+    Timed,
+    WebhookStore,
+    expiring_deliveries,
+    usage_threshold_deliveries,
+    wanting,
 )
+from apikeys.webhooks.events import EVENT_OF_ACTION, delivered_as, event_body
 
 if TYPE_CHECKING:
     from apikeys.stores.memory import MemoryStore
@@ -148,63 +151,38 @@ class MemoryWebhooks(WebhookStore):
         return made
 
     async def expiring(self, now: datetime) -> int:
-        wanting = [
-            endpoint
-            for endpoint in self._endpoints.values()
-            if not endpoint.events or "key.expiring" in endpoint.events
-        ]
-        made = 0
-        for record in await self._store.list():
-            if record.state == "revoked" or record.expires_at is None:
-                continue
-            if not now < record.expires_at <= now + max(EXPIRING_NOTICES):
-                continue
-            for endpoint in wanting:
-                if endpoint.workspace is not None and endpoint.workspace != record.workspace:
-                    continue
-                for notice in EXPIRING_NOTICES:
-                    if record.expires_at - now > notice:
-                        continue
-                    # One id per endpoint, key, notice and expiry (as on SQL and Redis).
-                    days = notice.days
-                    window = f"{endpoint.id}|{record.id}|{days}|{record.expires_at}"
-                    made += self._make(
-                        "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
-                        endpoint.id,
-                        record.id,
-                        "key.expiring",
-                        now=now,
-                        order=self._seq,
-                        body=event_body("key.expiring", now, record, expires_in_days=days),
-                    )
-        return made
+        endpoints = wanting(self._endpoints.values(), "key.expiring")
+        records = await self._store.list() if endpoints else []
+        return self._make_timed(
+            [due for record in records for due in expiring_deliveries(endpoints, record, now)],
+            now,
+        )
 
     async def usage_thresholds(self, now: datetime) -> int:
-        wanting = [
-            endpoint
-            for endpoint in self._endpoints.values()
-            if not endpoint.events or "key.usage_threshold" in endpoint.events
-        ]
-        made = 0
-        for record in await self._store.list() if wanting else []:
-            if record.state == "revoked":
-                continue
-            for threshold, data in crossed_thresholds(record, now):
-                for endpoint in wanting:
-                    if endpoint.workspace not in (None, record.workspace):
-                        continue
-                    # One id per endpoint, key, threshold and refill period (as on SQL).
-                    window = f"{endpoint.id}|{record.id}|{threshold}%|{data['period_start']}"
-                    made += self._make(
-                        "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
-                        endpoint.id,
-                        record.id,
-                        "key.usage_threshold",
-                        now=now,
-                        order=self._seq,
-                        body=event_body("key.usage_threshold", now, record, **data),
-                    )
-        return made
+        endpoints = wanting(self._endpoints.values(), "key.usage_threshold")
+        records = await self._store.list() if endpoints else []
+        return self._make_timed(
+            [
+                due
+                for record in records
+                for due in usage_threshold_deliveries(endpoints, record, now)
+            ],
+            now,
+        )
+
+    def _make_timed(self, made: list[Timed], now: datetime) -> int:
+        return sum(
+            self._make(
+                due.id,
+                due.webhook_id,
+                due.key_id,
+                due.event,
+                now=now,
+                order=self._seq,
+                body=due.body,
+            )
+            for due in made
+        )
 
     async def claim(
         self, holder: str, now: datetime, lease_until: datetime, limit: int

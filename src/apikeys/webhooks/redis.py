@@ -22,19 +22,24 @@ A lease is `lease:<delivery>`, set with SET NX PX: it runs out by itself.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
-from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
-from apikeys.webhooks.events import (
-    EXPIRING_NOTICES,
-    crossed_thresholds,
-    delivered_as,
-    event_body,
+from apikeys.webhooks.base import (
+    Claimed,
+    Delivery,
+    DeliveryStatus,
+    Endpoint,
+    Timed,
+    WebhookStore,
+    delivery_id,
+    expiring_deliveries,
+    usage_threshold_deliveries,
+    wanting,
 )
+from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 
 __all__ = ["RedisWebhooks"]
 
@@ -45,10 +50,6 @@ def _micros(moment: datetime) -> int:
 
 def _time(value: str | None) -> datetime | None:
     return _decode_time(value)
-
-
-def _delivery_id(*parts: object) -> str:
-    return "msg_" + hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:24]
 
 
 class RedisWebhooks(WebhookStore):
@@ -131,6 +132,24 @@ class RedisWebhooks(WebhookStore):
             made += int(await self._script("make", _micros(now), *values[start : start + chunk]))
         return made
 
+    async def _make_timed(self, now: datetime, made: list[Timed]) -> int:
+        order = str(_micros(now))
+        return await self._make(
+            now,
+            [
+                value
+                for due in made
+                for value in (
+                    due.id,
+                    due.webhook_id,
+                    due.key_id,
+                    due.event,
+                    due.body.decode(),
+                    order,
+                )
+            ],
+        )
+
     async def take(self, now: datetime, limit: int = 500) -> int:
         store = self._store
         rows = await self._endpoint_rows()
@@ -160,7 +179,7 @@ class RedisWebhooks(WebhookStore):
                     if endpoint.workspace not in (None, record.workspace):
                         continue
                     values += [
-                        _delivery_id(endpoint.id, record.id, stamp, sent),
+                        delivery_id(endpoint.id, record.id, stamp, sent),
                         endpoint.id,
                         record.id,
                         sent,
@@ -182,11 +201,7 @@ class RedisWebhooks(WebhookStore):
 
     async def expiring(self, now: datetime) -> int:
         store = self._store
-        rows = [
-            (endpoint, since)
-            for endpoint, since in await self._endpoint_rows()
-            if not endpoint.events or "key.expiring" in endpoint.events
-        ]
+        endpoints = wanting(await self.endpoints(), "key.expiring")
         async with store._calls():
             client = store._client
             ids = cast("list[str]", await client.zrange(store.all_index_name, 0, -1))
@@ -210,45 +225,21 @@ class RedisWebhooks(WebhookStore):
                 and expires_at
                 and now < cast(datetime, _time(expires_at)) <= soonest
             ]
-            if not rows or not expiring:
+            if not endpoints or not expiring:
                 return 0
             async with client.pipeline(transaction=False) as pipe:
                 for key_id in expiring:
                     pipe.hgetall(store.key_name(key_id))
                 hashes: list[dict[str, str]] = await pipe.execute()
-        order = _micros(now)
-        values: list[str] = []
-        for fields in hashes:
-            if not fields:
-                continue
-            record = _decode(fields).record
-            assert record.expires_at is not None
-            for endpoint, _ in rows:
-                if endpoint.workspace is not None and endpoint.workspace != record.workspace:
-                    continue
-                for notice in EXPIRING_NOTICES:
-                    if record.expires_at - now > notice:
-                        continue
-                    # One id per endpoint, key, notice and expiry (as on SQL).
-                    days = notice.days
-                    values += [
-                        _delivery_id(endpoint.id, record.id, days, record.expires_at),
-                        endpoint.id,
-                        record.id,
-                        "key.expiring",
-                        event_body("key.expiring", now, record, expires_in_days=days).decode(),
-                        str(order),
-                    ]
-        return await self._make(now, values)
+        records = [_decode(fields).record for fields in hashes if fields]
+        return await self._make_timed(
+            now, [due for record in records for due in expiring_deliveries(endpoints, record, now)]
+        )
 
     async def usage_thresholds(self, now: datetime) -> int:
         store = self._store
-        rows = [
-            endpoint
-            for endpoint, _ in await self._endpoint_rows()
-            if not endpoint.events or "key.usage_threshold" in endpoint.events
-        ]
-        if not rows:
+        endpoints = wanting(await self.endpoints(), "key.usage_threshold")
+        if not endpoints:
             return 0
         async with store._calls():
             client = store._client
@@ -268,25 +259,15 @@ class RedisWebhooks(WebhookStore):
                 for key_id in refilled:
                     pipe.hgetall(store.key_name(key_id))
                 hashes: list[dict[str, str]] = await pipe.execute()
-        values: list[str] = []
-        for fields in hashes:
-            if not fields:
-                continue
-            record = _decode(fields).record
-            for threshold, data in crossed_thresholds(record, now):
-                for endpoint in rows:
-                    if endpoint.workspace not in (None, record.workspace):
-                        continue
-                    # One id per endpoint, key, threshold and refill period (as on SQL).
-                    values += [
-                        _delivery_id(endpoint.id, record.id, f"{threshold}%", data["period_start"]),
-                        endpoint.id,
-                        record.id,
-                        "key.usage_threshold",
-                        event_body("key.usage_threshold", now, record, **data).decode(),
-                        str(_micros(now)),
-                    ]
-        return await self._make(now, values)
+        records = [_decode(fields).record for fields in hashes if fields]
+        return await self._make_timed(
+            now,
+            [
+                due
+                for record in records
+                for due in usage_threshold_deliveries(endpoints, record, now)
+            ],
+        )
 
     async def claim(
         self, holder: str, now: datetime, lease_until: datetime, limit: int
@@ -295,10 +276,10 @@ class RedisWebhooks(WebhookStore):
         flat = cast("list[str]", await self._script("claim", _micros(now), lease_ms, holder, limit))
         claimed = []
         for i in range(0, len(flat), 6):
-            delivery_id, webhook_id, body, attempts, created_at, _ = flat[i : i + 6]
+            claimed_id, webhook_id, body, attempts, created_at, _ = flat[i : i + 6]
             claimed.append(
                 Claimed(
-                    id=delivery_id,
+                    id=claimed_id,
                     webhook_id=webhook_id,
                     body=body.encode(),
                     attempts=int(attempts),

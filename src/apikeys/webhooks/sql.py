@@ -10,7 +10,6 @@ the log is never pruned past the lowest mark. Deliveries are leased (`lease_unti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
@@ -28,10 +27,20 @@ from apikeys.stores.sql_schema import (
     webhook_deliveries_table,
     webhooks_table,
 )
-from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
+from apikeys.types import KeyRecord
+from apikeys.webhooks.base import (
+    Claimed,
+    Delivery,
+    DeliveryStatus,
+    Endpoint,
+    Timed,
+    WebhookStore,
+    expiring_deliveries,
+    usage_threshold_deliveries,
+    wanting,
+)
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
-    crossed_thresholds,
     delivered_as,
     event_body,
     record_from_snapshot,
@@ -44,6 +53,19 @@ _T = TypeVar("_T")
 
 def _new_delivery_id() -> str:
     return "msg_" + secrets.token_hex(12)
+
+
+def _endpoint(row: Any) -> Endpoint:
+    return Endpoint(
+        id=row.id,
+        url=row.url,
+        events=tuple(json.loads(row.events)),
+        workspace=row.workspace,
+        secret=row.secret,
+        created_at=row.created_at,
+        previous_secret=row.previous_secret,
+        previous_until=row.previous_until,
+    )
 
 
 Run = Callable[[Callable[[AsyncConnection], Coroutine[Any, Any, Any]]], Awaitable[Any]]
@@ -91,19 +113,7 @@ class SQLWebhooks(WebhookStore):
 
         async def work(conn: AsyncConnection) -> list[Endpoint]:
             rows = await conn.execute(sa.select(hooks).order_by(hooks.c.created_at, hooks.c.id))
-            return [
-                Endpoint(
-                    id=row.id,
-                    url=row.url,
-                    events=tuple(json.loads(row.events)),
-                    workspace=row.workspace,
-                    secret=row.secret,
-                    created_at=row.created_at,
-                    previous_secret=row.previous_secret,
-                    previous_until=row.previous_until,
-                )
-                for row in rows
-            ]
+            return [_endpoint(row) for row in rows]
 
         return await self._run(work)
 
@@ -342,109 +352,67 @@ class SQLWebhooks(WebhookStore):
         return await self._run(work)
 
     async def expiring(self, now: datetime) -> int:
-        hooks, keys, d = self._hooks, self._keys, self._deliveries
+        keys = self._keys
         soonest = now + max(EXPIRING_NOTICES)
-        insert = (
-            postgresql.insert(d) if self._postgres else sqlite.insert(d)
-        ).on_conflict_do_nothing()
-
-        async def work(conn: AsyncConnection) -> int:
-            endpoints = (await conn.execute(sa.select(hooks))).all()
-            wanting = [
-                row
-                for row in endpoints
-                if not json.loads(row.events) or "key.expiring" in json.loads(row.events)
-            ]
-            if not wanting:
-                return 0
-            rows = await conn.execute(
-                sa.select(keys).where(
-                    keys.c.state != "revoked",
-                    keys.c.expires_at.is_not(None),
-                    keys.c.expires_at > now,
-                    keys.c.expires_at <= soonest,
-                )
-            )
-            records = [record_from_snapshot(dict(row._mapping)) for row in rows]
-            values = []
-            for endpoint in wanting:
-                for record in records:
-                    if endpoint.workspace is not None and endpoint.workspace != record.workspace:
-                        continue
-                    assert record.expires_at is not None
-                    for notice in EXPIRING_NOTICES:
-                        if record.expires_at - now > notice:
-                            continue
-                        # One id per endpoint, key, notice and expiry: made again by any
-                        # process, in any round, it is the same delivery, stored once.
-                        days = notice.days
-                        window = f"{endpoint.id}|{record.id}|{days}|{record.expires_at}"
-                        values.append(
-                            {
-                                "id": "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
-                                "webhook_id": endpoint.id,
-                                "key_id": record.id,
-                                "seq": endpoint.taken,
-                                "event": "key.expiring",
-                                "body": event_body(
-                                    "key.expiring", now, record, expires_in_days=days
-                                ).decode(),
-                                "status": "pending",
-                                "attempts": 0,
-                                "created_at": now,
-                                "next_attempt_at": now,
-                            }
-                        )
-            made = 0
-            for value in values:
-                made += (await conn.execute(insert.values(value))).rowcount or 0
-            return made
-
-        return await self._run(work)
+        expiring = sa.select(keys).where(
+            keys.c.state != "revoked",
+            keys.c.expires_at.is_not(None),
+            keys.c.expires_at > now,
+            keys.c.expires_at <= soonest,
+        )
+        return await self._make_timed("key.expiring", expiring, expiring_deliveries, now)
 
     async def usage_thresholds(self, now: datetime) -> int:
-        hooks, keys, d = self._hooks, self._keys, self._deliveries
+        keys = self._keys
+        refilled = sa.select(keys).where(
+            keys.c.state != "revoked",
+            keys.c.credits.is_not(None),
+            keys.c.credit_refill.is_not(None),
+        )
+        return await self._make_timed(
+            "key.usage_threshold", refilled, usage_threshold_deliveries, now
+        )
+
+    async def _make_timed(
+        self,
+        event: str,
+        candidates: sa.Select[Any],
+        deliveries: Callable[[list[Endpoint], KeyRecord, datetime], list[Timed]],
+        now: datetime,
+    ) -> int:
+        """Make the `event` deliveries (`deliveries`) the keys `candidates` selects call
+        for, each unless one of its id is stored (made again by any process, in any round,
+        a delivery is stored once). Each is in line after its endpoint's mark."""
+        hooks = self._hooks
         insert = (
-            postgresql.insert(d) if self._postgres else sqlite.insert(d)
+            postgresql.insert(self._deliveries)
+            if self._postgres
+            else sqlite.insert(self._deliveries)
         ).on_conflict_do_nothing()
 
         async def work(conn: AsyncConnection) -> int:
-            wanting = [
-                row
-                for row in (await conn.execute(sa.select(hooks))).all()
-                if not json.loads(row.events) or "key.usage_threshold" in json.loads(row.events)
-            ]
-            if not wanting:
+            rows = (await conn.execute(sa.select(hooks))).all()
+            endpoints = wanting(map(_endpoint, rows), event)
+            if not endpoints:
                 return 0
-            rows = await conn.execute(
-                sa.select(keys).where(
-                    keys.c.state != "revoked",
-                    keys.c.credits.is_not(None),
-                    keys.c.credit_refill.is_not(None),
-                )
-            )
+            taken = {row.id: row.taken for row in rows}
             made = 0
-            for row in rows:
+            for row in await conn.execute(candidates):
                 record = record_from_snapshot(dict(row._mapping))
-                for threshold, data in crossed_thresholds(record, now):
-                    for endpoint in wanting:
-                        if endpoint.workspace not in (None, record.workspace):
-                            continue
-                        # One id per endpoint, key, threshold and refill period.
-                        window = f"{endpoint.id}|{record.id}|{threshold}%|{data['period_start']}"
-                        value = {
-                            "id": "msg_" + hashlib.sha256(window.encode()).hexdigest()[:24],
-                            "webhook_id": endpoint.id,
-                            "key_id": record.id,
-                            "seq": endpoint.taken,
-                            "event": "key.usage_threshold",
-                            "body": event_body("key.usage_threshold", now, record, **data).decode(),
-                            "status": "pending",
-                            "attempts": 0,
-                            "created_at": now,
-                            "next_attempt_at": now,
-                        }
-                        made += (await conn.execute(insert.values(value))).rowcount or 0
+                for due in deliveries(endpoints, record, now):
+                    value = {
+                        "id": due.id,
+                        "webhook_id": due.webhook_id,
+                        "key_id": due.key_id,
+                        "seq": taken[due.webhook_id],
+                        "event": due.event,
+                        "body": due.body.decode(),
+                        "status": "pending",
+                        "attempts": 0,
+                        "created_at": now,
+                        "next_attempt_at": now,
+                    }
+                    made += (await conn.execute(insert.values(value))).rowcount or 0
             return made
 
         return await self._run(work)
