@@ -19,6 +19,19 @@ from uvicorn.importer import import_from_string
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _run(arguments: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script (`arguments` after the interpreter) from the project root."""
+    return subprocess.run(
+        [sys.executable, *arguments],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @pytest.fixture
 def bench_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ROOT))
@@ -48,15 +61,7 @@ def test_the_authenticated_http_app_builds(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_overhead_script_runs() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/overhead.py", "--rounds", "1", "--per-round", "50"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _run(["benchmarks/overhead.py", "--rounds", "1", "--per-round", "50"])
     assert result.returncode == 0, result.stderr
     assert "added by the middleware" in result.stdout
 
@@ -64,19 +69,9 @@ def test_the_overhead_script_runs() -> None:
 @pytest.mark.sqlite
 @pytest.mark.slow
 def test_the_revoke_benchmark_runs_and_finds_no_stale_admit(tmp_path: Path) -> None:
-    import json
-
     out = tmp_path / "revoke.json"
     command = ["benchmarks/revoke.py", "--samples", "2", "--stores", "sqlite", "--json", str(out)]
-    result = subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = _run(command, timeout=180)
     assert result.returncode == 0, result.stderr
     measured = json.loads(out.read_text())["stores"]["sqlite"]
     assert measured.get("stale_admits") == 0, measured
@@ -122,9 +117,8 @@ def test_the_aims_of_issue_13_are_evaluated() -> None:
 @pytest.mark.usefixtures("bench_path")
 def test_the_hand_written_comparison_runs_and_prints_its_aim(tmp_path: Path) -> None:
     out = tmp_path / "handwritten.json"
-    result = subprocess.run(
+    result = _run(
         [
-            sys.executable,
             "benchmarks/handwritten.py",
             "--rounds",
             "2",
@@ -132,13 +126,7 @@ def test_the_hand_written_comparison_runs_and_prints_its_aim(tmp_path: Path) -> 
             "50",
             "--json",
             str(out),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        ]
     )
     assert result.returncode == 0, result.stderr
     assert "hand-written" in result.stdout
@@ -149,15 +137,7 @@ def test_the_hand_written_comparison_runs_and_prints_its_aim(tmp_path: Path) -> 
 
 @pytest.mark.usefixtures("bench_path")
 def test_the_step_breakdown_runs() -> None:
-    result = subprocess.run(
-        [sys.executable, "benchmarks/handwritten.py", "--steps", *("--rounds", "1", "-p", "50")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _run(["benchmarks/handwritten.py", "--steps", *("--rounds", "1", "-p", "50")])
     assert result.returncode == 0, result.stderr
     for step in ("key format", "peppered hash", "usage counting", "rate limit", "whole"):
         assert step in result.stdout
@@ -165,15 +145,7 @@ def test_the_step_breakdown_runs() -> None:
 
 def test_the_instruction_count_runs(tmp_path: Path) -> None:
     out = tmp_path / "count.json"
-    result = subprocess.run(
-        [sys.executable, "benchmarks/handwritten.py", "--count", "--json", str(out)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = _run(["benchmarks/handwritten.py", "--count", "--json", str(out)])
     assert result.returncode == 0, result.stderr
     assert "ratio of the added instructions" in result.stdout
     counted = json.loads(out.read_text())
