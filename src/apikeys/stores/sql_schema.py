@@ -396,7 +396,6 @@ def webhooks_table(
             sa.Column("previous_until", UTCDateTime(), nullable=True),
             sa.Column("taken", sa.BigInteger(), nullable=False),
             sa.Column("created_at", UTCDateTime(), nullable=False),
-            sa.Column("lease_until", UTCDateTime(), nullable=True),
         ),
     )
 
