@@ -350,3 +350,56 @@ async def test_a_leaked_key_is_key_leaked_or_key_revoked_to_an_endpoint_that_ask
         (revocations.id, plain.record.id, "key.revoked"),
         (leaks.id, leaked.record.id, "key.leaked"),
     }
+
+
+async def test_an_endpoint_of_one_workspace_is_sent_only_that_workspaces_events(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    acme = await add_endpoint(hooks, "http://127.0.0.1:9/acme", workspace="acme")
+    every = await add_endpoint(hooks, "http://127.0.0.1:9/every")
+    ours = await manager.create(
+        name="ours",
+        workspace="acme",
+        full_access=True,
+        expires_in=timedelta(hours=12),
+        credit_refill="100/day",
+    )
+    theirs = await manager.create(
+        name="theirs",
+        workspace="globex",
+        full_access=True,
+        expires_in=timedelta(hours=12),
+        credit_refill="100/day",
+    )
+    for created in (ours, theirs):
+        assert await manager.spend_credits(created.record, 80) is not None
+    now = utcnow()
+    await hooks.take(now)
+    await hooks.expiring(now)
+    await hooks.usage_thresholds(now)
+    sent = {(d.webhook_id, d.key_id, d.event) for d in await hooks.deliveries()}
+    events = {"key.created", "key.expiring", "key.usage_threshold"}
+    assert {(key, event) for hook, key, event in sent if hook == acme.id} == {
+        (ours.record.id, event) for event in events
+    }
+    assert {(key, event) for hook, key, event in sent if hook == every.id} == {
+        (created.record.id, event) for created in (ours, theirs) for event in events
+    }
+
+
+async def test_a_revoked_key_is_sent_no_expiring_or_usage_threshold_event(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(
+        hooks, "http://127.0.0.1:9/hooks", events=["key.expiring", "key.usage_threshold"]
+    )
+    created = await manager.create(
+        name="gone", full_access=True, expires_in=timedelta(hours=12), credit_refill="100/day"
+    )
+    assert await manager.spend_credits(created.record, 90) is not None
+    await manager.revoke(created.record.id)
+    now = utcnow()
+    assert await hooks.expiring(now) == 0
+    assert await hooks.usage_thresholds(now) == 0
