@@ -26,6 +26,7 @@ from apikeys.cli import main
 from apikeys.errors import (
     ConfigurationError,
     InvalidAPIKey,
+    InvalidKeyParameters,
     KeyExpired,
     KeyRevoked,
     MalformedAPIKey,
@@ -340,6 +341,18 @@ async def test_if_csv_rows_cannot_be_imported_then_each_refusal_says_why(
         assert "sha256:" not in refusal.reason
 
 
+@pytest.mark.parametrize("workspace", ["", "acme\nevil", "w" * 201])
+async def test_if_workspace_is_not_a_workspace_name_then_import_is_refused_and_nothing_stored(
+    importer: KeyManager, tmp_path: Path, workspace: str
+) -> None:
+    path = _csv(tmp_path / "keys.csv", [{"name": "a", "hash": "sha256:" + "4" * 64}])
+    with pytest.raises(InvalidKeyParameters, match="workspace"):
+        await import_keys(
+            importer, read_csv(path), source="csv", full_access=True, workspace=workspace
+        )
+    assert await importer.store.list() == []
+
+
 def test_a_foreign_key_repr_shows_no_hash() -> None:
     key = ForeignKey(row=1, name="n", hashed="sha256:" + "a" * 64)
     assert "a" * 64 not in repr(key)
@@ -461,6 +474,17 @@ def test_cli_import_usage_errors_and_unreadable_sources(cli_store: str, tmp_path
     )
     assert no_table.exit_code == 1
     assert "could not read rest_framework_api_key_apikey" in no_table.output
+
+
+@pytest.mark.sqlite
+def test_cli_import_refuses_a_bad_workspace_as_a_usage_error(
+    cli_store: str, tmp_path: Path
+) -> None:
+    path = _csv(tmp_path / "keys.csv", [{"name": "a", "hash": "sha256:" + "4" * 64}])
+    bad = run(cli_store, "import", "--from", "csv", str(path), "--full-access", "--workspace", "")
+    assert bad.exit_code == 2
+    assert "workspace must be a non-empty string" in bad.output
+    assert json.loads(run(cli_store, "list", "--json").output) == []
 
 
 # -- through the middleware -------------------------------------------------------------

@@ -11,7 +11,6 @@ import builtins
 import contextlib
 import logging
 import os
-import re
 import secrets
 import time
 import warnings
@@ -55,7 +54,7 @@ from apikeys.listing import (
     encode_cursor,
     position,
 )
-from apikeys.policies import parse_refill, policy_fields
+from apikeys.policies import check_text, parse_refill, policy_fields
 from apikeys.ratelimit import RateLimiter, format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
@@ -90,8 +89,6 @@ STORE_URL_ENV: Final = "APIKEYS_STORE_URL"
 LIMITER_URL_ENV: Final = "APIKEYS_LIMITER_URL"
 """The variable naming the key store, read by `KeyManager()` without a store and by the CLI."""
 
-_MAX_TEXT = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _INSERT_ATTEMPTS = 5
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
 _T = TypeVar("_T")
@@ -165,16 +162,6 @@ def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -
     if rate_limit is not None:
         parse_policies(rate_limit)
     return rate_limit
-
-
-def _text(value: str, field: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidKeyParameters(f"{field} must be a non-empty string")
-    if len(value) > _MAX_TEXT or _CONTROL.search(value):
-        raise InvalidKeyParameters(
-            f"{field} must be at most {_MAX_TEXT} characters, without control characters"
-        )
-    return value
 
 
 def refusal(record: KeyRecord, action: str) -> str | None:
@@ -519,8 +506,8 @@ class KeyManager:
         `"5000/month"`) setting them back each UTC period (a key with a refill and no
         `credits` starts full).
         """
-        _text(name, "name")
-        _text(workspace, "workspace")
+        check_text(name, "name")
+        check_text(workspace, "workspace")
         scope_tuple = validate_scopes(scopes)
         if full_access and scope_tuple:
             raise InvalidKeyParameters("a full-access key takes no scopes")
@@ -907,7 +894,7 @@ class KeyManager:
         """
         changes: dict[str, object] = {}
         if name is not None:
-            changes["name"] = _text(name, "name")
+            changes["name"] = check_text(name, "name")
         if full_access is not None or scopes is not None:
             scope_tuple = validate_scopes(scopes or ())
             if full_access and scope_tuple:

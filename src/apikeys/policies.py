@@ -29,10 +29,12 @@ __all__ = [
     "MAX_CREDITS",
     "MAX_METADATA_BYTES",
     "MAX_OWNER_LENGTH",
+    "MAX_TEXT_LENGTH",
     "Refill",
     "check_credits",
     "check_metadata",
     "check_owner",
+    "check_text",
     "dump_metadata",
     "load_metadata",
     "parse_refill",
@@ -42,9 +44,24 @@ __all__ = [
 MAX_METADATA_BYTES: Final = 4096
 MAX_OWNER_LENGTH: Final = 200
 MAX_CREDITS: Final = 10**12
+MAX_TEXT_LENGTH: Final = 200
 _NOT_AN_OBJECT: Final = 'metadata must be a JSON object, e.g. {"plan": "pro"}'
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_TEXT_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a name's, as it always was
 _REFILL = re.compile(r"\s*(\d{1,13})\s*(?:/|\s+per\s+)\s*(day|month)\s*", re.IGNORECASE)
+
+
+def check_text(value: object, field: str) -> str:
+    """`value` if it is an acceptable key name or workspace (`field`): a non-empty string
+    of at most `MAX_TEXT_LENGTH` characters without control characters; else
+    `InvalidKeyParameters`."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidKeyParameters(f"{field} must be a non-empty string")
+    if len(value) > MAX_TEXT_LENGTH or _TEXT_CONTROL.search(value):
+        raise InvalidKeyParameters(
+            f"{field} must be at most {MAX_TEXT_LENGTH} characters, without control characters"
+        )
+    return value
 
 
 def check_owner(owner: object) -> str | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from apikeys.errors import ConfigurationError, DuplicateKeyId
+from apikeys.errors import ConfigurationError, DuplicateKeyId, InvalidKeyParameters
 from apikeys.importing.foreign import (
     IMPORTED,
     digest_handle,
@@ -19,6 +18,7 @@ from apikeys.importing.foreign import (
 )
 from apikeys.importing.sources import ForeignKey, Refusal
 from apikeys.keys import mask
+from apikeys.policies import check_text
 from apikeys.scopes import validate_scopes
 from apikeys.types import ACTIVE, REVOKED, AuditEvent, KeyRecord, StoredKey, utcnow
 
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from apikeys.manager import KeyManager
 
 __all__ = ["ImportReport", "import_keys"]
-
-_MAX_NAME = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(slots=True)
@@ -79,9 +76,10 @@ def _handle(key: ForeignKey) -> str:
 def _name(name: str) -> str:
     if not name.strip():
         raise ValueError("the name is empty")
-    if len(name) > _MAX_NAME or _CONTROL.search(name):
-        raise ValueError(f"the name is over {_MAX_NAME} characters or holds control characters")
-    return name
+    try:
+        return check_text(name, "the name")
+    except InvalidKeyParameters as exc:
+        raise ValueError(str(exc)) from None
 
 
 async def import_keys(
@@ -101,10 +99,12 @@ async def import_keys(
     Each old key string then works as it is (`KeyManager.verify`), and is re-hashed with
     apikeys' own scheme on its first successful use. Imported keys keep their names,
     creation times, expiry and revoked status, in `workspace`, with `full_access` or
-    `scopes`. A key imported before is skipped; `dry_run` changes nothing and reports
+    `scopes` (a bad `workspace` or scope raises `InvalidKeyParameters`, before any row
+    is read). A key imported before is skipped; `dry_run` changes nothing and reports
     what would happen. `source` names the old system in the audit trail (`drf-api-key`,
     `csv`); `progress(1)` is called after each row.
     """
+    check_text(workspace, "workspace")
     scope_tuple = validate_scopes(scopes)
     if full_access == bool(scope_tuple):
         raise ConfigurationError("imported keys take full access or at least one scope")
