@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import click
 
@@ -58,15 +58,11 @@ def import_(
         raise click.UsageError(
             "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
         )
-    audit_source = "drf-api-key" if source == "drf-api-key" else "csv"
 
     async def work(manager: KeyManager) -> ImportReport:
-        rows: Iterable[ForeignKey | Refusal]
-        if source == "drf-api-key":
-            rows = await read_drf(location)
-        else:
-            rows = list(read_csv(location))
-        rows = list(rows)
+        rows: list[ForeignKey | Refusal] = list(
+            await read_drf(location) if source == "drf-api-key" else read_csv(location)
+        )
         show = not as_json and len(rows) >= _PROGRESS_FROM and sys.stderr.isatty()
         with click.progressbar(
             length=len(rows), label="Importing", file=sys.stderr, hidden=not show
@@ -75,7 +71,7 @@ def import_(
             return await import_keys(
                 manager,
                 rows,
-                source=audit_source,
+                source=source,  # "drf-api-key" or "csv", as the audit trail names it
                 workspace=workspace,
                 scopes=scopes,
                 full_access=full_access,
