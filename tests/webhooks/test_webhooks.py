@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -85,6 +86,25 @@ def hooks_of(store: KeyStore) -> WebhookStore:
     hooks = store.webhooks()
     assert hooks is not None
     return hooks
+
+
+async def deliver_claimed(hooks: WebhookStore) -> list[Any]:
+    """Claim what is due (in line first per endpoint and key), mark each delivered, and
+    return their bodies."""
+    now = utcnow()
+    bodies = []
+    for item in await hooks.claim("test", now, now + timedelta(minutes=1), 10):
+        bodies.append(json.loads(item.body))
+        await hooks.finish(
+            item.id,
+            "test",
+            now=now,
+            status="delivered",
+            next_attempt_at=now,
+            response=200,
+            error=None,
+        )
+    return bodies
 
 
 async def deliver_until(deliverer: Deliverer, done: Callable[[], bool]) -> None:
@@ -291,35 +311,11 @@ async def test_key_usage_threshold_is_sent_once_per_threshold_and_refill_period(
         assert await manager.spend_credits(record, spend) is not None
         assert await hooks.usage_thresholds(utcnow()) == reached
         assert await hooks.usage_thresholds(utcnow()) == 0  # once, whoever looks again
-    now = utcnow()
-    for item in await hooks.claim("test", now, now + timedelta(minutes=1), 10):
-        body = json.loads(item.body)
-        assert body["type"] == "key.usage_threshold"
-        assert body["data"]["key"]["id"] == metered.record.id
-        sent.append((body["data"]["threshold"], body["data"]["used"]))
-        await hooks.finish(
-            item.id,
-            "test",
-            now=now,
-            status="delivered",
-            next_attempt_at=now,
-            response=200,
-            error=None,
-        )
-    for _ in range(2):
-        now = utcnow()
-        for item in await hooks.claim("test", now, now + timedelta(minutes=1), 10):
-            body = json.loads(item.body)
+    for _ in range(3):  # one a round: each is in line after the one before
+        for body in await deliver_claimed(hooks):
+            assert body["type"] == "key.usage_threshold"
+            assert body["data"]["key"]["id"] == metered.record.id
             sent.append((body["data"]["threshold"], body["data"]["used"]))
-            await hooks.finish(
-                item.id,
-                "test",
-                now=now,
-                status="delivered",
-                next_attempt_at=now,
-                response=200,
-                error=None,
-            )
     assert sorted(sent) == [(80, 80), (90, 90), (100, 100)]
     jumping = await manager.create(name="jumping", full_access=True, credit_refill="100/day")
     assert await manager.spend_credits(jumping.record, 95) == 5
