@@ -83,9 +83,7 @@ async def test_a_rolled_key_is_revealed_with_the_key_it_replaces(manager: KeyMan
     old = await manager.create(name="old", workspace="acme", scopes=["a:read"])
     rolled = await manager.roll(old.record.id, grace=timedelta(hours=1))
     previous = await manager.get(old.record.id)
-    half = await reveals.put(
-        Reveal(rolled.key, rolled.record, "u_1", rolled_from=previous, old_expires_at=None)
-    )
+    half = await reveals.put(Reveal(rolled.key, rolled.record, "u_1", rolled_from=previous))
     shown = await reveals.pop(half, "u_1")
     assert shown is not None
     assert shown.rolled_from is not None

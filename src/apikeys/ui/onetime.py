@@ -49,7 +49,11 @@ class Reveal:
     user_id: str
     rolled_from: KeyRecord | None = None
     """For a roll: the old key, with its new (grace period) expiry."""
-    old_expires_at: datetime | None = None
+
+    @property
+    def old_expires_at(self) -> datetime | None:
+        """For a roll: when the old key stops working (the end of the grace period)."""
+        return None if self.rolled_from is None else self.rolled_from.expires_at
 
 
 def _b64(data: bytes) -> str:
@@ -140,10 +144,4 @@ class RevealStore:
         key = _xor(sealed, pad)
         if not hmac.compare_digest(tag, _tag(mac_key, token, user_id, key_id, key)):
             return None  # changed in the store or in the cookie, or another user's
-        return Reveal(
-            key.decode(),
-            stored.record,
-            user_id,
-            rolled_from=rolled_from,
-            old_expires_at=None if rolled_from is None else rolled_from.expires_at,
-        )
+        return Reveal(key.decode(), stored.record, user_id, rolled_from=rolled_from)
