@@ -42,6 +42,12 @@ def test_bad_input_is_refused_with_a_clear_status(tmp_path: Path) -> None:
         assert result.exit_code == 2, (url, result.output)
         assert "webhook URL" in result.output
     assert run(store, "add", "https://example.com/", "--event", "key.nothing").exit_code == 2
+    # An empty workspace (an unset shell variable, say) is refused, not taken for every one.
+    for workspace in ("", " ", "acme\nglobex"):
+        result = run(store, "add", "https://example.com/", "--workspace", workspace)
+        assert result.exit_code == 2, (workspace, result.output)
+        assert "workspace must be" in result.output
+    assert json.loads(run(store, "list", "--json").output) == []
     for args in (("remove", "wh_nope"), ("roll", "wh_nope"), ("replay", "msg_nope")):
         result = run(store, *args)
         assert result.exit_code == 1, (args, result.output)

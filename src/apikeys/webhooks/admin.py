@@ -8,6 +8,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 from apikeys.errors import InvalidKeyParameters
+from apikeys.policies import check_text
 from apikeys.types import utcnow
 from apikeys.webhooks.base import Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
@@ -36,7 +37,8 @@ async def add_endpoint(
     events: Sequence[str] = (),
     workspace: str | None = None,
 ) -> Endpoint:
-    """Add an endpoint for `events` (all when empty) of `workspace`'s keys (all when None).
+    """Add an endpoint for `events` (all when empty) of `workspace`'s keys (all when None;
+    an empty or malformed workspace is refused, never taken for all of them).
 
     The endpoint returned holds its secret: show it once, it is not shown again.
     """
@@ -47,7 +49,7 @@ async def add_endpoint(
         id="wh_" + secrets.token_hex(8),
         url=validate_url(url),
         events=tuple(dict.fromkeys(events)),
-        workspace=workspace or None,
+        workspace=None if workspace is None else check_text(workspace, "workspace"),
         secret=new_secret(),
         created_at=utcnow(),
     )
