@@ -956,7 +956,8 @@ class KeyManager:
             self._announce(event)
         if _BALANCE_FIELDS & changes.keys() and record.replaces is not None:
             await self._share_with_predecessors(record, actor)
-        return self.usage_buffer.apply(record)
+        # As `get` shows it: a rolled key with the balance it spends from, its successor's.
+        return self.usage_buffer.apply(await self._shared_credits(record, {}))
 
     async def _share_with_predecessors(self, record: KeyRecord, actor: str | None) -> None:
         """Copy `record`'s credit settings to the keys it replaces, which spend its balance:

@@ -1001,6 +1001,18 @@ class TestRolledPairSharesOneBalance:
             await manager.update(new.record.id, credit_refill="7/day")
             assert (await manager.get(old.record.id)).credit_refill == "7/day"
 
+    async def test_a_rolled_key_edited_shows_the_balance_it_spends_from(
+        self, store: KeyStore
+    ) -> None:
+        # Its successor's balance changed without the manager (a plain store write): the
+        # old key's own count is stale, and an edit of the old key shows what `get` shows.
+        async with self.manager(store) as manager:
+            old = await manager.create(name="n", scopes=["contacts:read"], credits=0)
+            new = await manager.roll(old.record.id, grace=timedelta(hours=1))
+            await store.update(new.record.id, {"credits": 1})
+            edited = await manager.update(old.record.id, name="renamed", credits=1)
+            assert edited.credits == 1 == (await manager.get(old.record.id)).credits
+
     async def test_a_spend_follows_the_link_a_roll_sets(self, store: KeyStore) -> None:
         old = await inserted(store, credits=9)
         new = await inserted(store, credits=0, replaces=old.id)
