@@ -393,15 +393,27 @@ class LocalSentinel:
         return node
 
     def wait_failover(self, killed: Node) -> None:
+        """Until every running sentinel names a new master, which says it is one."""
+
         def promoted() -> bool:
-            port = self.master_port()
-            return port != killed.port and info(port, "replication").get("role") == "master"
+            ports = {
+                int(cli(s.port, "SENTINEL", "get-master-addr-by-name", SERVICE_NAME).split()[1])
+                for s in self.sentinels
+                if s.running
+            }
+            if len(ports) != 1 or killed.port in ports:
+                return False
+            return info(ports.pop(), "replication").get("role") == "master"
 
         wait_until(promoted, "the Sentinel failover", timeout=90)
 
     def restore(self, node: Node) -> None:
-        """Start the killed master again: the sentinels make it a replica of the new one."""
+        """Start the killed master again, as a replica of the new one (what the sentinels'
+        rewrite of its configuration makes of it in a real deployment): it never answers
+        as an empty master, which a client still holding its address would read from."""
         if not node.running:
+            master = self.master_port()
+            node.args = ["--replicaof", "127.0.0.1", str(master)]  # a data node's only args
             node.start()
         self.wait_healthy()
 
