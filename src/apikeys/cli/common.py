@@ -451,3 +451,16 @@ def _access_options(scope_help: str) -> Callable[[_F], _F]:
         )(command)
 
     return decorate
+
+
+def _check_new_access(ctx: click.Context, full_access: bool, scopes: Sequence[str]) -> None:
+    """The access of a key being made (`create`, `import`): full, or at least one scope."""
+    if full_access and scopes:
+        raise click.UsageError(
+            "--full-access and --scope exclude each other: a full-access key has every scope",
+            ctx,
+        )
+    if not full_access and not scopes:
+        raise click.UsageError(
+            "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
+        )

@@ -7,7 +7,15 @@ from collections.abc import Callable
 
 import click
 
-from apikeys.cli.common import _access_options, _echo_json, _run, actor_of, actor_option, main
+from apikeys.cli.common import (
+    _access_options,
+    _check_new_access,
+    _echo_json,
+    _run,
+    actor_of,
+    actor_option,
+    main,
+)
 from apikeys.importing import ImportReport, import_keys, read_csv, read_drf
 from apikeys.importing.sources import ForeignKey, Refusal
 from apikeys.manager import KeyManager
@@ -52,12 +60,7 @@ def import_(
     harmless: keys imported before are skipped. Prints how many keys were imported,
     skipped and refused (with why).
     """
-    if full_access and scopes:
-        raise click.UsageError("--full-access and --scope exclude each other", ctx)
-    if not full_access and not scopes:
-        raise click.UsageError(
-            "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
-        )
+    _check_new_access(ctx, full_access, scopes)
 
     async def work(manager: KeyManager) -> ImportReport:
         rows: list[ForeignKey | Refusal] = list(

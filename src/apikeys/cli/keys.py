@@ -12,6 +12,7 @@ import click
 
 from apikeys.cli.common import (
     _access_options,
+    _check_new_access,
     _duration,
     _echo_json,
     _key_id,
@@ -77,15 +78,7 @@ def create(
 
     The key goes alone to stdout (KEY=$(apikeys create …) works); a summary goes to stderr.
     """
-    if full_access and scopes:
-        raise click.UsageError(
-            "--full-access and --scope exclude each other: a full-access key has every scope",
-            ctx,
-        )
-    if not full_access and not scopes:
-        raise click.UsageError(
-            "pass --full-access or at least one --scope (e.g. --scope contacts:read)", ctx
-        )
+    _check_new_access(ctx, full_access, scopes)
 
     policy = policy_changes(ctx, policies, editing=False)
 
