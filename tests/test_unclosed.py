@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -59,23 +58,24 @@ UNCLOSED = "ResourceWarning: unclosed KeyManager("
 
 def run_script(
     tmp_path: Path, variant: str, flags: list[str], *extra: str
-) -> tuple[str, subprocess.CompletedProcess[str], float]:
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Run the script to its exit: one that hangs at exit fails at the timeout (a bound on
+    a hang, not a timing: a slow machine only takes longer)."""
     folder = tmp_path / "db"
     folder.mkdir(exist_ok=True)
     url = f"sqlite:///{folder / 'keys.db'}"
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {name: value for name, value in os.environ.items() if name != "PYTHONWARNINGS"}
-    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, *flags, str(script), url, variant, *extra],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env=env,
         cwd=tmp_path,
     )
-    return url, result, time.monotonic() - started
+    return url, result
 
 
 async def request_count(url: str, key_id: str) -> int:
@@ -95,9 +95,8 @@ async def request_count(url: str, key_id: str) -> int:
 async def test_if_a_script_never_closes_its_manager_then_it_exits_warns_and_writes_the_counts(
     tmp_path: Path, variant: str, flags: list[str]
 ) -> None:
-    url, result, elapsed = run_script(tmp_path, variant, flags)
+    url, result = run_script(tmp_path, variant, flags)
     assert result.returncode == 0, result.stderr
-    assert elapsed < 20, elapsed
     assert "Traceback" not in result.stderr, result.stderr
     if flags:
         # Once per manager: at exit (or when collected), never again when collected later.
@@ -111,7 +110,7 @@ async def test_if_a_script_never_closes_its_manager_then_it_exits_warns_and_writ
 
 
 def test_if_warnings_are_errors_then_exit_still_prints_no_traceback(tmp_path: Path) -> None:
-    _, result, _ = run_script(tmp_path, "global", ["-W", "error::ResourceWarning"])
+    _, result = run_script(tmp_path, "global", ["-W", "error::ResourceWarning"])
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert "unclosed KeyManager(" in result.stderr
@@ -120,9 +119,8 @@ def test_if_warnings_are_errors_then_exit_still_prints_no_traceback(tmp_path: Pa
 def test_if_the_counts_cannot_be_written_at_exit_then_it_says_how_many_were_lost(
     tmp_path: Path,
 ) -> None:
-    _, result, elapsed = run_script(tmp_path, "unreachable", [], str(tmp_path / "db"))
+    _, result = run_script(tmp_path, "unreachable", [], str(tmp_path / "db"))
     assert result.returncode == 0, result.stderr
-    assert elapsed < 20, elapsed
     assert "Traceback" not in result.stderr, result.stderr
     assert "3 request count(s) buffered by an unclosed KeyManager could not be written" in (
         result.stderr

@@ -355,7 +355,7 @@ async def test_if_the_background_flush_fails_then_it_retries_the_same_batch_on_i
     assert store.count("k1") == 3
 
 
-async def test_background_flush_makes_counts_visible_within_about_a_second(
+async def test_background_flush_makes_counts_visible_without_a_flush_or_close(
     closing: list[UsageBuffer],
 ) -> None:
     store = await scripted()
@@ -363,8 +363,10 @@ async def test_background_flush_makes_counts_visible_within_about_a_second(
     started = time.monotonic()
     hit(buffer, "k1", 7)
 
+    # A bound on waiting forever, not a timing: the interval is 1 s, and nothing but the
+    # background task writes here.
     while store.count("k1") < 7:
-        assert time.monotonic() - started < 1.5, "not written within the flush interval"
+        assert time.monotonic() - started < 60, "never written by the background flush"
         await asyncio.sleep(0.02)
 
     assert store.count("k1") == 7
