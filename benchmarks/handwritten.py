@@ -22,7 +22,8 @@ Run: `python benchmarks/handwritten.py [--rounds 30] [--per-round 3000] [--json 
 `--rate-limit` gives the key several limits ("a=1000000000/second, b=1000000000/day").
 `--count` counts what the interpreter executes per request instead of timing it: bytecode
 instructions (`sys.settrace` opcode events), Python calls and calls into C
-(`sys.setprofile`). The counts do not depend on the machine's load.
+(`sys.setprofile`). The counts do not depend on the machine's load. With `--watched`, a
+webhook endpoint wants `key.usage_threshold`, so the limiter is watched for thresholds.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from starlette.responses import PlainTextResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 from apikeys import APIKeyMiddleware, Hasher, KeyManager, MemoryStore  # noqa: E402
+from apikeys.webhooks.admin import add_endpoint  # noqa: E402
 
 AIM = 2.0
 PATH = "/api/v1/contacts"
@@ -201,12 +203,20 @@ async def _counted(call: Any, requests: int) -> dict[str, float]:
     return {kind: value / requests for kind, value in tally.items()}
 
 
-async def count(requests: int, rate_limit: str) -> dict[str, Any]:
+async def count(requests: int, rate_limit: str, watched: bool = False) -> dict[str, Any]:
     """Bytecode instructions, Python calls and C calls per request of each app, and what the
-    hand-written check and the middleware add to bare: counts, not times."""
+    hand-written check and the middleware add to bare: counts, not times. `watched`: an
+    endpoint wants `key.usage_threshold`, and a delivery round has seen it."""
     calls, manager = await build(rate_limit)
     per: dict[str, dict[str, float]] = {}
     try:
+        if watched:
+            hooks = manager.store.webhooks()
+            assert hooks is not None
+            assert manager.deliverer is not None
+            await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.usage_threshold"])
+            await manager.deliverer.run_once()
+            assert manager.deliverer.thresholds.on
         for name, call in calls.items():
             for _ in range(50):  # caches filled, windows opened, first-call work done
                 await call()
@@ -221,6 +231,7 @@ async def count(requests: int, rate_limit: str) -> dict[str, Any]:
     return {
         "requests": requests,
         "rate_limit": rate_limit,
+        "watched": watched,
         "per_request": per,
         "added": added,
         "instruction_ratio": ratio,
@@ -231,6 +242,7 @@ def report_count(result: dict[str, Any]) -> None:
     print(
         f"per request, counted over {result['requests']} requests (sys.settrace, "
         f"sys.setprofile); rate limit {result['rate_limit']}"
+        + ("; watched for thresholds" if result.get("watched") else "")
     )
     kinds = list(result["per_request"]["bare"])
     print(f"  {'':<24}" + "".join(f"{kind:>16}" for kind in kinds))
@@ -373,9 +385,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--count", action="store_true", help="instructions and calls per request, not time"
     )
+    parser.add_argument(
+        "--watched",
+        action="store_true",
+        help="with --count: an endpoint wants key.usage_threshold (the limiter is watched)",
+    )
     args = parser.parse_args()
     if args.count:
-        counted = asyncio.run(count(200, args.rate_limit))
+        counted = asyncio.run(count(200, args.rate_limit, args.watched))
         report_count(counted)
         if args.json:
             args.json.write_text(json.dumps(counted, indent=2))

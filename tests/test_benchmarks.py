@@ -153,6 +153,22 @@ def test_the_instruction_count_runs(tmp_path: Path) -> None:
     assert counted["added"]["apikeys"]["instructions"] > 0
 
 
+def test_a_limiter_watched_for_thresholds_calls_nothing_more_per_request(tmp_path: Path) -> None:
+    counted = {}
+    for flags in ((), ("--watched",)):
+        out = tmp_path / "count.json"
+        result = _run(["benchmarks/handwritten.py", "--count", *flags, "--json", str(out)])
+        assert result.returncode == 0, result.stderr
+        counted[bool(flags)] = json.loads(out.read_text())
+    assert [counted[watched]["watched"] for watched in (False, True)] == [False, True]
+    plain, watched = (counted[key]["per_request"]["apikeys"] for key in (False, True))
+    # Below 80 % of its window a watched request only compares: no call, Python or C (an
+    # occasional one, a timer's, is a fraction of a call per request in either run).
+    assert abs(watched["python calls"] - plain["python calls"]) < 0.5
+    assert abs(watched["C calls"] - plain["C calls"]) < 0.5
+    assert watched["instructions"] > plain["instructions"]
+
+
 @pytest.mark.sqlite
 @pytest.mark.slow
 def test_the_aims_of_issue_24_are_evaluated() -> None:

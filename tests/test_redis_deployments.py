@@ -29,7 +29,7 @@ from apikeys.errors import (
     KeyRevoked,
     StoreUnavailable,
 )
-from apikeys.ratelimit import RateLimiter
+from apikeys.ratelimit import RateLimiter, ThresholdCrossing
 from apikeys.stores.redis import RedisStore, parse_redis_url
 from apikeys.types import UsageDelta
 from tests import redis_servers
@@ -185,6 +185,27 @@ async def test_the_limiter_with_two_policies(deployment: Any, prefix: str, clean
     finally:
         await limiter.aclose()
         await other.aclose()
+
+
+async def test_the_limiter_tells_each_threshold_once_across_processes(
+    deployment: Any, prefix: str, cleanup: None
+) -> None:
+    limiters = [
+        RateLimiter(storage_url=deployment.url, key_prefix=prefix + "limits") for _ in range(2)
+    ]
+    told: list[ThresholdCrossing] = []
+    for limiter in limiters:
+        limiter.on_threshold = told.append
+    try:
+        for turn in range(12):
+            await limiters[turn % 2].hit_policies("3xK9pQ2mZ7aB", "burst=10/minute, daily=50/day")
+    finally:
+        for limiter in limiters:
+            await limiter.aclose()
+    # On a cluster the counters carry the key's id as a hash tag: read back without it.
+    assert sorted((c.key_id, c.policy, c.threshold) for c in told) == [
+        ("3xK9pQ2mZ7aB", "burst", threshold) for threshold in (80, 90, 100)
+    ]
 
 
 # -- durability -------------------------------------------------------------------------------

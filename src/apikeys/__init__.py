@@ -51,6 +51,7 @@ from apikeys.ratelimit import (
     PolicyStatus,
     RateDecision,
     RateLimiter,
+    ThresholdCrossing,
     format_policies,
     parse_policies,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "StoredKey",
     "SyncKeyManager",
+    "ThresholdCrossing",
     "UnsupportedMediaType",
     "UsageDelta",
     "__version__",

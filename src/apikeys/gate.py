@@ -319,7 +319,8 @@ class Gate:
 
     - `manager`: the `KeyManager` that verifies keys and counts their use.
     - `limiter`: the `RateLimiter` that holds the keys' rate limits; None takes the
-      manager's (`KeyManager.limiter`), which the integrations share.
+      manager's (`KeyManager.limiter`), which the integrations share. Either way the
+      manager sends its thresholds as webhooks (`KeyManager.observe_limiter`).
     - `scopes`: a route table (`ScopeTable`, or its rules) of the scopes each route needs;
       None checks only the scopes `admit` is given.
     - `unmapped`: what a restricted key may do on a route no rule of `scopes` covers:
@@ -356,6 +357,8 @@ class Gate:
             raise ConfigurationError("trusted_proxies must not be negative")
         self.manager = manager
         self.limiter = limiter if limiter is not None else manager.limiter
+        if limiter is not None:
+            manager.observe_limiter(limiter)  # its thresholds become webhooks, as the manager's
         self.scopes = (
             scopes if scopes is None or isinstance(scopes, ScopeTable) else ScopeTable(scopes)
         )

@@ -196,6 +196,18 @@ def refusal(record: KeyRecord, action: str) -> str | None:
 _BALANCE_FIELDS: Final = frozenset({"credits", "credit_refill", "credits_refilled_at"})
 
 
+def _records_of(store: KeyStore) -> Callable[[str], Awaitable[KeyRecord | None]]:
+    """A key's record by its id, from `store`: what the deliverer reads (a function of the
+    store alone, so that the manager and its deliverer make no reference cycle, and an
+    unclosed manager is still collected, and warned about, at once)."""
+
+    async def record(key_id: str) -> KeyRecord | None:
+        stored = await store.get(key_id)
+        return None if stored is None else stored.record
+
+    return record
+
+
 class KeyManager:
     """Issues and checks API keys held in a `KeyStore`.
 
@@ -315,8 +327,12 @@ class KeyManager:
         hooks = self.store.webhooks() if webhooks is not False else None
         if hooks is not None:
             self._deliverer = Deliverer(
-                hooks, webhooks if isinstance(webhooks, DeliveryOptions) else None
+                hooks,
+                webhooks if isinstance(webhooks, DeliveryOptions) else None,
+                records=_records_of(self.store),
             )
+            if self._limiter is not None:
+                self.observe_limiter(self._limiter)
 
     def __repr__(self) -> str:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
@@ -424,7 +440,24 @@ class KeyManager:
         if limiter is None:
             url = self._limiter_url or os.environ.get(LIMITER_URL_ENV) or "memory://"
             limiter = self._limiter = RateLimiter(None, url)
+            self.observe_limiter(limiter)
         return limiter
+
+    @property
+    def deliverer(self) -> Deliverer | None:
+        """The task that delivers the store's webhooks from this process (None when
+        `webhooks=False`, or the store keeps none); `await manager.deliverer.run_once()`
+        runs one round now."""
+        return self._deliverer
+
+    def observe_limiter(self, limiter: RateLimiter) -> None:
+        """Send `key.usage_threshold` webhooks when `limiter` finds a key's window reaching
+        80, 90 or 100 % of a limit (`RateLimiter.on_threshold`), while an endpoint wants
+        that event. The manager's own `limiter` is observed, and so is one given to a `Gate`
+        (the middleware's); a limiter with an observer of its own is left to it. Nothing
+        when this manager delivers no webhooks."""
+        if self._deliverer is not None:
+            self._deliverer.thresholds.attach(limiter)
 
     async def flush(self) -> None:
         """Write buffered usage counts to the store now."""

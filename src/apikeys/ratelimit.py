@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Final, NamedTuple
 
 from limits import RateLimitItem, parse_many
 from limits.aio.storage import MemoryStorage, RedisClusterStorage, Storage
@@ -41,15 +42,19 @@ __all__ = [
     "DEFAULT_RATE_LIMIT",
     "MAX_POLICIES",
     "RATE_LIMIT_ENV",
+    "THRESHOLDS",
     "Policy",
     "PolicyDecision",
     "PolicyStatus",
     "RateDecision",
     "RateLimiter",
+    "ThresholdCrossing",
     "format_policies",
     "parse_policies",
     "parse_rate_limit",
 ]
+
+logger = logging.getLogger("apikeys")
 
 RATE_LIMIT_ENV = "APIKEYS_RATE_LIMIT"
 # Bounds that every limits storage can hold (Redis refuses absurd expiry times).
@@ -59,6 +64,9 @@ DEFAULT_RATE_LIMIT = "100/minute"
 DEFAULT_POLICY = "default"
 """The name of a key's limit when it is written without one (`100/minute`)."""
 MAX_POLICIES = 8
+THRESHOLDS: Final = (80, 90, 100)
+"""The percentages of a limit at which `RateLimiter.on_threshold` is told of a window (and
+of the credits granted at which `key.usage_threshold` is sent)."""
 _POLICY_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _SEPARATORS = re.compile(r"[,;]")
 _NOTATION = "write one limit as '100/minute' or named ones as 'burst=10/second, daily=10000/day'"
@@ -200,6 +208,29 @@ class PolicyDecision(NamedTuple):
     policies: tuple[PolicyStatus, ...]
     violated: tuple[str, ...]
     retry_after: int
+
+
+class ThresholdCrossing(NamedTuple):
+    """A key's window of one policy reaching a percentage of its limit: what
+    `RateLimiter.on_threshold` is told, once per key, policy, threshold and window."""
+
+    key_id: str
+    policy: str
+    """The policy's name (`default` for a key's one unnamed limit)."""
+    threshold: int
+    """The percentage of `THRESHOLDS` reached."""
+    used: int
+    """The window's count when it was reached (on Redis, the units leased so far)."""
+    limit: int
+    window: int
+    """The window's length in seconds."""
+    window_end: float
+    """When the window ends, in seconds since 1970 (UTC)."""
+    at: float
+    """When the threshold was reached, in seconds since 1970 (UTC)."""
+
+
+_Observer = Callable[[ThresholdCrossing], None]
 
 
 # Builds a named tuple from a tuple without its __new__'s argument parsing (the hot path).
@@ -433,6 +464,12 @@ class RateLimiter:
     every policy of a key at once; `refund` gives back what an admitted request was charged.
     Several policies are atomic on `memory://` and `redis://`; on other `limits` storages
     they are checked, then charged, and a charge that overshot is taken back.
+
+    `on_threshold`, None by default, is called with a `ThresholdCrossing` when a key's
+    window of a policy reaches a percentage of `THRESHOLDS` of its limit, once per key,
+    policy, threshold and window (see the module doc). It runs on the request path: it
+    must return at once and never raise (what it raises is logged and ignored). The
+    `KeyManager` sets it while an endpoint wants `key.usage_threshold` webhooks.
     """
 
     # False in a subclass that overrides `hit` but not `hit_now` (a test double that fails
@@ -503,6 +540,7 @@ class RateLimiter:
         self._plans: dict[tuple[str, str | None], tuple[str, int, int]] = {}
         # (key id, limit or policies) -> one plan per policy
         self._plan_sets: dict[tuple[str, object], tuple[_Plan, ...]] = {}
+        self.on_threshold: _Observer | None = None
 
     def __repr__(self) -> str:
         return f"RateLimiter(default={self.default!r}, storage={type(self.storage).__name__})"
@@ -535,6 +573,9 @@ class RateLimiter:
             end = self._window_ends.get(counter, 0.0)
             if end <= now:
                 end = await self._fetch_window_end(counter, now)
+        if self.on_threshold is not None and count * 5 >= amount * 4:
+            at = time.time()
+            self._crossed(counter, count - 1, count, amount, window, at + end - now, at)
         return _decision(amount, window, count, end - now)
 
     @property
@@ -591,6 +632,10 @@ class RateLimiter:
             local.sweep_due(now)
         # A refused request is charged nothing.
         counts[counter] = count if count <= amount else count - 1
+        # Observed, only a charge from 80 % (the lowest of THRESHOLDS) to 100 % of the
+        # window can reach a mark: every other request pays these comparisons alone.
+        if self.on_threshold is not None and amount * 4 <= count * 5 <= amount * 5:
+            self._crossed(counter, count - 1, count, amount, window, end, now)
         # In-process, the window's end is known exactly: no second look-up, no rounding.
         reset_after = math.ceil(end - now)
         return amount - count, reset_after if reset_after > 1 else 1
@@ -725,6 +770,13 @@ class RateLimiter:
         lease.reset_at = received + seconds
         lease.seen = int(seen)
         granted = int(granted)
+        if granted and self.on_threshold is not None:
+            # The script granted these units to this process alone: a mark they reach is
+            # told here, and nowhere else.
+            at = time.time()
+            self._crossed(
+                counter, lease.seen - granted, lease.seen, amount, window, at + seconds, at
+            )
         if granted == 0:
             return _decision(amount, window, amount + 1, lease.reset_at - received)
         lease.left += granted - 1  # one unit is this request's
@@ -755,6 +807,56 @@ class RateLimiter:
             counter = f"{self._key_prefix}/{key}/{policy.name}/{window}"
         return counter, amount, window, policy.name
 
+    def _counter_owner(self, counter: str) -> tuple[str, str] | None:
+        """`(key id, policy name)` of a counter `_policy_plan` named, read back from the
+        name (a policy name holds no `/`, nor does a key id apikeys makes): no map to fill
+        on the request path, and none to lose when a cache of plans is cleared."""
+        head = self._key_prefix + "/"
+        if not counter.startswith(head):
+            return None
+        parts = counter[len(head) :].split("/")
+        if len(parts) == 2:
+            key, name = parts[0], DEFAULT_POLICY
+        elif len(parts) == 3:
+            key, name = parts[0], parts[1]
+        else:
+            return None
+        if self._tag:
+            key = key[1:-1]
+        return key, name
+
+    def _crossed(
+        self,
+        counter: str,
+        before: int,
+        after: int,
+        amount: int,
+        window: int,
+        window_end: float,
+        at: float,
+    ) -> None:
+        """Tell `on_threshold` of each mark of `THRESHOLDS` (the least count at or above
+        that share of `amount`) that `counter`'s window passed going from `before` units
+        used to `after`."""
+        observer = self.on_threshold
+        for threshold in THRESHOLDS:
+            mark = -(-amount * threshold // 100)
+            if not before < mark <= after:
+                continue
+            owner = self._counter_owner(counter)
+            if observer is None or owner is None:
+                return
+            crossing = ThresholdCrossing(
+                owner[0], owner[1], threshold, after, amount, window, window_end, at
+            )
+            try:
+                observer(crossing)
+            except Exception as exc:
+                # The request goes on whatever the observer does.
+                logger.warning(
+                    "apikeys: the rate limit threshold observer failed: %s", type(exc).__name__
+                )
+
     def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> tuple[_Plan, ...]:
         if policies is None or isinstance(policies, str):
             parsed = self.policies(policies)
@@ -774,16 +876,15 @@ class RateLimiter:
 
     # -- several policies ------------------------------------------------------------------
 
-    @staticmethod
     def _decide_local_many(
-        local: FixedWindowMemoryStorage, plans: tuple[_Plan, ...]
+        self, local: FixedWindowMemoryStorage, plans: tuple[_Plan, ...]
     ) -> PolicyDecision:
         # Check every policy, then charge every one or none: nothing awaits in between.
         now = time.time()
         counts, ends = local.storage, local.expirations
         for counter, amount, _, _ in plans:
             if counts[counter] >= amount and ends.get(counter, 0.0) > now:
-                return RateLimiter._refused_local(local, plans, now)
+                return self._refused_local(local, plans, now)
         statuses = []
         for counter, amount, window, name in plans:
             end = ends.get(counter, 0.0)
@@ -797,6 +898,11 @@ class RateLimiter:
             statuses.append(
                 _tuple_new(PolicyStatus, (name, True, amount, window, amount - count, reset_after))
             )
+        if self.on_threshold is not None:
+            for counter, amount, window, _ in plans:
+                count = counts[counter]
+                if count * 5 >= amount * 4:
+                    self._crossed(counter, count - 1, count, amount, window, ends[counter], now)
         return _tuple_new(PolicyDecision, (True, tuple(statuses), (), 0))
 
     @staticmethod
@@ -892,6 +998,7 @@ class RateLimiter:
                 lease.pending = None
             loop_future.set_result(None)
         received = time.monotonic()
+        at = time.time()
         every = True
         for position, (lease, current) in enumerate(leases):
             granted, seen, pttl = (int(value) for value in answer[3 * position : 3 * position + 3])
@@ -903,6 +1010,9 @@ class RateLimiter:
             lease.seen = seen
             lease.left += granted
             every = every and granted > 0
+            if granted and self.on_threshold is not None:
+                counter, amount, window, _ = plans[indexes[position]]
+                self._crossed(counter, seen - granted, seen, amount, window, at + seconds, at)
         return every
 
     def _refused_leased(self, plans: tuple[_Plan, ...]) -> PolicyDecision | None:
@@ -937,6 +1047,8 @@ class RateLimiter:
         except (StorageError, OSError) as exc:
             raise LimiterUnavailable(exc) from exc
         now = time.monotonic()
+        at = time.time()
+        observed = admit and self.on_threshold is not None
         statuses = []
         for (counter, amount, window, name), count, ok in zip(plans, used, allowed, strict=True):
             if count <= 0 or (admit and count == 1):
@@ -947,6 +1059,8 @@ class RateLimiter:
                 end = self._window_ends.get(counter, 0.0)
                 if end <= now:
                     end = await self._fetch_window_end(counter, now)
+            if observed:
+                self._crossed(counter, count - 1, count, amount, window, at + end - now, at)
             statuses.append(_status(name, ok, amount, window, amount - count, end - now))
         return _verdict(tuple(statuses))
 

@@ -16,6 +16,7 @@ MODULES = [
     "apikeys.webhooks.redis",
     "apikeys.webhooks.signing",
     "apikeys.webhooks.sql",
+    "apikeys.webhooks.thresholds",
 ]
 
 

@@ -315,6 +315,7 @@ async def test_key_usage_threshold_is_sent_once_per_threshold_and_refill_period(
         for body in await deliver_claimed(hooks):
             assert body["type"] == "key.usage_threshold"
             assert body["data"]["key"]["id"] == metered.record.id
+            assert body["data"]["source"] == "credits"
             sent.append((body["data"]["threshold"], body["data"]["used"]))
     assert sorted(sent) == [(80, 80), (90, 90), (100, 100)]
     jumping = await manager.create(name="jumping", full_access=True, credit_refill="100/day")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
+from apikeys.ratelimit import ThresholdCrossing
 from apikeys.types import KeyRecord, isoformat
 from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
 
@@ -21,6 +23,7 @@ __all__ = [
     "WebhookStore",
     "delivery_id",
     "expiring_deliveries",
+    "rate_threshold_deliveries",
     "usage_threshold_deliveries",
     "wanting",
 ]
@@ -184,6 +187,44 @@ def usage_threshold_deliveries(
     ]
 
 
+def rate_threshold_deliveries(
+    endpoints: Iterable[Endpoint], record: KeyRecord, crossing: ThresholdCrossing
+) -> list[Timed]:
+    """The `key.usage_threshold` deliveries of a rate limit's window reaching a threshold
+    (`crossing`, as the limiter told it): one per endpoint that wants the event about a key
+    of `record`'s workspace, each once per endpoint, key, policy, threshold and window.
+    None for a revoked key."""
+    if record.state == "revoked":
+        return []
+    # Whole seconds, so that the same window is named alike however it was measured.
+    window_end = isoformat(datetime.fromtimestamp(math.ceil(crossing.window_end), UTC))
+    body = event_body(
+        "key.usage_threshold",
+        datetime.fromtimestamp(crossing.at, UTC),
+        record,
+        source="rate_limit",
+        policy=crossing.policy,
+        threshold=crossing.threshold,
+        used=crossing.used,
+        limit=crossing.limit,
+        window=crossing.window,
+        window_end=window_end,
+    )
+    return [
+        Timed(
+            delivery_id(
+                endpoint.id, record.id, crossing.policy, f"{crossing.threshold}%", window_end
+            ),
+            endpoint.id,
+            record.id,
+            "key.usage_threshold",
+            body,
+        )
+        for endpoint in endpoints
+        if endpoint.wants("key.usage_threshold", record.workspace)
+    ]
+
+
 class WebhookStore(abc.ABC):
     """The webhook side of a store: endpoints, the outbox's hand-over, and leases."""
 
@@ -221,6 +262,14 @@ class WebhookStore(abc.ABC):
         once per endpoint, key, threshold and period; the number made
         (`usage_threshold_deliveries` gives a key's). None by default (a store of your own
         works unchanged)."""
+        return 0
+
+    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
+        """Store each of `deliveries` as pending from `now`, in line after what its endpoint
+        has been handed, unless a delivery of its `id` is stored already (made again by any
+        process, in any round, a delivery is stored once); the number made. Rate limit
+        thresholds reach the store this way. None by default (a store of your own works
+        unchanged, without them)."""
         return 0
 
     @abc.abstractmethod

@@ -1,10 +1,12 @@
 """The deliverer: a task in every process with a `KeyManager` that sends what is due.
 
-Each round it hands new events of the change log to their deliveries (`take`), leases the
-deliveries that are due and first in line for their endpoint and key (`claim`), and sends
-them, signed. A 2xx answer delivers one; anything else (or no answer within `timeout`)
-schedules the next attempt after a growing delay, until `give_up_after` has passed since
-the event was taken: it is then marked `failed`, and the next event for that key goes.
+Each round it hands new events of the change log to their deliveries (`take`), makes the
+`key.usage_threshold` deliveries of the rate limit thresholds this process's limiters
+reached (`ThresholdWatch`), leases the deliveries that are due and first in line for their
+endpoint and key (`claim`), and sends them, signed. A 2xx answer delivers one; anything
+else (or no answer within `timeout`) schedules the next attempt after a growing delay,
+until `give_up_after` has passed since the event was taken: it is then marked `failed`,
+and the next event for that key goes.
 """
 
 from __future__ import annotations
@@ -15,14 +17,22 @@ import importlib.util
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from apikeys.types import utcnow
-from apikeys.webhooks.base import Claimed, Endpoint, WebhookStore
+from apikeys.types import KeyRecord, utcnow
+from apikeys.webhooks.base import (
+    Claimed,
+    Endpoint,
+    Timed,
+    WebhookStore,
+    rate_threshold_deliveries,
+    wanting,
+)
 from apikeys.webhooks.signing import signed_headers
+from apikeys.webhooks.thresholds import ThresholdWatch
 
 __all__ = ["DEFAULT_RETRY_DELAYS", "Deliverer", "DeliveryOptions"]
 
@@ -63,11 +73,25 @@ class DeliveryOptions:
 
 
 class Deliverer:
-    """Runs delivery rounds on `store` until stopped (see the module doc)."""
+    """Runs delivery rounds on `store` until stopped (see the module doc).
 
-    def __init__(self, store: WebhookStore, options: DeliveryOptions | None = None) -> None:
+    `records` reads a key's record by its id (None when there is none): with it, the
+    rate limit thresholds queued in `thresholds` (a `ThresholdWatch`, which a `KeyManager`
+    attaches its limiters to) become `key.usage_threshold` deliveries; each round turns the
+    watch on while an endpoint wants that event, and off otherwise.
+    """
+
+    def __init__(
+        self,
+        store: WebhookStore,
+        options: DeliveryOptions | None = None,
+        *,
+        records: Callable[[str], Awaitable[KeyRecord | None]] | None = None,
+    ) -> None:
         self.store = store
         self.options = options or DeliveryOptions()
+        self.records = records
+        self.thresholds = ThresholdWatch()
         self.holder = secrets.token_hex(8)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,8 +114,9 @@ class Deliverer:
         self._task = loop.create_task(self._run(), name="apikeys-webhooks")
 
     async def aclose(self) -> None:
-        """Stop the task (a delivery in flight is dropped; its lease runs out) and close
-        the HTTP client."""
+        """Stop the task (a delivery in flight is dropped; its lease runs out), stop
+        watching the limiters, and close the HTTP client."""
+        self.thresholds.switch(False)
         task, self._task = self._task, None
         here = self._loop in (None, asyncio.get_running_loop())
         if task is not None and not task.done():
@@ -127,16 +152,23 @@ class Deliverer:
         """One round: take new events, lease what is due, send it. The number sent."""
         endpoints = {endpoint.id: endpoint for endpoint in await self.store.endpoints()}
         if not endpoints:
+            self.thresholds.switch(False)
+            self.thresholds.take()  # for nobody
             return 0
         if importlib.util.find_spec("httpx") is None:
+            self.thresholds.switch(False)
+            self.thresholds.take()
             if not self._warned:
                 self._warned = True
                 logger.warning(
                     "webhooks are not sent: they need httpx (pip install 'apikeys[webhooks]')"
                 )
             return 0
+        wanted = wanting(endpoints.values(), "key.usage_threshold")
+        self.thresholds.switch(bool(wanted) and self.records is not None)
         now = utcnow()
         await self.store.take(now)
+        await self.rate_thresholds(wanted, now)
         if time.monotonic() - self._checked >= self.options.check_interval:
             await self.store.expiring(now)
             await self.store.usage_thresholds(now)
@@ -151,6 +183,30 @@ class Deliverer:
             *(self._send(item, endpoints.get(item.webhook_id)) for item in claimed)
         )
         return len(claimed)
+
+    async def rate_thresholds(self, endpoints: Iterable[Endpoint], now: datetime) -> int:
+        """Make the `key.usage_threshold` deliveries of the thresholds queued in
+        `thresholds` for `endpoints` (`rate_threshold_deliveries`); the number made. What
+        cannot be stored (the store fails) is queued again for the next round."""
+        crossings = self.thresholds.take()
+        records = self.records
+        if not crossings or records is None:
+            return 0
+        endpoints = list(endpoints)
+        try:
+            found: dict[str, KeyRecord | None] = {}
+            made: list[Timed] = []
+            for crossing in crossings:
+                key_id = crossing.key_id
+                if key_id not in found:
+                    found[key_id] = await records(key_id)
+                record = found[key_id]
+                if record is not None:
+                    made += rate_threshold_deliveries(endpoints, record, crossing)
+            return await self.store.make_deliveries(made, now) if made else 0
+        except BaseException:
+            self.thresholds.give_back(crossings)
+            raise
 
     def _http(self) -> Any:
         if self._client is None:

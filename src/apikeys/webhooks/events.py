@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, cast
 
 from apikeys.policies import load_metadata, parse_refill
+from apikeys.ratelimit import THRESHOLDS
 from apikeys.types import KeyRecord, StoredState, isoformat
 
 __all__ = [
@@ -53,9 +54,9 @@ triggers (Redis, memory). A re-hash is none."""
 EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
 """How long before a key expires `key.expiring` is sent (once for each)."""
 
-USAGE_THRESHOLDS: Final = (80, 90, 100)
-"""The percentages of a key's credits per refill period at which `key.usage_threshold` is
-sent (once each, per period)."""
+USAGE_THRESHOLDS: Final = THRESHOLDS
+"""The percentages at which `key.usage_threshold` is sent: of a key's credits per refill
+period (once each, per period), and of a rate limit's window (once each, per window)."""
 
 _TIMES: Final = ("created_at", "expires_at", "last_used_at", "revoked_at", "credits_refilled_at")
 
@@ -116,8 +117,8 @@ def event_body(event: str, at: datetime, record: KeyRecord, **extra: Any) -> byt
 def crossed_thresholds(record: KeyRecord, now: datetime) -> list[tuple[int, dict[str, Any]]]:
     """The thresholds of `USAGE_THRESHOLDS` a key with credits and a refill has reached in
     the refill period `now` is in, each with the `data` of its `key.usage_threshold` event
-    (`threshold`, `used`, `granted`, `period_start`). A key without a refill has none: a
-    store keeps its balance, not what was granted."""
+    (`source` `"credits"`, `threshold`, `used`, `granted`, `period_start`). A key without a
+    refill has none: a store keeps its balance, not what was granted."""
     refill = parse_refill(record.credit_refill) if record.credit_refill else None
     if refill is None or record.credits is None or refill.amount <= 0:
         return []
@@ -126,7 +127,12 @@ def crossed_thresholds(record: KeyRecord, now: datetime) -> list[tuple[int, dict
     if refilled is None or refilled < start:
         return []  # not spent from yet this period: its next spend refills it first
     used = max(0, refill.amount - record.credits)
-    extra = {"used": used, "granted": refill.amount, "period_start": isoformat(start)}
+    extra = {
+        "source": "credits",
+        "used": used,
+        "granted": refill.amount,
+        "period_start": isoformat(start),
+    }
     return [
         (threshold, {"threshold": threshold, **extra})
         for threshold in USAGE_THRESHOLDS

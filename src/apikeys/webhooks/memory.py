@@ -9,6 +9,7 @@ It all lives and dies with the process: for a single-process app and for tests.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -170,7 +171,10 @@ class MemoryWebhooks(WebhookStore):
             now,
         )
 
-    def _make_timed(self, made: list[Timed], now: datetime) -> int:
+    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
+        return self._make_timed(deliveries, now)
+
+    def _make_timed(self, made: Iterable[Timed], now: datetime) -> int:
         return sum(
             self._make(
                 due.id,
@@ -182,6 +186,7 @@ class MemoryWebhooks(WebhookStore):
                 body=due.body,
             )
             for due in made
+            if due.webhook_id in self._endpoints  # not for an endpoint removed meanwhile
         )
 
     async def claim(

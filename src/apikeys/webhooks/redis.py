@@ -23,6 +23,7 @@ A lease is `lease:<delivery>`, set with SET NX PX: it runs out by itself.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -132,13 +133,13 @@ class RedisWebhooks(WebhookStore):
             made += int(await self._script("make", _micros(now), *values[start : start + chunk]))
         return made
 
-    async def _make_timed(self, now: datetime, made: list[Timed]) -> int:
+    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
         order = str(_micros(now))
         return await self._make(
             now,
             [
                 value
-                for due in made
+                for due in deliveries
                 for value in (
                     due.id,
                     due.webhook_id,
@@ -232,8 +233,8 @@ class RedisWebhooks(WebhookStore):
                     pipe.hgetall(store.key_name(key_id))
                 hashes: list[dict[str, str]] = await pipe.execute()
         records = [_decode(fields).record for fields in hashes if fields]
-        return await self._make_timed(
-            now, [due for record in records for due in expiring_deliveries(endpoints, record, now)]
+        return await self.make_deliveries(
+            [due for record in records for due in expiring_deliveries(endpoints, record, now)], now
         )
 
     async def usage_thresholds(self, now: datetime) -> int:
@@ -260,13 +261,13 @@ class RedisWebhooks(WebhookStore):
                     pipe.hgetall(store.key_name(key_id))
                 hashes: list[dict[str, str]] = await pipe.execute()
         records = [_decode(fields).record for fields in hashes if fields]
-        return await self._make_timed(
-            now,
+        return await self.make_deliveries(
             [
                 due
                 for record in records
                 for due in usage_threshold_deliveries(endpoints, record, now)
             ],
+            now,
         )
 
     async def claim(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -373,6 +373,17 @@ class SQLWebhooks(WebhookStore):
             "key.usage_threshold", refilled, usage_threshold_deliveries, now
         )
 
+    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
+        if not deliveries:
+            return 0
+        hooks = self._hooks
+
+        async def work(conn: AsyncConnection) -> int:
+            taken = {row.id: row.taken for row in await conn.execute(sa.select(hooks))}
+            return await self._insert_timed(conn, deliveries, taken, now)
+
+        return await self._run(work)
+
     async def _make_timed(
         self,
         event: str,
@@ -382,37 +393,52 @@ class SQLWebhooks(WebhookStore):
     ) -> int:
         """Make the `event` deliveries (`deliveries`) the keys `candidates` selects call
         for, each unless one of its id is stored (made again by any process, in any round,
-        a delivery is stored once). Each is in line after its endpoint's mark."""
+        a delivery is stored once)."""
         hooks = self._hooks
-        insert = (
-            postgresql.insert(self._deliveries)
-            if self._postgres
-            else sqlite.insert(self._deliveries)
-        ).on_conflict_do_nothing()
 
         async def work(conn: AsyncConnection) -> int:
             rows = (await conn.execute(sa.select(hooks))).all()
             endpoints = wanting(map(_endpoint, rows), event)
             if not endpoints:
                 return 0
-            taken = {row.id: row.taken for row in rows}
-            made = 0
-            for row in await conn.execute(candidates):
-                record = record_from_snapshot(dict(row._mapping))
-                for due in deliveries(endpoints, record, now):
-                    value = {
-                        "id": due.id,
-                        "webhook_id": due.webhook_id,
-                        "key_id": due.key_id,
-                        "seq": taken[due.webhook_id],
-                        "event": due.event,
-                        "body": due.body.decode(),
-                        "status": "pending",
-                        "attempts": 0,
-                        "created_at": now,
-                        "next_attempt_at": now,
-                    }
-                    made += (await conn.execute(insert.values(value))).rowcount or 0
-            return made
+            made = [
+                due
+                for row in await conn.execute(candidates)
+                for due in deliveries(endpoints, record_from_snapshot(dict(row._mapping)), now)
+            ]
+            return await self._insert_timed(conn, made, {row.id: row.taken for row in rows}, now)
 
         return await self._run(work)
+
+    async def _insert_timed(
+        self,
+        conn: AsyncConnection,
+        deliveries: Iterable[Timed],
+        taken: Mapping[str, int],
+        now: datetime,
+    ) -> int:
+        """Insert each delivery unless one of its id is stored; each is in line after its
+        endpoint's mark (`taken`), and none is made for an endpoint not there."""
+        insert = (
+            postgresql.insert(self._deliveries)
+            if self._postgres
+            else sqlite.insert(self._deliveries)
+        ).on_conflict_do_nothing()
+        made = 0
+        for due in deliveries:
+            if due.webhook_id not in taken:
+                continue
+            value = {
+                "id": due.id,
+                "webhook_id": due.webhook_id,
+                "key_id": due.key_id,
+                "seq": taken[due.webhook_id],
+                "event": due.event,
+                "body": due.body.decode(),
+                "status": "pending",
+                "attempts": 0,
+                "created_at": now,
+                "next_attempt_at": now,
+            }
+            made += (await conn.execute(insert.values(value))).rowcount or 0
+        return made
