@@ -16,6 +16,7 @@ import pytest
 from apikeys import APIKeyMiddleware, KeyManager
 from apikeys.errors import InvalidAPIKey
 from apikeys.hashing import Hasher
+from apikeys.importing import Refusal, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
 from apikeys.keys import mask
 from apikeys.stores.base import KeyStore
@@ -101,3 +102,39 @@ async def test_through_the_middleware_a_damaged_imported_hash_is_401_not_503(
         )
     assert response.status_code == 401
     assert response.json()["code"] == "invalid_api_key"
+
+
+# -- CSV files ---------------------------------------------------------------------------
+
+
+def test_if_a_time_column_holds_a_hash_then_the_refusal_does_not_show_it(tmp_path: Path) -> None:
+    # The columns of a file written in another order than its header says.
+    hashed = _sha256("shifted.key12345678")
+    path = _write(
+        tmp_path / "shifted.csv",
+        [{"name": "shifted", "expires_at": hashed, "hash": "2030-01-01T00:00:00Z"}],
+        ["name", "expires_at", "hash"],
+    )
+    (refusal,) = list(read_csv(path))
+    assert isinstance(refusal, Refusal)
+    assert "unreadable time" in refusal.reason
+    assert "expires_at" in refusal.reason
+    assert hashed not in refusal.reason
+    assert hashed[len("sha256:") :] not in refusal.reason
+
+
+def test_if_a_time_is_past_year_9999_in_utc_then_its_row_is_refused(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "late.csv",
+        [
+            {
+                "name": "late",
+                "hash": _sha256("late.key12345678"),
+                "expires_at": "9999-12-31T23:59:59-01:00",
+            }
+        ],
+        ["name", "hash", "expires_at"],
+    )
+    (refusal,) = list(read_csv(path))
+    assert isinstance(refusal, Refusal)
+    assert "unreadable time in expires_at" in refusal.reason

@@ -54,18 +54,26 @@ class Refusal:
         return {"row": self.row, "name": self.name, "reason": self.reason}
 
 
-def _moment(value: Any) -> datetime | None:
-    """A time read from a table or a file: naive means UTC (Django's SQLite rows)."""
+def _moment(value: Any, column: str) -> datetime | None:
+    """A time read from a table or a file: naive means UTC (Django's SQLite rows).
+
+    Raises `ValueError` naming `column`, never the value: a file whose columns are out of
+    order could hold a hash there."""
     if value is None or value == "":
         return None
-    if isinstance(value, str):
-        text = value.strip()
-        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    elif isinstance(value, datetime):
-        moment = value
-    else:
-        raise ValueError(f"not a time: {type(value).__name__}")
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        elif isinstance(value, datetime):
+            moment = value
+        else:
+            raise TypeError(type(value).__name__)
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: past year 9999 in UTC
+        raise ValueError(
+            f"unreadable time in {column} (ISO 8601, e.g. 2030-01-31T00:00:00Z)"
+        ) from None
 
 
 def _truthy(value: Any) -> bool:
@@ -116,13 +124,13 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
                     name=str(name or ""),
                     hashed=str(hashed or ""),
                     prefix=str(prefix or ""),
-                    created_at=_moment(created),
-                    expires_at=_moment(expiry),
+                    created_at=_moment(created, "created"),
+                    expires_at=_moment(expiry, "expiry_date"),
                     revoked=_truthy(revoked),
                 )
             )
         except ValueError as exc:
-            found.append(Refusal(number, str(name) if name else None, f"unreadable time: {exc}"))
+            found.append(Refusal(number, str(name) if name else None, str(exc)))
     return found
 
 
@@ -156,11 +164,11 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
                         name=name,
                         hashed=(fields.get("hash") or "").strip(),
                         prefix=(fields.get("prefix") or "").strip() or None,
-                        created_at=_moment(fields.get("created_at")),
-                        expires_at=_moment(fields.get("expires_at")),
+                        created_at=_moment(fields.get("created_at"), "created_at"),
+                        expires_at=_moment(fields.get("expires_at"), "expires_at"),
                         revoked=_truthy(fields.get("revoked") or ""),
                     )
                 except ValueError as exc:
-                    yield Refusal(row, name or None, f"unreadable time: {exc}")
+                    yield Refusal(row, name or None, str(exc))
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
