@@ -16,7 +16,7 @@ import pytest
 from apikeys import APIKeyMiddleware, KeyManager
 from apikeys.errors import InvalidAPIKey
 from apikeys.hashing import Hasher
-from apikeys.importing import Refusal, read_csv
+from apikeys.importing import Refusal, import_keys, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
 from apikeys.keys import mask
 from apikeys.stores.base import KeyStore
@@ -138,3 +138,41 @@ def test_if_a_time_is_past_year_9999_in_utc_then_its_row_is_refused(tmp_path: Pa
     (refusal,) = list(read_csv(path))
     assert isinstance(refusal, Refusal)
     assert "unreadable time in expires_at" in refusal.reason
+
+
+REVOKED_VALUES = [
+    ("true", "revoked"),
+    ("TRUE", "revoked"),
+    ("1", "revoked"),
+    (" yes ", "revoked"),
+    ("false", "active"),
+    ("0", "active"),
+    ("no", "active"),
+    ("", "active"),
+    # Not true or false: a revocation time, a spreadsheet's words. Refused, never active.
+    ("2024-01-01T00:00:00Z", None),
+    ("on", None),
+    ("x", None),
+    ("revoked_at", None),
+]
+
+
+async def test_a_revoked_value_that_is_not_true_or_false_refuses_its_row_never_makes_it_active(
+    importer: KeyManager, tmp_path: Path
+) -> None:
+    rows = [
+        {"name": f"key {number}", "hash": _sha256(f"key.{number:012d}"), "revoked": value}
+        for number, (value, _) in enumerate(REVOKED_VALUES)
+    ]
+    path = _write(tmp_path / "revoked.csv", rows, ["name", "hash", "revoked"])
+    report = await import_keys(importer, read_csv(path), source="csv", full_access=True)
+    refused = {refusal.name: refusal.reason for refusal in report.refused}
+    status = {record.name: record.status for record in await importer.list()}
+    for number, (value, expected) in enumerate(REVOKED_VALUES):
+        name = f"key {number}"
+        if expected is None:
+            assert name not in status, (value, status)
+            assert "revoked" in refused[name]
+        else:
+            assert status[name] == expected, value
+    assert len(report.imported) == sum(1 for _, expected in REVOKED_VALUES if expected)

@@ -76,10 +76,21 @@ def _moment(value: Any, column: str) -> datetime | None:
         ) from None
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "t", "yes", "y", "revoked"}
-    return bool(value)
+_REVOKED: Final = frozenset({"1", "true", "t", "yes", "y", "revoked"})
+_NOT_REVOKED: Final = frozenset({"", "0", "false", "f", "no", "n"})
+
+
+def _revoked(value: Any) -> bool:
+    """Whether a row says its key is revoked. A text that is neither true nor false (a
+    revocation time, say) raises `ValueError`: such a row is refused, never made active."""
+    if value is None or isinstance(value, (bool, int)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _REVOKED:
+        return True
+    if text in _NOT_REVOKED:
+        return False
+    raise ValueError("the revoked column is true or false (1 or 0, yes or no)")
 
 
 async def read_drf(url: str) -> list[ForeignKey | Refusal]:
@@ -126,7 +137,7 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
                     prefix=str(prefix or ""),
                     created_at=_moment(created, "created"),
                     expires_at=_moment(expiry, "expiry_date"),
-                    revoked=_truthy(revoked),
+                    revoked=_revoked(revoked),
                 )
             )
         except ValueError as exc:
@@ -166,7 +177,7 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
                         prefix=(fields.get("prefix") or "").strip() or None,
                         created_at=_moment(fields.get("created_at"), "created_at"),
                         expires_at=_moment(fields.get("expires_at"), "expires_at"),
-                        revoked=_truthy(fields.get("revoked") or ""),
+                        revoked=_revoked(fields.get("revoked")),
                     )
                 except ValueError as exc:
                     yield Refusal(row, name or None, str(exc))
