@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from apikeys import APIKeyMiddleware, KeyManager
-from apikeys.errors import InvalidAPIKey
+from apikeys.cli import main
+from apikeys.errors import InvalidAPIKey, KeyRevoked
 from apikeys.hashing import Hasher
 from apikeys.importing import Refusal, import_keys, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
@@ -176,3 +179,60 @@ async def test_a_revoked_value_that_is_not_true_or_false_refuses_its_row_never_m
         else:
             assert status[name] == expected, value
     assert len(report.imported) == sum(1 for _, expected in REVOKED_VALUES if expected)
+
+
+# -- importing again ---------------------------------------------------------------------
+
+
+async def test_if_a_key_is_revoked_at_its_source_after_import_then_importing_again_revokes_it(
+    importer: KeyManager, tmp_path: Path
+) -> None:
+    old_key = "Rv0kEd01.aaaaBBBBccccDDDDeeeeFFFFgggg1234"
+    columns = ["name", "hash", "revoked"]
+    row = {"name": "leaked laptop", "hash": _sha256(old_key)}
+    other = {"name": "kept", "hash": _sha256("kept.key12345678"), "revoked": "false"}
+    first = _write(tmp_path / "first.csv", [{**row, "revoked": "false"}, other], columns)
+    report = await import_keys(importer, read_csv(first), source="csv", full_access=True)
+    (key_id,) = [record.id for record in report.imported if record.name == "leaked laptop"]
+    assert (await importer.verify(old_key)).id == key_id
+
+    # The old system revoked it since; the import runs again, as the docs suggest.
+    again = _write(tmp_path / "again.csv", [{**row, "revoked": "true"}, other], columns)
+    dry = await import_keys(importer, read_csv(again), source="csv", full_access=True, dry_run=True)
+    assert (dry.revoked, len(dry.skipped)) == ([key_id], 1)
+    assert (await importer.verify(old_key)).id == key_id  # a dry run changes nothing
+    done = await import_keys(
+        importer, read_csv(again), source="csv", full_access=True, actor="migration"
+    )
+    assert (done.imported, done.revoked, len(done.skipped)) == ([], [key_id], 1)
+    assert done.to_dict()["revoked"] == 1
+    with pytest.raises(KeyRevoked):
+        await importer.verify(old_key)
+    events = await importer.audit(key_id=key_id)
+    assert [(event.action, event.actor) for event in events][-1] == ("revoked", "migration")
+    # A third run finds it revoked already: skipped, nothing more in its trail.
+    third = await import_keys(importer, read_csv(again), source="csv", full_access=True)
+    assert (third.revoked, len(third.skipped)) == ([], 2)
+    assert len(await importer.audit(key_id=key_id)) == len(events)
+
+
+@pytest.mark.sqlite
+def test_cli_import_again_names_the_keys_it_revoked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("APIKEYS_PEPPER", TEST_PEPPER)
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    columns = ["name", "hash", "revoked"]
+    row = {"name": "leaked", "hash": _sha256("Rv0kEd02.aaaaBBBBccccDDDDeeeeFFFFgggg1234")}
+    args = ["--store", store, "import", "--from", "csv", "--full-access"]
+    first = _write(tmp_path / "first.csv", [{**row, "revoked": "no"}], columns)
+    assert CliRunner().invoke(main, [*args, str(first)]).exit_code == 0
+    again = _write(tmp_path / "again.csv", [{**row, "revoked": "yes"}], columns)
+    dry = CliRunner().invoke(main, [*args, str(again), "--dry-run"])
+    assert "Would revoke 1 key(s) imported before" in dry.output
+    done = CliRunner().invoke(main, [*args, str(again), "--json"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    (key_id,) = report["revoked_ids"]
+    listed = CliRunner().invoke(main, ["--store", store, "show", key_id, "--json"])
+    assert json.loads(listed.output)["status"] == "revoked"
