@@ -14,12 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from passlib.hash import django_pbkdf2_sha256
 
 from apikeys import APIKeyMiddleware, KeyManager
 from apikeys.cli import main
 from apikeys.errors import InvalidAPIKey, KeyRevoked
 from apikeys.hashing import Hasher
-from apikeys.importing import Refusal, import_keys, read_csv
+from apikeys.importing import ForeignKey, Refusal, import_keys, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
 from apikeys.keys import mask
 from apikeys.stores.base import KeyStore
@@ -236,3 +237,38 @@ def test_cli_import_again_names_the_keys_it_revoked(
     (key_id,) = report["revoked_ids"]
     listed = CliRunner().invoke(main, ["--store", store, "show", key_id, "--json"])
     assert json.loads(listed.output)["status"] == "revoked"
+
+
+def _good_pbkdf2(key: str) -> str:
+    return django_pbkdf2_sha256.using(rounds=1000).hash(key)
+
+
+# Hashes that name a salted scheme but are no valid hash of it: each could never verify.
+DAMAGED_SALTED = [
+    "$pbkdf2-sha256$garbage",
+    "pbkdf2_sha256$x$y$z",
+    "$2b$" + "x" * 1000,
+    "$argon2id$x",
+    "$pbkdf2-sha256$29000$x\x00$y",
+    _good_pbkdf2("Nu1lHash.aaaaBBBBccccDDDDeeeeFFFFgggg1234") + "\x00",
+    _good_pbkdf2("SpaceHsh.aaaaBBBBccccDDDDeeeeFFFFgggg1234") + " x",
+]
+
+
+async def test_a_salted_hash_that_is_no_valid_hash_of_its_scheme_is_refused_and_the_rest_imported(
+    importer: KeyManager,
+) -> None:
+    good_key = "G00dPref.aaaaBBBBccccDDDDeeeeFFFFgggg1234"
+    rows: list[ForeignKey | Refusal] = [
+        ForeignKey(row, f"damaged {row}", hashed, prefix=f"Dmg{row:05d}")
+        for row, hashed in enumerate(DAMAGED_SALTED, start=1)
+    ]
+    rows.append(ForeignKey(99, "good", _good_pbkdf2(good_key), prefix="G00dPref"))
+    report = await import_keys(importer, rows, source="csv", full_access=True)
+    assert [record.name for record in report.imported] == ["good"]
+    assert sorted(refusal.row for refusal in report.refused) == list(
+        range(1, len(DAMAGED_SALTED) + 1)
+    )
+    for refusal in report.refused:
+        assert "no format" in refusal.reason
+    assert (await importer.verify(good_key)).name == "good"
