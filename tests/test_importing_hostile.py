@@ -18,7 +18,7 @@ from passlib.hash import django_pbkdf2_sha256
 
 from apikeys import APIKeyMiddleware, KeyManager
 from apikeys.cli import main
-from apikeys.errors import InvalidAPIKey, KeyRevoked
+from apikeys.errors import ConfigurationError, InvalidAPIKey, KeyRevoked
 from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, Refusal, import_keys, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
@@ -272,3 +272,46 @@ async def test_a_salted_hash_that_is_no_valid_hash_of_its_scheme_is_refused_and_
     for refusal in report.refused:
         assert "no format" in refusal.reason
     assert (await importer.verify(good_key)).name == "good"
+
+
+def test_a_csv_file_saved_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # What spreadsheet programs write as "CSV UTF-8".
+    path = tmp_path / "excel.csv"
+    hashed = _sha256("excel.key12345678")
+    path.write_bytes(f"name,hash\r\nZapier,{hashed}\r\n".encode("utf-8-sig"))
+    (key,) = list(read_csv(path))
+    assert isinstance(key, ForeignKey)
+    assert (key.name, key.hashed) == ("Zapier", hashed)
+
+
+UNREADABLE_FILES = [
+    pytest.param("name,hash\nZàp,sha256:00\n".encode("latin-1"), id="latin-1"),
+    pytest.param("name,hash\nZap,sha256:00\n".encode("utf-16"), id="utf-16"),
+    pytest.param(b"name,hash," + b"c" * 200_000 + b"\nZap,sha256:00,x\n", id="huge-header"),
+]
+
+
+@pytest.mark.parametrize("content", UNREADABLE_FILES)
+def test_an_unreadable_csv_file_is_a_configuration_error_naming_the_file(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "odd.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigurationError, match="not a readable CSV file"):
+        list(read_csv(path))
+
+
+@pytest.mark.sqlite
+def test_cli_import_of_an_unreadable_csv_file_blames_the_file_not_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("APIKEYS_PEPPER", TEST_PEPPER)
+    path = tmp_path / "odd.csv"
+    path.write_bytes("name,hash\nZap,sha256:00\n".encode("utf-16"))
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    result = CliRunner().invoke(
+        main, ["--store", store, "import", "--from", "csv", str(path), "--full-access"]
+    )
+    assert result.exit_code == 1
+    assert "not a readable CSV file" in result.output
+    assert "key store" not in result.output

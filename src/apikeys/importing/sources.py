@@ -152,12 +152,18 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
     Raises `ConfigurationError` when the file cannot be read or lacks `name` or `hash`.
     """
     try:
-        handle = Path(path).open(newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
+        handle = Path(path).open(newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
         reader = csv.DictReader(handle)
-        columns = [column.strip() for column in reader.fieldnames or ()]
+        try:
+            # The header is read here, and with it the file's first block: a file that is
+            # not UTF-8 or not CSV fails here as often as in its rows.
+            columns = [column.strip() for column in reader.fieldnames or ()]
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
         missing = [column for column in ("name", "hash") if column not in columns]
         if missing:
             raise ConfigurationError(
