@@ -133,3 +133,27 @@ async def test_a_receiver_that_answers_a_byte_at_a_time_is_cut_off_at_the_timeou
     delivery = await _one_attempt(store, manager, _headers_a_byte_at_a_time)
     assert (delivery.status, delivery.attempts, delivery.last_status) == ("pending", 1, None)
     assert delivery.last_error == "TimeoutError"
+
+
+async def test_a_redirect_is_not_followed_it_is_a_failed_attempt(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    async def never(writer: asyncio.StreamWriter) -> None:
+        raise AssertionError("a redirect was followed")
+
+    async with HostileReceiver(never) as elsewhere:
+
+        async def redirect(writer: asyncio.StreamWriter) -> None:
+            writer.write(
+                f"HTTP/1.1 307 Temporary Redirect\r\nlocation: {elsewhere.url}\r\n"
+                "content-length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+
+        delivery = await _one_attempt(store, manager, redirect)
+        assert elsewhere.requests == 0
+    assert (delivery.status, delivery.last_status, delivery.last_error) == (
+        "pending",
+        307,
+        "HTTP 307",
+    )
