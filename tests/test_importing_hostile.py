@@ -315,3 +315,25 @@ def test_cli_import_of_an_unreadable_csv_file_blames_the_file_not_the_store(
     assert result.exit_code == 1
     assert "not a readable CSV file" in result.output
     assert "key store" not in result.output
+
+
+# -- the failure budget of slow hashes ---------------------------------------------------
+
+
+async def test_guesses_at_a_known_old_prefix_with_a_digest_hash_never_lock_its_owner_out(
+    importer: KeyManager,
+) -> None:
+    # djangorestframework-api-key's own format: a SHA-512 of the whole key, found by prefix.
+    # A check costs what apikeys' own hash does: no CPU to bound, so no failure budget,
+    # which would refuse the owner's first request (the one that re-hashes it) meanwhile.
+    old_key = "Dr5fPref.aaaaBBBBccccDDDDeeeeFFFFgggg1234"
+    hashed = "sha512$$" + hashlib.sha512(old_key.encode()).hexdigest()
+    rows: list[ForeignKey | Refusal] = [ForeignKey(1, "drf", hashed, prefix="Dr5fPref")]
+    (record,) = (await import_keys(importer, rows, source="csv", full_access=True)).imported
+    for guess in range(25):  # the default budget is 10 failures a minute
+        with pytest.raises(InvalidAPIKey):
+            await importer.verify(f"Dr5fPref.{guess:032d}")
+    assert (await importer.verify(old_key)).id == record.id
+    stored = await importer.store.get(record.id)
+    assert stored is not None
+    assert stored.secret_hash.startswith("hmac-sha256$")
