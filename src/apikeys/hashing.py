@@ -14,8 +14,9 @@ Stored hashes describe their scheme, so schemes can change under a running syste
 - `sha256$<hex>`: no pepper;
 - anything passlib recognises (`$argon2id$…`, `$2b$…`, `$pbkdf2-sha256$…`): slow schemes,
   opt-in through a passlib `CryptContext`;
-- `imported$<an old system's hash>`: a key brought in by `apikeys import`, checked as slowly
-  as any slow scheme (`apikeys.importing.foreign`) and re-hashed on its first use.
+- `imported$<an old system's hash>`: a key brought in by `apikeys import`, checked as any
+  slow scheme is (`apikeys.importing.foreign`), or at once for a plain digest of the whole
+  key, and re-hashed on its first use.
 
 A hash in a scheme that is no longer the preferred one (unpeppered SHA-256 once a pepper is
 set, an old pepper, a deprecated passlib scheme) is replaced on its next successful use.
@@ -57,6 +58,9 @@ UNPEPPERED = "unpeppered"
 _HMAC_SCHEME = "hmac-sha256$"
 _SHA256_SCHEME = "sha256$"
 _IMPORTED = "imported$"  # apikeys.importing.foreign.IMPORTED: an old system's hash
+# Imported plain digests of the whole key (sha256:, sha512:, and djangorestframework-api-key's
+# sha512$$): checked in microseconds, as this module's own schemes are.
+_IMPORTED_DIGESTS = ("imported$sha256:", "imported$sha512:", "imported$sha512$$")
 
 
 class Verification(NamedTuple):
@@ -264,8 +268,10 @@ class Hasher:
         return _SHA256_SCHEME + hashlib.sha256(secret.encode()).hexdigest()
 
     def is_fast(self, stored: str) -> bool:
-        """True when `stored` is checked in microseconds (no thread needed)."""
-        return stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME))
+        """True when `stored` is checked in microseconds (no thread needed, and no failure
+        budget: there is no CPU to bound): this hasher's own schemes, and imported plain
+        digests."""
+        return stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME, *_IMPORTED_DIGESTS))
 
     def verify_fast(self, secret: str, stored: str) -> Verification | None:
         """`verify` for a hash of this hasher's fast schemes; None for any other hash (then

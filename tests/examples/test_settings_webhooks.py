@@ -20,6 +20,7 @@ from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.base import Endpoint
 from tests.examples.test_settings_ui import (  # noqa: F401 - fixtures used by name
     KEYS,
+    WORKSPACE,
     UIService,
     browser,
     context,
@@ -63,7 +64,8 @@ def _add_endpoint(store_url: str, url: str) -> Endpoint:
         try:
             hooks = store.webhooks()
             assert hooks is not None
-            return await add_endpoint(hooks, url)
+            # The page shows the URLs of its workspace's own endpoints (not the operator's).
+            return await add_endpoint(hooks, url, workspace=WORKSPACE)
         finally:
             await store.aclose()
 

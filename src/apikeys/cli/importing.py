@@ -57,8 +57,8 @@ def import_(
     """Import keys with their existing hashes: each old key string keeps working.
 
     An old key is re-hashed with apikeys' own scheme on its first use. Importing twice is
-    harmless: keys imported before are skipped. Prints how many keys were imported,
-    skipped and refused (with why).
+    harmless: keys imported before are skipped, and revoked when their source now says they
+    are. Prints how many keys were imported, skipped and refused (with why).
     """
     _check_new_access(ctx, full_access, scopes)
 
@@ -92,6 +92,12 @@ def import_(
         f"{would} {len(report.imported)} key(s) into workspace {workspace!r}; "
         f"skipped {len(report.skipped)} (imported before); refused {len(report.refused)}."
     )
+    if report.revoked:
+        verb = "Would revoke" if dry_run else "Revoked"
+        click.echo(
+            f"{verb} {len(report.revoked)} key(s) imported before and revoked at the source "
+            f"since: {', '.join(report.revoked)}"
+        )
     for refusal in report.refused:
         name = f" ({refusal.name!r})" if refusal.name else ""
         click.echo(f"refused row {refusal.row}{name}: {refusal.reason}")

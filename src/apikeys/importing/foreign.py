@@ -66,6 +66,8 @@ _DRF_SHA512: Final = "sha512$$"
 _PREFIX_RE: Final = re.compile(r"[!-~]{1,64}")
 # Printable ASCII without spaces: what an old system could have issued as a bearer token.
 _TOKEN_RE: Final = re.compile(rf"[!-~]{{8,{MAX_FOREIGN_LENGTH}}}")
+# Every hash format read here is printable ASCII without spaces.
+_HASH_RE: Final = re.compile(r"[!-~]+")
 
 # Salted schemes: a hash of one of these only verifies, it cannot find its key.
 _SALTED: Final = (
@@ -116,6 +118,8 @@ def foreign_scheme(hashed: str) -> str | None:
         digest = hashed[len(_DRF_SHA512) :]
         ok = len(digest) == 128 and re.fullmatch(r"[0-9a-f]+", digest)
         return "sha512" if ok else None
+    if _HASH_RE.fullmatch(hashed) is None:
+        return None
     context = _context()
     try:
         scheme = context.identify(hashed)
@@ -129,7 +133,22 @@ def foreign_scheme(hashed: str) -> str | None:
             f"{scheme} hashes need a package that is not installed (argon2-cffi or bcrypt). "
             f"Install it with: {INSTALL_HINT}"
         )
-    return str(scheme)
+    return str(scheme) if _parses(handler, hashed) else None
+
+
+def _parses(handler: Any, hashed: str) -> bool:
+    """Whether `hashed` is a well-formed hash of `handler`'s scheme, and not only one that
+    starts as such hashes do (what `identify` looks at): parsed, not verified, so no key
+    stretching is spent on it."""
+    wrapped = getattr(handler, "wrapped", None)
+    if wrapped is not None:  # passlib's PrefixWrapper (django_argon2, django_bcrypt)
+        hashed = handler.orig_prefix + hashed[len(handler.prefix) :]
+        handler = wrapped
+    try:
+        handler.from_string(hashed)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def needs_prefix(hashed: str) -> bool:
@@ -140,15 +159,17 @@ def needs_prefix(hashed: str) -> bool:
 def verify_foreign(token: str, hashed: str) -> bool:
     """Check an old key string against its old system's hash, in constant time (passlib).
 
+    False for a hash that is not a valid one of its scheme (a stored row damaged or edited
+    by hand): its key is refused like a wrong secret, never an error.
     Slow for the salted schemes: callers run it in a worker thread.
     """
-    for marker, (name, _length) in _HEX_DIGESTS.items():
-        if hashed.startswith(marker):
-            return bool(_hex_handler(name).verify(token, hashed[len(marker) :].lower()))
-    if hashed.startswith(_DRF_SHA512):
-        return bool(_hex_handler("hex_sha512").verify(token, hashed[len(_DRF_SHA512) :]))
-    context = _context()
     try:
+        for marker, (name, _length) in _HEX_DIGESTS.items():
+            if hashed.startswith(marker):
+                return bool(_hex_handler(name).verify(token, hashed[len(marker) :].lower()))
+        if hashed.startswith(_DRF_SHA512):
+            return bool(_hex_handler("hex_sha512").verify(token, hashed[len(_DRF_SHA512) :]))
+        context = _context()
         return bool(context.identify(hashed)) and bool(context.verify(token, hashed))
     except ValueError:
         return False

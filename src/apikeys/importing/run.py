@@ -33,13 +33,15 @@ class ImportReport:
     """What an import did (or, with `dry_run`, would do).
 
     `imported` holds the records made; `skipped` the ids of keys imported before (importing
-    twice is harmless); `refused` each row not imported, with why.
+    twice is harmless); `refused` each row not imported, with why; `revoked` the ids of keys
+    imported before that their source now says are revoked, and that are revoked here too.
     """
 
     dry_run: bool
     imported: list[KeyRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
+    revoked: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON: counts, the imported records, skipped ids and refusals."""
@@ -48,9 +50,11 @@ class ImportReport:
             "imported": len(self.imported),
             "skipped": len(self.skipped),
             "refused": len(self.refused),
+            "revoked": len(self.revoked),
             "keys": [record.to_dict() for record in self.imported],
             "skipped_ids": list(self.skipped),
             "refusals": [refusal.to_dict() for refusal in self.refused],
+            "revoked_ids": list(self.revoked),
         }
 
 
@@ -100,9 +104,11 @@ async def import_keys(
     apikeys' own scheme on its first successful use. Imported keys keep their names,
     creation times, expiry and revoked status, in `workspace`, with `full_access` or
     `scopes` (a bad `workspace` or scope raises `InvalidKeyParameters`, before any row
-    is read). A key imported before is skipped; `dry_run` changes nothing and reports
-    what would happen. `source` names the old system in the audit trail (`drf-api-key`,
-    `csv`); `progress(1)` is called after each row.
+    is read). A key imported before is skipped, unless its source now says it is revoked
+    and it is not: then it is revoked (a key revoked in the old system after a first import
+    never stays usable here); `dry_run` changes nothing and reports what would happen.
+    `source` names the old system in the audit trail (`drf-api-key`, `csv`); `progress(1)`
+    is called after each row.
     """
     check_text(workspace, "workspace")
     scope_tuple = validate_scopes(scopes)
@@ -140,8 +146,14 @@ async def import_keys(
             continue
         seen.add(handle)
         key_id = lookup_id(secret or "", handle)
-        if secret is not None and await store.get(key_id) is not None:
-            report.skipped.append(key_id)
+        before = None if secret is None else await store.get(key_id)
+        if before is not None:
+            if key.revoked and before.record.state != REVOKED:
+                if not dry_run:
+                    await manager.revoke(key_id, actor=actor)
+                report.revoked.append(key_id)
+            else:
+                report.skipped.append(key_id)
             continue
         record = KeyRecord(
             id=key_id,

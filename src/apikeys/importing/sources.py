@@ -54,24 +54,43 @@ class Refusal:
         return {"row": self.row, "name": self.name, "reason": self.reason}
 
 
-def _moment(value: Any) -> datetime | None:
-    """A time read from a table or a file: naive means UTC (Django's SQLite rows)."""
+def _moment(value: Any, column: str) -> datetime | None:
+    """A time read from a table or a file: naive means UTC (Django's SQLite rows).
+
+    Raises `ValueError` naming `column`, never the value: a file whose columns are out of
+    order could hold a hash there."""
     if value is None or value == "":
         return None
-    if isinstance(value, str):
-        text = value.strip()
-        moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    elif isinstance(value, datetime):
-        moment = value
-    else:
-        raise ValueError(f"not a time: {type(value).__name__}")
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        elif isinstance(value, datetime):
+            moment = value
+        else:
+            raise TypeError(type(value).__name__)
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: past year 9999 in UTC
+        raise ValueError(
+            f"unreadable time in {column} (ISO 8601, e.g. 2030-01-31T00:00:00Z)"
+        ) from None
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "t", "yes", "y", "revoked"}
-    return bool(value)
+_REVOKED: Final = frozenset({"1", "true", "t", "yes", "y", "revoked"})
+_NOT_REVOKED: Final = frozenset({"", "0", "false", "f", "no", "n"})
+
+
+def _revoked(value: Any) -> bool:
+    """Whether a row says its key is revoked. A text that is neither true nor false (a
+    revocation time, say) raises `ValueError`: such a row is refused, never made active."""
+    if value is None or isinstance(value, (bool, int)):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _REVOKED:
+        return True
+    if text in _NOT_REVOKED:
+        return False
+    raise ValueError("the revoked column is true or false (1 or 0, yes or no)")
 
 
 async def read_drf(url: str) -> list[ForeignKey | Refusal]:
@@ -116,13 +135,13 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
                     name=str(name or ""),
                     hashed=str(hashed or ""),
                     prefix=str(prefix or ""),
-                    created_at=_moment(created),
-                    expires_at=_moment(expiry),
-                    revoked=_truthy(revoked),
+                    created_at=_moment(created, "created"),
+                    expires_at=_moment(expiry, "expiry_date"),
+                    revoked=_revoked(revoked),
                 )
             )
         except ValueError as exc:
-            found.append(Refusal(number, str(name) if name else None, f"unreadable time: {exc}"))
+            found.append(Refusal(number, str(name) if name else None, str(exc)))
     return found
 
 
@@ -133,12 +152,18 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
     Raises `ConfigurationError` when the file cannot be read or lacks `name` or `hash`.
     """
     try:
-        handle = Path(path).open(newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
+        handle = Path(path).open(newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
         reader = csv.DictReader(handle)
-        columns = [column.strip() for column in reader.fieldnames or ()]
+        try:
+            # The header is read here, and with it the file's first block: a file that is
+            # not UTF-8 or not CSV fails here as often as in its rows.
+            columns = [column.strip() for column in reader.fieldnames or ()]
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
         missing = [column for column in ("name", "hash") if column not in columns]
         if missing:
             raise ConfigurationError(
@@ -156,11 +181,11 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
                         name=name,
                         hashed=(fields.get("hash") or "").strip(),
                         prefix=(fields.get("prefix") or "").strip() or None,
-                        created_at=_moment(fields.get("created_at")),
-                        expires_at=_moment(fields.get("expires_at")),
-                        revoked=_truthy(fields.get("revoked") or ""),
+                        created_at=_moment(fields.get("created_at"), "created_at"),
+                        expires_at=_moment(fields.get("expires_at"), "expires_at"),
+                        revoked=_revoked(fields.get("revoked")),
                     )
                 except ValueError as exc:
-                    yield Refusal(row, name or None, f"unreadable time: {exc}")
+                    yield Refusal(row, name or None, str(exc))
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None

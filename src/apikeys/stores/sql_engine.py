@@ -202,7 +202,7 @@ def make_engine(
                 pool_timeout=pool_timeout,
                 pool_recycle=pool_recycle,
             )
-        engine = create_async_engine(url, echo=echo, **options)
+        engine = create_async_engine(url, echo=echo, hide_parameters=True, **options)
         busy_ms = int(busy_timeout * 1000)
 
         @sa.event.listens_for(engine.sync_engine, "connect")
@@ -232,6 +232,8 @@ def make_engine(
     return create_async_engine(
         url,
         echo=echo,
+        # Statements carry hashes and webhook secrets: none in an error or the echo log.
+        hide_parameters=True,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=pool_timeout,

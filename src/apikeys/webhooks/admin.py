@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Sequence
 from datetime import timedelta
@@ -14,20 +15,48 @@ from apikeys.webhooks.base import Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
 from apikeys.webhooks.signing import new_secret
 
-__all__ = ["DEFAULT_OVERLAP", "add_endpoint", "roll_endpoint_secret", "validate_url"]
+__all__ = [
+    "DEFAULT_OVERLAP",
+    "MAX_URL_LENGTH",
+    "add_endpoint",
+    "roll_endpoint_secret",
+    "validate_url",
+]
 
 DEFAULT_OVERLAP = timedelta(hours=24)
 """How long a rolled secret still signs deliveries beside the new one."""
 
 
+MAX_URL_LENGTH = 2048
+"""The longest endpoint URL taken."""
+
+# Printable ASCII without spaces: an IDNA host is given in its xn-- form, anything else
+# percent-encoded. A host name, or an IPv6 address (which urlsplit gives without brackets).
+_URL_RE = re.compile(rf"[!-~]{{1,{MAX_URL_LENGTH}}}")
+_HOST_RE = re.compile(r"[a-z0-9._~-]+|[0-9a-f:.]+")
+
+
 def validate_url(url: str) -> str:
-    """`url` when it is an http(s) URL with a host; `InvalidKeyParameters` if not."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    """`url` (stripped) when it is an http(s) URL with a host, no credentials, a valid port
+    if any, and only printable ASCII without spaces (at most `MAX_URL_LENGTH`): one an
+    HTTP client can send to, shown on one line. `InvalidKeyParameters` if not."""
+    url = url.strip()
+    if _URL_RE.fullmatch(url) is None:
+        raise InvalidKeyParameters(
+            f"a webhook URL is printable ASCII without spaces, at most {MAX_URL_LENGTH} "
+            "characters (percent-encode the rest; an international host in its xn-- form)"
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        raise InvalidKeyParameters("a webhook URL is http:// or https:// with a host") from None
+    host = parts.hostname
+    if parts.scheme not in ("http", "https") or not host or _HOST_RE.fullmatch(host) is None:
         raise InvalidKeyParameters("a webhook URL is http:// or https:// with a host")
     if parts.username or parts.password:
         raise InvalidKeyParameters("a webhook URL carries no credentials")
-    return url.strip()
+    return url
 
 
 async def add_endpoint(

@@ -49,7 +49,8 @@ class DeliveryOptions:
     - `poll_interval`: seconds between rounds when nothing was due (1);
     - `retry_delays`: seconds before each retry, growing; the last repeats;
     - `give_up_after`: how long an event is retried before it is marked failed (24 h);
-    - `timeout`: seconds an endpoint has to answer (10);
+    - `timeout`: seconds an endpoint has to answer, the whole exchange (10; the answer's
+      body is never read);
     - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
     - `batch`: deliveries leased per round (20);
     - `check_interval`: seconds between looks for keys about to expire or past a usage
@@ -226,8 +227,14 @@ class Deliverer:
                 endpoint.secrets(now), item.id, int(now.timestamp()), item.body
             )
             try:
-                reply = await self._http().post(endpoint.url, content=item.body, headers=headers)
-                response = reply.status_code
+                # The whole exchange within `timeout` (httpx's bounds each read alone: a
+                # receiver sending a byte at a time would outlast the lease), and only the
+                # status is read: a body, however long or slow, is left unread.
+                async with asyncio.timeout(self.options.timeout):
+                    async with self._http().stream(
+                        "POST", endpoint.url, content=item.body, headers=headers
+                    ) as reply:
+                        response = reply.status_code
             except Exception as exc:
                 error = type(exc).__name__
         now = utcnow()

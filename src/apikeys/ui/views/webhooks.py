@@ -28,14 +28,22 @@ DELIVERIES_LIMIT = 200
 
 @view
 async def deliveries_page(request: Request, user: PageUser) -> Response:
-    """The deliveries of events about the workspace's keys (never a secret of an endpoint)."""
+    """The deliveries of events about the workspace's keys (never a secret of an endpoint,
+    nor the URL of one that is not the workspace's own)."""
     page = page_of(request)
     names = {r.id: r for r in await page.manager.list(user.workspace)}
     hooks = page.manager.store.webhooks()
     deliveries = []
     urls: dict[str, str] = {}
     if hooks is not None:
-        urls = {endpoint.id: endpoint.url for endpoint in await hooks.endpoints()}
+        # The URLs of the workspace's own endpoints only. One sent every workspace's events
+        # is the operator's, and its URL may be a credential (a chat service's incoming
+        # webhook): it is shown by its id.
+        urls = {
+            endpoint.id: endpoint.url
+            for endpoint in await hooks.endpoints()
+            if endpoint.workspace == user.workspace
+        }
         deliveries = [
             delivery
             for delivery in await hooks.deliveries(limit=DELIVERIES_LIMIT)
