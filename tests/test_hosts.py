@@ -564,9 +564,9 @@ async def test_host_b_cut_off_from_the_notifications_admits_no_revoked_key(
             cut = sum(p.notifications_cut for p in b.proxies.values()) - before[1]
             return f"b's channels: {before[2]} open before, {tried} opened, {cut} reset"
 
-        # Held through five revokes: the first comes while b's proofs are still young, the
+        # Held through three revokes: the first comes while b's proofs are still young, the
         # later ones once b gave up on its channel.
-        keys = [await deployment.writer.create() for _ in range(5)]
+        keys = [await deployment.writer.create() for _ in range(3)]
         try:
             outcome = await revoke_under_load(deployment, workers, keys, partition=partition)
         finally:
@@ -582,14 +582,14 @@ async def test_host_b_cut_off_from_the_notifications_admits_no_revoked_key(
         # Made afresh for each revoke, 0 to 0.9 s before it, and healed after it: each revoke
         # meets b's caches at another point of their proof, or of their reconnection.
         before.clear()
-        keys = [await deployment.writer.create() for _ in range(7)]
+        keys = [await deployment.writer.create() for _ in range(4)]
         outcome = await revoke_under_load(
             deployment,
             workers,
             keys,
             partition=partition,
             heal=b.heal,
-            delays=[0.0, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9],
+            delays=[0.0, 0.3, 0.6, 0.9],
         )
         report(
             capsys,
@@ -620,7 +620,7 @@ async def test_host_b_losing_postgres_notifications_admits_no_revoked_key(
     proxy = b.proxies["postgresql"]
     channel = notice_channel_name(deployment.options["table_name"]) if lost == "notices" else None
     async with pinned_workers(deployment) as workers:
-        keys = [await deployment.writer.create() for _ in range(7)]
+        keys = [await deployment.writer.create() for _ in range(4)]
         before: list[int] = []
 
         def partition() -> None:
