@@ -400,3 +400,18 @@ async def test_a_revoked_key_is_sent_no_expiring_or_usage_threshold_event(
     now = utcnow()
     assert await hooks.expiring(now) == 0
     assert await hooks.usage_thresholds(now) == 0
+
+
+async def test_a_claim_leases_at_most_its_limit(store: KeyStore, manager: KeyManager) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    for number in range(5):
+        await manager.create(name=f"k{number}", full_access=True)
+    await hooks.take(utcnow())
+    now = utcnow()
+    lease = now + timedelta(minutes=1)
+    first = await hooks.claim("one", now, lease, 2)
+    second = await hooks.claim("two", now, lease, 2)
+    third = await hooks.claim("three", now, lease, 2)
+    assert [len(first), len(second), len(third)] == [2, 2, 1]
+    assert len({item.id for item in (*first, *second, *third)}) == 5

@@ -251,9 +251,13 @@ class SQLWebhooks(WebhookStore):
         )
         if self._postgres:
             due = due.with_for_update(skip_locked=True, of=d)
+        # A CTE, run once: as a subquery in the WHERE, PostgreSQL may run it again for each
+        # row, and each run skips the rows this UPDATE changed and locks the next ones,
+        # leasing every due delivery whatever `limit` says.
+        chosen = due.cte("due")
         statement = (
             sa.update(d)
-            .where(d.c.id.in_(due.scalar_subquery()), d.c.status == "pending", free)
+            .where(d.c.id.in_(sa.select(chosen.c.id)), d.c.status == "pending", free)
             .values(lease_until=lease_until, leased_by=holder)
             .returning(d.c.id, d.c.webhook_id, d.c.body, d.c.attempts, d.c.created_at, d.c.seq)
         )
