@@ -388,3 +388,29 @@ async def test_a_buffer_keeps_working_after_aclose(closing: list[UsageBuffer]) -
         assert time.monotonic() < deadline
         await asyncio.sleep(0.01)
     assert len(set(store.batch_ids())) == 2
+
+
+def test_if_the_buffer_is_used_on_a_new_loop_then_a_key_counted_before_is_written_there() -> None:
+    """Its first loop closed with counts open (`asyncio.run` cancels the flushing task): the
+    next counts of the same key, on another loop, start a task there within an interval."""
+    store = asyncio.run(scripted())
+    buffer = UsageBuffer(store, 0.05)
+    ticks: list[asyncio.AbstractEventLoop] = []
+    buffer.on_tick = lambda: ticks.append(asyncio.get_running_loop())
+
+    async def first() -> None:
+        hit(buffer, "k1")
+
+    async def second() -> asyncio.AbstractEventLoop:
+        async with asyncio.timeout(WAIT):
+            while store.count("k1") < 3:
+                hit(buffer, "k1")
+                await asyncio.sleep(0.02)
+        await buffer.aclose()
+        return asyncio.get_running_loop()
+
+    asyncio.run(first())
+    assert store.count("k1") == 0  # the loop closed before the first flush
+    loop = asyncio.run(second())
+    assert store.count("k1") >= 3
+    assert loop in ticks  # the manager's hook ran on the new loop

@@ -151,6 +151,17 @@ def _channel(channel: Channel | str) -> Channel | None:
     raise ConfigurationError("channel takes a Channel")
 
 
+def _starting(deliverer: Deliverer) -> Callable[[], None]:
+    """`deliverer.start`, doing nothing where no event loop runs. It refers to the
+    deliverer alone: a manager dropped unclosed is collected at once, and warned about."""
+
+    def start() -> None:
+        with contextlib.suppress(RuntimeError):
+            deliverer.start()
+
+    return start
+
+
 def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -> str | None:
     """The `rate_limit` text to store: given as text, or made from a `{name: limit}` map."""
     if rate_limits is not None:
@@ -333,6 +344,9 @@ class KeyManager:
             )
             if self._limiter is not None:
                 self.observe_limiter(self._limiter)
+            # The request path awaits nothing for a key it holds (`verify_now`), so the
+            # usage buffer's tick starts the deliverer on the loop requests come in on.
+            self.usage_buffer.on_tick = _starting(self._deliverer)
 
     def __repr__(self) -> str:
         return f"KeyManager(store={self.store!r}, prefix={self.prefix!r})"
@@ -467,13 +481,14 @@ class KeyManager:
 
     def _use(self) -> None:
         """Note that this manager has done work: from now on it holds what `aclose` releases
-        (connections, a cache, buffered counts), and is warned about if never closed."""
+        (connections, a cache, buffered counts), and is warned about if never closed. Its
+        deliverer runs on this loop, or goes on running on another (`Deliverer.start`)."""
         if not self._in_use:
             self._in_use = True
             _unclosed.add(self)
-            if self._deliverer is not None:
-                with contextlib.suppress(RuntimeError):  # no running loop: no deliveries
-                    self._deliverer.start()
+        if self._deliverer is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: no deliveries
+                self._deliverer.start()
 
     def _release(self) -> None:
         """Forget that this manager has done work, without closing anything: `aclose` does

@@ -82,6 +82,7 @@ class UsageBuffer:
         self._open: dict[str, list[Any]] = {}
         self._day = ""
         self._day_ends = 0.0  # Unix time at which `_day` ends
+        self._next_tick = 0.0  # Unix time of `record`'s next `_tick`
         self._admitted = ("", ADMITTED)  # (`_day`, ADMITTED): the slot of today's requests
         # Sealed batches not yet confirmed written, oldest first. The open accumulator is
         # sealed only once this is empty, so it holds at most a batch or so.
@@ -93,6 +94,10 @@ class UsageBuffer:
         self._closing = False
         # Told of each background flush that failed (its batch is retried): for metrics.
         self.on_flush_failure: Callable[[BaseException], None] | None = None
+        # Called by `record` once per `interval` while requests are counted, on the loop
+        # they are counted on: the manager starts its webhook deliverer there again, when
+        # it was used on another loop before (`_tick`).
+        self.on_tick: Callable[[], None] | None = None
 
     def _today(self, now: float) -> str:
         """The UTC day of `now`, "YYYY-MM-DD": worked out once a day, not per request."""
@@ -108,7 +113,7 @@ class UsageBuffer:
     def record(self, key_id: str) -> None:
         """Count one request of `key_id`, now, as admitted. Never awaits, never fails."""
         now = time.time()
-        slot = self._admitted if now < self._day_ends else (self._today(now), ADMITTED)
+        slot = self._admitted if now < self._next_tick else self._tick(now)
         entry = self._open.get(key_id)
         if entry is None:
             self._open[key_id] = [1, now, {slot: 1}]
@@ -118,6 +123,21 @@ class UsageBuffer:
             entry[1] = now
             daily = entry[2]
             daily[slot] = daily.get(slot, 0) + 1
+
+    def _tick(self, now: float) -> tuple[str, str]:
+        """`record`'s work once per `interval`, and when a UTC day starts: today's slot,
+        and the background task on this loop. A manager may be used on a loop after its
+        first one closed (a key issued under `asyncio.run`, then a server; a test client
+        per test): a key counted there before has its entry already, so the first count
+        on the new loop would otherwise start no task, and nothing would be written.
+
+        Folded into the day's end (one comparison per request, as before)."""
+        self._today(now)
+        self._next_tick = min(self._day_ends, now + self.interval)
+        self._ensure_task()
+        if self.on_tick is not None:
+            self.on_tick()
+        return self._admitted
 
     def refused(self, key_id: str, code: str) -> None:
         """Count the request of `key_id` just recorded as refused with `code` (its scope, a

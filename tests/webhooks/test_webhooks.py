@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from standardwebhooks import Webhook, WebhookVerificationError
 
 import apikeys.channels.sqlite as sqlite_channel
-from apikeys import Hasher, KeyManager
+from apikeys import Hasher, KeyManager, MemoryStore, RateLimiter
+from apikeys.gate import Gate
 from apikeys.stores import KeyStore
 from apikeys.stores.redis import RedisStore
 from apikeys.stores.sql import SQLStore
@@ -415,3 +416,44 @@ async def test_a_claim_leases_at_most_its_limit(store: KeyStore, manager: KeyMan
     third = await hooks.claim("three", now, lease, 2)
     assert [len(first), len(second), len(third)] == [2, 2, 1]
     assert len({item.id for item in (*first, *second, *third)}) == 5
+
+
+def test_a_manager_moved_to_another_loop_delivers_when_only_the_fast_path_serves() -> None:
+    """A manager used on a second event loop after its first one closed, only through
+    `Gate.admit_now` (the memory store answers every request without an await): its
+    deliverer starts again on the new loop, as the awaited paths start it."""
+    receiver = Receiver(free_port())
+    options = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05,), check_interval=3600)
+    manager = KeyManager(
+        MemoryStore(), hasher=Hasher(pepper=b"p" * 32), usage_flush_interval=0.05, webhooks=options
+    )
+    gate = Gate(manager, limiter=RateLimiter("1000/minute"), scopes={"GET /api": "a:read"})
+    request = {"type": "http", "method": "GET", "path": "/api", "client": ("10.0.0.1", 1)}
+
+    async def first() -> str:
+        hooks = hooks_of(manager.store)
+        await add_endpoint(hooks, receiver.url)
+        created = await manager.create(name="k", scopes=["a:read"])
+        headers = [(b"authorization", f"Bearer {created.key}".encode())]
+        assert gate.admit_now({**request, "headers": headers}, "/api") is not None
+        return created.key
+
+    async def second(key: str) -> None:
+        headers = [(b"authorization", f"Bearer {key}".encode())]
+        await receiver.start()
+        try:
+            async with asyncio.timeout(20):
+                while not receiver.received:
+                    assert gate.admit_now({**request, "headers": headers}, "/api") is not None
+                    await asyncio.sleep(0.02)
+        finally:
+            await manager.aclose()
+            await receiver.stop()
+
+    try:
+        key = asyncio.run(first())  # the loop ends, and the deliverer's task with it
+    except BaseException:
+        asyncio.run(manager.aclose())
+        raise
+    asyncio.run(second(key))
+    assert json.loads(receiver.received[0].body)["type"] == "key.created"

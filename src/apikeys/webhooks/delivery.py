@@ -101,13 +101,14 @@ class Deliverer:
         self._warned = False
 
     def start(self) -> None:
-        """Start the task on the running loop, unless it runs there already (a manager
-        moved to another loop starts it anew there)."""
+        """Start the task on the running loop, unless it runs there already, or on another
+        loop that still runs (in another thread): one task delivers for the process. A
+        manager moved to another loop, its first one closed, starts it anew there."""
         loop = asyncio.get_running_loop()
         task = self._task
-        if task is not None and not task.done() and self._loop is loop:
-            return
         if task is not None and not task.done():
+            if self._loop is loop or (self._loop is not None and self._loop.is_running()):
+                return
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 task.cancel()
         self._loop = loop
