@@ -30,6 +30,7 @@ from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.keys import generate_id
 from apikeys.stores import store_from_url
 from apikeys.stores.sql import SQLStore, async_url, create_tables, keys_table, metadata
+from apikeys.stores.sql_schema import webhook_deliveries_table
 from apikeys.types import KeyRecord, StoredKey, UsageDelta
 from tests.tcpproxy import TcpProxy
 
@@ -311,6 +312,29 @@ async def test_setup_adds_the_columns_a_table_of_an_earlier_version_lacks(
     assert (kept.id, kept.replaces, kept.replaced_by) == ("k-before", None, None)
     await upgraded.insert(make_key("k-after", replaces="k-before"))
     assert (await record_of(upgraded, "k-after")).replaces == "k-before"
+
+
+async def test_setup_adds_the_indexes_a_table_of_an_earlier_version_lacks(
+    database: tuple[str, dict[str, Any]], make_store: StoreFactory
+) -> None:
+    url, options = database
+    store = make_store(url, **options)
+    await store.setup()
+    deliveries = webhook_deliveries_table(store.table.name)
+    made = {str(index.name) for index in deliveries.indexes}
+    assert {f"ix_{deliveries.name}_workspace", f"ix_{deliveries.name}_finished"} <= made
+    async with store.engine.begin() as conn:  # as a release without those indexes made it
+        for name in made:
+            await conn.execute(sa.text(f'DROP INDEX "{name}"'))
+
+    async def present() -> set[str]:
+        async with store.engine.connect() as conn:
+            found = await conn.run_sync(lambda sync: sa.inspect(sync).get_indexes(deliveries.name))
+        return {str(index["name"]) for index in found}
+
+    assert not await present() & made
+    await make_store(url, **options).setup()
+    assert await present() >= made
 
 
 async def test_if_setup_was_skipped_then_the_first_call_creates_the_table(

@@ -1,17 +1,20 @@
 """The settings page's webhook deliveries, seen by users of two workspaces: each sees its own
 keys' deliveries and the URLs of its own endpoints, never an endpoint URL that is not its
 workspace's; a replay needs the CSRF token and a delivery of the user's workspace; odd ids
-are the 404 page."""
+are the 404 page; a busy workspace hides no other's deliveries, and an old delivery is
+still replayed."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import httpx
 import pytest
 from starlette.requests import Request
 
+import apikeys.ui.views.webhooks as webhooks_view
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
 from apikeys.types import utcnow
@@ -109,3 +112,78 @@ async def test_a_replay_without_the_csrf_token_or_of_an_odd_id_changes_nothing(
             answer = await client.post(f"/webhooks/{odd}/replay", data={"csrf_token": token})
             assert answer.status_code in (404, 405), (odd, answer.status_code)
     assert {d.id: d for d in await hooks.deliveries()} == before
+
+
+def _listed(html: str) -> list[str]:
+    """The ids of the deliveries the view lists, in order."""
+    return re.findall(r'data-delivery-id="([^"]+)"', html)
+
+
+async def _mark_delivered(hooks: WebhookStore) -> None:
+    now = utcnow()
+    for item in await hooks.claim("test", now, now + timedelta(minutes=1), 100):
+        await hooks.finish(
+            item.id,
+            "test",
+            now=now,
+            status="delivered",
+            next_attempt_at=now,
+            response=204,
+            error=None,
+        )
+
+
+async def test_a_workspace_sees_and_replays_its_deliveries_however_busy_another_is(
+    manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(webhooks_view, "DELIVERIES_LIMIT", 3)
+    hooks = manager.store.webhooks()
+    assert hooks is not None
+    await add_endpoint(hooks, "http://127.0.0.1:9/every")  # for every workspace
+    ours = await manager.create(name="ours", workspace="acme", full_access=True)
+    for number in range(5):  # newer than ours, more than the view shows
+        await manager.create(name=f"theirs{number}", workspace="globex", full_access=True)
+    await hooks.take(utcnow())
+    await _mark_delivered(hooks)
+    (mine,) = await hooks.deliveries(workspace="acme")
+    theirs = await hooks.deliveries(workspace="globex")
+    assert mine.key_id == ours.record.id
+    assert mine.id not in [d.id for d in await hooks.deliveries(limit=3)]
+
+    async with _client(manager, "acme") as ann, _client(manager, "globex") as bob:
+        shown = await ann.get("/webhooks")
+        assert shown.status_code == 200
+        assert _listed(shown.text) == [mine.id]
+        bobs = await bob.get("/webhooks")
+        assert _listed(bobs.text) == [d.id for d in theirs[:3]]
+        assert "Showing the newest 3 deliveries." in bobs.text
+        token = _csrf(shown.text)
+
+        replayed = await ann.post(f"/webhooks/{mine.id}/replay", data={"csrf_token": token})
+        assert replayed.status_code == 303
+        again = await hooks.delivery(mine.id)
+        assert again is not None
+        assert again.status == "pending"
+        notice = await ann.get("/webhooks")
+        assert "The key.created delivery will be sent again." in notice.text
+
+        # Another workspace's delivery, the oldest of theirs (past any listing), one that
+        # does not exist, and ids no store makes: the same 404, and nothing is replayed.
+        for delivery_id in (theirs[-1].id, theirs[0].id, "msg_" + "0" * 24, "x" * 65, "é"):
+            refused = await ann.post(f"/webhooks/{delivery_id}/replay", data={"csrf_token": token})
+            assert refused.status_code == 404
+            assert "No such delivery" in refused.text
+            assert theirs[0].webhook_id not in refused.text
+        for delivery in theirs:
+            unchanged = await hooks.delivery(delivery.id)
+            assert unchanged is not None
+            assert unchanged.status == "delivered"
+            assert unchanged.attempts == 1
+
+        # Bob replays his oldest, which no listing shows any more.
+        bob_token = _csrf(bobs.text)
+        oldest = await bob.post(f"/webhooks/{theirs[-1].id}/replay", data={"csrf_token": bob_token})
+        assert oldest.status_code == 303
+        replayed_oldest = await hooks.delivery(theirs[-1].id)
+        assert replayed_oldest is not None
+        assert replayed_oldest.status == "pending"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 from click.testing import CliRunner, Result
 
+from apikeys import Hasher, KeyManager
 from apikeys.cli import main
+from apikeys.types import utcnow
+from apikeys.webhooks.admin import add_endpoint
 
 
 def run(store: str, *args: str) -> Result:
@@ -58,3 +62,28 @@ def test_a_store_without_webhooks_says_so() -> None:
     result = run("sqlite:///:memory:", "list")
     assert result.exit_code == 1
     assert "keeps no webhooks" in result.output
+
+
+def test_deliveries_of_one_workspace(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'keys.db'}"
+
+    async def made() -> None:
+        async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+            hooks = manager.store.webhooks()
+            assert hooks is not None
+            await add_endpoint(hooks, "https://example.com/hooks")
+            await manager.create(name="ours", workspace="acme", full_access=True)
+            for number in range(3):
+                await manager.create(name=f"k{number}", workspace="globex", full_access=True)
+            await hooks.take(utcnow())
+
+    asyncio.run(made())
+    ours = run(store, "deliveries", "--workspace", "acme", "--json")
+    assert ours.exit_code == 0, ours.output
+    (delivery,) = json.loads(ours.output)
+    assert delivery["workspace"] == "acme"
+    assert delivery["event"] == "key.created"
+    theirs = json.loads(run(store, "deliveries", "--workspace", "globex", "--json").output)
+    assert [d["workspace"] for d in theirs] == ["globex"] * 3
+    assert len(json.loads(run(store, "deliveries", "--json").output)) == 4
+    assert run(store, "deliveries", "--workspace", "nobody").output.strip() == "No deliveries."

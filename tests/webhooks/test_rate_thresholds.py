@@ -267,6 +267,7 @@ async def test_a_delivery_made_twice_is_stored_once_and_none_for_a_removed_endpo
             created.record.id,
             "key.usage_threshold",
             b'{"type":"key.usage_threshold"}',
+            created.record.workspace,
         )
 
     now = utcnow()

@@ -24,8 +24,9 @@ from apikeys.stores.redis import RedisStore
 from apikeys.stores.sql import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
+from apikeys.webhooks import delivery as delivery_module
 from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
-from apikeys.webhooks.base import WebhookStore
+from apikeys.webhooks.base import DeliveryStatus, WebhookStore
 from tests.conftest import SCALE_OUT_STORES, STORES
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
@@ -401,6 +402,142 @@ async def test_a_revoked_key_is_sent_no_expiring_or_usage_threshold_event(
     now = utcnow()
     assert await hooks.expiring(now) == 0
     assert await hooks.usage_thresholds(now) == 0
+
+
+async def finish_claimed(hooks: WebhookStore, status: DeliveryStatus) -> list[str]:
+    """Claim what is due and record each as `status` (delivered or failed) now; their ids."""
+    now = utcnow()
+    claimed = await hooks.claim("test", now, now + timedelta(minutes=1), 100)
+    for item in claimed:
+        await hooks.finish(
+            item.id,
+            "test",
+            now=now,
+            status=status,
+            next_attempt_at=now,
+            response=200 if status == "delivered" else 500,
+            error=None,
+        )
+    return [item.id for item in claimed]
+
+
+async def test_delivered_and_failed_deliveries_are_pruned_after_the_retention_and_pending_never(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    for name in ("a", "b"):
+        await manager.create(name=name, full_access=True)
+    await hooks.take(utcnow())
+    delivered = await finish_claimed(hooks, "delivered")
+    for name in ("c", "d"):
+        await manager.create(name=name, full_access=True)
+    await hooks.take(utcnow())
+    failed = await finish_claimed(hooks, "failed")
+    replayed = await manager.create(name="replayed", full_access=True)
+    waiting = await manager.create(name="waiting", full_access=True)
+    await hooks.take(utcnow())
+    (again,) = [d.id for d in await hooks.deliveries() if d.key_id == replayed.record.id]
+    await finish_claimed(hooks, "delivered")  # the last two, delivered
+    (pending,) = [d.id for d in await hooks.deliveries() if d.key_id == waiting.record.id]
+    assert await hooks.replay(again, utcnow())  # delivered again, later
+    await finish_claimed(hooks, "delivered")
+    assert await hooks.replay(pending, utcnow())  # pending again: never pruned
+    assert len(await hooks.deliveries()) == 6
+
+    assert await hooks.prune(utcnow() - timedelta(days=1)) == 0  # none is that old
+    later = utcnow() + timedelta(seconds=1)
+    assert await hooks.prune(later, limit=2) == 2  # a batch at a time
+    assert await hooks.prune(later, limit=2) == 2
+    assert await hooks.prune(later, limit=2) == 1
+    assert await hooks.prune(later) == 0
+    (left,) = await hooks.deliveries()
+    assert (left.id, left.status) == (pending, "pending")
+    for gone in (*delivered, *failed, again):
+        assert await hooks.delivery(gone) is None
+    assert await hooks.deliveries(status="delivered") == []
+    assert await hooks.deliveries(status="failed") == []
+    assert [d.id for d in await hooks.deliveries(workspace="default")] == [pending]
+    assert not await hooks.replay(delivered[0], utcnow())
+    if isinstance(store, RedisStore):  # nothing of theirs is left, in no index either
+        assert not set(await redis_names_and_members(store)) & {*delivered, *failed, again}
+
+
+async def redis_names_and_members(store: RedisStore) -> list[str]:
+    """The names of the store's Redis keys, and the members of its sets and sorted sets,
+    each split at its colons."""
+    client = store.client
+    found = []
+    async for name in client.scan_iter(match=f"{store.key_prefix}*"):
+        found += name.split(":")
+        kind = await client.type(name)
+        if kind == "zset":
+            found += await client.zrange(name, 0, -1)
+        elif kind == "set":
+            found += await client.smembers(name)
+    return found
+
+
+async def test_the_deliverer_prunes_what_finished_before_the_retention_a_batch_at_a_time(
+    store: KeyStore, manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    for number in range(5):
+        await manager.create(name=f"k{number}", full_access=True)
+    await hooks.take(utcnow())
+    await finish_claimed(hooks, "delivered")
+    await manager.create(name="pending", full_access=True)
+    await hooks.take(utcnow())
+    later = utcnow() + timedelta(seconds=1)
+    assert await Deliverer(hooks, DeliveryOptions(retention=None)).prune(later) == 0
+    assert len(await hooks.deliveries()) == 6
+    monkeypatch.setattr(delivery_module, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(delivery_module, "PRUNE_BATCHES", 2)
+    deliverer = Deliverer(hooks, DeliveryOptions(retention=timedelta(0)))
+    assert await deliverer.prune(later) == 4  # two batches of two, this time
+    assert await deliverer.prune(later) == 1
+    assert [d.status for d in await hooks.deliveries()] == ["pending"]
+    assert DeliveryOptions().retention == timedelta(days=30)
+
+
+async def test_a_workspaces_deliveries_are_listed_and_found_by_id_however_busy_another_is(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    every = await add_endpoint(hooks, "http://127.0.0.1:9/every")
+    busy = await add_endpoint(hooks, "http://127.0.0.1:9/busy", workspace="busy")
+    quiet = await manager.create(
+        name="quiet", workspace="quiet", full_access=True, expires_in=timedelta(hours=12)
+    )
+    await hooks.take(utcnow())
+    await hooks.expiring(utcnow())
+    for number in range(6):
+        await manager.create(name=f"b{number}", workspace="busy", full_access=True)
+    await hooks.take(utcnow())
+    newest = await hooks.deliveries(limit=5)
+    assert {d.workspace for d in newest} == {"busy"}  # the quiet workspace's are older
+    ours = await hooks.deliveries(workspace="quiet", limit=5)
+    assert sorted((d.event, d.webhook_id) for d in ours) == [
+        ("key.created", every.id),
+        ("key.expiring", every.id),  # the 7-day notice
+        ("key.expiring", every.id),  # and the 1-day one
+    ]
+    assert {(d.key_id, d.workspace) for d in ours} == {(quiet.record.id, "quiet")}
+    theirs = await hooks.deliveries(workspace="busy", limit=100)
+    assert len(theirs) == 12  # each key's key.created, to both endpoints
+    assert {d.webhook_id for d in theirs} == {every.id, busy.id}
+    assert [d.id for d in await hooks.deliveries(workspace="busy", limit=3)] == [
+        d.id for d in theirs[:3]
+    ]
+    assert len(await hooks.deliveries(workspace="busy", status="pending", limit=7)) == 7
+    assert await hooks.deliveries(workspace="busy", status="failed") == []
+    assert await hooks.deliveries(workspace="nobody") == []
+    for delivery in ours:
+        assert await hooks.delivery(delivery.id) == delivery
+    assert (await hooks.delivery(theirs[-1].id)) == theirs[-1]
+    assert await hooks.delivery("msg_000000000000000000000000") is None
+    assert ours[0].to_dict()["workspace"] == "quiet"
 
 
 async def test_a_claim_leases_at_most_its_limit(store: KeyStore, manager: KeyManager) -> None:

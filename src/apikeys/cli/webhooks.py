@@ -126,6 +126,9 @@ def roll(ctx: click.Context, endpoint_id: str, overlap: timedelta | None, as_jso
 @webhooks.command("deliveries")
 @click.option("--failed", is_flag=True, help="Only the deliveries that failed.")
 @click.option(
+    "--workspace", default=None, help="Only those about this workspace's keys (default: all)."
+)
+@click.option(
     "--limit",
     type=click.IntRange(min=1, max=100_000),
     default=100,
@@ -134,11 +137,15 @@ def roll(ctx: click.Context, endpoint_id: str, overlap: timedelta | None, as_jso
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of deliveries.")
 @click.pass_context
-def deliveries(ctx: click.Context, failed: bool, limit: int, as_json: bool) -> None:
+def deliveries(
+    ctx: click.Context, failed: bool, workspace: str | None, limit: int, as_json: bool
+) -> None:
     """List deliveries, newest first: event, status, attempts and the last response."""
 
     async def work(hooks: WebhookStore) -> list[Delivery]:
-        return await hooks.deliveries(status="failed" if failed else None, limit=limit)
+        return await hooks.deliveries(
+            status="failed" if failed else None, workspace=workspace, limit=limit
+        )
 
     found = _with_hooks(ctx, work)
     if as_json:

@@ -404,7 +404,8 @@ def webhook_deliveries_table(
     keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
 ) -> sa.Table:
     """`<keys table>_deliveries`: one row per event and endpoint, with its signed body,
-    status (`pending`, `delivered`, `failed`), attempts and last response."""
+    status (`pending`, `delivered`, `failed`), attempts and last response, and the
+    workspace of the key it is about."""
     return _companion(
         keys_table_name,
         "deliveries",
@@ -425,8 +426,13 @@ def webhook_deliveries_table(
             sa.Column("last_error", sa.String(200), nullable=True),
             sa.Column("lease_until", UTCDateTime(), nullable=True),
             sa.Column("leased_by", sa.String(32), nullable=True),
+            sa.Column("workspace", sa.String(), nullable=True),
             sa.Index(f"ix_{name}_due", "status", "next_attempt_at"),
             sa.Index(f"ix_{name}_hook_key", "webhook_id", "key_id", "seq"),
+            # A workspace's deliveries, newest first (the settings page, `--workspace`).
+            sa.Index(f"ix_{name}_workspace", "workspace", "seq"),
+            # Pruning: the deliveries delivered or failed before a time.
+            sa.Index(f"ix_{name}_finished", "status", "last_attempt_at"),
         ),
     )
 
@@ -456,6 +462,7 @@ def create_tables_on(connection: sa.Connection, tables: Sequence[sa.Table]) -> N
     for table in tables:
         table.create(connection, checkfirst=True)
         add_missing_columns(connection, table)
+        add_missing_indexes(connection, table)
 
 
 def add_missing_columns(connection: sa.Connection, table: sa.Table) -> list[str]:
@@ -480,6 +487,18 @@ def add_missing_columns(connection: sa.Connection, table: sa.Table) -> list[str]
             )
         )
         added.append(column.name)
+    return added
+
+
+def add_missing_indexes(connection: sa.Connection, table: sa.Table) -> list[str]:
+    """Create the indexes of `table` that its database table lacks (a table made by an
+    earlier version gains the indexes later versions added). Returns their names."""
+    present = {index["name"] for index in sa.inspect(connection).get_indexes(table.name)}
+    added = []
+    for index in sorted(table.indexes, key=lambda index: str(index.name)):
+        if index.name not in present:
+            index.create(connection)
+            added.append(str(index.name))
     return added
 
 

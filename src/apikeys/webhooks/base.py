@@ -74,7 +74,12 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One event for one endpoint: its status, attempts and the last response."""
+    """One event for one endpoint: its status, attempts and the last response.
+
+    `workspace` is the workspace of the key the event is about (a key never changes
+    workspace), which is whose the delivery is: an endpoint for every workspace is sent
+    events about keys of each, and each of those deliveries is that key's workspace's.
+    None only from a store of your own that does not say."""
 
     id: str
     webhook_id: str
@@ -87,12 +92,14 @@ class Delivery:
     last_attempt_at: datetime | None
     last_status: int | None
     last_error: str | None
+    workspace: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "webhook_id": self.webhook_id,
             "key_id": self.key_id,
+            "workspace": self.workspace,
             "event": self.event,
             "status": self.status,
             "attempts": self.attempts,
@@ -124,13 +131,15 @@ def delivery_id(*parts: object) -> str:
 @dataclass(frozen=True, slots=True)
 class Timed:
     """A delivery of an event found by the clock (`key.expiring`, `key.usage_threshold`),
-    for a store to make unless it holds one of that `id` already."""
+    for a store to make unless it holds one of that `id` already. `workspace` is the key's
+    (`Delivery.workspace`)."""
 
     id: str
     webhook_id: str
     key_id: str
     event: str
     body: bytes
+    workspace: str
 
 
 def wanting(endpoints: Iterable[Endpoint], event: str) -> list[Endpoint]:
@@ -156,6 +165,7 @@ def expiring_deliveries(
             record.id,
             "key.expiring",
             event_body("key.expiring", now, record, expires_in_days=notice.days),
+            record.workspace,
         )
         for endpoint in endpoints
         if endpoint.wants("key.expiring", record.workspace)
@@ -180,6 +190,7 @@ def usage_threshold_deliveries(
             record.id,
             "key.usage_threshold",
             event_body("key.usage_threshold", now, record, **data),
+            record.workspace,
         )
         for threshold, data in crossed_thresholds(record, now)
         for endpoint in endpoints
@@ -219,6 +230,7 @@ def rate_threshold_deliveries(
             record.id,
             "key.usage_threshold",
             body,
+            record.workspace,
         )
         for endpoint in endpoints
         if endpoint.wants("key.usage_threshold", record.workspace)
@@ -294,9 +306,26 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def deliveries(
-        self, *, status: DeliveryStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
     ) -> list[Delivery]:
-        """The newest deliveries (of `status`), newest first."""
+        """The newest deliveries (of `status`, about keys of `workspace`), newest first.
+        The work is about `limit` deliveries of that workspace, however many others there
+        are (more with `status`: those of other statuses are read past)."""
+
+    @abc.abstractmethod
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        """The delivery of that id, or None."""
+
+    async def prune(self, before: datetime, limit: int = 1000) -> int:
+        """Delete at most `limit` deliveries that were delivered or failed before `before`
+        (their last attempt); never a pending one. The number deleted. Run by every
+        deliverer: deleting what another process deleted already is harmless. None by
+        default (a store of your own keeps its deliveries)."""
+        return 0
 
     @abc.abstractmethod
     async def replay(self, delivery_id: str, now: datetime) -> bool:

@@ -7,6 +7,8 @@ endpoint and key (`claim`), and sends them, signed. A 2xx answer delivers one; a
 else (or no answer within `timeout`) schedules the next attempt after a growing delay,
 until `give_up_after` has passed since the event was taken: it is then marked `failed`,
 and the next event for that key goes.
+Every `check_interval` it also looks for keys about to expire or past a usage threshold,
+and deletes the deliveries delivered or failed more than `retention` ago, a batch at a time.
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ from apikeys.webhooks.base import (
 from apikeys.webhooks.signing import signed_headers
 from apikeys.webhooks.thresholds import ThresholdWatch
 
-__all__ = ["DEFAULT_RETRY_DELAYS", "Deliverer", "DeliveryOptions"]
+__all__ = ["DEFAULT_RETRY_DELAYS", "PRUNE_BATCH", "PRUNE_BATCHES", "Deliverer", "DeliveryOptions"]
 
 logger = logging.getLogger("apikeys.webhooks")
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14400, 28800)
 """Seconds before each retry; the last repeats until `give_up_after`."""
+
+PRUNE_BATCH = 1000
+"""Deliveries deleted per statement (or script) when old ones are pruned: each is short,
+so the writes of other processes wait little behind it."""
+
+PRUNE_BATCHES = 10
+"""Batches pruned at most per `check_interval`, by each process: up to 10,000 old
+deliveries a minute, enough for a backlog of millions to go within a day or two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +64,10 @@ class DeliveryOptions:
     - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
     - `batch`: deliveries leased per round (20);
     - `check_interval`: seconds between looks for keys about to expire or past a usage
-      threshold (60).
+      threshold, and prunings of old deliveries (60);
+    - `retention`: how long a delivery is kept after it was delivered or failed (its last
+      attempt; 30 days), then deleted; None keeps every delivery. A pending one is never
+      deleted.
     """
 
     poll_interval: float = 1.0
@@ -64,6 +77,7 @@ class DeliveryOptions:
     lease: float = 60.0
     batch: int = 20
     check_interval: float = 60.0
+    retention: timedelta | None = timedelta(days=30)
 
     def next_attempt(self, attempts: int, created_at: datetime, now: datetime) -> datetime | None:
         """When to try again after `attempts` failed attempts; None: give up."""
@@ -174,6 +188,7 @@ class Deliverer:
         if time.monotonic() - self._checked >= self.options.check_interval:
             await self.store.expiring(now)
             await self.store.usage_thresholds(now)
+            await self.prune(now)
             self._checked = time.monotonic()
         claimed = await self.store.claim(
             self.holder,
@@ -209,6 +224,20 @@ class Deliverer:
         except BaseException:
             self.thresholds.give_back(crossings)
             raise
+
+    async def prune(self, now: datetime) -> int:
+        """Delete the deliveries delivered or failed more than `retention` before `now`, at
+        most `PRUNE_BATCHES` batches of `PRUNE_BATCH`; the number deleted."""
+        retention = self.options.retention
+        if retention is None:
+            return 0
+        deleted = 0
+        for _ in range(PRUNE_BATCHES):
+            batch = await self.store.prune(now - retention, PRUNE_BATCH)
+            deleted += batch
+            if batch < PRUNE_BATCH:
+                break
+        return deleted
 
     def _http(self) -> Any:
         if self._client is None:

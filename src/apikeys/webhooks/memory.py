@@ -103,6 +103,7 @@ class MemoryWebhooks(WebhookStore):
         key_id: str,
         event: str,
         *,
+        workspace: str,
         now: datetime,
         order: int,
         body: bytes,
@@ -122,6 +123,7 @@ class MemoryWebhooks(WebhookStore):
                 last_attempt_at=None,
                 last_status=None,
                 last_error=None,
+                workspace=workspace,
             ),
             order,
             body,
@@ -143,6 +145,7 @@ class MemoryWebhooks(WebhookStore):
                     endpoint.id,
                     entry.record.id,
                     sent,
+                    workspace=entry.record.workspace,
                     now=now,
                     order=entry.seq,
                     body=event_body(sent, entry.at, entry.record),
@@ -181,6 +184,7 @@ class MemoryWebhooks(WebhookStore):
                 due.webhook_id,
                 due.key_id,
                 due.event,
+                workspace=due.workspace,
                 now=now,
                 order=self._seq,
                 body=due.body,
@@ -244,7 +248,11 @@ class MemoryWebhooks(WebhookStore):
         held.holder = held.lease_until = None
 
     async def deliveries(
-        self, *, status: DeliveryStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
     ) -> list[Delivery]:
         listed = sorted(
             self._deliveries.values(),
@@ -252,8 +260,27 @@ class MemoryWebhooks(WebhookStore):
             reverse=True,
         )
         return [
-            held.delivery for held in listed if status is None or held.delivery.status == status
+            held.delivery
+            for held in listed
+            if (status is None or held.delivery.status == status)
+            and (workspace is None or held.delivery.workspace == workspace)
         ][:limit]
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        held = self._deliveries.get(delivery_id)
+        return None if held is None else held.delivery
+
+    async def prune(self, before: datetime, limit: int = 1000) -> int:
+        old = [
+            delivery_id
+            for delivery_id, held in self._deliveries.items()
+            if held.delivery.status != "pending"
+            and held.delivery.last_attempt_at is not None
+            and held.delivery.last_attempt_at < before
+        ][:limit]
+        for delivery_id in old:
+            del self._deliveries[delivery_id]
+        return len(old)
 
     async def replay(self, delivery_id: str, now: datetime) -> bool:
         held = self._deliveries.get(delivery_id)

@@ -15,9 +15,10 @@ only when no change was counted for it meanwhile. Order per key is the outbox's 
 
 Endpoints and deliveries live under `<prefix>{webhooks}:`, one slot, so each step of
 theirs is one script: an endpoint is a hash (and `endpoints`, a sorted set by creation);
-a delivery is a hash, in `due` (pending, by next attempt), `deliveries` and `status:<s>`
-(by event time, for listing), and, while pending, in its line `line:<endpoint>:<key>`.
-A lease is `lease:<delivery>`, set with SET NX PX: it runs out by itself.
+a delivery is a hash, in `due` (pending, by next attempt), `deliveries`, `status:<s>` and
+`ws:<workspace>` (by event time, for listing), `finished` (delivered or failed, by last
+attempt, for pruning), and, while pending, in its line `line:<endpoint>:<key>`. A lease is
+`lease:<delivery>`, set with SET NX PX: it runs out by itself.
 """
 
 from __future__ import annotations
@@ -53,6 +54,24 @@ def _time(value: str | None) -> datetime | None:
     return _decode_time(value)
 
 
+def _delivery(delivery_id: str, fields: dict[str, str]) -> Delivery:
+    last_status = fields.get("last_status")
+    return Delivery(
+        id=delivery_id,
+        webhook_id=fields["webhook_id"],
+        key_id=fields["key_id"],
+        event=fields["event"],
+        status=cast(DeliveryStatus, fields["status"]),
+        attempts=int(fields["attempts"]),
+        created_at=cast(datetime, _time(fields["created_at"])),
+        next_attempt_at=cast(datetime, _time(fields["next_attempt_at"])),
+        last_attempt_at=_time(fields.get("last_attempt_at")),
+        last_status=None if last_status is None else int(last_status),
+        last_error=fields.get("last_error"),
+        workspace=fields.get("workspace"),
+    )
+
+
 class RedisWebhooks(WebhookStore):
     """The webhook side of a `RedisStore` (see the module doc)."""
 
@@ -63,7 +82,16 @@ class RedisWebhooks(WebhookStore):
         client = store._client_object
         self._scripts = {
             name: client.register_script(_lua(f"webhook_{name}"))
-            for name in ("add_endpoint", "roll", "remove", "make", "claim", "finish", "replay")
+            for name in (
+                "add_endpoint",
+                "roll",
+                "remove",
+                "make",
+                "claim",
+                "finish",
+                "replay",
+                "prune",
+            )
         }
         self._taken = client.register_script(_lua("webhook_taken"))
 
@@ -128,7 +156,7 @@ class RedisWebhooks(WebhookStore):
 
     async def _make(self, now: datetime, values: list[str]) -> int:
         made = 0
-        chunk = 6 * 100
+        chunk = 7 * 100
         for start in range(0, len(values), chunk):
             made += int(await self._script("make", _micros(now), *values[start : start + chunk]))
         return made
@@ -147,6 +175,7 @@ class RedisWebhooks(WebhookStore):
                     due.event,
                     due.body.decode(),
                     order,
+                    due.workspace,
                 )
             ],
         )
@@ -186,6 +215,7 @@ class RedisWebhooks(WebhookStore):
                         sent,
                         event_body(sent, at, record).decode(),
                         stamp,
+                        record.workspace,
                     ]
         made = await self._make(now, values)
         async with store._calls():
@@ -312,38 +342,48 @@ class RedisWebhooks(WebhookStore):
         )
 
     async def deliveries(
-        self, *, status: DeliveryStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
+        if workspace is not None:
+            # The workspace's index, read newest first until `limit` of `status` are found.
+            return await self._listed(f"{self._w}ws:{workspace}", status, limit)
+        index = f"{self._w}deliveries" if status is None else f"{self._w}status:{status}"
+        return await self._listed(index, None, limit)
+
+    async def _listed(
+        self, index: str, status: DeliveryStatus | None, limit: int
     ) -> list[Delivery]:
         store = self._store
-        index = f"{self._w}deliveries" if status is None else f"{self._w}status:{status}"
+        listed: list[Delivery] = []
+        start, step = 0, limit if status is None else max(limit, 200)
         async with store._calls():
             client = store._client
-            ids = cast("list[str]", await client.zrevrange(index, 0, limit - 1))
-            async with client.pipeline(transaction=False) as pipe:
-                for delivery_id in ids:
-                    pipe.hgetall(f"{self._w}delivery:{delivery_id}")
-                replies: list[dict[str, str]] = await pipe.execute()
-        listed = []
-        for delivery_id, fields in zip(ids, replies, strict=True):
-            if not fields:
-                continue
-            last_status = fields.get("last_status")
-            listed.append(
-                Delivery(
-                    id=delivery_id,
-                    webhook_id=fields["webhook_id"],
-                    key_id=fields["key_id"],
-                    event=fields["event"],
-                    status=cast(DeliveryStatus, fields["status"]),
-                    attempts=int(fields["attempts"]),
-                    created_at=cast(datetime, _time(fields["created_at"])),
-                    next_attempt_at=cast(datetime, _time(fields["next_attempt_at"])),
-                    last_attempt_at=_time(fields.get("last_attempt_at")),
-                    last_status=None if last_status is None else int(last_status),
-                    last_error=fields.get("last_error"),
-                )
-            )
-        return listed
+            while len(listed) < limit:
+                ids = cast("list[str]", await client.zrevrange(index, start, start + step - 1))
+                async with client.pipeline(transaction=False) as pipe:
+                    for delivery_id in ids:
+                        pipe.hgetall(f"{self._w}delivery:{delivery_id}")
+                    replies: list[dict[str, str]] = await pipe.execute()
+                for delivery_id, fields in zip(ids, replies, strict=True):
+                    if fields and (status is None or fields["status"] == status):
+                        listed.append(_delivery(delivery_id, fields))
+                if len(ids) < step:
+                    break
+                start += step
+        return listed[:limit]
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        store = self._store
+        async with store._calls():
+            fields = await store._client.hgetall(f"{self._w}delivery:{delivery_id}")
+        return _delivery(delivery_id, fields) if fields else None
+
+    async def prune(self, before: datetime, limit: int = 1000) -> int:
+        return int(await self._script("prune", _micros(before), limit))
 
     async def replay(self, delivery_id: str, now: datetime) -> bool:
         return bool(await self._script("replay", delivery_id, _micros(now)))

@@ -6,6 +6,8 @@ hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql
 moves the mark in one transaction, so an entry becomes exactly one delivery per endpoint;
 the log is never pruned past the lowest mark. Deliveries are leased (`lease_until`,
 `leased_by`) with a conditional UPDATE, so no two processes send one at the same time.
+Each carries the workspace of its key (listed by `(workspace, seq)`); those delivered or
+failed are pruned a batch at a time by `(status, last_attempt_at)`.
 """
 
 from __future__ import annotations
@@ -65,6 +67,23 @@ def _endpoint(row: Any) -> Endpoint:
         created_at=row.created_at,
         previous_secret=row.previous_secret,
         previous_until=row.previous_until,
+    )
+
+
+def _delivery(row: Any) -> Delivery:
+    return Delivery(
+        id=row.id,
+        webhook_id=row.webhook_id,
+        key_id=row.key_id,
+        event=row.event,
+        status=cast(DeliveryStatus, row.status),
+        attempts=row.attempts,
+        created_at=row.created_at,
+        next_attempt_at=row.next_attempt_at,
+        last_attempt_at=row.last_attempt_at,
+        last_status=row.last_status,
+        last_error=row.last_error,
+        workspace=row.workspace,
     )
 
 
@@ -211,6 +230,7 @@ class SQLWebhooks(WebhookStore):
                             "id": _new_delivery_id(),
                             "webhook_id": row.id,
                             "key_id": record.id,
+                            "workspace": record.workspace,
                             "seq": entry.seq,
                             "event": sent,
                             "body": event_body(sent, at, record).decode(),
@@ -309,30 +329,48 @@ class SQLWebhooks(WebhookStore):
         await self._run(work)
 
     async def deliveries(
-        self, *, status: DeliveryStatus | None = None, limit: int = 100
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
     ) -> list[Delivery]:
         d = self._deliveries
         statement = sa.select(d).order_by(d.c.seq.desc(), d.c.webhook_id).limit(limit)
         if status is not None:
             statement = statement.where(d.c.status == status)
+        if workspace is not None:
+            statement = statement.where(d.c.workspace == workspace)
 
         async def work(conn: AsyncConnection) -> list[Delivery]:
-            return [
-                Delivery(
-                    id=row.id,
-                    webhook_id=row.webhook_id,
-                    key_id=row.key_id,
-                    event=row.event,
-                    status=cast(DeliveryStatus, row.status),
-                    attempts=row.attempts,
-                    created_at=row.created_at,
-                    next_attempt_at=row.next_attempt_at,
-                    last_attempt_at=row.last_attempt_at,
-                    last_status=row.last_status,
-                    last_error=row.last_error,
-                )
-                for row in await conn.execute(statement)
-            ]
+            return [_delivery(row) for row in await conn.execute(statement)]
+
+        return await self._run(work)
+
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        d = self._deliveries
+
+        async def work(conn: AsyncConnection) -> Delivery | None:
+            row = (await conn.execute(sa.select(d).where(d.c.id == delivery_id))).first()
+            return None if row is None else _delivery(row)
+
+        return await self._run(work)
+
+    async def prune(self, before: datetime, limit: int = 1000) -> int:
+        d = self._deliveries
+        # Served by the index on (status, last_attempt_at). The condition is repeated in
+        # the DELETE: a row replayed meanwhile (pending again) stays.
+        old = sa.and_(d.c.status.in_(("delivered", "failed")), d.c.last_attempt_at < before)
+        chosen = sa.select(d.c.id).where(old).limit(limit)
+        if self._postgres:
+            chosen = chosen.with_for_update(skip_locked=True)
+        batch = chosen.cte("old")  # run once (see `claim`)
+        # The rows deleted are counted from RETURNING: SQLite's driver reports no count for
+        # a statement that starts with WITH.
+        statement = sa.delete(d).where(d.c.id.in_(sa.select(batch.c.id)), old).returning(d.c.id)
+
+        async def work(conn: AsyncConnection) -> int:
+            return len((await conn.execute(statement)).all())
 
         return await self._run(work)
 
@@ -436,6 +474,7 @@ class SQLWebhooks(WebhookStore):
                 "id": due.id,
                 "webhook_id": due.webhook_id,
                 "key_id": due.key_id,
+                "workspace": due.workspace,
                 "seq": taken[due.webhook_id],
                 "event": due.event,
                 "body": due.body.decode(),

@@ -1,12 +1,21 @@
 """The workspace's webhook deliveries, newest first: event, key, status, attempts; and
-sending one of them again."""
+sending one of them again.
+
+A delivery is the workspace's when the key its event is about is (`Delivery.workspace`),
+whichever endpoint it goes to: one of the workspace's own, or one for every workspace (the
+operator's). An endpoint's workspace would hide the latter from everyone, and a delivery
+about a key is that key's workspace's business. The store lists a workspace's deliveries
+and finds one by its id, so a busy workspace hides no other's and an old delivery is still
+found; one of another workspace is the same 404 as one that does not exist.
+"""
 
 from __future__ import annotations
+
+import re
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apikeys.errors import KeyNotFound
 from apikeys.types import utcnow
 from apikeys.ui.forms import Form
 from apikeys.ui.request import (
@@ -24,6 +33,10 @@ from apikeys.ui.request import (
 __all__ = ["DELIVERIES_LIMIT", "deliveries_page", "replay"]
 
 DELIVERIES_LIMIT = 200
+
+# What a delivery id can be (`msg_` and hex, from the stores); anything else is not looked
+# up: a NUL byte or a newline has no business in a query.
+_DELIVERY_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @view
@@ -44,11 +57,7 @@ async def deliveries_page(request: Request, user: PageUser) -> Response:
             for endpoint in await hooks.endpoints()
             if endpoint.workspace == user.workspace
         }
-        deliveries = [
-            delivery
-            for delivery in await hooks.deliveries(limit=DELIVERIES_LIMIT)
-            if delivery.key_id in names
-        ]
+        deliveries = await hooks.deliveries(workspace=user.workspace, limit=DELIVERIES_LIMIT)
     return render(
         request,
         "webhooks.html",
@@ -65,18 +74,14 @@ async def deliveries_page(request: Request, user: PageUser) -> Response:
 
 @action
 async def replay(request: Request, user: PageUser, form: Form) -> Response:
-    """Send a listed delivery again (same id and body, 24 hours of retries anew), when it is
-    about a key of the user's workspace; any other id is the 404 page."""
-    manager = page_of(request).manager
-    hooks = manager.store.webhooks()
+    """Send a delivery again (same id and body, 24 hours of retries anew), when it is
+    about a key of the user's workspace, however old; any other id is the 404 page."""
+    hooks = page_of(request).manager.store.webhooks()
     delivery_id: str = request.path_params["delivery_id"]
-    listed = [] if hooks is None else await hooks.deliveries(limit=DELIVERIES_LIMIT)
-    found = next((delivery for delivery in listed if delivery.id == delivery_id), None)
-    try:
-        mine = found is not None and (await manager.get(found.key_id)).workspace == user.workspace
-    except KeyNotFound:
-        mine = False
-    if hooks is None or found is None or not mine:
+    found = None
+    if hooks is not None and _DELIVERY_ID.fullmatch(delivery_id):
+        found = await hooks.delivery(delivery_id)
+    if hooks is None or found is None or found.workspace != user.workspace:
         raise PageError(404, "No such delivery", "This delivery is not one of your keys'.")
     await hooks.replay(found.id, utcnow())
     notice(request, f"The {found.event} delivery will be sent again.")

@@ -2,6 +2,8 @@
 -- delivery, ARGV[3] = the holder, ARGV[4] = the status, ARGV[5] = now, ARGV[6] = the next
 -- attempt (microseconds), ARGV[7] = the response ('' for none), ARGV[8] = the error ('' for
 -- none). Records an attempt of a delivery whose lease the holder holds; returns 1, else 0.
+-- A delivery delivered or failed goes into `finished`, by the time of its last attempt
+-- (what pruning reads).
 local p, id, status = ARGV[1], ARGV[2], ARGV[4]
 local lease = p .. 'lease:' .. id
 if redis.call('GET', lease) ~= ARGV[3] then
@@ -23,6 +25,7 @@ else
   redis.call('ZREM', p .. 'line:' .. f[1] .. ':' .. f[2], id)
   redis.call('ZREM', p .. 'status:' .. f[4], id)
   redis.call('ZADD', p .. 'status:' .. status, f[3], id)
+  redis.call('ZADD', p .. 'finished', ARGV[5], id)
 end
 redis.call('DEL', lease)
 return 1

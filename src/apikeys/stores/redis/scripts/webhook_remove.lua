@@ -7,13 +7,17 @@ end
 redis.call('DEL', p .. 'endpoint:' .. id)
 for _, delivery in ipairs(redis.call('SMEMBERS', p .. 'of:' .. id)) do
   local hash = p .. 'delivery:' .. delivery
-  local fields = redis.call('HMGET', hash, 'key_id', 'status')
+  local fields = redis.call('HMGET', hash, 'key_id', 'status', 'workspace')
   if fields[1] then
     redis.call('DEL', p .. 'line:' .. id .. ':' .. fields[1])
     redis.call('ZREM', p .. 'status:' .. fields[2], delivery)
   end
+  if fields[3] then
+    redis.call('ZREM', p .. 'ws:' .. fields[3], delivery)
+  end
   redis.call('ZREM', p .. 'due', delivery)
   redis.call('ZREM', p .. 'deliveries', delivery)
+  redis.call('ZREM', p .. 'finished', delivery)
   redis.call('DEL', hash, p .. 'lease:' .. delivery)
 end
 redis.call('DEL', p .. 'of:' .. id)

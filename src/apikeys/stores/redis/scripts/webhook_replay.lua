@@ -10,6 +10,7 @@ end
 redis.call('HSET', hash, 'status', 'pending', 'created_at', ARGV[3], 'next_attempt_at', ARGV[3])
 redis.call('ZREM', p .. 'status:' .. f[4], id)
 redis.call('ZADD', p .. 'status:pending', f[3], id)
+redis.call('ZREM', p .. 'finished', id)
 redis.call('ZADD', p .. 'due', ARGV[3], id)
 redis.call('ZADD', p .. 'line:' .. f[1] .. ':' .. f[2], f[3], id)
 redis.call('DEL', p .. 'lease:' .. id)
