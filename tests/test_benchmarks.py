@@ -199,3 +199,17 @@ def test_the_aims_of_issue_24_are_evaluated() -> None:
     # idle p99 must be under 20 ms; under load, within 1.5 leases (1.5 s)
     assert not aims["revoke returns, postgres, 4 worker processes"]["met"]
     assert aims["revoke returns under wrk load, postgres, 4 workers"]["met"]
+
+
+@pytest.mark.redis
+def test_the_webhook_sweep_benchmark_runs() -> None:
+    from tests.redis_servers import require_redis_binaries
+
+    require_redis_binaries()  # the benchmark starts a Redis server of its own
+    result = _run(["benchmarks/webhook_sweep.py", "--keys", "300", "--rounds", "2"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "300 keys made in " + lines[0].split(" in ")[1]
+    first = lines[2].split()
+    assert first[0] == "1"
+    assert first[-1] == "6"  # 3 expiring keys' 7-day notices, 3 refilled keys at 80 %

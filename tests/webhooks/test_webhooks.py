@@ -25,6 +25,7 @@ from apikeys.stores.sql import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
 from apikeys.webhooks import delivery as delivery_module
+from apikeys.webhooks import redis as redis_hooks
 from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
 from apikeys.webhooks.base import DeliveryStatus, WebhookStore
 from tests.conftest import SCALE_OUT_STORES, STORES
@@ -553,6 +554,101 @@ async def test_a_claim_leases_at_most_its_limit(store: KeyStore, manager: KeyMan
     third = await hooks.claim("three", now, lease, 2)
     assert [len(first), len(second), len(third)] == [2, 2, 1]
     assert len({item.id for item in (*first, *second, *third)}) == 5
+
+
+async def test_an_endpoint_added_later_gets_the_notices_of_keys_already_in_their_window(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    first = await add_endpoint(hooks, "http://127.0.0.1:9/first", events=["key.expiring"])
+    created = await manager.create(name="soon", full_access=True, expires_in=timedelta(days=3))
+    assert await hooks.expiring(utcnow()) == 1
+    assert await hooks.expiring(utcnow()) == 0
+    second = await add_endpoint(hooks, "http://127.0.0.1:9/second", events=["key.expiring"])
+    assert await hooks.expiring(utcnow()) == 1
+    assert await hooks.expiring(utcnow()) == 0
+    made = {(d.webhook_id, d.key_id) for d in await hooks.deliveries()}
+    assert made == {(first.id, created.record.id), (second.id, created.record.id)}
+
+
+def redis_only(store: KeyStore) -> RedisStore:
+    if not isinstance(store, RedisStore):
+        pytest.skip("the indexes of keys to look at are the Redis store's")
+    return store
+
+
+async def test_redis_keys_made_before_the_indexes_are_found_a_slice_of_every_key_at_a_time(
+    store: KeyStore, manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    redis_store = redis_only(store)
+    monkeypatch.setattr(redis_hooks, "FIRST_SWEEP_SLICE", 3)
+    monkeypatch.setattr(redis_hooks, "SWEEP_SLICE", 3)
+    hooks = hooks_of(store)
+    await add_endpoint(
+        hooks, "http://127.0.0.1:9/hooks", events=["key.expiring", "key.usage_threshold"]
+    )
+    ids = []
+    for number in range(8):
+        options: dict[str, Any] = {}
+        if number in (1, 6):
+            options["expires_in"] = timedelta(days=3)
+        if number == 7:
+            options["credit_refill"] = "100/day"
+        created = await manager.create(name=f"k{number}", full_access=True, **options)
+        ids.append(created.record.id)
+    assert await manager.spend_credits(await manager.get(ids[7]), 85) is not None
+    # As a store of the previous release leaves them: keys, and no index of keys to look at.
+    client = redis_store.client
+    w = f"{redis_store.key_prefix}{{webhooks}}:"
+    await client.delete(*(w + name for name in ("expiring", "refilled", "sweep", "swept")))
+
+    # Each look reads the next 3 keys of the pass: the first round reaches 6 of the 8.
+    now = utcnow()
+    assert await hooks.expiring(now) + await hooks.usage_thresholds(now) == 1
+    assert await client.get(w + "sweep") == "6"
+    assert await hooks.expiring(now) + await hooks.usage_thresholds(now) == 2
+    assert await hooks.expiring(now) + await hooks.usage_thresholds(now) == 0
+    made = sorted((d.key_id, d.event) for d in await hooks.deliveries())
+    assert made == sorted(
+        [
+            (ids[1], "key.expiring"),
+            (ids[6], "key.expiring"),
+            (ids[7], "key.usage_threshold"),
+        ]
+    )
+    # The indexes hold the keys that can be due, and no other.
+    assert set(await client.zrange(w + "expiring", 0, -1)) == {ids[1], ids[6]}
+    assert set(await client.zrange(w + "refilled", 0, -1)) == {ids[7]}
+    # A change is brought in by `take`, which reads the key's outbox.
+    await manager.revoke(ids[1])
+    await manager.update(ids[2], expires_in=timedelta(days=2))
+    await hooks.take(utcnow())
+    assert set(await client.zrange(w + "expiring", 0, -1)) == {ids[2], ids[6]}
+
+
+async def test_redis_a_look_reads_the_keys_due_first_and_at_most_look_limit(
+    store: KeyStore, manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    redis_store = redis_only(store)
+    monkeypatch.setattr(redis_hooks, "LOOK_LIMIT", 2)
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks", events=["key.expiring"])
+    for number in range(5):
+        await manager.create(name=f"k{number}", full_access=True, expires_in=timedelta(days=10))
+    for number in range(3):
+        await manager.create(name=f"far{number}", full_access=True, expires_in=timedelta(days=90))
+    now = utcnow()
+    assert await hooks.expiring(now) == 0  # none within 7 days yet
+    w = f"{redis_store.key_prefix}{{webhooks}}:"
+    assert await redis_store.client.zcard(w + "expiring") == 8
+    # Three days and a minute on, the five are due: two a look, those due first.
+    later = now + timedelta(days=3, minutes=1)
+    assert [await hooks.expiring(later) for _ in range(4)] == [2, 2, 1, 0]
+    assert len(await hooks.deliveries()) == 5
+    # Each is looked at again at its next notice, 1 day before it expires.
+    last = now + timedelta(days=9, minutes=1)
+    assert [await hooks.expiring(last) for _ in range(4)] == [2, 2, 1, 0]
+    assert sorted(d.event for d in await hooks.deliveries()) == ["key.expiring"] * 10
 
 
 def test_a_manager_moved_to_another_loop_delivers_when_only_the_fast_path_serves() -> None:

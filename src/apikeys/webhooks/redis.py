@@ -5,7 +5,7 @@ with the server's time and the key's fields without the hash, to the key's outbo
 `<prefix>events:{<id>}`, in the key's own slot and in the change's own script. Then the
 key's id is counted in `<prefix>events-pending`, the index of outboxes to take: in the same
 script on one server or through Sentinel; on a cluster, where that index is in another
-slot, right after it (and `expiring`, run every minute, finds any outbox a process that
+slot, right after it (and the pass over every key below finds any outbox a process that
 died in between left out of it). The outbox lives a week after its last event.
 
 `take` reads the indexed outboxes, makes one delivery per event and endpoint that wants it
@@ -19,16 +19,29 @@ a delivery is a hash, in `due` (pending, by next attempt), `deliveries`, `status
 `ws:<workspace>` (by event time, for listing), `finished` (delivered or failed, by last
 attempt, for pruning), and, while pending, in its line `line:<endpoint>:<key>`. A lease is
 `lease:<delivery>`, set with SET NX PX: it runs out by itself.
+
+The looks for `key.expiring` and `key.usage_threshold` (each minute) read the keys that can
+be due, not every key: `expiring` holds the usable keys that expire later, each scored by
+when it is next looked at (a notice time, then its expiry), and `refilled` the keys with a
+credit refill, by when each was last looked at (`webhook_watch.lua`). A look reads those
+scored up to now, at most `LOOK_LIMIT`, and moves each on with a compare-and-set
+(`webhook_reschedule.lua`): a key a change re-scored meanwhile keeps the new score. An
+endpoint no look was made for yet (not in `expiring-endpoints`) has every key that may be
+in a notice's window read once. `take`
+keeps the indexes up to date from each changed key's last outbox entry; a pass over every
+key, `SWEEP_SLICE` keys a look from a cursor the processes share, brings in what no outbox
+told of (keys made before the indexes, changes no take read within the outbox's week).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
+from apikeys.types import KeyRecord
 from apikeys.webhooks.base import (
     Claimed,
     Delivery,
@@ -44,6 +57,27 @@ from apikeys.webhooks.base import (
 from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 
 __all__ = ["RedisWebhooks"]
+
+
+SWEEP_SLICE = 1000
+"""Keys read per look (each minute, by each delivering process) in the pass over every key
+that keeps the indexes of keys to look at right (see the module doc)."""
+
+FIRST_SWEEP_SLICE = 10_000
+"""The same until a first pass is through: keys made before the indexes are found sooner."""
+
+LOOK_LIMIT = 5000
+"""Keys read at most by one look for `key.expiring` or `key.usage_threshold` (those due
+first; the rest at the next look)."""
+
+_WATCHED = ("state", "expires_at", "credits", "credit_refill")
+
+
+def _next_look(expires_at: datetime, now: datetime) -> datetime:
+    """When a key that expires at `expires_at` is next looked at for `key.expiring`: its
+    next notice time after `now`, or its expiry once every notice is due."""
+    ahead = [expires_at - notice for notice in EXPIRING_NOTICES if expires_at - notice > now]
+    return min(ahead, default=expires_at)
 
 
 def _micros(moment: datetime) -> int:
@@ -91,6 +125,8 @@ class RedisWebhooks(WebhookStore):
                 "finish",
                 "replay",
                 "prune",
+                "watch",
+                "reschedule",
             )
         }
         self._taken = client.register_script(_lua("webhook_taken"))
@@ -218,6 +254,15 @@ class RedisWebhooks(WebhookStore):
                         record.workspace,
                     ]
         made = await self._make(now, values)
+        # Each key as its last change left it, for the indexes of keys to look at.
+        await self._watch(
+            now,
+            [
+                (key_id, json.loads(entries[-1])[2])
+                for (key_id, _), entries in zip(pending, outboxes, strict=True)
+                if entries
+            ],
+        )
         async with store._calls():
             async with client.pipeline(transaction=False) as pipe:
                 for (key_id, _), entries in zip(pending, outboxes, strict=True):
@@ -231,73 +276,163 @@ class RedisWebhooks(WebhookStore):
         return made
 
     async def expiring(self, now: datetime) -> int:
-        store = self._store
+        await self._sweep(now)
         endpoints = wanting(await self.endpoints(), "key.expiring")
-        async with store._calls():
-            client = store._client
-            ids = cast("list[str]", await client.zrange(store.all_index_name, 0, -1))
-            async with client.pipeline(transaction=False) as pipe:
-                for key_id in ids:
-                    pipe.hmget(store.key_name(key_id), "state", "expires_at")
-                    if store.deployment == "cluster":
-                        pipe.exists(store.outbox_name(key_id))
-                replies = await pipe.execute()
-            step = 2 if store.deployment == "cluster" else 1
-            if step == 2:
-                # An outbox a process that died after its change left out of the index.
-                left_out = [key_id for key_id, n in zip(ids, replies[1::2], strict=True) if n]
-                for key_id in left_out:
-                    await client.zincrby(store.outbox_index_name, 1, key_id)
-            soonest = now + max(EXPIRING_NOTICES)
-            expiring = [
-                key_id
-                for key_id, (state, expires_at) in zip(ids, replies[::step], strict=True)
-                if state not in (None, "revoked")
-                and expires_at
-                and now < cast(datetime, _time(expires_at)) <= soonest
-            ]
-            if not endpoints or not expiring:
-                return 0
-            async with client.pipeline(transaction=False) as pipe:
-                for key_id in expiring:
-                    pipe.hgetall(store.key_name(key_id))
-                hashes: list[dict[str, str]] = await pipe.execute()
-        records = [_decode(fields).record for fields in hashes if fields]
-        return await self.make_deliveries(
-            [due for record in records for due in expiring_deliveries(endpoints, record, now)], now
-        )
+        if not endpoints:
+            return 0
+        # An endpoint no look was made for yet: every key that may be in a notice's window
+        # is read once, so that it gets the notices due now as well (as on SQL).
+        wanted = {endpoint.id for endpoint in endpoints}
+        async with self._store._calls():
+            known = await self._store._client.smembers(f"{self._w}expiring-endpoints")
+        whole = not wanted <= set(known)
+        upto = now + max(EXPIRING_NOTICES) if whole else now
+        made: list[Timed] = []
+        moves: list[str] = []
+        for ids, scores, records in await self._looked_at("expiring", upto, whole):
+            for key_id, score, record in zip(ids, scores, records, strict=True):
+                if (
+                    record is None
+                    or record.state == "revoked"
+                    or record.expires_at is None
+                    or record.expires_at <= now
+                ):
+                    moves += [key_id, repr(score), ""]  # gone, revoked or expired: no notice
+                    continue
+                made += expiring_deliveries(endpoints, record, now)
+                if score <= _micros(now):
+                    then = _next_look(record.expires_at, now)
+                    moves += [key_id, repr(score), str(_micros(then))]
+        count = await self.make_deliveries(made, now)
+        await self._reschedule("expiring", moves)
+        if whole:
+            async with self._store._calls():
+                await self._store._client.sadd(f"{self._w}expiring-endpoints", *wanted)
+        return count
 
     async def usage_thresholds(self, now: datetime) -> int:
-        store = self._store
+        await self._sweep(now)
         endpoints = wanting(await self.endpoints(), "key.usage_threshold")
         if not endpoints:
             return 0
+        made: list[Timed] = []
+        moves: list[str] = []
+        looked = str(_micros(now))
+        for ids, scores, records in await self._looked_at("refilled", now, False):
+            for key_id, score, record in zip(ids, scores, records, strict=True):
+                if record is None or record.state == "revoked" or not record.credit_refill:
+                    moves += [key_id, repr(score), ""]
+                    continue
+                made += usage_threshold_deliveries(endpoints, record, now)
+                moves += [key_id, repr(score), looked]  # to the back of the line
+        count = await self.make_deliveries(made, now)
+        await self._reschedule("refilled", moves)
+        return count
+
+    async def _looked_at(
+        self, index: str, upto: datetime, whole: bool
+    ) -> list[tuple[list[str], list[float], list[KeyRecord | None]]]:
+        """The keys of `index` scored up to `upto`, the lowest first, with their scores and
+        records (None for a key that is gone), in chunks of `LOOK_LIMIT`: the first chunk
+        only, unless `whole`."""
+        store = self._store
+        chunks = []
+        start = 0
         async with store._calls():
             client = store._client
-            ids = cast("list[str]", await client.zrange(store.all_index_name, 0, -1))
+            while True:
+                entries = cast(
+                    "list[tuple[str, float]]",
+                    await client.zrangebyscore(
+                        f"{self._w}{index}",
+                        "-inf",
+                        _micros(upto),
+                        start=start,
+                        num=LOOK_LIMIT,
+                        withscores=True,
+                    ),
+                )
+                if not entries:
+                    break
+                async with client.pipeline(transaction=False) as pipe:
+                    for key_id, _ in entries:
+                        pipe.hgetall(store.key_name(key_id))
+                    hashes: list[dict[str, str]] = await pipe.execute()
+                chunks.append(
+                    (
+                        [key_id for key_id, _ in entries],
+                        [score for _, score in entries],
+                        [_decode(fields).record if fields else None for fields in hashes],
+                    )
+                )
+                if not whole or len(entries) < LOOK_LIMIT:
+                    break
+                start += LOOK_LIMIT
+        return chunks
+
+    async def _reschedule(self, index: str, moves: list[str]) -> None:
+        chunk = 3 * 500
+        for start in range(0, len(moves), chunk):
+            await self._script("reschedule", index, *moves[start : start + chunk])
+
+    async def _watch(self, now: datetime, keys: list[tuple[str, Mapping[str, str]]]) -> None:
+        """Bring each key of `keys` (its id and hash fields as they are now; empty for a
+        key that is gone) into the indexes the looks read (see `webhook_watch.lua`)."""
+        values: list[str] = []
+        for key_id, fields in keys:
+            usable = bool(fields) and fields.get("state") != "revoked"
+            refilled = usable and "credits" in fields and bool(fields.get("credit_refill"))
+            values += [
+                key_id,
+                fields.get("expires_at", "") if usable else "",
+                "1" if refilled else "",
+            ]
+        notices = ",".join(
+            str(notice // timedelta(microseconds=1))
+            for notice in sorted(EXPIRING_NOTICES, reverse=True)
+        )
+        chunk = 3 * 500
+        for start in range(0, len(values), chunk):
+            await self._script("watch", _micros(now), notices, *values[start : start + chunk])
+
+    async def _sweep(self, now: datetime) -> None:
+        """Read the next slice of every key (`SWEEP_SLICE`, or `FIRST_SWEEP_SLICE` until
+        a first pass is done), and bring those keys into the indexes: keys made before
+        them, and changes no `take` saw, are found within a pass. On a cluster, also count
+        an outbox a process that died after its change left out of the index of outboxes
+        to take."""
+        store = self._store
+        cluster = store.deployment == "cluster"
+        async with store._calls():
+            client = store._client
+            size = SWEEP_SLICE if await client.exists(f"{self._w}swept") else FIRST_SWEEP_SLICE
+            end = int(await client.incrby(f"{self._w}sweep", size))
+            ids = cast("list[str]", await client.zrange(store.all_index_name, end - size, end - 1))
+            if len(ids) < size:  # the pass is through: the next one starts over
+                await client.set(f"{self._w}sweep", 0)
+                await client.set(f"{self._w}swept", 1)
+            if not ids:
+                return
             async with client.pipeline(transaction=False) as pipe:
                 for key_id in ids:
-                    pipe.hmget(store.key_name(key_id), "state", "credits", "credit_refill")
+                    pipe.hmget(store.key_name(key_id), *_WATCHED)
+                    if cluster:
+                        pipe.exists(store.outbox_name(key_id))
                 replies = await pipe.execute()
-            refilled = [
-                key_id
-                for key_id, (state, credits, refill) in zip(ids, replies, strict=True)
-                if state not in (None, "revoked") and credits is not None and refill
-            ]
-            if not refilled:
-                return 0
-            async with client.pipeline(transaction=False) as pipe:
-                for key_id in refilled:
-                    pipe.hgetall(store.key_name(key_id))
-                hashes: list[dict[str, str]] = await pipe.execute()
-        records = [_decode(fields).record for fields in hashes if fields]
-        return await self.make_deliveries(
-            [
-                due
-                for record in records
-                for due in usage_threshold_deliveries(endpoints, record, now)
-            ],
+            step = 2 if cluster else 1
+            if cluster:
+                left_out = [key_id for key_id, n in zip(ids, replies[1::2], strict=True) if n]
+                for key_id in left_out:
+                    await client.zincrby(store.outbox_index_name, 1, key_id)
+        await self._watch(
             now,
+            [
+                (
+                    key_id,
+                    {name: value for name, value in zip(_WATCHED, values, strict=True) if value},
+                )
+                for key_id, values in zip(ids, replies[::step], strict=True)
+            ],
         )
 
     async def claim(

@@ -21,4 +21,5 @@ for _, delivery in ipairs(redis.call('SMEMBERS', p .. 'of:' .. id)) do
   redis.call('DEL', hash, p .. 'lease:' .. delivery)
 end
 redis.call('DEL', p .. 'of:' .. id)
+redis.call('SREM', p .. 'expiring-endpoints', id)
 return 1
