@@ -690,3 +690,60 @@ def test_a_manager_moved_to_another_loop_delivers_when_only_the_fast_path_serves
         raise
     asyncio.run(second(key))
     assert json.loads(receiver.received[0].body)["type"] == "key.created"
+
+
+async def test_deliveries_waiting_behind_one_keys_retries_never_hold_up_another_keys(
+    store: KeyStore, manager: KeyManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(redis_hooks, "CLAIM_SCAN", 3)  # fewer waiting than a claim reads
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    busy = await manager.create(name="busy", full_access=True)
+    await hooks.take(utcnow())
+    now = utcnow()
+    (first,) = await hooks.claim("test", now, now + timedelta(minutes=1), 10)
+    retry_at = now + timedelta(hours=1)
+    await hooks.finish(
+        first.id,
+        "test",
+        now=now,
+        status="pending",
+        next_attempt_at=retry_at,
+        response=500,
+        error=None,
+    )
+    for number in range(5):  # they wait behind the first, which is retried in an hour
+        await manager.update(busy.record.id, name=f"busy{number}")
+    await hooks.take(utcnow())
+    other = await manager.create(name="other", full_access=True)
+    await hooks.take(utcnow())
+    claimed = []
+    for _ in range(3):
+        now = utcnow()
+        claimed += await hooks.claim("test", now, now + timedelta(minutes=1), 10)
+    assert [json.loads(item.body)["data"]["key"]["id"] for item in claimed] == [other.record.id]
+    await hooks.finish(
+        claimed[0].id,
+        "test",
+        now=utcnow(),
+        status="delivered",
+        next_attempt_at=utcnow(),
+        response=200,
+        error=None,
+    )
+    # Once the first is delivered, the next of its key goes, in order.
+    later = retry_at + timedelta(seconds=1)
+    (again,) = await hooks.claim("test", later, later + timedelta(minutes=1), 10)
+    assert again.id == first.id
+    await hooks.finish(
+        first.id,
+        "test",
+        now=later,
+        status="delivered",
+        next_attempt_at=later,
+        response=200,
+        error=None,
+    )
+    (following,) = await hooks.claim("test", later, later + timedelta(minutes=1), 10)
+    body = json.loads(following.body)
+    assert (body["type"], body["data"]["key"]["name"]) == ("key.updated", "busy0")

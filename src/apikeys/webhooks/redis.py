@@ -59,6 +59,10 @@ from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 __all__ = ["RedisWebhooks"]
 
 
+CLAIM_SCAN = 1000
+"""Due deliveries a claim reads at most (those not first in their line are taken out of
+`due` as it reads them: see `webhook_claim.lua`)."""
+
 SWEEP_SLICE = 1000
 """Keys read per look (each minute, by each delivering process) in the pass over every key
 that keeps the indexes of keys to look at right (see the module doc)."""
@@ -439,7 +443,10 @@ class RedisWebhooks(WebhookStore):
         self, holder: str, now: datetime, lease_until: datetime, limit: int
     ) -> list[Claimed]:
         lease_ms = max(1, int((lease_until - now) / timedelta(milliseconds=1)))
-        flat = cast("list[str]", await self._script("claim", _micros(now), lease_ms, holder, limit))
+        flat = cast(
+            "list[str]",
+            await self._script("claim", _micros(now), lease_ms, holder, limit, CLAIM_SCAN),
+        )
         claimed = []
         for i in range(0, len(flat), 6):
             claimed_id, webhook_id, body, attempts, created_at, _ = flat[i : i + 6]

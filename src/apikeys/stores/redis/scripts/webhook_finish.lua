@@ -21,8 +21,17 @@ if ARGV[8] == '' then redis.call('HDEL', hash, 'last_error') else redis.call('HS
 if status == 'pending' then
   redis.call('ZADD', p .. 'due', ARGV[6], id)
 else
+  local line = p .. 'line:' .. f[1] .. ':' .. f[2]
   redis.call('ZREM', p .. 'due', id)
-  redis.call('ZREM', p .. 'line:' .. f[1] .. ':' .. f[2], id)
+  redis.call('ZREM', line, id)
+  -- The line's next delivery is first now: due again (a claim took it out of `due`).
+  local next = redis.call('ZRANGE', line, 0, 0)[1]
+  if next then
+    local at = redis.call('HGET', p .. 'delivery:' .. next, 'next_attempt_at')
+    if at then
+      redis.call('ZADD', p .. 'due', at, next)
+    end
+  end
   redis.call('ZREM', p .. 'status:' .. f[4], id)
   redis.call('ZADD', p .. 'status:' .. status, f[3], id)
   redis.call('ZADD', p .. 'finished', ARGV[5], id)
