@@ -337,3 +337,20 @@ async def test_guesses_at_a_known_old_prefix_with_a_digest_hash_never_lock_its_o
     stored = await importer.store.get(record.id)
     assert stored is not None
     assert stored.secret_hash.startswith("hmac-sha256$")
+
+
+async def test_an_old_prefix_in_the_services_own_key_format_is_refused_not_imported_unusable(
+    importer: KeyManager,
+) -> None:
+    # `ak_live.…` reads as an apikeys key (prefix `ak`): imported, it could never be found.
+    own = f"{importer.prefix}_live.aaaaBBBBccccDDDDeeeeFFFFgggg1234"
+    other = "Live0001.aaaaBBBBccccDDDDeeeeFFFFgggg1234"
+    rows: list[ForeignKey | Refusal] = [
+        ForeignKey(1, "own format", _good_pbkdf2(own), prefix=own.partition(".")[0]),
+        ForeignKey(2, "other", _good_pbkdf2(other), prefix="Live0001"),
+    ]
+    report = await import_keys(importer, rows, source="csv", full_access=True)
+    assert [record.name for record in report.imported] == ["other"]
+    assert [refusal.row for refusal in report.refused] == [1]
+    assert f"'{importer.prefix}_'" in report.refused[0].reason
+    assert (await importer.verify(other)).name == "other"

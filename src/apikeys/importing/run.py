@@ -136,6 +136,13 @@ async def import_keys(
                     "the hash is in no format apikeys can check (see docs/migrating.md)"
                 )
             handle = _handle(key)
+            if key.prefix is not None and key.prefix.startswith(f"{manager.prefix}_"):
+                # `ak_live.…` reads as a key of this service's own format: never found.
+                raise ValueError(
+                    f"its old prefix starts with this service's own key prefix "
+                    f"'{manager.prefix}_', so the old key would read as an apikeys key and "
+                    "never be found: import it into a service with another key prefix"
+                )
         except ValueError as exc:
             report.refused.append(Refusal(key.row, key.name or None, str(exc)))
             continue
