@@ -172,8 +172,13 @@ def test_metadata_holds_the_default_table_for_alembic() -> None:
         "secret_hash",
     }
     assert isinstance(table.c.request_count.type, sa.BigInteger)
-    [index] = table.indexes
-    assert [column.name for column in index.columns] == ["workspace", "created_at", "id"]
+    assert {
+        str(index.name): [column.name for column in index.columns] for index in table.indexes
+    } == {
+        "ix_apikeys_keys_workspace_created": ["workspace", "created_at", "id"],
+        "ix_apikeys_keys_expires_at": ["expires_at"],
+        "ix_apikeys_keys_refilled": ["credit_refill"],
+    }
 
 
 @pytest.mark.sqlite
@@ -201,7 +206,11 @@ async def test_create_tables_on_an_engine_creates_the_named_table_once(
     finally:
         await engine.dispose()
     assert name in tables
-    assert [index["column_names"] for index in indexes] == [["workspace", "created_at", "id"]]
+    assert sorted(index["column_names"] for index in indexes) == [
+        ["credit_refill"],
+        ["expires_at"],
+        ["workspace", "created_at", "id"],
+    ]
 
 
 @pytest.mark.postgres
@@ -891,3 +900,28 @@ def test_if_the_driver_is_missing_then_the_error_names_the_extra(
     monkeypatch.setitem(sys.modules, driver, None)  # `import <driver>` now fails
     with pytest.raises(ConfigurationError, match=rf"pip install 'apikeys\[{extra}\]'"):
         store_from_url(url)
+
+
+@pytest.mark.sqlite
+async def test_a_keys_table_made_before_the_look_indexes_gains_them_at_setup(
+    sqlite_url: str, make_store: StoreFactory
+) -> None:
+    # The webhooks' minute look reads keys by expiry and by refill through these indexes.
+    store = make_store(sqlite_url)
+    await store.setup()
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP INDEX ix_apikeys_keys_expires_at")
+        conn.execute("DROP INDEX ix_apikeys_keys_refilled")
+    await store.setup()
+    with sqlite3.connect(path) as conn:
+        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        plan = " ".join(
+            str(row[-1])
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM apikeys_keys WHERE expires_at > '2026' "
+                "AND expires_at <= '2027'"
+            )
+        )
+    assert {"ix_apikeys_keys_expires_at", "ix_apikeys_keys_refilled"} <= names
+    assert "ix_apikeys_keys_expires_at" in plan

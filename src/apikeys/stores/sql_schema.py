@@ -177,6 +177,14 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
         sa.Column("credits_refilled_at", UTCDateTime(), nullable=True),
         # Listing a workspace, oldest first, reads this index in order.
         sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
+        # The webhooks' minute look: keys expiring within a week, and keys with a refill.
+        sa.Index(f"ix_{name}_expires_at", "expires_at"),
+        sa.Index(
+            f"ix_{name}_refilled",
+            "credit_refill",
+            sqlite_where=sa.text("credit_refill IS NOT NULL"),
+            postgresql_where=sa.text("credit_refill IS NOT NULL"),
+        ),
     )
 
 
