@@ -18,6 +18,7 @@ from apikeys import (
     RateDecision,
     RateLimiter,
 )
+from apikeys.hashing import slow_context
 from apikeys.types import KeyRecord, StoredKey
 
 from .conftest import TEST_PEPPER
@@ -87,6 +88,23 @@ async def test_verify_now_leaves_to_verify_what_needs_it(memory_manager: KeyMana
         assert (await watched.verify(created.key)).id == created.record.id
     finally:
         await watched.aclose()
+
+
+async def test_a_slow_hash_is_never_checked_without_awaiting() -> None:
+    # `averify` checks a slow hash in a worker thread, within the failure budget; once it
+    # had, verify_now must still leave the key to it rather than hash on the event loop.
+    hasher = Hasher(pepper=TEST_PEPPER, context=slow_context("pbkdf2_sha256"))
+    manager = KeyManager(MemoryStore(), hasher=hasher)
+    try:
+        created = await manager.create(name="slow", scopes=["contacts:read"])
+        assert manager.verify_now(created.key) is None
+        assert (await manager.verify(created.key)).id == created.record.id
+        assert manager.verify_now(created.key) is None
+        stored = await manager.store.get(created.record.id)
+        assert stored is not None
+        assert hasher.verify_fast(created.key, stored.secret_hash) is None
+    finally:
+        await manager.aclose()
 
 
 class CountingStore(MemoryStore):

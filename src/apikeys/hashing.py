@@ -279,10 +279,12 @@ class Hasher:
         try:
             parsed = self._parsed[stored]
         except KeyError:
+            parsed = None
+        if parsed is None:
+            # Not yet parsed, or parsed as no HMAC of a known pepper: `verify` remembers
+            # every hash it was given, slow ones included, and those are never checked here.
             if not stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME)):
                 return None
-            return self.verify(secret, stored)
-        if parsed is None:
             return self.verify(secret, stored)
         base, digest, on_match = parsed
         # _HMACKey.digest, written out: this runs on every request.
