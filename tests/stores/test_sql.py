@@ -549,6 +549,34 @@ async def test_reads_through_sqlalchemy_give_the_same_records_as_direct_reads(
 
 
 @pytest.mark.sqlite
+async def test_sqlite_reads_decode_a_row_once_and_see_every_change_to_it(
+    sqlite_url: str, make_store: StoreFactory
+) -> None:
+    store = make_store(sqlite_url)
+    await store.setup()
+    stored = make_key(metadata={"team": "a"}, last_used_at=T0)
+    await store.insert(stored)
+    first = await store.get(stored.record.id)
+    assert first == stored
+    assert await store.get(stored.record.id) is first  # the same row: decoded once
+
+    # Any writer, a plain UPDATE from another connection included: the next read sees it.
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as other:
+        other.execute(
+            "UPDATE apikeys_keys SET state = 'revoked', metadata = ?, last_used_at = ? "
+            "WHERE id = ?",
+            ('{"team": "b"}', "2026-02-01 08:00:00.000000", stored.record.id),
+        )
+    changed = await store.get(stored.record.id)
+    assert changed is not None
+    assert changed.record.state == "revoked"
+    assert changed.record.metadata == {"team": "b"}
+    assert changed.record.last_used_at == datetime(2026, 2, 1, 8, tzinfo=UTC)
+    assert first.record.state == "active"  # what was handed out before is left as it was
+
+
+@pytest.mark.sqlite
 async def test_store_on_an_application_engine_leaves_it_open(sqlite_url: str) -> None:
     engine = create_async_engine(async_url(sqlite_url))
     try:

@@ -152,6 +152,8 @@ logger = logging.getLogger("apikeys")
 
 # How often a store deletes the ids of usage batches older than USAGE_BATCH_RETENTION.
 _PRUNE_INTERVAL: Final = 60.0
+# How many keys' last rows SQLite's direct reads keep decoded (see `_decode_sqlite`).
+_DECODED_ROWS: Final = 10_000
 
 
 # Column order of every SELECT and RETURNING: the fields of KeyRecord, then the hash.
@@ -447,6 +449,8 @@ class SQLStore(KeyStore):
             elif not memory and not self._url.query:
                 self._direct = "aiosqlite"
         self._direct_sql = str(self._get_stmt.compile(dialect=dialect))
+        # SQLite's direct reads: the last row read of each key, with what it decoded to.
+        self._decoded: dict[str, tuple[Sequence[Any], StoredKey]] = {}
         self._memory = memory
         self._notice_channel = notice_channel_name(table_name)
         # `add_usage` records its batch id first; a conflict means "applied before".
@@ -651,8 +655,25 @@ class SQLStore(KeyStore):
             self._drop_sync_reader()
             raise_translated(self._translate(exc), exc)
         for row in rows:
-            return _raw_stored(row, sqlite=True)
+            return self._decode_sqlite(row)
         return None
+
+    def _decode_sqlite(self, row: Sequence[Any]) -> StoredKey:
+        """The `StoredKey` of a row read with sqlite3, decoded once per version of the row.
+
+        A key read again unchanged (every verification of a store without a key cache, or
+        while the cache is not proven fresh) costs a comparison of the row with the one read
+        last, instead of parsing its times and its JSON again. The row is still read
+        every time: a change by any process is a different row, decoded afresh.
+        """
+        seen = self._decoded.get(row[0])
+        if seen is not None and seen[0] == row:
+            return seen[1]
+        stored = _raw_stored(row, sqlite=True)
+        if len(self._decoded) >= _DECODED_ROWS:
+            self._decoded.clear()  # decoding again costs microseconds: a crude bound will do
+        self._decoded[row[0]] = (row, stored)
+        return stored
 
     def _drop_sync_reader(self) -> None:
         reader, self._sync_reader = self._sync_reader, None
@@ -669,7 +690,7 @@ class SQLStore(KeyStore):
             await self._drop_reader()  # start afresh on the next call
             raise_translated(self._translate(exc), exc)
         for row in rows:
-            return _raw_stored(row, sqlite=True)
+            return self._decode_sqlite(row)
         return None
 
     async def _asyncpg_get(self, key_id: str) -> StoredKey | None:
