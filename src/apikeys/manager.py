@@ -269,12 +269,13 @@ class KeyManager:
     # False in a subclass that overrides `verify` but not `verify_now`: `verify_now` then
     # leaves every request to its `verify`.
     _verifies_now: ClassVar[bool] = True
+    # True in a subclass that overrides `verify_now`: `verify` then asks it first.
+    _own_verify_now: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._verifies_now = (
-            cls.verify is KeyManager.verify or cls.verify_now is not KeyManager.verify_now
-        )
+        cls._own_verify_now = cls.verify_now is not KeyManager.verify_now
+        cls._verifies_now = cls.verify is KeyManager.verify or cls._own_verify_now
 
     _warned = False
     _deliverer: Deliverer | None = None
@@ -1206,11 +1207,19 @@ class KeyManager:
         Counts the request in the key's usage unless `record_usage` is false.
         """
         if not self.telemetry.active:
+            # The token is split once, here, for both the held key's check and the store's.
+            try:
+                prefix, key_id, secret = split_key(token, self.prefix)
+            except MalformedAPIKey:
+                return await self._verify_foreign(token, record_usage)
             if record_usage:
-                record = self.verify_now(token)
+                if self._own_verify_now:
+                    record = self.verify_now(token)
+                else:
+                    record = self._verify_held(prefix, key_id, secret, True)
                 if record is not None:
                     return record
-            return await self._verify(token, record_usage)
+            return await self._verify_key(prefix, key_id, secret, record_usage)
         started = time.perf_counter()
         try:
             record = await self._verify(token, record_usage)
@@ -1241,6 +1250,10 @@ class KeyManager:
             if is_foreign_token(token, self.prefix):
                 return None  # perhaps an imported key's old string: `verify` looks it up
             raise
+        return self._verify_held(prefix, key_id, secret, count)
+
+    def _verify_held(self, prefix: str, key_id: str, secret: str, count: bool) -> KeyRecord | None:
+        """`verify_now` of a token already split (and its checksum checked)."""
         if not self._in_use:
             self._use()
         cache = self.cache
@@ -1251,7 +1264,7 @@ class KeyManager:
             if found is False:
                 return None
             stored = found
-        # The prefix is part of the key (see _verify); `prefix` is "{key_prefix}_{id}_…"
+        # The prefix is part of the key (see _verify_key); `prefix` is "{key_prefix}_{id}_…"
         # and an id is ID_LENGTH long: the slice is KeyRecord.key_prefix, without its call.
         if stored is None or stored.record.prefix[:_PREFIX_END] != prefix:
             return None
@@ -1273,18 +1286,30 @@ class KeyManager:
         try:
             prefix, key_id, secret = split_key(token, self.prefix)
         except MalformedAPIKey:
-            imported = await self._find_imported(token)
-            if imported is None:
-                raise
-            key_id, stored = imported
-            return await self._check(key_id, stored, token, record_usage)
+            return await self._verify_foreign(token, record_usage)
+        return await self._verify_key(prefix, key_id, secret, record_usage)
+
+    async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
+        """`verify` of a token not in this manager's key format: an imported key's old
+        string, or else `MalformedAPIKey`."""
+        imported = await self._find_imported(token)
+        if imported is None:
+            raise MalformedAPIKey()
+        key_id, stored = imported
+        return await self._check(key_id, stored, token, record_usage)
+
+    async def _verify_key(
+        self, prefix: str, key_id: str, secret: str, record_usage: bool
+    ) -> KeyRecord:
+        """`verify` of a token already split (and its checksum checked), from the store."""
         if not self._in_use:
             self._use()
         if self._deliverer is not None:
             self._deliverer.start()  # (again, when the manager moved to another loop)
         stored = await self._load(key_id)
         # The prefix is part of the key: a test key re-prefixed as live is another key.
-        if stored is not None and stored.record.key_prefix != prefix:
+        # (`prefix[:_PREFIX_END]` is KeyRecord.key_prefix, as in _verify_held.)
+        if stored is not None and stored.record.prefix[:_PREFIX_END] != prefix:
             stored = None
         return await self._check(key_id, stored, secret, record_usage)
 
@@ -1314,9 +1339,8 @@ class KeyManager:
             secret_hash = self._decoy or await self._decoy_hash()
         else:
             secret_hash = stored.secret_hash
-        if hasher.is_fast(secret_hash):
-            verdict = hasher.verify(secret, secret_hash)
-        else:
+        verdict = hasher.verify_fast(secret, secret_hash)
+        if verdict is None:
             verdict = await hasher.averify(secret, secret_hash)
         if stored is None or not verdict.ok:
             raise InvalidAPIKey()
