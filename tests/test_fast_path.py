@@ -200,3 +200,23 @@ async def test_subclasses_that_override_the_awaited_methods_are_not_bypassed() -
     finally:
         await limiter.aclose()
         await manager.aclose()
+
+
+class NowCountingManager(KeyManager):
+    """A test double that overrides `verify_now` only: `verify` must still ask it first."""
+
+    asked = 0
+
+    def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:
+        NowCountingManager.asked += 1
+        return super().verify_now(token, count=count)
+
+
+async def test_verify_asks_a_subclass_verify_now_first() -> None:
+    manager = NowCountingManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        created = await manager.create(name="counted", scopes=["contacts:read"])
+        assert (await manager.verify(created.key)).id == created.record.id
+        assert NowCountingManager.asked == 1
+    finally:
+        await manager.aclose()
