@@ -419,3 +419,12 @@ def git_state() -> dict[str, Any]:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def sqlite_rates(ops: dict[str, Any]) -> str:
+    """What SQLite's store ops/req is made of: a rate of statements over a rate of requests."""
+    return (
+        f"{ops['statements_per_second']:,.0f} statements/s ({ops['probes_per_second']:,.0f} of "
+        f"them the cache channel's probes) at {ops['requests_per_second']:,.0f} requests/s; "
+        f"key reads {ops['key_reads_per_request']:.4f}/request"
+    )

@@ -56,6 +56,7 @@ from benchmarks._common import (  # noqa: E402
     git_state,
     machine,
     postgres_reachable,
+    sqlite_rates,
     table,
     write_json,
 )
@@ -292,12 +293,15 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
                 if config["store"] == "redis"
                 else AIMS["sql_store_ops_per_request"]
             )
+            note = config["store_operations"].get("unit", "")
+            if "statements_per_second" in config["store_operations"]:
+                note += "; " + sqlite_rates(config["store_operations"])
             add(
                 f"store operations per request, {label}",
                 round(ops, 4),
                 f"<= {target:g}",
                 ops <= target,
-                config["store_operations"].get("unit", ""),
+                note,
             )
     revoke = results.get("revoke", {})
     for store, measured in (revoke.get("stores") or {}).items():
