@@ -430,6 +430,24 @@ async def test_if_fast_hash_then_averify_gives_the_same_answer_as_verify() -> No
     assert await hasher.averify(SECRET, old) == hasher.verify(SECRET, old)
 
 
+def test_if_hash_is_current_then_its_matcher_answers_as_verify_and_others_have_none() -> None:
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    current = hasher.hash(SECRET)
+    matches = hasher.matcher(current)
+    assert matches is not None
+    assert matches(SECRET) is hasher.verify(SECRET, current).ok is True
+    assert matches(OTHER_SECRET) is hasher.verify(OTHER_SECRET, current).ok is False
+    # Anything a match would not settle alone: a retired pepper's hash (it moves to the
+    # current one), a pepper this hasher does not know, a hash without a pepper, a slow one.
+    assert hasher.matcher(Hasher(OLD_PEPPER).hash(SECRET)) is None
+    assert Hasher(PEPPER).matcher(Hasher("u" * 16 + "-unknown-pepper").hash(SECRET)) is None
+    assert hasher.matcher("sha256$" + hashlib.sha256(SECRET.encode()).hexdigest()) is None
+    assert hasher.matcher(Hasher(context=_fast_context("pbkdf2_sha256")).hash(SECRET)) is None
+    # With a slow scheme preferred, a match asks for a re-hash: no matcher either.
+    slow = Hasher(PEPPER, context=_fast_context("pbkdf2_sha256"))
+    assert slow.matcher(current) is None
+
+
 # -- never showing the pepper -----------------------------------------------------------------
 
 

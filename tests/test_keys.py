@@ -21,6 +21,7 @@ from apikeys.keys import (
     checksum,
     generate_id,
     generate_key,
+    key_splitter,
     mask,
     parse_key,
     validate_prefix,
@@ -279,6 +280,14 @@ def test_if_prefix_expected_then_prefix_extended_with_underscore_is_malformed() 
 def test_if_token_is_not_a_str_then_malformed(token: object) -> None:
     with pytest.raises(MalformedAPIKey):
         parse_key(token)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("token", [None, 42, b"ak_x", ["ak"], *DAMAGED])
+def test_if_split_for_a_prefix_then_what_parse_refuses_is_malformed(token: object) -> None:
+    split = key_splitter("ak")
+    assert split(FIXED) == (FIXED_ID, FIXED_SECRET)
+    with pytest.raises(MalformedAPIKey):
+        split(token)  # type: ignore[arg-type]
 
 
 def test_if_checksum_wrong_then_malformed() -> None:

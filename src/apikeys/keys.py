@@ -34,6 +34,7 @@ __all__ = [
     "checksum",
     "generate_id",
     "generate_key",
+    "key_splitter",
     "mask",
     "parse_key",
     "split_key",
@@ -127,31 +128,47 @@ def mask(prefix: str, key_id: str) -> str:
     return f"{prefix}_{key_id}_…"
 
 
-@functools.lru_cache(maxsize=64)
-def _known_prefix(prefix: str) -> Callable[[str], re.Match[str] | None]:
-    """Matches the tokens of one prefix: every part has a fixed size, so one regex splits."""
-    return re.compile(
+def key_splitter(prefix: str) -> Callable[[str], tuple[str, str]]:
+    """`split_key(token, prefix)` for one prefix, prepared once: the `(id, secret)` of a
+    token of that prefix whose checksum matches, else `MalformedAPIKey`.
+
+    Every part has a fixed size, so one regex splits. `KeyManager` makes one for its
+    prefix: on the request path, the prefix's regex is not looked up again per request.
+    """
+    fullmatch = re.compile(
         f"{re.escape(prefix)}_([0-9A-Za-z]{{{ID_LENGTH}}})_"
         f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
     ).fullmatch
+    crc32, pairs = zlib.crc32, _PAIRS
 
-
-def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
-    """`parse_key` as a plain tuple `(prefix, id, secret)`: the middleware's hot path."""
-    if prefix:
-        found = _known_prefix(prefix)(token) if isinstance(token, str) else None
+    def split(token: str) -> tuple[str, str]:
+        try:
+            found = fullmatch(token)
+        except TypeError:  # not a str
+            found = None
         if found is None:
             raise MalformedAPIKey()
         key_id, secret, given = found.groups()
         # checksum(), written out: this runs on every request.
-        value = zlib.crc32(token[:-CHECKSUM_LENGTH].encode("ascii"))
-        pairs = _PAIRS
+        value = crc32(token[:-CHECKSUM_LENGTH].encode("ascii"))
         if (
             pairs[value // _PAIR_BASE_SQUARED]
             + pairs[value // _PAIR_BASE % _PAIR_BASE]
             + pairs[value % _PAIR_BASE]
         ) != given:
             raise MalformedAPIKey()
+        return key_id, secret
+
+    return split
+
+
+_splitter = functools.lru_cache(maxsize=64)(key_splitter)
+
+
+def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
+    """`parse_key` as a plain tuple `(prefix, id, secret)`."""
+    if prefix:
+        key_id, secret = _splitter(prefix)(token)
         return prefix, key_id, secret
     if not isinstance(token, str) or len(token) > MAX_KEY_LENGTH or not token.isascii():
         raise MalformedAPIKey()

@@ -44,7 +44,13 @@ from apikeys.importing.foreign import (
     is_foreign_token,
     lookup_id,
 )
-from apikeys.keys import DEFAULT_PREFIX, ID_LENGTH, generate_key, split_key, validate_prefix
+from apikeys.keys import (
+    DEFAULT_PREFIX,
+    ID_LENGTH,
+    generate_key,
+    key_splitter,
+    validate_prefix,
+)
 from apikeys.listing import (
     DEFAULT_PAGE_SIZE,
     KeyFilter,
@@ -90,6 +96,8 @@ LIMITER_URL_ENV: Final = "APIKEYS_LIMITER_URL"
 """The variable naming the key store, read by `KeyManager()` without a store and by the CLI."""
 
 _INSERT_ATTEMPTS = 5
+# Versions of keys whose plain check `verify_now` keeps (see `KeyManager._plain_version`).
+_PLAIN_LIMIT: Final = 10_000
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
 _T = TypeVar("_T")
 
@@ -279,6 +287,8 @@ class KeyManager:
 
     _warned = False
     _deliverer: Deliverer | None = None
+    # key id -> (the version of the key last held, its hash's prepared check or None)
+    _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None]]
     _decoy: str | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
@@ -319,6 +329,8 @@ class KeyManager:
         self._where = safe_url(store) if isinstance(store, str) else repr(store)
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
+        self._split = key_splitter(prefix)
+        self._plain = {}
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)
         if self.telemetry.active:
@@ -1209,17 +1221,17 @@ class KeyManager:
         if not self.telemetry.active:
             # The token is split once, here, for both the held key's check and the store's.
             try:
-                prefix, key_id, secret = split_key(token, self.prefix)
+                key_id, secret = self._split(token)
             except MalformedAPIKey:
                 return await self._verify_foreign(token, record_usage)
             if record_usage:
                 if self._own_verify_now:
                     record = self.verify_now(token)
                 else:
-                    record = self._verify_held(prefix, key_id, secret, True)
+                    record = self._verify_held(key_id, secret, True)
                 if record is not None:
                     return record
-            return await self._verify_key(prefix, key_id, secret, record_usage)
+            return await self._verify_key(key_id, secret, record_usage)
         started = time.perf_counter()
         try:
             record = await self._verify(token, record_usage)
@@ -1245,15 +1257,16 @@ class KeyManager:
         if self.telemetry.active or not self._verifies_now:
             return None
         try:
-            prefix, key_id, secret = split_key(token, self.prefix)
+            key_id, secret = self._split(token)
         except MalformedAPIKey:
             if is_foreign_token(token, self.prefix):
                 return None  # perhaps an imported key's old string: `verify` looks it up
             raise
-        return self._verify_held(prefix, key_id, secret, count)
+        return self._verify_held(key_id, secret, count)
 
-    def _verify_held(self, prefix: str, key_id: str, secret: str, count: bool) -> KeyRecord | None:
-        """`verify_now` of a token already split (and its checksum checked)."""
+    def _verify_held(self, key_id: str, secret: str, count: bool) -> KeyRecord | None:
+        """`verify_now` of a token of this manager's prefix already split (and its checksum
+        checked)."""
         if not self._in_use:
             self._use()
         cache = self.cache
@@ -1264,9 +1277,50 @@ class KeyManager:
             if found is False:
                 return None
             stored = found
-        # The prefix is part of the key (see _verify_key); `prefix` is "{key_prefix}_{id}_…"
-        # and an id is ID_LENGTH long: the slice is KeyRecord.key_prefix, without its call.
-        if stored is None or stored.record.prefix[:_PREFIX_END] != prefix:
+        if stored is None:
+            return None
+        # What this version of the key allows is worked out at its first request (see
+        # `_plain`): then a request costs its hash and its expiry, nothing else.
+        try:
+            version, matches = self._plain[key_id]
+        except KeyError:
+            version = None
+        if version is not stored:
+            matches = self._plain_version(key_id, stored)
+        if matches is None:
+            return self._verify_unusual(key_id, secret, stored, count)
+        if not matches(secret):
+            raise InvalidAPIKey()
+        record = stored.record
+        if record.expires_at is not None and record.expires_at <= utcnow():
+            raise KeyExpired()
+        if count:
+            self.usage_buffer.record(key_id)
+        return record
+
+    def _plain_version(self, key_id: str, stored: StoredKey) -> Callable[[str], bool] | None:
+        """The prepared check of `stored`'s hash, when nothing but the hash and the expiry is
+        left to decide at each request: an active key of this manager's prefix (a token's
+        prefix is the manager's, which its split checked) whose hash is the hasher's
+        current one. None otherwise: `_verify_unusual` decides its every request.
+        Remembered for the key's next requests, until the key (its `StoredKey`) changes."""
+        record = stored.record
+        matches = None
+        if record.state == ACTIVE and record.prefix[:_PREFIX_END] == self.prefix:
+            matches = self.hasher.matcher(stored.secret_hash)
+        if len(self._plain) >= _PLAIN_LIMIT:
+            self._plain.clear()  # preparing again costs a microsecond: a crude bound will do
+        self._plain[key_id] = (stored, matches)
+        return matches
+
+    def _verify_unusual(
+        self, key_id: str, secret: str, stored: StoredKey, count: bool
+    ) -> KeyRecord | None:
+        """`_verify_held` of a key that is not active, not of this manager's prefix, or
+        whose hash is another scheme's or another pepper's."""
+        # The prefix is part of the key (see _verify_key): `prefix` is "{key_prefix}_{id}_…"
+        # and an id is ID_LENGTH long, so the slice is KeyRecord.key_prefix.
+        if stored.record.prefix[:_PREFIX_END] != self.prefix:
             return None
         verdict = self.hasher.verify_fast(secret, stored.secret_hash)
         if verdict is None:
@@ -1274,8 +1328,7 @@ class KeyManager:
         if not verdict.ok:
             raise InvalidAPIKey()
         record = stored.record
-        if record.state != ACTIVE or record.expires_at is not None:
-            check_usable(record)
+        check_usable(record)
         if verdict.new_hash is not None or verdict.stale:
             return None
         if count:
@@ -1284,10 +1337,10 @@ class KeyManager:
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         try:
-            prefix, key_id, secret = split_key(token, self.prefix)
+            key_id, secret = self._split(token)
         except MalformedAPIKey:
             return await self._verify_foreign(token, record_usage)
-        return await self._verify_key(prefix, key_id, secret, record_usage)
+        return await self._verify_key(key_id, secret, record_usage)
 
     async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` of a token not in this manager's key format: an imported key's old
@@ -1298,18 +1351,17 @@ class KeyManager:
         key_id, stored = imported
         return await self._check(key_id, stored, token, record_usage)
 
-    async def _verify_key(
-        self, prefix: str, key_id: str, secret: str, record_usage: bool
-    ) -> KeyRecord:
-        """`verify` of a token already split (and its checksum checked), from the store."""
+    async def _verify_key(self, key_id: str, secret: str, record_usage: bool) -> KeyRecord:
+        """`verify` of a token of this manager's prefix already split (and its checksum
+        checked), from the store."""
         if not self._in_use:
             self._use()
         if self._deliverer is not None:
             self._deliverer.start()  # (again, when the manager moved to another loop)
         stored = await self._load(key_id)
         # The prefix is part of the key: a test key re-prefixed as live is another key.
-        # (`prefix[:_PREFIX_END]` is KeyRecord.key_prefix, as in _verify_held.)
-        if stored is not None and stored.record.prefix[:_PREFIX_END] != prefix:
+        # (`prefix[:_PREFIX_END]` is KeyRecord.key_prefix, as in _verify_unusual.)
+        if stored is not None and stored.record.prefix[:_PREFIX_END] != self.prefix:
             stored = None
         return await self._check(key_id, stored, secret, record_usage)
 
