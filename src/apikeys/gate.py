@@ -149,6 +149,9 @@ class _PolicySet(NamedTuple):
     policy_header: tuple[bytes, bytes]
 
 
+_NO_POLICY = _OnePolicy("", (b"", b""), b"")
+
+
 @functools.lru_cache(maxsize=256)
 def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> _PolicySet:
     items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
@@ -197,22 +200,29 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
+# How `Gate.admit_now` takes a version of a key (`_Prepared.kind`).
+_PLAIN = 0  # one limit, no address allowlist: the common case, decided in a straight line
+_OTHER = 1  # several limits, or an address allowlist: decided here too, with their checks
+_GENERAL = 2  # credits (spent by an await): left to `admit_general`
+
+
 class _Prepared(NamedTuple):
     """What `Gate.admit_now` needs of one version of a key, made at its first request:
-    the objects the request's scope gets, its grants, how its limits are shown, and its one
-    limit's counter. `common` is False for a key `admit_now` leaves to `admit_general`
-    (one with credits, which are spent by an await)."""
+    how it is taken (`kind`), the objects the request's scope gets, its grants, how its
+    limits are shown, its one limit's counter, and its answers by route."""
 
     record: KeyRecord
-    common: bool
+    kind: int
     grants: GrantedScopes
     auth: APIKeyAuth
     user: APIKeyUser
-    covered: dict[tuple[str, ...], bool]  # the scopes a route needs -> whether it has them
+    # (method, path) -> the scopes it lacks for that route (None: it may take it)
+    routes: dict[tuple[str, str], tuple[str, ...] | None]
     counter: str
     amount: int
     window: int
     shape: _OnePolicy | _PolicySet
+    one: _OnePolicy  # `shape` when it is one policy (else unused)
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -444,56 +454,51 @@ class Gate:
             if record is None:
                 return None
             key_id = record.id
-            prepared = self._prepared.get(key_id)
+            try:
+                prepared = self._prepared[key_id]
+            except KeyError:
+                prepared = None
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
-            if not prepared.common:
+            kind = prepared.kind
+            if kind == _PLAIN:
+                manager.usage_buffer.record(key_id)
+                one = prepared.one
+                remaining, reset_after = self.limiter.count_here(
+                    prepared.counter, prepared.amount, prepared.window
+                )
+                rate_headers = [
+                    one.policy_header,
+                    (
+                        b"ratelimit",
+                        b"%s%d;t=%d" % (one.start, remaining if remaining > 0 else 0, reset_after),
+                    ),
+                ]
+                if remaining < 0:
+                    raise RateLimited(reset_after, (one.name,))
+            elif kind == _OTHER:
+                manager.usage_buffer.record(key_id)
+                if record.allowed_ips:
+                    check_address(scope, record, self.trusted_proxies)  # before any charge
+                rate_headers, refusal = self._count_other(record, prepared)
+                if refusal is not None:
+                    raise refusal
+            else:
                 if self._id_end:
                     if len(self._general) >= 10_000:
                         self._general.clear()
                     self._general.add(key_id.encode())
                 return None
-            manager.usage_buffer.record(key_id)
-            if record.allowed_ips:
-                check_address(scope, record, self.trusted_proxies)  # before any charge
-            shape = prepared.shape
-            if shape.__class__ is _OnePolicy:
-                remaining, reset_after = self.limiter.count_here(
-                    prepared.counter, prepared.amount, prepared.window
-                )
-                rate_headers = [
-                    shape.policy_header,
-                    (
-                        b"ratelimit",
-                        b"%s%d;t=%d"
-                        % (shape.start, remaining if remaining > 0 else 0, reset_after),
-                    ),
-                ]
-                if remaining < 0:
-                    raise RateLimited(reset_after, (shape.name,))
-            else:
-                assert isinstance(shape, _PolicySet)
-                decisions = self.limiter.policies_here(key_id, record.rate_limit)
-                rate_headers = _policies_headers(decisions, shape)
-                if not decisions.allowed:
-                    raise RateLimited(decisions.retry_after, _violated(decisions, shape))
-            # The scopes, as admit_general checks them; what a route needs is looked up
-            # once per route, and whether the key has it once per key version.
+            # The scopes, as admit_general checks them, answered once per route and key
+            # version.
             if self.scopes is not None:
                 route = (scope.get("method", "GET"), path)
                 try:
-                    needed = self._routes[route]
+                    lacking = prepared.routes[route]
                 except KeyError:
-                    needed = self._route(route)
-                if needed is None:
-                    if not (prepared.grants.full_access or self.allow_unmapped):
-                        raise InsufficientScope(())
-                else:
-                    covered = prepared.covered.get(needed)
-                    if covered is None:
-                        covered = prepared.covered[needed] = prepared.grants.covers(needed)
-                    if not covered:
-                        raise InsufficientScope(needed)
+                    lacking = self._lacking(prepared, route)
+                if lacking is not None:
+                    raise InsufficientScope(lacking)
             if required and not prepared.grants.covers(required):
                 raise InsufficientScope(required)
         except AuthenticationError as exc:
@@ -506,14 +511,51 @@ class Gate:
         scope["user"] = prepared.user
         return rate_headers
 
-    def _route(self, route: tuple[str, str]) -> tuple[str, ...] | None:
-        """What `route` (method, path) needs by the scope table, remembered for admit_now."""
+    def _count_other(
+        self, record: KeyRecord, prepared: _Prepared
+    ) -> tuple[Headers, RateLimited | None]:
+        """`admit_now`'s limits of a key with an allowlist or several limits: the RateLimit
+        headers, and the refusal (None when admitted)."""
+        shape = prepared.shape
+        if isinstance(shape, _OnePolicy):
+            remaining, reset_after = self.limiter.count_here(
+                prepared.counter, prepared.amount, prepared.window
+            )
+            value = b"%s%d;t=%d" % (shape.start, remaining if remaining > 0 else 0, reset_after)
+            headers = [shape.policy_header, (b"ratelimit", value)]
+            if remaining < 0:
+                return headers, RateLimited(reset_after, (shape.name,))
+            return headers, None
+        decisions = self.limiter.policies_here(record.id, record.rate_limit)
+        headers = _policies_headers(decisions, shape)
+        if not decisions.allowed:
+            return headers, RateLimited(decisions.retry_after, _violated(decisions, shape))
+        return headers, None
+
+    def _lacking(self, prepared: _Prepared, route: tuple[str, str]) -> tuple[str, ...] | None:
+        """The scopes the key of `prepared` lacks for `route` (method, path), as
+        admit_general finds them (None: it may take the route), remembered for admit_now:
+        what a route needs once per route, and the key's answer once per version."""
         assert self.scopes is not None
-        needed = self.scopes.required(*route)
-        if len(self._routes) >= 10_000:
-            self._routes.clear()
-        self._routes[route] = needed
-        return needed
+        try:
+            needed = self._routes[route]
+        except KeyError:
+            needed = self.scopes.required(*route)
+            if len(self._routes) >= 10_000:
+                self._routes.clear()
+            self._routes[route] = needed
+        lacking: tuple[str, ...] | None = None
+        if needed is None:
+            # No rule covers the route: only full access, unless the app allows it.
+            if not (prepared.grants.full_access or self.allow_unmapped):
+                lacking = ()
+        elif not prepared.grants.covers(needed):
+            lacking = needed
+        routes = prepared.routes
+        if len(routes) >= 256:
+            routes.clear()  # a key on many paths (ids in them): a crude bound will do
+        routes[route] = lacking
+        return lacking
 
     def _prepare(self, record: KeyRecord) -> _Prepared:
         """What `admit_now` needs of this version of the key (see `_Prepared`)."""
@@ -523,9 +565,15 @@ class Gate:
         counter, amount, window = "", 0, 0
         if isinstance(shape, _OnePolicy):
             counter, amount, window = self.limiter.plan(record.id, limit)
+        if record.credits is not None:
+            kind = _GENERAL
+        elif record.allowed_ips or not isinstance(shape, _OnePolicy):
+            kind = _OTHER
+        else:
+            kind = _PLAIN
         prepared = _Prepared(
             record,
-            record.credits is None,
+            kind,
             grants,
             APIKeyAuth(grants),
             APIKeyUser(record),
@@ -534,6 +582,7 @@ class Gate:
             amount,
             window,
             shape,
+            shape if isinstance(shape, _OnePolicy) else _NO_POLICY,
         )
         if len(self._prepared) >= 10_000:
             self._prepared.clear()

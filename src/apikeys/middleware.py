@@ -167,13 +167,15 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope_type = scope["type"]
-        if scope_type == "lifespan":
-            await self._lifespan(scope, receive, send)
-            return
-        if scope_type not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        path = route_path(scope)
+        if scope_type != "http":
+            if scope_type == "lifespan":
+                await self._lifespan(scope, receive, send)
+                return
+            if scope_type != "websocket":
+                await self.app(scope, receive, send)
+                return
+        # route_path(scope), without its call when no root path is set (the usual case).
+        path = route_path(scope) if scope.get("root_path") else scope["path"]
         if not path.startswith(self.protect) or path in self.public:
             await self.app(scope, receive, send)
             return
