@@ -444,7 +444,8 @@ class Gate:
             if len(value) > MAX_AUTHORIZATION_LENGTH or not value.isascii():
                 return None
             if self._bearer:
-                if value[:7].lower() != b"bearer ":
+                # The usual spelling first, sparing the two objects of the slice and lower().
+                if not value.startswith(b"Bearer ") and value[:7].lower() != b"bearer ":
                     return None
                 value = value[7:]
             if self._general and value[self._id_start : self._id_end] in self._general:
