@@ -24,6 +24,10 @@ Run: `python benchmarks/handwritten.py [--rounds 30] [--per-round 3000] [--json 
 instructions (`sys.settrace` opcode events), Python calls and calls into C
 (`sys.setprofile`). The counts do not depend on the machine's load. With `--watched`, a
 webhook endpoint wants `key.usage_threshold`, so the limiter is watched for thresholds.
+`--only APP --requests N` only calls one app (`bare`, `hand-written` or `apikeys`) N times
+after a warm-up, for a profiler that counts machine instructions: run it under
+`valgrind --tool=callgrind` with N and with 0 (and `PYTHONHASHSEED=0`) and divide the
+difference by N.
 """
 
 from __future__ import annotations
@@ -351,6 +355,17 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
     return shares
 
 
+async def only(name: str, requests: int, rate_limit: str) -> None:
+    """`requests` calls of the app `name`, after 300 to warm up, and nothing else."""
+    calls, manager = await build(rate_limit)
+    try:
+        call = calls[name]
+        for _ in range(300 + requests):
+            await call()
+    finally:
+        await manager.aclose()
+
+
 def report_steps(shares: dict[str, float]) -> None:
     print("what each step costs (us/request, CPU time, the whole minus the whole with a stub):")
     for name, value in shares.items():
@@ -390,7 +405,12 @@ if __name__ == "__main__":
         action="store_true",
         help="with --count: an endpoint wants key.usage_threshold (the limiter is watched)",
     )
+    parser.add_argument("--only", choices=["bare", "hand-written", "apikeys"])
+    parser.add_argument("--requests", type=int, default=2000, help="with --only")
     args = parser.parse_args()
+    if args.only:
+        asyncio.run(only(args.only, args.requests, args.rate_limit))
+        raise SystemExit(0)
     if args.count:
         counted = asyncio.run(count(200, args.rate_limit, args.watched))
         report_count(counted)

@@ -163,6 +163,12 @@ def test_the_step_breakdown_runs() -> None:
         assert step in result.stdout
 
 
+@pytest.mark.parametrize("app", ["bare", "hand-written", "apikeys"])
+def test_one_app_alone_runs_for_a_profiler(app: str) -> None:
+    result = _run(["benchmarks/handwritten.py", "--only", app, "--requests", "20"])
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_instruction_count_runs(tmp_path: Path) -> None:
     out = tmp_path / "count.json"
     result = _run(["benchmarks/handwritten.py", "--count", "--json", str(out)])
