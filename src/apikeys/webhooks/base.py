@@ -329,4 +329,10 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def replay(self, delivery_id: str, now: datetime) -> bool:
-        """Send a delivery again (same id and body): pending from `now`."""
+        """Send a delivery again (same id and body): pending from `now`, with `give_up_after`
+        of retries anew; False when there is no such delivery.
+
+        Never while a process holds its lease (it is being sent): that raises
+        `DeliveryInProgress` and changes nothing, so the holder records its attempt and no
+        second process sends the delivery at the same time. A lease that ran out (its
+        holder is gone) is cleared."""

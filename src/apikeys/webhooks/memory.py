@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.types import AuditEvent, KeyRecord
 from apikeys.webhooks.base import (
     Claimed,
@@ -286,8 +287,10 @@ class MemoryWebhooks(WebhookStore):
         held = self._deliveries.get(delivery_id)
         if held is None:
             return False
+        if held.lease_until is not None and held.lease_until >= now:
+            raise DeliveryInProgress(delivery_id)
         held.delivery = replace(
             held.delivery, status="pending", created_at=now, next_attempt_at=now
         )
-        held.holder = held.lease_until = None
+        held.holder = held.lease_until = None  # a lease run out: its holder is gone
         return True

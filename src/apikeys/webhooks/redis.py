@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
 from apikeys.types import KeyRecord
 from apikeys.webhooks.base import (
@@ -528,4 +529,7 @@ class RedisWebhooks(WebhookStore):
         return int(await self._script("prune", _micros(before), limit))
 
     async def replay(self, delivery_id: str, now: datetime) -> bool:
-        return bool(await self._script("replay", delivery_id, _micros(now)))
+        replayed = int(await self._script("replay", delivery_id, _micros(now)))
+        if replayed < 0:
+            raise DeliveryInProgress(delivery_id)
+        return bool(replayed)
