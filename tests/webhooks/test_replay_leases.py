@@ -41,6 +41,7 @@ async def one_delivery(manager: KeyManager, workspace: str = "default") -> Webho
         "http://127.0.0.1:9/hooks",
         events=["key.created"],
         workspace=workspace,
+        hasher=manager.hasher,
     )
     await manager.create(name="a", workspace=workspace, full_access=True)
     assert await hooks.take(utcnow()) == 1

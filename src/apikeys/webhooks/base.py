@@ -35,7 +35,12 @@ DeliveryStatus = Literal["pending", "delivered", "failed"]
 class Endpoint:
     """A URL events are sent to. `secret` signs them; `previous_secret` too, until
     `previous_until`, after a roll. `events` empty means every event; `workspace` None
-    means every workspace."""
+    means every workspace.
+
+    Both secrets are as the store keeps them: `sealed$<pepper id>$<nonce>`, from which a
+    process with that pepper makes the secret again (`apikeys.webhooks.signing`), or, made
+    without a pepper or by an earlier version, the `whsec_…` secret itself. The endpoint
+    `add_endpoint` returns holds the secret itself, to be shown once."""
 
     id: str
     url: str
@@ -56,7 +61,8 @@ class Endpoint:
         return self.workspace is None or self.workspace == workspace
 
     def secrets(self, now: datetime) -> tuple[str, ...]:
-        """The secrets a delivery at `now` is signed with (the newest first)."""
+        """The secrets a delivery at `now` is signed with (the newest first), as the store
+        keeps them (`unseal_secret` makes each a secret)."""
         if self.previous_secret and self.previous_until and self.previous_until > now:
             return (self.secret, self.previous_secret)
         return (self.secret,)
@@ -256,6 +262,14 @@ class WebhookStore(abc.ABC):
     async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
         """Sign with `secret` from now on, and with the current one too until
         `overlap_until`; False when there is no such endpoint."""
+
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        """Erase the previous secret of each endpoint whose overlap has ended by `now`
+        (`previous_until` at or before it): it signs nothing any more, and one stored in
+        clear by an earlier version must not stay in the store. Atomic per endpoint, so a
+        roll made meanwhile (a new overlap) keeps its previous secret. The number erased.
+        None by default (a store of your own works unchanged, keeping them)."""
+        return 0
 
     @abc.abstractmethod
     async def take(self, now: datetime, limit: int = 500) -> int:

@@ -97,6 +97,19 @@ class MemoryWebhooks(WebhookStore):
         )
         return True
 
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        ended = [
+            endpoint
+            for endpoint in self._endpoints.values()
+            if endpoint.previous_secret is not None
+            and (endpoint.previous_until is None or endpoint.previous_until <= now)
+        ]
+        for endpoint in ended:
+            self._endpoints[endpoint.id] = replace(
+                endpoint, previous_secret=None, previous_until=None
+            )
+        return len(ended)
+
     def _make(
         self,
         delivery_id: str,

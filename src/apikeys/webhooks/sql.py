@@ -160,6 +160,19 @@ class SQLWebhooks(WebhookStore):
 
         return await self._run(work)
 
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        hooks = self._hooks
+
+        async def work(conn: AsyncConnection) -> int:
+            result = await conn.execute(
+                sa.update(hooks)
+                .where(hooks.c.previous_secret.is_not(None), hooks.c.previous_until <= now)
+                .values(previous_secret=None, previous_until=None)
+            )
+            return int(result.rowcount or 0)
+
+        return await self._run(work)
+
     async def take(self, now: datetime, limit: int = 500) -> int:
         hooks, changes, deliveries = self._hooks, self._changes, self._deliveries
         audit = self._audit
