@@ -696,3 +696,31 @@ async def test_if_the_budget_window_passes_then_the_id_is_checked_again(
 def test_if_slow_bounds_are_not_positive_then_refused(options: dict[str, float]) -> None:
     with pytest.raises(ConfigurationError):
         Hasher(pepper=PEPPER, **options)  # type: ignore[arg-type]
+
+
+def test_derive_is_hmac_sha256_of_purpose_and_nonce_under_the_named_pepper() -> None:
+    hasher = Hasher(PEPPER, old_peppers=[OLD_PEPPER])
+    old_id = Hasher(OLD_PEPPER, old_peppers=[]).pepper_fingerprint
+    made = hasher.derive("webhook secret", "n1")
+    expected = hmac.new(PEPPER.encode(), b"apikeys webhook secret|n1", hashlib.sha256).digest()
+    assert made == (hasher.pepper_fingerprint, expected)
+    by_old = hasher.derive("webhook secret", "n1", old_id)
+    expected_old = hmac.new(
+        OLD_PEPPER.encode(), b"apikeys webhook secret|n1", hashlib.sha256
+    ).digest()
+    assert by_old == (old_id, expected_old)
+    assert hasher.derive("webhook secret", "n2") != made
+    assert hasher.derive("other use", "n1") != made
+
+
+def test_derive_without_the_named_pepper_is_none_and_never_shows_a_pepper() -> None:
+    hasher = Hasher(PEPPER, old_peppers=[])
+    assert hasher.derive("webhook secret", "n1", "00000000") is None
+    assert Hasher(old_peppers=[]).derive("webhook secret", "n1") is None
+    assert Hasher(old_peppers=[OLD_PEPPER]).derive("webhook secret", "n1") is None
+    made = hasher.derive("webhook secret", "n1")
+    assert made is not None
+    assert PEPPER.encode() not in made[1]
+    assert PEPPER not in made[0]
+    with pytest.raises(ValueError, match=r"\|"):
+        hasher.derive("webhook|secret", "n1")

@@ -7,6 +7,7 @@ APIKeyError                       root of everything apikeys raises
 ├── KeyNotFound                   a management call named an id the store does not hold
 ├── InvalidTransition             a state change the key's state forbids (enable a revoked key)
 ├── DuplicateKeyId                a store refused an id it already holds
+├── DeliveryInProgress            a webhook delivery cannot be replayed while it is being sent
 └── RequestRefused                an HTTP request is refused; carries `status` and `code`
     ├── AuthenticationError       a request may not pass with its key
     │   ├── MissingAPIKey         401 missing_api_key
@@ -49,6 +50,7 @@ __all__ = [
     "ChangeNotConfirmed",
     "ConfigurationError",
     "CreditsExhausted",
+    "DeliveryInProgress",
     "DuplicateKeyId",
     "IPNotAllowed",
     "InsufficientScope",
@@ -109,6 +111,19 @@ class InvalidTransition(APIKeyError):
 
 class DuplicateKeyId(APIKeyError):
     """The store already holds a key with this id."""
+
+
+class DeliveryInProgress(APIKeyError):
+    """A webhook delivery was asked to be replayed while a process is sending it (it holds
+    its lease): replaying it then would let a second process send it at the same time.
+    Replay it once that attempt has ended."""
+
+    def __init__(self, delivery_id: str) -> None:
+        super().__init__(
+            f"delivery {delivery_id!r} is being sent now: replay it once this attempt has "
+            "ended (within the lease of the process sending it, 60 seconds by default)"
+        )
+        self.delivery_id = delivery_id
 
 
 class RequestRefused(APIKeyError):

@@ -242,6 +242,29 @@ class Hasher:
             retired += (UNPEPPERED,)
         return retired
 
+    def derive(
+        self, purpose: str, nonce: str, pepper_id: str | None = None
+    ) -> tuple[str, bytes] | None:
+        """32 bytes that only a holder of a pepper can make, for secrets that are made
+        again whenever they are needed instead of being stored (webhook signing secrets,
+        `apikeys.webhooks.signing`): HMAC-SHA256 of `apikeys {purpose}|{nonce}` keyed with
+        the pepper named `pepper_id` (the current one when None), and that pepper's id.
+
+        None when this hasher has no such pepper: none at all, or `pepper_id` names
+        neither its pepper nor one of its `old_peppers`. The store keeps the pepper's id
+        and the nonce; never the bytes, and the pepper never leaves the hasher. `purpose`
+        (without `|`) separates the uses; its message holds a space, which neither a key's
+        secret (base62) nor an imported key's string (printable, without spaces) has, so
+        no key's hash is ever the same HMAC.
+        """
+        if "|" in purpose:
+            raise ValueError("a purpose has no '|'")
+        chosen = self._current_id if pepper_id is None else pepper_id
+        base = self._peppers.get(chosen) if chosen is not None else None
+        if chosen is None or base is None:
+            return None
+        return chosen, base.digest(f"apikeys {purpose}|{nonce}".encode())
+
     @property
     def scheme(self) -> str:
         """The scheme new hashes are made with."""

@@ -354,6 +354,7 @@ class KeyManager:
                 hooks,
                 webhooks if isinstance(webhooks, DeliveryOptions) else None,
                 records=_records_of(self.store),
+                hasher=self.hasher,
             )
             if self._limiter is not None:
                 self.observe_limiter(self._limiter)

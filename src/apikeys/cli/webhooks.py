@@ -9,6 +9,7 @@ from typing import TypeVar
 import click
 
 from apikeys.cli.common import Refused, _duration, _echo_json, _run, _table, _when, main
+from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.manager import KeyManager
 from apikeys.types import utcnow
 from apikeys.webhooks.admin import DEFAULT_OVERLAP, add_endpoint, roll_endpoint_secret
@@ -30,6 +31,24 @@ def _hooks(manager: KeyManager) -> WebhookStore:
 def _with_hooks(ctx: click.Context, work: Callable[[WebhookStore], Awaitable[_T]]) -> _T:
     async def run(manager: KeyManager) -> _T:
         return await work(_hooks(manager))
+
+    return _run(ctx, run)
+
+
+def _sealing(ctx: click.Context, work: Callable[[WebhookStore, Hasher], Awaitable[_T]]) -> _T:
+    """`_with_hooks` for a command that makes a secret, sealed with `APIKEYS_PEPPER`.
+
+    With a pepper, the store's recorded pepper is checked first, as the key commands check
+    it: a secret sealed with a pepper the services do not have could sign nothing. Without
+    one, nothing is recorded (the secret is kept as it is, with a warning), so that a
+    webhook added in development does not decide how keys are hashed.
+    """
+
+    async def run(manager: KeyManager) -> _T:
+        hooks = _hooks(manager)
+        if manager.hasher.pepper_fingerprint != UNPEPPERED:
+            await manager.setup()
+        return await work(hooks, manager.hasher)
 
     return _run(ctx, run)
 
@@ -56,10 +75,10 @@ def add(
 ) -> None:
     """Add an endpoint; its signing secret is printed once, here."""
 
-    async def work(hooks: WebhookStore) -> Endpoint:
-        return await add_endpoint(hooks, url, events=events, workspace=workspace)
+    async def work(hooks: WebhookStore, hasher: Hasher) -> Endpoint:
+        return await add_endpoint(hooks, url, events=events, workspace=workspace, hasher=hasher)
 
-    endpoint = _with_hooks(ctx, work)
+    endpoint = _sealing(ctx, work)
     if as_json:
         _echo_json({**endpoint.to_dict(), "secret": endpoint.secret})
         return
@@ -108,13 +127,17 @@ def remove(ctx: click.Context, endpoint_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the new secret as JSON.")
 @click.pass_context
 def roll(ctx: click.Context, endpoint_id: str, overlap: timedelta | None, as_json: bool) -> None:
-    """Give an endpoint a new signing secret (printed once); both sign during the overlap."""
+    """Give an endpoint a new signing secret (printed once); both sign during the overlap.
+
+    The new secret is sealed with APIKEYS_PEPPER, as add's is: rolling is also how a secret
+    kept in clear (added by an earlier version, or without a pepper) leaves the store.
+    """
     span = overlap if overlap is not None else DEFAULT_OVERLAP
 
-    async def work(hooks: WebhookStore) -> str | None:
-        return await roll_endpoint_secret(hooks, endpoint_id, span)
+    async def work(hooks: WebhookStore, hasher: Hasher) -> str | None:
+        return await roll_endpoint_secret(hooks, endpoint_id, span, hasher=hasher)
 
-    secret = _with_hooks(ctx, work)
+    secret = _sealing(ctx, work)
     if secret is None:
         raise Refused(f"no webhook {endpoint_id!r}")
     if as_json:

@@ -1,19 +1,27 @@
-"""Managing endpoints: add one (its secret shown once), roll its secret."""
+"""Managing endpoints: add one (its secret shown once), roll its secret.
+
+Each secret is derived from the pepper of `hasher` and kept sealed in the store
+(`apikeys.webhooks.signing`): give these functions the `Hasher` the delivering processes
+have (`manager.hasher`); without one, `Hasher()` reads `APIKEYS_PEPPER` and
+`APIKEYS_OLD_PEPPERS`, as `KeyManager()` does.
+"""
 
 from __future__ import annotations
 
 import re
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from urllib.parse import urlsplit
 
 from apikeys.errors import InvalidKeyParameters
+from apikeys.hashing import Hasher
 from apikeys.policies import check_text
 from apikeys.types import utcnow
 from apikeys.webhooks.base import Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
-from apikeys.webhooks.signing import new_secret
+from apikeys.webhooks.signing import seal_new_secret
 
 __all__ = [
     "DEFAULT_OVERLAP",
@@ -65,33 +73,51 @@ async def add_endpoint(
     *,
     events: Sequence[str] = (),
     workspace: str | None = None,
+    hasher: Hasher | None = None,
 ) -> Endpoint:
     """Add an endpoint for `events` (all when empty) of `workspace`'s keys (all when None;
     an empty or malformed workspace is refused, never taken for all of them).
 
-    The endpoint returned holds its secret: show it once, it is not shown again.
+    The endpoint returned holds its secret, `whsec_…`: show it once, it is not shown
+    again. The store keeps it sealed with the pepper of `hasher` (see the module doc).
     """
     unknown = sorted(set(events) - set(EVENT_TYPES))
     if unknown:
         raise InvalidKeyParameters(f"unknown event {unknown[0]!r}: one of {', '.join(EVENT_TYPES)}")
+    url = validate_url(url)
+    workspace = None if workspace is None else check_text(workspace, "workspace")
+    secret, sealed = seal_new_secret(hasher if hasher is not None else Hasher())
     endpoint = Endpoint(
         id="wh_" + secrets.token_hex(8),
-        url=validate_url(url),
+        url=url,
         events=tuple(dict.fromkeys(events)),
-        workspace=None if workspace is None else check_text(workspace, "workspace"),
-        secret=new_secret(),
+        workspace=workspace,
+        secret=sealed,
         created_at=utcnow(),
     )
     await hooks.add_endpoint(endpoint)
-    return endpoint
+    return replace(endpoint, secret=secret)
 
 
 async def roll_endpoint_secret(
-    hooks: WebhookStore, endpoint_id: str, overlap: timedelta = DEFAULT_OVERLAP
+    hooks: WebhookStore,
+    endpoint_id: str,
+    overlap: timedelta = DEFAULT_OVERLAP,
+    *,
+    hasher: Hasher | None = None,
 ) -> str | None:
-    """Give the endpoint a new secret; the old one signs too for `overlap`. The new
-    secret, or None when there is no such endpoint."""
-    secret = new_secret()
-    if not await hooks.roll_secret(endpoint_id, secret, utcnow() + overlap):
+    """Give the endpoint a new secret, sealed with the pepper of `hasher` (see the module
+    doc); the old one signs too for `overlap`. The new secret, or None when there is no
+    such endpoint.
+
+    This is also how a secret stored in clear (by an earlier version, or without a
+    pepper) leaves the store: its successor is sealed, and the old one is kept only while
+    its overlap lasts (the delivering processes erase it then; with no overlap, at once).
+    """
+    now = utcnow()
+    secret, sealed = seal_new_secret(hasher if hasher is not None else Hasher())
+    if not await hooks.roll_secret(endpoint_id, sealed, now + overlap):
         return None
+    if overlap <= timedelta(0):
+        await hooks.forget_previous_secrets(now)
     return secret

@@ -35,7 +35,12 @@ DeliveryStatus = Literal["pending", "delivered", "failed"]
 class Endpoint:
     """A URL events are sent to. `secret` signs them; `previous_secret` too, until
     `previous_until`, after a roll. `events` empty means every event; `workspace` None
-    means every workspace."""
+    means every workspace.
+
+    Both secrets are as the store keeps them: `sealed$<pepper id>$<nonce>`, from which a
+    process with that pepper makes the secret again (`apikeys.webhooks.signing`), or, made
+    without a pepper or by an earlier version, the `whsec_…` secret itself. The endpoint
+    `add_endpoint` returns holds the secret itself, to be shown once."""
 
     id: str
     url: str
@@ -56,7 +61,8 @@ class Endpoint:
         return self.workspace is None or self.workspace == workspace
 
     def secrets(self, now: datetime) -> tuple[str, ...]:
-        """The secrets a delivery at `now` is signed with (the newest first)."""
+        """The secrets a delivery at `now` is signed with (the newest first), as the store
+        keeps them (`unseal_secret` makes each a secret)."""
         if self.previous_secret and self.previous_until and self.previous_until > now:
             return (self.secret, self.previous_secret)
         return (self.secret,)
@@ -257,6 +263,14 @@ class WebhookStore(abc.ABC):
         """Sign with `secret` from now on, and with the current one too until
         `overlap_until`; False when there is no such endpoint."""
 
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        """Erase the previous secret of each endpoint whose overlap has ended by `now`
+        (`previous_until` at or before it): it signs nothing any more, and one stored in
+        clear by an earlier version must not stay in the store. Atomic per endpoint, so a
+        roll made meanwhile (a new overlap) keeps its previous secret. The number erased.
+        None by default (a store of your own works unchanged, keeping them)."""
+        return 0
+
     @abc.abstractmethod
     async def take(self, now: datetime, limit: int = 500) -> int:
         """Hand the events logged since each endpoint's mark to its deliveries, in one
@@ -329,4 +343,10 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def replay(self, delivery_id: str, now: datetime) -> bool:
-        """Send a delivery again (same id and body): pending from `now`."""
+        """Send a delivery again (same id and body): pending from `now`, with `give_up_after`
+        of retries anew; False when there is no such delivery.
+
+        Never while a process holds its lease (it is being sent): that raises
+        `DeliveryInProgress` and changes nothing, so the holder records its attempt and no
+        second process sends the delivery at the same time. A lease that ran out (its
+        holder is gone) is cleared."""

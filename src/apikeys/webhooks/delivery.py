@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from apikeys.errors import ConfigurationError
+from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.types import KeyRecord, utcnow
 from apikeys.webhooks.base import (
     Claimed,
@@ -33,7 +35,13 @@ from apikeys.webhooks.base import (
     rate_threshold_deliveries,
     wanting,
 )
-from apikeys.webhooks.signing import signed_headers
+from apikeys.webhooks.signing import (
+    UNSEALABLE,
+    is_sealed,
+    sealed_pepper_id,
+    signed_headers,
+    unseal_secret,
+)
 from apikeys.webhooks.thresholds import ThresholdWatch
 
 __all__ = ["DEFAULT_RETRY_DELAYS", "PRUNE_BATCH", "PRUNE_BATCHES", "Deliverer", "DeliveryOptions"]
@@ -94,6 +102,12 @@ class Deliverer:
     rate limit thresholds queued in `thresholds` (a `ThresholdWatch`, which a `KeyManager`
     attaches its limiters to) become `key.usage_threshold` deliveries; each round turns the
     watch on while an endpoint wants that event, and off otherwise.
+
+    `hasher` makes the endpoints' sealed secrets again from its pepper or old peppers
+    (`apikeys.webhooks.signing`); a `KeyManager` gives its own. Without one, `Hasher()`
+    reads `APIKEYS_PEPPER` and `APIKEYS_OLD_PEPPERS` when a sealed secret is first met. An
+    endpoint whose secret was sealed with a pepper it does not have is not sent to: each
+    attempt fails as an unreachable endpoint's does, with `UNSEALABLE` as its error.
     """
 
     def __init__(
@@ -102,10 +116,14 @@ class Deliverer:
         options: DeliveryOptions | None = None,
         *,
         records: Callable[[str], Awaitable[KeyRecord | None]] | None = None,
+        hasher: Hasher | None = None,
     ) -> None:
         self.store = store
         self.options = options or DeliveryOptions()
         self.records = records
+        self._hasher = hasher
+        # Endpoints already logged about (a pepper missing, a secret kept in clear): once.
+        self._told: set[tuple[str, str]] = set()
         self.thresholds = ThresholdWatch()
         self.holder = secrets.token_hex(8)
         self._task: asyncio.Task[None] | None = None
@@ -183,6 +201,8 @@ class Deliverer:
         wanted = wanting(endpoints.values(), "key.usage_threshold")
         self.thresholds.switch(bool(wanted) and self.records is not None)
         now = utcnow()
+        if any(_overlap_ended(endpoint, now) for endpoint in endpoints.values()):
+            await self.store.forget_previous_secrets(now)
         await self.store.take(now)
         await self.rate_thresholds(wanted, now)
         if time.monotonic() - self._checked >= self.options.check_interval:
@@ -246,6 +266,63 @@ class Deliverer:
             self._client = httpx.AsyncClient(timeout=self.options.timeout, follow_redirects=False)
         return self._client
 
+    def _secrets(self, endpoint: Endpoint, now: datetime) -> list[str]:
+        """The secrets to sign a delivery to `endpoint` with at `now`, made again from what
+        the store keeps. `ConfigurationError` (`UNSEALABLE`) when the current one was
+        sealed with a pepper this process does not have; a previous one in its overlap
+        that cannot be made is left out (the new one signs)."""
+        hasher = self._hasher
+        if hasher is None:
+            hasher = self._hasher = Hasher()
+        current, *previous = endpoint.secrets(now)
+        try:
+            made = [unseal_secret(hasher, current)]
+        except ConfigurationError:
+            self._tell(
+                endpoint,
+                current,
+                logging.ERROR,
+                "webhooks: endpoint %s is not sent to: %s (it was sealed with the pepper of "
+                "id %s: list that pepper in APIKEYS_OLD_PEPPERS, or give the endpoint a new "
+                "secret with apikeys webhooks roll %s)",
+                endpoint.id,
+                UNSEALABLE,
+                sealed_pepper_id(current),
+                endpoint.id,
+            )
+            raise
+        if not is_sealed(current) and hasher.pepper_fingerprint != UNPEPPERED:
+            self._tell(
+                endpoint,
+                current,
+                logging.WARNING,
+                "webhooks: endpoint %s keeps its signing secret in clear in the store (it "
+                "was added by an earlier version, or without a pepper): apikeys webhooks "
+                "roll %s gives it a sealed one",
+                endpoint.id,
+                endpoint.id,
+            )
+        for stored in previous:
+            try:
+                made.append(unseal_secret(hasher, stored))
+            except ConfigurationError:
+                self._tell(
+                    endpoint,
+                    stored,
+                    logging.WARNING,
+                    "webhooks: endpoint %s: its previous secret, sealed with the pepper of id "
+                    "%s, which is not configured, does not sign during its overlap",
+                    endpoint.id,
+                    sealed_pepper_id(stored),
+                )
+        return made
+
+    def _tell(self, endpoint: Endpoint, stored: str, level: int, *message: Any) -> None:
+        """Log `message` once per endpoint and stored secret (it is never in the message)."""
+        if (endpoint.id, stored) not in self._told:
+            self._told.add((endpoint.id, stored))
+            logger.log(level, *message)
+
     async def _send(self, item: Claimed, endpoint: Endpoint | None) -> None:
         response: int | None = None
         error: str | None = None
@@ -253,20 +330,23 @@ class Deliverer:
             error = "the endpoint was removed"
         else:
             now = utcnow()
-            headers = signed_headers(
-                endpoint.secrets(now), item.id, int(now.timestamp()), item.body
-            )
             try:
-                # The whole exchange within `timeout` (httpx's bounds each read alone: a
-                # receiver sending a byte at a time would outlast the lease), and only the
-                # status is read: a body, however long or slow, is left unread.
-                async with asyncio.timeout(self.options.timeout):
-                    async with self._http().stream(
-                        "POST", endpoint.url, content=item.body, headers=headers
-                    ) as reply:
-                        response = reply.status_code
-            except Exception as exc:
-                error = type(exc).__name__
+                secrets_ = self._secrets(endpoint, now)
+            except ConfigurationError:
+                error = UNSEALABLE
+            else:
+                headers = signed_headers(secrets_, item.id, int(now.timestamp()), item.body)
+                try:
+                    # The whole exchange within `timeout` (httpx's bounds each read alone: a
+                    # receiver sending a byte at a time would outlast the lease), and only
+                    # the status is read: a body, however long or slow, is left unread.
+                    async with asyncio.timeout(self.options.timeout):
+                        async with self._http().stream(
+                            "POST", endpoint.url, content=item.body, headers=headers
+                        ) as reply:
+                            response = reply.status_code
+                except Exception as exc:
+                    error = type(exc).__name__
         now = utcnow()
         if response is not None and 200 <= response < 300:
             await self.store.finish(
@@ -289,3 +369,9 @@ class Deliverer:
             response=response,
             error=error if error is not None else f"HTTP {response}",
         )
+
+
+def _overlap_ended(endpoint: Endpoint, now: datetime) -> bool:
+    """Whether `endpoint` still keeps a previous secret that no longer signs."""
+    until = endpoint.previous_until
+    return endpoint.previous_secret is not None and (until is None or until <= now)

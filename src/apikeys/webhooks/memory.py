@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.types import AuditEvent, KeyRecord
 from apikeys.webhooks.base import (
     Claimed,
@@ -95,6 +96,19 @@ class MemoryWebhooks(WebhookStore):
             endpoint, secret=secret, previous_secret=endpoint.secret, previous_until=overlap_until
         )
         return True
+
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        ended = [
+            endpoint
+            for endpoint in self._endpoints.values()
+            if endpoint.previous_secret is not None
+            and (endpoint.previous_until is None or endpoint.previous_until <= now)
+        ]
+        for endpoint in ended:
+            self._endpoints[endpoint.id] = replace(
+                endpoint, previous_secret=None, previous_until=None
+            )
+        return len(ended)
 
     def _make(
         self,
@@ -286,8 +300,10 @@ class MemoryWebhooks(WebhookStore):
         held = self._deliveries.get(delivery_id)
         if held is None:
             return False
+        if held.lease_until is not None and held.lease_until >= now:
+            raise DeliveryInProgress(delivery_id)
         held.delivery = replace(
             held.delivery, status="pending", created_at=now, next_attempt_at=now
         )
-        held.holder = held.lease_until = None
+        held.holder = held.lease_until = None  # a lease run out: its holder is gone
         return True

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
 from apikeys.types import KeyRecord
 from apikeys.webhooks.base import (
@@ -134,6 +135,7 @@ class RedisWebhooks(WebhookStore):
             )
         }
         self._taken = client.register_script(_lua("webhook_taken"))
+        self._forget = client.register_script(_lua("webhook_forget"))
 
     async def _script(self, name: str, *args: Any) -> Any:
         script = self._scripts[name]
@@ -193,6 +195,10 @@ class RedisWebhooks(WebhookStore):
 
     async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
         return bool(await self._script("roll", endpoint_id, secret, _micros(overlap_until)))
+
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        async with self._store._calls():
+            return int(await self._forget(keys=[self._index], args=[self._w, _micros(now)]))
 
     async def _make(self, now: datetime, values: list[str]) -> int:
         made = 0
@@ -528,4 +534,7 @@ class RedisWebhooks(WebhookStore):
         return int(await self._script("prune", _micros(before), limit))
 
     async def replay(self, delivery_id: str, now: datetime) -> bool:
-        return bool(await self._script("replay", delivery_id, _micros(now)))
+        replayed = int(await self._script("replay", delivery_id, _micros(now)))
+        if replayed < 0:
+            raise DeliveryInProgress(delivery_id)
+        return bool(replayed)

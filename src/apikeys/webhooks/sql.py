@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.stores.sql_schema import (
     audit_table,
     changes_table,
@@ -156,6 +157,19 @@ class SQLWebhooks(WebhookStore):
                 .values(previous_secret=hooks.c.secret, previous_until=overlap_until, secret=secret)
             )
             return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        hooks = self._hooks
+
+        async def work(conn: AsyncConnection) -> int:
+            result = await conn.execute(
+                sa.update(hooks)
+                .where(hooks.c.previous_secret.is_not(None), hooks.c.previous_until <= now)
+                .values(previous_secret=None, previous_until=None)
+            )
+            return int(result.rowcount or 0)
 
         return await self._run(work)
 
@@ -376,11 +390,14 @@ class SQLWebhooks(WebhookStore):
 
     async def replay(self, delivery_id: str, now: datetime) -> bool:
         d = self._deliveries
+        free = sa.or_(d.c.lease_until.is_(None), d.c.lease_until < now)
 
-        async def work(conn: AsyncConnection) -> bool:
+        async def work(conn: AsyncConnection) -> bool | None:
+            # Only when no lease is held: a lease that ran out is cleared (its holder is
+            # gone), a live one is left to its holder, and the replay refused.
             result = await conn.execute(
                 sa.update(d)
-                .where(d.c.id == delivery_id)
+                .where(d.c.id == delivery_id, free)
                 .values(
                     status="pending",
                     created_at=now,
@@ -389,9 +406,15 @@ class SQLWebhooks(WebhookStore):
                     leased_by=None,
                 )
             )
-            return bool(result.rowcount)
+            if result.rowcount:
+                return True
+            found = await conn.execute(sa.select(d.c.id).where(d.c.id == delivery_id))
+            return None if found.first() is not None else False
 
-        return await self._run(work)
+        replayed = await self._run(work)
+        if replayed is None:
+            raise DeliveryInProgress(delivery_id)
+        return replayed
 
     async def expiring(self, now: datetime) -> int:
         keys = self._keys

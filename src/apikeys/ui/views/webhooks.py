@@ -16,6 +16,7 @@ import re
 from starlette.requests import Request
 from starlette.responses import Response
 
+from apikeys.errors import DeliveryInProgress
 from apikeys.types import utcnow
 from apikeys.ui.forms import Form
 from apikeys.ui.request import (
@@ -83,6 +84,10 @@ async def replay(request: Request, user: PageUser, form: Form) -> Response:
         found = await hooks.delivery(delivery_id)
     if hooks is None or found is None or found.workspace != user.workspace:
         raise PageError(404, "No such delivery", "This delivery is not one of your keys'.")
-    await hooks.replay(found.id, utcnow())
-    notice(request, f"The {found.event} delivery will be sent again.")
+    try:
+        await hooks.replay(found.id, utcnow())
+    except DeliveryInProgress:
+        notice(request, f"The {found.event} delivery is being sent now: try again in a minute.")
+    else:
+        notice(request, f"The {found.event} delivery will be sent again.")
     return redirect(base_path(request) + "/webhooks")
