@@ -146,8 +146,9 @@ async def test_a_failing_receiver_is_retried_then_failed_and_the_next_event_goes
     await receiver.start()
     hooks = hooks_of(store)
     await add_endpoint(hooks, receiver.url)
+    # Retries every 0.05 s for 3 s: room for a second attempt however slow the first.
     options = DeliveryOptions(
-        poll_interval=0.02, retry_delays=(0.05,), give_up_after=timedelta(seconds=1)
+        poll_interval=0.02, retry_delays=(0.05,), give_up_after=timedelta(seconds=3)
     )
     deliverer = Deliverer(hooks, options)
     try:
