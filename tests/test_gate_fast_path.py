@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from apikeys import AuthenticationError, KeyManager, RateLimiter
+from apikeys import AuthenticationError, Hasher, KeyManager, MemoryStore, RateLimiter
 from apikeys.gate import APIKeyAuth, APIKeyUser, Gate
+from tests import services
+from tests.conftest import delete_redis_keys, delete_redis_keys_now, redis_prefix
 
 PATH = "/api/v1/contacts"
 
@@ -222,3 +227,136 @@ async def test_a_changed_key_is_decided_by_its_new_version_on_every_store(
 
 async def test_a_gate_without_a_limiter_shares_the_managers(memory_manager: KeyManager) -> None:
     assert Gate(memory_manager).limiter is memory_manager.limiter
+
+
+# --- a Redis limiter: admit_now spends the units this process leased of a window ---------
+
+
+def _redis_gate(manager: KeyManager, limit: str, prefix: str) -> Gate:
+    return Gate(
+        manager,
+        limiter=RateLimiter(limit, services.REDIS_URL, key_prefix=prefix),
+        scopes={f"GET {PATH}": "contacts:read", f"POST {PATH}": "contacts:write"},
+    )
+
+
+@pytest.fixture
+def lease_prefix() -> Iterator[str]:
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    prefix = redis_prefix("gate")
+    try:
+        yield prefix
+    finally:
+        delete_redis_keys_now(services.REDIS_URL, f"*{prefix}*")
+
+
+@pytest.mark.redis
+async def test_with_a_redis_limiter_admit_now_decides_once_this_process_holds_a_lease(
+    memory_manager: KeyManager, lease_prefix: str
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    gate = _redis_gate(memory_manager, "1000/minute", lease_prefix)
+    try:
+        # No lease yet: only Redis can decide, and nothing is charged or counted meanwhile.
+        first = _scope(created.key)
+        assert gate.admit_now(first, PATH) is None
+        assert "apikey" not in first
+        assert _admitted(memory_manager, created.record.id) == 0
+        headers = await gate.admit_general(first, PATH)  # leases a slice of the window
+        assert headers[1][1].startswith(b'"default";r=999;t=')
+        # Then the lease decides at once, each request counted once, one unit each.
+        for remaining in (998, 997, 996):
+            scope = _scope(created.key)
+            decided = gate.admit_now(scope, PATH)
+            assert decided is not None
+            assert decided[0] == (b"ratelimit-policy", b'"default";q=1000;w=60')
+            assert decided[1][1].startswith(b'"default";r=%d;t=' % remaining)
+            assert scope["apikey"] == created.record
+        assert _admitted(memory_manager, created.record.id) == 4
+        # Refusals the lease can tell are booked as admit_general books them.
+        with pytest.raises(AuthenticationError) as refusal:
+            gate.admit_now(_scope(created.key, "POST"), PATH)
+        assert refusal.value.code == "insufficient_scope"
+        daily = memory_manager.usage_buffer.pending_daily(created.record.id)
+        assert sum(c for (_, o), c in daily.items() if o == "insufficient_scope") == 1
+    finally:
+        await gate.limiter.aclose()
+
+
+@pytest.mark.redis
+async def test_with_a_redis_limiter_a_spent_window_is_refused_by_either_body_alike(
+    memory_manager: KeyManager, lease_prefix: str
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    gate = _redis_gate(memory_manager, "3/minute", lease_prefix)
+    try:
+        for _ in range(3):
+            await gate.admit(_scope(created.key), PATH)
+        for _ in range(3):  # by the lease's word, or Redis' when the lease is spent
+            with pytest.raises(AuthenticationError) as refusal:
+                await gate.admit(_scope(created.key), PATH)
+            assert refusal.value.code == "rate_limited"
+            assert (b"ratelimit-policy", b'"default";q=3;w=60') in refusal.value.headers
+        daily = memory_manager.usage_buffer.pending_daily(created.record.id)
+        assert sum(c for (_, o), c in daily.items() if o == "rate_limited") == 3
+        assert _admitted(memory_manager, created.record.id) == 3
+    finally:
+        await gate.limiter.aclose()
+
+
+@pytest.mark.redis
+async def test_with_a_redis_limiter_several_limits_are_left_to_admit_general(
+    memory_manager: KeyManager, lease_prefix: str
+) -> None:
+    created = await memory_manager.create(
+        name="k", scopes=["contacts:read"], rate_limit="burst=1000/second, daily=5000/day"
+    )
+    gate = _redis_gate(memory_manager, "1000/minute", lease_prefix)
+    try:
+        for _ in range(3):
+            scope = _scope(created.key)
+            assert gate.admit_now(scope, PATH) is None  # one script leases them all
+            assert "apikey" not in scope
+            await gate.admit_general(scope, PATH)
+        assert _admitted(memory_manager, created.record.id) == 3
+    finally:
+        await gate.limiter.aclose()
+
+
+@pytest.mark.redis
+@given(limit=st.integers(1, 40), plan=st.lists(st.integers(0, 1), min_size=1, max_size=120))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_with_redis_limiters_two_processes_gates_admit_exactly_the_limit(
+    limit: int, plan: list[int]
+) -> None:
+    """Two gates (two processes' worth: each its own limiter and leases) on one window:
+    exactly min(limit, requests) admitted, whichever body decides each request."""
+    services.require(services.REDIS_URL, "Redis", "APIKEYS_TEST_REDIS_URL")
+    prefix = redis_prefix("gate-prop")
+
+    async def scenario() -> None:
+        manager = KeyManager(MemoryStore(), hasher=Hasher(pepper="gate-test-pepper-0123456789"))
+        gates = [
+            _redis_gate(manager, f"{limit}/minute", prefix),
+            _redis_gate(manager, f"{limit}/minute", prefix),
+        ]
+        try:
+            created = await manager.create(name="k", scopes=["contacts:read"])
+            codes = []
+            for index in plan:
+                try:
+                    await gates[index].admit(_scope(created.key), PATH)
+                    codes.append("admitted")
+                except AuthenticationError as exc:
+                    codes.append(exc.code)
+            admitted = codes.count("admitted")
+            assert admitted == min(limit, len(plan))
+            assert codes.count("rate_limited") == len(plan) - admitted
+            assert _admitted(manager, created.record.id) == admitted
+        finally:
+            for gate in gates:
+                await gate.limiter.aclose()
+            await manager.aclose()
+            await delete_redis_keys(services.REDIS_URL, f"*{prefix}*")
+
+    asyncio.run(scenario())

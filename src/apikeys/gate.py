@@ -393,6 +393,8 @@ class Gate:
         # (method, path) -> the scopes the route needs (None: no rule), for admit_now
         self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._counts_here = self.limiter.counts_here
+        # Redis' limiter decides at once too while this process holds units of a window.
+        self._decides_here = self._counts_here or self.limiter.leases_here
         # The ids of keys admit_now leaves to admit_general (bytes), and where a token of
         # the manager's prefix holds its id ("{prefix}_{id}_…"): so that their requests are
         # not verified twice, once by each body. (0, 0) when the manager reads any prefix.
@@ -407,11 +409,13 @@ class Gate:
 
         The common case: the key's header holds one well-formed value; the manager holds
         the key in its key cache (or its memory store) with a fast hash (`verify_now`);
-        the limiter counts in this process (`RateLimiter.counts_here`); the key has no
-        credits; telemetry is off. The checks are `admit_general`'s, in its order, without
-        the layers between them: the key's format and checksum, its peppered hash
-        (compared in constant time), its state and expiry (all in `verify_now`), its usage
-        count, its address, its limits and the two RateLimit headers, its scopes. What can
+        the limiter counts in this process (`RateLimiter.counts_here`) or, on Redis, holds
+        units of the key's window that it leased (`RateLimiter.spend_here`: a key with one
+        limit and no allowlist); the key has no credits; telemetry is off. The checks are
+        `admit_general`'s, in its order, without the layers between them: the key's format
+        and checksum, its peppered hash (compared in constant time), its state and expiry
+        (all in `verify_now`), its usage count, its address, its limits and the two
+        RateLimit headers, its scopes. What can
         be made once per key version (its grants, `scope["auth"]` and `scope["user"]`, its
         limit's counter and headers, whether it has a route's scopes) is made at its first
         request.
@@ -425,7 +429,7 @@ class Gate:
         booked by `refused` exactly as `admit_general` books it.
         """
         manager = self.manager
-        if not self._counts_here or manager.telemetry.active:
+        if not self._decides_here or manager.telemetry.active:
             return None
         record: KeyRecord | None = None
         rate_headers: Headers | None = None
@@ -463,11 +467,19 @@ class Gate:
                 prepared = self._prepare(record)
             kind = prepared.kind
             if kind == _PLAIN:
+                if self._counts_here:
+                    remaining, reset_after = self.limiter.count_here(
+                        prepared.counter, prepared.amount, prepared.window
+                    )
+                else:
+                    spent = self.limiter.spend_here(
+                        prepared.counter, prepared.amount, prepared.window
+                    )
+                    if spent is None:
+                        return None  # Redis must be asked: nothing is charged or counted
+                    remaining, reset_after = spent
                 manager.usage_buffer.record(key_id)
                 one = prepared.one
-                remaining, reset_after = self.limiter.count_here(
-                    prepared.counter, prepared.amount, prepared.window
-                )
                 rate_headers = [
                     one.policy_header,
                     (
@@ -478,6 +490,8 @@ class Gate:
                 if remaining < 0:
                     raise RateLimited(reset_after, (one.name,))
             elif kind == _OTHER:
+                if not self._counts_here:
+                    return None  # several limits on Redis: one script leases them all
                 manager.usage_buffer.record(key_id)
                 if record.allowed_ips:
                     check_address(scope, record, self.trusted_proxies)  # before any charge

@@ -395,6 +395,28 @@ def _lease_size(amount: int, previous: _Slice | None, now: float) -> int:
     return 1
 
 
+def _spend(lease: _Slice | None, amount: int, now: float) -> tuple[int, int] | None:
+    """One request charged to this process's `lease` of a window, without a round trip:
+    `(remaining, reset_after)`, `remaining` below 0 when refused; None when only Redis can
+    decide (no lease, one in flight, or past the time its window surely lasts)."""
+    if lease is None or lease.pending is not None or now >= lease.spend_until:
+        return None
+    if lease.seen > amount:
+        lease.left = 0  # leased under a wider limit: the narrowed one decides
+    if lease.left > 0:
+        # Spent without a round trip: nothing awaits between check and spend.
+        lease.left -= 1
+        remaining = max(0, amount - lease.seen) + lease.left
+    elif lease.seen >= amount:
+        # The window is used up everywhere as far as Redis said: refused locally until it
+        # ends (its end came from the same call: Retry-After holds).
+        remaining = -1
+    else:
+        return None
+    reset_after = math.ceil(lease.reset_at - now)
+    return remaining, reset_after if reset_after > 1 else 1
+
+
 # One policy of a key as the limiter counts it: (counter key, amount, window seconds, name).
 _Plan = tuple[str, int, int, str]
 
@@ -712,19 +734,27 @@ class RateLimiter:
         lease: _Slice | None, amount: int, window: int, now: float
     ) -> RateDecision | None:
         """The decision this process's lease of a window makes alone, or None (ask Redis)."""
-        if lease is not None and lease.pending is None and now < lease.spend_until:
-            if lease.seen > amount:
-                lease.left = 0  # leased under a wider limit: the narrowed one decides
-            if lease.left > 0:
-                # Spent without a round trip: nothing awaits between check and spend.
-                lease.left -= 1
-                remaining = max(0, amount - lease.seen) + lease.left
-                return _decision(amount, window, amount - remaining, lease.reset_at - now)
-            if lease.seen >= amount:
-                # The window is used up everywhere as far as Redis said: refused locally
-                # until it ends (its end came from the same call: Retry-After holds).
-                return _decision(amount, window, amount + 1, lease.reset_at - now)
-        return None
+        spent = _spend(lease, amount, now)
+        if spent is None:
+            return None
+        remaining, reset_after = spent
+        return RateDecision(
+            remaining >= 0, amount, window, remaining if remaining > 0 else 0, reset_after
+        )
+
+    @property
+    def leases_here(self) -> bool:
+        """True when this limiter counts in Redis by leases (and no subclass charges
+        otherwise): `spend_here` then decides most requests at once."""
+        return self._redis is not None and self._counts_here
+
+    def spend_here(self, counter: str, amount: int, window: int) -> tuple[int, int] | None:
+        """`count_here` for a Redis limiter: charge one request to `counter` (a `plan`'s)
+        from the units this process leased of its window, `(remaining, reset_after)` with
+        `remaining` below 0 when refused; or None, having charged nothing, when Redis must
+        be asked (no lease, or one used up, in flight or past its window): then `hit`.
+        Only when `leases_here` is True."""
+        return _spend(self._slices.get(counter), amount, time.monotonic())
 
     async def _hit_leased(self, counter: str, amount: int, window: int) -> RateDecision:
         slices = self._slices
