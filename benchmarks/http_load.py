@@ -5,6 +5,9 @@ worker, without access log, on uvloop and httptools when the server's interprete
 (else asyncio and h11: the report says which). One server runs it bare; for each store the
 other runs it behind `APIKeyMiddleware` (memory, SQLite, PostgreSQL and Redis stores, with
 the memory limiter for memory and SQLite, the Redis limiter for Redis, both for PostgreSQL).
+A first server runs it behind the hand-written check of `benchmarks/handwritten.py`, the
+yardstick: what that reaches of bare is as far as any check with a peppered hash gets on
+this machine, and the figure the aims for apikeys are read against.
 The load comes from a second process: `wrk` (Debian's package) when it is installed, else an
 async httpx loop, which is much slower than the server and says so. Bare and authenticated
 runs alternate, round by round, so the machine's drift hits both alike; the ratio is taken
@@ -72,6 +75,7 @@ from benchmarks._common import (  # noqa: E402
 PATH = "/api/v1/contacts"
 SERVED_PATH = "/bench/served"
 STATEMENTS_PATH = "/bench/sqlite-statements"
+HAND_SCOPE = "contacts:read"
 # What uvicorn imports in the server processes: this module's build_app.
 APP_TARGET = "benchmarks.http_load:build_app"
 
@@ -96,8 +100,18 @@ def build_app() -> Any:
     async def served_count(request: Request) -> PlainTextResponse:
         return PlainTextResponse(str(served[0]))
 
-    if os.environ.get("BENCH_MODE", "bare") == "bare":
+    mode = os.environ.get("BENCH_MODE", "bare")
+    if mode == "bare":
         return Starlette(routes=[Route(PATH, contacts)])
+    if mode == "hand-written":
+        # The yardstick of benchmarks/handwritten.py, served: what the aims leave to apikeys.
+        from benchmarks.handwritten import HandWrittenCheck
+
+        check = HandWrittenCheck(
+            Starlette(routes=[Route(PATH, contacts)]), PEPPER.encode(), {("GET", PATH): HAND_SCOPE}
+        )
+        check.add_key(os.environ["BENCH_TOKEN"], [HAND_SCOPE])
+        return check
 
     from benchmarks._common import bench_record
 
@@ -711,7 +725,9 @@ class Config:
         self.database = database
         self.cache = cache
         self.options: dict[str, Any] = {}
-        if store == "memory":
+        if store == HAND_WRITTEN:
+            self.store_url = ""
+        elif store == "memory":
             self.store_url = "memory://"
         elif store == "sqlite":
             self.store_url = f"sqlite:///{directory / f'http-{limiter}.db'}"
@@ -723,6 +739,8 @@ class Config:
 
     @property
     def name(self) -> str:
+        if self.store == HAND_WRITTEN:
+            return HAND_WRITTEN
         cache = "" if self.store == "memory" else ("+cache" if self.cache else "+no-cache")
         return f"{self.store}+{self.limiter}-limiter{cache}"
 
@@ -735,6 +753,8 @@ class Config:
         return self.store == "redis" or self.limiter == "redis"
 
     def server_env(self, token: str) -> dict[str, str]:
+        if self.store == HAND_WRITTEN:
+            return {"BENCH_MODE": HAND_WRITTEN, "BENCH_TOKEN": token}
         return {
             "BENCH_MODE": "auth",
             "BENCH_STORE_URL": self.store_url,
@@ -753,14 +773,15 @@ def server_flavour(python: str, want_fast: bool = True) -> tuple[str, str]:
     return loop, http
 
 
-def check_answer(url: str, token: str) -> dict[str, str]:
-    """One request: it must be a 200 with the rate-limit headers, or nothing is worth timing."""
+def check_answer(url: str, token: str, limited: bool = True) -> dict[str, str]:
+    """One request: it must be a 200 with the rate-limit headers (when `limited`), or
+    nothing is worth timing."""
     import httpx
 
     response = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
-    if response.status_code != 200 or "ratelimit" not in response.headers:
+    if response.status_code != 200 or (limited and "ratelimit" not in response.headers):
         raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
-    return {"status": str(response.status_code), "ratelimit": response.headers["ratelimit"]}
+    return {"status": str(response.status_code), "ratelimit": response.headers.get("ratelimit", "")}
 
 
 def measure_config(
@@ -779,7 +800,7 @@ def measure_config(
     result: dict[str, Any] = {"store": config.store, "limiter": config.limiter}
     env = config.server_env(token)
     with serving(python, env, loop, http, logs / f"{config.name}.log") as auth:
-        check_answer(auth.url, token)
+        check_answer(auth.url, token, limited=config.store != HAND_WRITTEN)
         load.run(bare.url, None, seconds=1)
         load.run(auth.url, token, seconds=1)
         bare_runs, auth_runs = [], []
@@ -922,9 +943,16 @@ def _function(frame: str) -> str:
 # --- the whole section --------------------------------------------------------------------
 
 
+# The yardstick's row: the hand-written check of benchmarks/handwritten.py behind the same
+# server (a Bearer header, a peppered HMAC-SHA256, a dict lookup, a scope test; no key
+# format, limits, RateLimit headers or usage counts). What it reaches is the ceiling of
+# the aims on this machine: apikeys does all it does and more.
+HAND_WRITTEN = "hand-written"
+
 # (store, limiter, key cache): every store with its cache, and without it as the baseline
 # measured in the same run.
 CONFIGS = (
+    (HAND_WRITTEN, "none", True),
     ("memory", "memory", True),
     ("sqlite", "memory", True),
     ("sqlite", "memory", False),
@@ -1010,7 +1038,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             store in args.profile.split(","),
                         )
                         result["cache"] = cache
-                        if store != "memory":
+                        if store not in ("memory", HAND_WRITTEN):
                             result["store_operations"] = count_store_operations(
                                 config, python, loop, http, token, load, directory
                             )
@@ -1135,6 +1163,8 @@ def report(output: dict[str, Any]) -> None:
 
 
 def config_label(result: dict[str, Any]) -> str:
+    if result["store"] == HAND_WRITTEN:
+        return "hand-written check (yardstick)"
     label = f"{result['store']} + {result['limiter']} limiter"
     if result["store"] != "memory":
         label += ", cache" if result.get("cache", True) else ", no cache"
@@ -1148,7 +1178,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per load run")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--requests", type=int, default=1000, help="per round-trip count")
-    parser.add_argument("--stores", default="memory,sqlite,postgres,redis")
+    parser.add_argument("--stores", default=f"{HAND_WRITTEN},memory,sqlite,postgres,redis")
     parser.add_argument("--server-python", help="interpreter of the servers (default: this one)")
     parser.add_argument("--slow-server", action="store_true", help="asyncio and h11 regardless")
     parser.add_argument(
