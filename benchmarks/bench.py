@@ -264,16 +264,18 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     http = results.get("http", {})
     configs = http.get("configs", [])
-    hands = [c for c in configs if c.get("store") == "hand-written" and "ratio_paired" in c]
-    hand = hands[0] if hands else None
-    if hand is not None:
+    for hand in (c for c in configs if c.get("store") == "hand-written" and "ratio_paired" in c):
+        headers = hand.get("limiter") == "headers"
         add(
-            "HTTP throughput, hand-written check (the yardstick, not an aim), vs bare",
+            "HTTP throughput, hand-written check"
+            + (" + the two RateLimit headers" if headers else "")
+            + " (the yardstick, not an aim), vs bare",
             hand["ratio_paired"]["median"],
             "-",
             None,
-            "a Bearer header, peppered HMAC-SHA256, a dict lookup, a scope test; no limits, "
-            f"no RateLimit headers; {fmt(hand.get('cpu_us_added_per_request'), 1)} us CPU added",
+            "a Bearer header, peppered HMAC-SHA256, a dict lookup, a scope test"
+            + ("" if headers else "; no limits, no RateLimit headers")
+            + f"; {fmt(hand.get('cpu_us_added_per_request'), 1)} us CPU added",
         )
     for config in http.get("configs", []):
         if config.get("store") == "memory" and "ratio_paired" in config:
@@ -444,7 +446,9 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _label(result: dict[str, Any]) -> str:
     if result["store"] == "hand-written":
-        return "hand-written check (yardstick)"
+        from benchmarks.http_load import hand_label
+
+        return hand_label(result)
     label = f"{result['store']} + {result['limiter']}"
     if result["store"] != "memory":
         label += ", cache" if result.get("cache", True) else ", no cache"

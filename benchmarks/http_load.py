@@ -5,9 +5,10 @@ worker, without access log, on uvloop and httptools when the server's interprete
 (else asyncio and h11: the report says which). One server runs it bare; for each store the
 other runs it behind `APIKeyMiddleware` (memory, SQLite, PostgreSQL and Redis stores, with
 the memory limiter for memory and SQLite, the Redis limiter for Redis, both for PostgreSQL).
-A first server runs it behind the hand-written check of `benchmarks/handwritten.py`, the
-yardstick: what that reaches of bare is as far as any check with a peppered hash gets on
-this machine, and the figure the aims for apikeys are read against.
+Two first servers run it behind the hand-written check of `benchmarks/handwritten.py`, the
+yardstick, alone and adding the two RateLimit headers apikeys sends: what they reach of
+bare is as far as such a check gets on this machine, and the figure the HTTP aims for
+apikeys are read against.
 The load comes from a second process: `wrk` (Debian's package) when it is installed, else an
 async httpx loop, which is much slower than the server and says so. Bare and authenticated
 runs alternate, round by round, so the machine's drift hits both alike; the ratio is taken
@@ -111,7 +112,24 @@ def build_app() -> Any:
             Starlette(routes=[Route(PATH, contacts)]), PEPPER.encode(), {("GET", PATH): HAND_SCOPE}
         )
         check.add_key(os.environ["BENCH_TOKEN"], [HAND_SCOPE])
-        return check
+        if not os.environ.get("BENCH_HAND_HEADERS"):
+            return check
+        # The same check sending the two RateLimit headers apikeys sends for this key, the
+        # way apikeys adds them: what those headers cost the server, apart.
+        rate_headers = [
+            (b"ratelimit-policy", b'"default";q=1000000000;w=60'),
+            (b"ratelimit", b'"default";r=999999999;t=60'),
+        ]
+
+        async def with_headers(scope: Any, receive: Any, send: Any) -> None:
+            def send_with_rate_headers(message: Any) -> Any:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", ()), *rate_headers]
+                return send(message)
+
+            await check(scope, receive, send_with_rate_headers)
+
+        return with_headers
 
     from benchmarks._common import bench_record
 
@@ -740,7 +758,7 @@ class Config:
     @property
     def name(self) -> str:
         if self.store == HAND_WRITTEN:
-            return HAND_WRITTEN
+            return HAND_WRITTEN if self.limiter == "none" else f"{HAND_WRITTEN}+{self.limiter}"
         cache = "" if self.store == "memory" else ("+cache" if self.cache else "+no-cache")
         return f"{self.store}+{self.limiter}-limiter{cache}"
 
@@ -754,7 +772,8 @@ class Config:
 
     def server_env(self, token: str) -> dict[str, str]:
         if self.store == HAND_WRITTEN:
-            return {"BENCH_MODE": HAND_WRITTEN, "BENCH_TOKEN": token}
+            headers = {"BENCH_HAND_HEADERS": "1"} if self.limiter == "headers" else {}
+            return {"BENCH_MODE": HAND_WRITTEN, "BENCH_TOKEN": token, **headers}
         return {
             "BENCH_MODE": "auth",
             "BENCH_STORE_URL": self.store_url,
@@ -800,7 +819,7 @@ def measure_config(
     result: dict[str, Any] = {"store": config.store, "limiter": config.limiter}
     env = config.server_env(token)
     with serving(python, env, loop, http, logs / f"{config.name}.log") as auth:
-        check_answer(auth.url, token, limited=config.store != HAND_WRITTEN)
+        check_answer(auth.url, token, limited=config.name != HAND_WRITTEN)
         load.run(bare.url, None, seconds=1)
         load.run(auth.url, token, seconds=1)
         bare_runs, auth_runs = [], []
@@ -953,6 +972,7 @@ HAND_WRITTEN = "hand-written"
 # measured in the same run.
 CONFIGS = (
     (HAND_WRITTEN, "none", True),
+    (HAND_WRITTEN, "headers", True),
     ("memory", "memory", True),
     ("sqlite", "memory", True),
     ("sqlite", "memory", False),
@@ -1162,9 +1182,16 @@ def report(output: dict[str, Any]) -> None:
         print(f"  skipped: {line}")
 
 
+def hand_label(result: dict[str, Any]) -> str:
+    """The label of a yardstick row: the hand-written check, with its headers or not."""
+    if result["limiter"] == "headers":
+        return "hand-written check + RateLimit headers (yardstick)"
+    return "hand-written check (yardstick)"
+
+
 def config_label(result: dict[str, Any]) -> str:
     if result["store"] == HAND_WRITTEN:
-        return "hand-written check (yardstick)"
+        return hand_label(result)
     label = f"{result['store']} + {result['limiter']} limiter"
     if result["store"] != "memory":
         label += ", cache" if result.get("cache", True) else ", no cache"
