@@ -37,6 +37,7 @@ import httpx
 import pytest
 
 from apikeys import Hasher, KeyManager, store_from_url
+from apikeys.cache import DEFAULT_LEASE
 from apikeys.channels.base import ChannelError
 from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.stores.sql import SQLStore
@@ -53,7 +54,7 @@ from tests.test_cache_servers import (
     wait_until_fresh,
 )
 from tests.test_middleware import assert_problem
-from tests.test_multiprocess import TEST_PEPPER, free_port
+from tests.test_multiprocess import TEST_PEPPER, free_port, start_servers
 
 pytestmark = pytest.mark.slow
 
@@ -255,6 +256,43 @@ async def test_if_redis_is_flushed_then_no_process_admits_a_cached_key(
     redis_cli(private_redis, "FLUSHALL")
     admitted = await admitted_until_refused(urls, created.key)
     print(f"redis: {admitted} requests admitted in the lease after FLUSHALL")
+
+
+@pytest.mark.redis
+async def test_if_a_redis_record_is_given_a_ttl_by_hand_then_no_process_admits_it_once_expired(
+    private_redis: str, tmp_path: Path, servers_of: list[list[Server]]
+) -> None:
+    # Redis tells a tracking connection of an expiry only when it deletes the key: when a
+    # client touches it, or when its active expiry comes to it, which among many keys with a
+    # TTL can take hours. A cached record of a key given a TTL (`PEXPIRE` from redis-cli)
+    # would outlive the key. Usage is flushed once an hour here, so nothing touches it.
+    config = Config("redis", private_redis, {"key_prefix": "apikeys-ttl:"}, private_redis)
+    async with config.manager() as manager:
+        created = await manager.create(name="ttl", workspace="mp", scopes=["contacts:read"])
+    redis_cli(
+        private_redis,
+        "EVAL",
+        "for i = 1, 200000 do redis.call('SET', 'other:' .. i, 'x', 'EX', 3600) end",
+        "0",
+    )
+    servers = await asyncio.to_thread(start_servers, config, tmp_path, count=2, flush_interval=3600)
+    servers_of.append(servers)
+    urls = [server.url for server in servers]
+    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        for _ in range(2):
+            assert [a.status_code for a in await each(client, urls, created.key)] == [200, 200]
+        await wait_until_fresh(urls)
+        redis_cli(private_redis, "PEXPIRE", f"apikeys-ttl:key:{{{created.record.id}}}", "3000")
+        expires = time.monotonic() + 3.0
+        # Once the processes have heard of the PEXPIRE (a probe round), they read the key
+        # again while it lives ...
+        await asyncio.sleep(DEFAULT_LEASE / 2)
+        for _ in range(2):
+            assert [a.status_code for a in await each(client, urls, created.key)] == [200, 200]
+    # ... and then it expires.
+    await asyncio.sleep(max(0.0, expires - time.monotonic()))
+    admitted = await admitted_until_refused(urls, created.key)
+    print(f"redis: {admitted} requests admitted in the lease after the record's TTL ran out")
 
 
 # --- an older release, during a rolling upgrade -----------------------------------------------

@@ -19,7 +19,8 @@ its failure table. In short, with `lease` L (1 s by default):
   its cache only on a proof older than the publication, and that proof runs out before the
   writer returns.
 - **Fills.** A record read from the store is cached only if no notice (nor a reconnection, nor
-  a lapse of the proof) arrived while it was read: the epoch is compared around the read.
+  a lapse of the proof) arrived while it was read: the epoch is compared around the read;
+  and only if the store will not change it unannounced (`KeyStore.get_to_cache`).
 - **Reconnections.** A connection delivers every notice in order for as long as it lasts, so
   a proof that merely ran out (a slow probe) needs only a new probe; when the channel
   reconnects, notices may have been missed, and the whole cache is dropped.
@@ -200,10 +201,11 @@ class KeyCache:
 
     async def load(self, key_id: str) -> StoredKey | None:
         """Read `key_id` from the store and keep it (or that it is missing), unless a notice
-        raced with the read."""
+        raced with the read, or the store says it will change the key unannounced (a Redis
+        hash with a TTL: its expiry is announced only once Redis gets round to deleting it)."""
         epoch = self._epoch
-        stored = await self.store.get(key_id)
-        if epoch == self._epoch and not self._closed:
+        stored, keep = await self.store.get_to_cache(key_id)
+        if keep and epoch == self._epoch and not self._closed:
             if stored is not None:
                 _keep(self._entries, key_id, stored, self.max_entries)
             else:

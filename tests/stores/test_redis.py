@@ -271,6 +271,24 @@ async def test_add_usage_for_an_unknown_id_creates_no_hash(
     assert known.record.request_count == 2
 
 
+async def test_a_key_cache_keeps_a_hash_only_while_it_has_no_ttl(
+    make_store: StoreFactory, admin: Redis
+) -> None:
+    # Redis announces a TTL's end only once it deletes the hash: a key cache must not keep it.
+    store = make_store()
+    await store.insert(make_key("k"))
+    stored, keep = await store.get_to_cache("k")
+    assert stored == await store.get("k")
+    assert keep
+    await admin.expire(store.key_name("k"), 3600)
+    stored, keep = await store.get_to_cache("k")
+    assert stored == await store.get("k")
+    assert not keep
+    await admin.persist(store.key_name("k"))
+    assert (await store.get_to_cache("k"))[1]
+    assert await store.get_to_cache("missing") == (None, True)
+
+
 async def test_scripts_survive_script_flush(make_store: StoreFactory, admin: Redis) -> None:
     store = make_store()
     await store.setup()

@@ -154,6 +154,16 @@ class KeyStore(abc.ABC):
         and then `KeyManager.verify` awaits `get_for_verification`."""
         return False
 
+    async def get_to_cache(self, key_id: str) -> tuple[StoredKey | None, bool]:
+        """`get`, for a process's key cache (`apikeys.cache`): the key (or None), and whether
+        the cache may keep it.
+
+        False for a key the store will change by itself later, without a change that its
+        channel announces (the Redis store: a hash given a TTL by hand). The default is
+        `get`'s answer, to keep.
+        """
+        return await self.get(key_id), True
+
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
         """`get`, for `KeyManager.verify`: the same key, except that its record's `credits`
         and `credits_refilled_at` may be older than the count `spend_credits` keeps.

@@ -364,6 +364,7 @@ class RedisStore(KeyStore):
         self._add_usage = client.register_script(_lua("add_usage"))
         self._claim_setting = client.register_script(_lua("claim_setting"))
         self._take_once = client.register_script(_lua("take_once"))
+        self._get_to_cache = client.register_script(_lua("get_to_cache"))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -551,6 +552,7 @@ class RedisStore(KeyStore):
             self._update,
             self._add_usage,
             self._claim_setting,
+            self._get_to_cache,
         )
 
     async def _replicas_to_wait_for(self) -> int:
@@ -669,6 +671,23 @@ class RedisStore(KeyStore):
         if not fields:
             return None
         return _decode(fields)
+
+    async def get_to_cache(self, key_id: str) -> tuple[StoredKey | None, bool]:
+        """`get`, and whether a key cache may keep what it read: not a hash with a TTL.
+
+        Redis tells a tracking connection of a key's expiry only when it deletes the key,
+        which it does when a client touches the key or when its active expiry comes to it:
+        among many keys with a TTL, that can be hours after the TTL ran out. A hash given a
+        TTL (by `EXPIRE` from redis-cli, say: this store sets none) is read from the store
+        at every request instead. Setting or removing a TTL is a write, which Redis does
+        announce: a cached record drops at once, and is read again with its TTL.
+        """
+        async with self._calls():
+            fields, ttl = await self._get_to_cache(keys=[self.key_name(key_id)])
+        if not fields:
+            return None, True
+        it = iter(cast("builtins.list[str]", fields))
+        return _decode(dict(zip(it, it, strict=True))), int(ttl) == -1
 
     async def _ids(self, workspace: str | None) -> builtins.list[str]:
         index = self._all_index if workspace is None else self.workspace_index_name(workspace)
