@@ -7,6 +7,8 @@ import asyncio
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apikeys import (
     Hasher,
@@ -220,3 +222,77 @@ async def test_verify_asks_a_subclass_verify_now_first() -> None:
         assert NowCountingManager.asked == 1
     finally:
         await manager.aclose()
+
+
+# Tokens near a held key's: the key itself, one character changed (to anything), another
+# secret with its own checksum, the key's body with another checksum, cut or lengthened.
+_CHARS = st.characters(codec="utf-8", exclude_categories=("Cs",))
+
+
+def _near(key: str, other_secret: str) -> st.SearchStrategy[str]:
+    from apikeys.keys import ParsedKey, split_key
+
+    prefix, key_id, _ = split_key(key)
+    return st.one_of(
+        st.just(key),
+        st.builds(
+            lambda at, char: key[: at % len(key)] + char + key[at % len(key) + 1 :],
+            st.integers(0, 10_000),
+            _CHARS,
+        ),
+        st.just(ParsedKey(prefix, key_id, other_secret).token),
+        st.builds(lambda tail: key[:-6] + tail, st.text(_CHARS, min_size=6, max_size=6)),
+        st.builds(lambda cut: key[:cut], st.integers(0, len(key) - 1)),
+        st.builds(lambda extra: key + extra, st.text(_CHARS, min_size=1, max_size=3)),
+    )
+
+
+def _expected(token: str, key: str) -> str:
+    """What `verify_now` answered before it split tokens by position: the full split's
+    verdict first, then the held key's."""
+    from apikeys.importing.foreign import is_foreign_token
+    from apikeys.keys import split_key
+
+    try:
+        _, key_id, secret = split_key(token, "ak")
+    except MalformedAPIKey:
+        return "left to verify" if is_foreign_token(token, "ak") else "malformed"
+    if key_id != split_key(key)[1]:
+        return "left to verify"  # not held: the store decides
+    return "admitted" if secret == split_key(key)[2] else "invalid"
+
+
+@given(data=st.data())
+@settings(max_examples=300, deadline=None)
+def test_verify_now_answers_every_token_near_a_held_key_as_the_full_split_did(
+    data: st.DataObject,
+) -> None:
+    """Whatever came before (the memo of the checksum that matched fills at the key's
+    first admitted request), each token gets the full split's answer."""
+
+    async def scenario() -> None:
+        manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+        try:
+            created = await manager.create(name="k", scopes=["contacts:read"])
+            other = await manager.create(name="other", scopes=["contacts:read"])
+            from apikeys.keys import split_key
+
+            near = _near(created.key, split_key(other.key)[2])
+            tokens = data.draw(st.lists(near, min_size=1, max_size=8))
+            for token in tokens:
+                expected = _expected(token, created.key)
+                try:
+                    answer = manager.verify_now(token)
+                except MalformedAPIKey:
+                    got = "malformed"
+                except InvalidAPIKey:
+                    got = "invalid"
+                else:
+                    got = "left to verify" if answer is None else "admitted"
+                    if answer is not None:
+                        assert answer == created.record
+                assert got == expected, token
+        finally:
+            await manager.aclose()
+
+    asyncio.run(scenario())

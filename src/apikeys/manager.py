@@ -45,8 +45,10 @@ from apikeys.importing.foreign import (
     lookup_id,
 )
 from apikeys.keys import (
+    CHECKSUM_LENGTH,
     DEFAULT_PREFIX,
     ID_LENGTH,
+    SECRET_LENGTH,
     generate_key,
     key_splitter,
     validate_prefix,
@@ -287,8 +289,9 @@ class KeyManager:
 
     _warned = False
     _deliverer: Deliverer | None = None
-    # key id -> (the version of the key last held, its hash's prepared check or None)
-    _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None]]
+    # key id -> (the version of the key last held, its hash's prepared check or None, the
+    # checksum of the one token whose secret that check matched, once a request brought it)
+    _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None, str | None]]
     _decoy: str | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
@@ -330,6 +333,12 @@ class KeyManager:
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
         self._split = key_splitter(prefix)
+        # Where a token of this prefix has its parts (`{prefix}_{id}_{secret}{checksum}`), for
+        # `verify_now`'s split by position.
+        self._head = f"{prefix}_"
+        self._id_end = len(self._head) + ID_LENGTH
+        self._secret_end = self._id_end + 1 + SECRET_LENGTH
+        self._length = self._secret_end + CHECKSUM_LENGTH
         self._plain = {}
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)
@@ -1257,6 +1266,19 @@ class KeyManager:
         """
         if self.telemetry.active or not self._verifies_now:
             return None
+        if (
+            token.__class__ is str
+            and len(token) == self._length
+            and token[self._id_end] == "_"
+            and token.startswith(self._head)
+        ):
+            # Split by position. The token's alphabet and checksum are checked by the full
+            # split (`_split`), unless its secret matches the held key's hash and its
+            # checksum is the one of the token that matched before: then it is that token.
+            end = self._id_end
+            return self._verify_held(
+                token[len(self._head) : end], token[end + 1 : self._secret_end], count, token
+            )
         try:
             key_id, secret = self._split(token)
         except MalformedAPIKey:
@@ -1265,9 +1287,12 @@ class KeyManager:
             raise
         return self._verify_held(key_id, secret, count)
 
-    def _verify_held(self, key_id: str, secret: str, count: bool) -> KeyRecord | None:
-        """`verify_now` of a token of this manager's prefix already split (and its checksum
-        checked)."""
+    def _verify_held(
+        self, key_id: str, secret: str, count: bool, unchecked: str | None = None
+    ) -> KeyRecord | None:
+        """`verify_now` of a token of this manager's prefix already split: its checksum
+        checked, or the token itself given as `unchecked` (split by position only), which
+        is checked in full before any answer but a match with a checksum seen before."""
         if not self._in_use:
             self._use()
         cache = self.cache
@@ -1275,29 +1300,51 @@ class KeyManager:
             stored = cache.hit(key_id)
         else:
             found = self.store.get_for_verification_now(key_id)
-            if found is False:
-                return None
-            stored = found
+            stored = None if found is False else found
         if stored is None:
+            if unchecked is not None:
+                self._well_formed(unchecked)  # a malformed token is refused as such
             return None
         # What this version of the key allows is worked out at its first request (see
         # `_plain`): then a request costs its hash and its expiry, nothing else.
         try:
-            version, matches = self._plain[key_id]
+            version, matches, checked = self._plain[key_id]
         except KeyError:
             version = None
         if version is not stored:
-            matches = self._plain_version(key_id, stored)
+            matches, checked = self._plain_version(key_id, stored), None
         if matches is None:
+            if unchecked is not None and not self._well_formed(unchecked):
+                return None
             return self._verify_unusual(key_id, secret, stored, count)
         if not matches(secret):
+            if unchecked is not None and not self._well_formed(unchecked):
+                return None
             raise InvalidAPIKey()
+        if unchecked is not None and unchecked[-CHECKSUM_LENGTH:] != checked:
+            # The secret matched (so nothing here is a secret an answer's time could tell):
+            # the first time for this version, the whole token's format and checksum.
+            if not self._well_formed(unchecked):
+                return None
+            self._plain[key_id] = (stored, matches, unchecked[-CHECKSUM_LENGTH:])
         record = stored.record
         if record.expires_at is not None and record.expires_at <= utcnow():
             raise KeyExpired()
         if count:
             self.usage_buffer.record(key_id)
         return record
+
+    def _well_formed(self, token: str) -> bool:
+        """The full split's verdict on a token `verify_now` split by position: True when
+        well formed; False when it is not but may be an imported key's old string (then
+        `verify` looks it up); else `MalformedAPIKey`, as `verify_now` raises it."""
+        try:
+            self._split(token)
+        except MalformedAPIKey:
+            if is_foreign_token(token, self.prefix):
+                return False
+            raise
+        return True
 
     def _plain_version(self, key_id: str, stored: StoredKey) -> Callable[[str], bool] | None:
         """The prepared check of `stored`'s hash, when nothing but the hash and the expiry is
@@ -1311,7 +1358,7 @@ class KeyManager:
             matches = self.hasher.matcher(stored.secret_hash)
         if len(self._plain) >= _PLAIN_LIMIT:
             self._plain.clear()  # preparing again costs a microsecond: a crude bound will do
-        self._plain[key_id] = (stored, matches)
+        self._plain[key_id] = (stored, matches, None)
         return matches
 
     def _verify_unusual(
