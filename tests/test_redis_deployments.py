@@ -506,6 +506,75 @@ async def test_a_failover_drops_the_cache_and_it_comes_back(deployment: Any, pre
         await delete_redis_prefix(url, prefix)
 
 
+def sentinel_set_whose_master_stays_one() -> redis_servers.LocalSentinel:
+    """A private Sentinel set whose first master cannot be demoted (its REPLICAOF and
+    SLAVEOF are renamed): after a failover it goes on answering as a master, with its
+    clients, as one whose links to the sentinels were cut does until Sentinel reaches it."""
+    redis_servers.require_redis_binaries()
+    deployment = redis_servers.LocalSentinel()
+    hidden = f"hidden-{uuid.uuid4().hex}"
+    deployment.data[0].args = [
+        *("--rename-command", "REPLICAOF", f"{hidden}-replicaof"),
+        *("--rename-command", "SLAVEOF", f"{hidden}-slaveof"),
+    ]
+    deployment.start()
+    return deployment
+
+
+@pytest.mark.slow
+async def test_a_failover_that_leaves_the_old_master_up_admits_no_key_revoked_on_the_new_one(
+    prefix: str,
+) -> None:
+    """Sentinel promotes the replica while the old master still answers as one: caching
+    readers subscribed to (and reading from) the old master must stop admitting from it, so
+    that a key revoked on the new master is never admitted once the revoke has returned."""
+    deployment = await asyncio.to_thread(sentinel_set_whose_master_stays_one)
+    url = deployment.url
+    hasher = Hasher(pepper=PEPPER)
+    readers = [KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher) for _ in range(2)]
+    managers = list(readers)
+    try:
+        creator = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        managers.append(creator)
+        doomed = await creator.create(name="doomed", full_access=True)
+        for reader in readers:
+            await cached_until_hit(reader, doomed.key)
+
+        old = deployment.master()
+        sentinel_port = deployment.sentinels[0].port
+        redis_servers.cli(sentinel_port, "SENTINEL", "FAILOVER", redis_servers.SERVICE_NAME)
+        await asyncio.to_thread(deployment.wait_failover, old)
+        assert redis_servers.info(old.port, "replication")["role"] == "master"
+
+        # A writer that starts now finds the new master, and revokes the key there.
+        writer = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        managers.append(writer)
+        await until_available(lambda: writer.revoke(doomed.record.id))
+
+        admitted = 0
+        refused = [0] * len(readers)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120  # a bound for a hang, not a timing
+        while min(refused) < 20 and loop.time() < deadline:
+            for index, reader in enumerate(readers):
+                try:
+                    await reader.verify(doomed.key)
+                    admitted += 1
+                except KeyRevoked:
+                    refused[index] += 1
+                except StoreUnavailable:
+                    pass  # while the readers find the new master: 503, never an admission
+            await asyncio.sleep(0.01)
+        assert admitted == 0
+        assert min(refused) >= 20  # the readers follow the new master and refuse the key
+        # The old master was up, and a master, all along.
+        assert redis_servers.info(old.port, "replication")["role"] == "master"
+    finally:
+        for manager in managers:
+            await manager.aclose()
+        await asyncio.to_thread(deployment.close)
+
+
 # -- the example service ----------------------------------------------------------------------
 
 

@@ -19,7 +19,13 @@
 - The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
   clock, in milliseconds) each registration runs out.
 - Through Sentinel, both connections go to the master the sentinels name at each connection
-  (its `ROLE` is checked); a failover breaks them and the cache starts afresh.
+  (its `ROLE` is checked). Each probe (and each connection) also asks every sentinel: the
+  probe fails unless every one that answers names the master subscribed to, with no other
+  flag (no `s_down`, `o_down`, `failover_in_progress`, `disconnected`...). A failover that
+  leaves the old master answering as one (its links to the sentinels cut, say) thus ends the
+  proof within a probe round of its start; and when a sentinel names another master or
+  flags a failover, the store's connections are dropped and its calls held (`on_master`)
+  until the channel is subscribed on a master every sentinel names.
 - On a Redis Cluster, `RedisClusterChannel` keeps one such subscription per master and
   probes them all (see its doc).
 """
@@ -69,6 +75,10 @@ local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')
 """
 
+# Flags of a Sentinel master that are one sentinel's own view of its link to the master: no
+# failover by themselves (one starts with `o_down`, on the sentinels' agreement).
+_LINK_FLAGS = frozenset({"s_down", "disconnected"})
+
 _OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
     "socket_timeout": None,  # the subscription waits for pushes; probes bound every wait
@@ -110,6 +120,7 @@ class RedisChannel(Channel):
         native: bool = True,
         sentinel: Sentinel | None = None,
         service_name: str | None = None,
+        on_master: Callable[[tuple[str, int] | None], Awaitable[None]] | None = None,
     ) -> None:
         super().__init__()
         if (url is None) == (connection_kwargs is None):
@@ -132,6 +143,10 @@ class RedisChannel(Channel):
         # Through Sentinel: the master's address is asked for at each connection.
         self._sentinel = sentinel
         self._service_name = service_name
+        # Told None when the master is in doubt, and its address once subscribed on one
+        # that every sentinel names (the Redis store holds its calls in between).
+        self._on_master = on_master
+        self._address: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"RedisChannel(native={self.native})"
@@ -161,6 +176,7 @@ class RedisChannel(Channel):
             # the next connection asks again.
             host, port = await self._sentinel.discover_master(self._service_name)
             self._connection_kwargs.update(host=host, port=port)
+            self._address = (host, int(port))
         subscriber = self._new_client()
         pubsub = subscriber.pubsub()
         try:
@@ -174,6 +190,8 @@ class RedisChannel(Channel):
                     raise ChannelError("Redis did not confirm the subscription")
                 if message["type"] == "subscribe":
                     confirmed += 1
+            if self._address is not None:
+                await self._check_master(self._address, connecting=True)
         except BaseException:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
             await subscriber.aclose()
@@ -255,6 +273,60 @@ class RedisChannel(Channel):
             await future
         finally:
             self._probes.pop(token, None)
+        # The pushes came from the server subscribed to: is it still the only master? (A
+        # failover can promote a replica while the old master answers as one, for seconds.)
+        if self._address is not None:
+            await self._check_master(self._address)
+
+    async def _check_master(self, address: tuple[str, int], *, connecting: bool = False) -> None:
+        """Fail (ChannelError) unless every sentinel that answers names `address` as the
+        master, with no flag but `master`.
+
+        When one names another master, or flags a failover (`o_down`,
+        `failover_in_progress`, any flag but those of one sentinel's own view of the link,
+        `s_down` and `disconnected`), the store is told first (`on_master(None)`) to hold
+        its calls. Else, on connecting, it is told the address (its calls resume there),
+        even if a sentinel sees the link down: that alone keeps the cache from trusting
+        itself, not the store from answering.
+        """
+        assert self._sentinel is not None
+        assert self._service_name is not None
+        service = self._service_name
+        answers = await asyncio.gather(
+            *(sentinel.sentinel_master(service) for sentinel in self._sentinel.sentinels),
+            return_exceptions=True,
+        )
+        named = 0
+        doubt = weak = ""
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                continue  # a sentinel down or unreachable: the others decide
+            if not isinstance(answer, dict):
+                raise ChannelError(f"a sentinel answered {answer!r} about the master")
+            given = answer.get("flags", "")  # a string over RESP2, a set over RESP3
+            flags = set(given) if isinstance(given, set | list) else set(str(given).split(","))
+            where = (str(answer.get("ip")), int(answer.get("port", 0)))
+            said = (
+                f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
+                f"master, subscribed to {address[0]}:{address[1]}"
+            )
+            if where != address or flags - _LINK_FLAGS != {"master"}:
+                doubt = doubt or said
+            elif flags != {"master"}:
+                weak = weak or said
+            named += 1
+        if doubt:
+            if self._on_master is not None:
+                await self._on_master(None)
+            raise ChannelError(doubt)
+        if not named:
+            raise ChannelError("no sentinel answered")
+        if connecting and self._on_master is not None:
+            await self._on_master(address)
+        if weak:
+            raise ChannelError(weak)
 
     async def register(self, ttl: float) -> None:
         self._command_client()

@@ -350,6 +350,9 @@ class RedisStore(KeyStore):
         self._cluster = isinstance(client, RedisCluster)
         self._target: RedisTarget | None = None
         self._sentinel: Sentinel | None = None
+        # Through Sentinel: calls are held (StoreUnavailable) from when the key cache's
+        # channel finds the master in doubt until it is subscribed on one every sentinel names.
+        self._held = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prefix = key_prefix
         self._all_index = f"{key_prefix}all"
@@ -453,6 +456,10 @@ class RedisStore(KeyStore):
         pipeline: else a pipeline would keep going to a master that a failover replaced.
         """
         client = self._client
+        if self._held:
+            raise StoreUnavailable(
+                RedisConnectionError("the Sentinel master is changing: calls wait for the new one")
+            )
         try:
             with _unavailable_as_store_error():
                 yield
@@ -944,6 +951,7 @@ class RedisStore(KeyStore):
                 key_prefix=self._prefix,
                 sentinel=self._sentinel,
                 service_name=self._target.service_name,
+                on_master=self._follow_master,
             )
         pool = cast(Redis, self._client).connection_pool
         return RedisChannel(
@@ -951,6 +959,28 @@ class RedisStore(KeyStore):
             connection_class=pool.connection_class,
             key_prefix=self._prefix,
         )
+
+    async def _follow_master(self, address: tuple[str, int] | None) -> None:
+        """Through Sentinel, from the channel: the master is in doubt (None), or `address`
+        is the master every sentinel names and the channel is subscribed there.
+
+        redis-py asks the sentinels where the master is only when it opens a connection, so
+        the pool's connections would stay on an old master that still answers as one (its
+        links to the sentinels cut) after a replica took over. In doubt, every connection is
+        closed, those in use too (their calls fail: 503), and calls are held until the
+        channel has found the master again; then the pool's connections are closed once more
+        (any opened meanwhile may have gone to the old master) and calls resume, on
+        connections that ask the sentinels afresh.
+        """
+        pool: Any = cast(Redis, self._client_object).connection_pool
+        if address is None:
+            self._held = True
+            await pool.disconnect(inuse_connections=True)
+            return
+        if self._held or pool.master_address not in (None, address):
+            pool.master_address = address
+            await pool.disconnect(inuse_connections=True)
+        self._held = False
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
