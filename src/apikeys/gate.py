@@ -415,10 +415,9 @@ class Gate:
         `admit_general`'s, in its order, without the layers between them: the key's format
         and checksum, its peppered hash (compared in constant time), its state and expiry
         (all in `verify_now`), its usage count, its address, its limits and the two
-        RateLimit headers, its scopes. What can
-        be made once per key version (its grants, `scope["auth"]` and `scope["user"]`, its
-        limit's counter and headers, whether it has a route's scopes) is made at its first
-        request.
+        RateLimit headers, its scopes. What can be made once per key version (its grants,
+        `scope["auth"]` and `scope["user"]`, its limit's counter and headers, whether it
+        has a route's scopes) is made at its first request.
 
         Why a second body: it is the request path of nearly every request, and each layer
         it skips (a coroutine, the header helpers, the limiter's decision object, two

@@ -23,7 +23,6 @@ from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.base import Endpoint, Timed, delivery_id
 from tests.conftest import delete_redis_keys_now
 from tests.conftest import redis_prefix as tagged_prefix
-from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 from tests.webhooks.test_webhooks import hooks_of
 
@@ -77,16 +76,6 @@ async def rounds_until(receiver: Receiver, count: int, *managers: KeyManager) ->
 def events(receiver: Receiver, endpoint: Endpoint) -> list[dict[str, Any]]:
     verifier = Webhook(endpoint.secret)
     return [verifier.verify(item.body, item.headers) for item in receiver.received]
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    started = Receiver(free_port())
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
 
 
 @pytest.fixture

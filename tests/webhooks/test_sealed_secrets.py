@@ -37,7 +37,6 @@ from apikeys.webhooks.signing import (
     unseal_secret,
 )
 from tests import services
-from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
 OLD_PEPPER = "the-pepper-we-used-until-june"
@@ -49,16 +48,6 @@ FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, 
 async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
     async with KeyManager(store, hasher=Hasher(pepper=OLD_PEPPER), webhooks=False) as made:
         yield made
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    started = Receiver(free_port())
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
 
 
 @pytest.fixture(autouse=True)
