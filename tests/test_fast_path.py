@@ -296,3 +296,15 @@ def test_verify_now_answers_every_token_near_a_held_key_as_the_full_split_did(
             await manager.aclose()
 
     asyncio.run(scenario())
+
+
+async def test_a_token_with_a_lone_surrogate_is_malformed_not_an_encoding_error(
+    memory_manager: KeyManager,
+) -> None:
+    created = await memory_manager.create(name="k", scopes=["contacts:read"])
+    assert memory_manager.verify_now(created.key) == created.record  # the key is held
+    odd = created.key[:-10] + "\ud800" + created.key[-9:]  # same length, its secret not text
+    with pytest.raises(MalformedAPIKey):
+        memory_manager.verify_now(odd)
+    with pytest.raises(MalformedAPIKey):
+        await memory_manager.verify(odd)

@@ -1271,6 +1271,7 @@ class KeyManager:
             and len(token) == self._length
             and token[self._id_end] == "_"
             and token.startswith(self._head)
+            and token.isascii()
         ):
             # Split by position. The token's alphabet and checksum are checked by the full
             # split (`_split`), unless its secret matches the held key's hash and its
