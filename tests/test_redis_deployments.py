@@ -211,14 +211,32 @@ async def test_the_limiter_tells_each_threshold_once_across_processes(
 # -- durability -------------------------------------------------------------------------------
 
 
-async def test_changes_wait_for_a_replica_by_default(deployment: Any, prefix: str) -> None:
-    store = store_from_url(deployment.url, key_prefix=prefix)
-    assert isinstance(store, RedisStore)
+def _wait_calls(deployment: Any) -> int:
+    """`WAIT` commands run by the deployment's masters."""
+    if isinstance(deployment, redis_servers.LocalCluster):
+        ports = [node.port for node in deployment.masters()]
+    else:
+        ports = [deployment.master_port()]
+    total = 0
+    for port in ports:
+        stats = redis_servers.info(port, "commandstats").get("cmdstat_wait", "calls=0")
+        total += int(dict(item.split("=", 1) for item in stats.split(","))["calls"])
+    return total
+
+
+async def test_changes_wait_for_a_replica_by_default(
+    deployment: Any, prefix: str, cleanup: None
+) -> None:
+    manager = KeyManager(
+        store_from_url(deployment.url, key_prefix=prefix), hasher=Hasher(pepper=PEPPER)
+    )
     try:
-        await store.setup()
-        assert store._wait_replicas == 1  # auto: the deployment has replicas
+        before = _wait_calls(deployment)
+        created = await manager.create(name="waited for", full_access=True)
+        await manager.revoke(created.record.id)
+        assert _wait_calls(deployment) >= before + 2  # auto: the masters have replicas
     finally:
-        await store.aclose()
+        await manager.aclose()
 
 
 async def test_a_wait_that_times_out_says_the_change_committed(
@@ -404,8 +422,8 @@ async def test_a_master_killed_under_load_gives_503s_then_recovery_and_no_stale_
         # retried automatically), then follows the new master.
         await until_available(reader.usage_buffer.flush)
         await until_available(writer.usage_buffer.flush)
-        # The promoted master has no replica until the killed node comes back: changes are
-        # committed but not confirmed (ChangeNotConfirmed) until then.
+        # The promoted master has no replica until the killed node comes back; once it is
+        # back, changes wait for it again (wait_replicas=auto is decided at each change).
         deployment.wait_failover(killed)
         deployment.restore(killed)
         killed = None

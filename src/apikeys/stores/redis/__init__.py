@@ -2,6 +2,8 @@
 
 - `client`: the one client factory (URL forms, connection defaults) that the store and the
   rate limiter share.
+- `checks`: what the store needs of its servers (`maxmemory-policy`, persistence), checked
+  at `setup()`.
 - `store`: `RedisStore`, its key layout and its change scripts (`scripts/*.lua`).
 """
 

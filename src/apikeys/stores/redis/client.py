@@ -10,7 +10,8 @@ The three deployments differ only here. A URL picks one, in the forms `limits` t
 
 Options the store reads from the URL's query string (and takes as keyword arguments):
 `wait_replicas` (replicas that must acknowledge a change before it returns; default `auto`:
-1 when the deployment has replicas, else 0) and `wait_timeout` (seconds, default 1).
+1 when the change's master has a replica connected then, else 0) and `wait_timeout`
+(seconds, default 1).
 Connection options in the query string (`socket_timeout=…`, `max_connections=…`) or as
 keyword arguments override `connection_defaults()`.
 """

@@ -62,7 +62,9 @@ Durability: with `wait_replicas=N`, each change is followed by `WAIT N timeout` 
 connection, so it returns only once N replicas have it, and a failover cannot lose it. A
 change the replicas did not confirm in time raises `ChangeNotConfirmed` (a
 `StoreUnavailable` that says the change was committed on the master). The default, `auto`,
-is 1 when the master (every master, on a cluster) has a replica, else 0.
+is decided at each change, never kept: 1 when the key's master has a replica connected at
+that moment (its `INFO replication`, read just before the change), else 0. A process that
+started while the replica was down waits for it as soon as it is back.
 
 No command is retried automatically: a retried write could apply twice (an increment) or
 report its own success as a conflict. Redirections (MOVED, ASK) are followed, as they ran
@@ -121,6 +123,7 @@ from apikeys.stores.base import (
     days_of,
     select_events,
 )
+from apikeys.stores.redis.checks import check_servers
 from apikeys.stores.redis.client import (
     CLUSTER_SCHEMES,
     DEFAULT_WAIT_TIMEOUT,
@@ -325,7 +328,8 @@ class RedisStore(KeyStore):
     the client: `aclose()` closes it.
 
     `wait_replicas` is how many replicas must acknowledge each change before it returns
-    (None, the default: 1 when the deployment has replicas, else 0); `wait_timeout` how
+    (None, the default `auto`: 1 when the change's master has a replica connected at that
+    moment, decided at each change, else 0); `wait_timeout` how
     many seconds they have (see the module doc).
     """
 
@@ -406,6 +410,9 @@ class RedisStore(KeyStore):
         return store
 
     def __repr__(self) -> str:
+        return f"RedisStore({self._where()}, key_prefix={self._prefix!r})"
+
+    def _where(self) -> str:
         # Built from hosts, ports and db only: never the URL, which may hold a password.
         if self._target is not None:
             where = self._target.describe()
@@ -418,7 +425,7 @@ class RedisStore(KeyStore):
             else:
                 host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
                 where = f"host={host!r}, port={port!r}, db={kwargs.get('db', 0)!r}"
-        return f"RedisStore({where}, key_prefix={self._prefix!r})"
+        return where
 
     @property
     def deployment(self) -> str:
@@ -541,13 +548,15 @@ class RedisStore(KeyStore):
         )
 
     async def setup(self) -> None:
-        """Load the scripts into the server's cache (every master's, on a cluster), and
-        decide `wait_replicas` when it is `auto`. Idempotent, and optional: a script the
-        server has lost (restart, `SCRIPT FLUSH`, a failover) is loaded again on first use."""
+        """Check the servers and load the scripts into their cache (every master's, on a
+        cluster). Raises `ConfigurationError` on a server whose `maxmemory-policy` may evict
+        keys without a TTL, and logs a warning for one without persistence (see
+        `apikeys.stores.redis.checks`). Idempotent: a script the server has lost (restart,
+        `SCRIPT FLUSH`, a failover) is loaded again on first use."""
         async with self._calls():
+            await check_servers(self._client, cluster=self._cluster, where=self._where())
             for script in self._scripts():
                 script.sha = str(await self._client.script_load(script.script))
-            await self._replicas_to_wait_for()
 
     def _scripts(self) -> tuple[AsyncScript, ...]:
         return (
@@ -562,19 +571,19 @@ class RedisStore(KeyStore):
             self._get_to_cache,
         )
 
-    async def _replicas_to_wait_for(self) -> int:
-        """`wait_replicas`, deciding `auto` from the servers on first use: 1 when every
-        master has a replica, else 0."""
+    async def _replicas_to_wait_for(self, node: Any) -> int:
+        """`wait_replicas`; for `auto`, 1 when the master of the change (`node`, on a
+        cluster) has a replica connected now, else 0. Read for each change, never kept: a
+        replica that connects later is waited for from the next change on."""
         if self._wait_replicas is not None:
             return self._wait_replicas
-        client = self._client
         if self._cluster:
-            replies = await client.info("replication", target_nodes=RedisCluster.PRIMARIES)
-            counts = [int(reply.get("connected_slaves", 0)) for reply in replies.values()]
+            reply = await self._client.info("replication", target_nodes=node)
+            if "connected_slaves" not in reply:  # keyed by node name
+                [reply] = reply.values()
         else:
-            counts = [int((await client.info("replication")).get("connected_slaves", 0))]
-        self._wait_replicas = 1 if counts and min(counts) > 0 else 0
-        return self._wait_replicas
+            reply = await self._client.info("replication")
+        return 1 if int(reply.get("connected_slaves", 0)) > 0 else 0
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -599,11 +608,12 @@ class RedisStore(KeyStore):
     ) -> Any:
         """Run a change script; with `wait_replicas`, wait on the same connection until that
         many replicas have it (see the module doc)."""
-        replicas = await self._replicas_to_wait_for()
+        client = self._client
+        node = client.get_node_from_key(keys[0]) if self._cluster else None
+        replicas = await self._replicas_to_wait_for(node)
         if not replicas:
             return await script(keys=keys, args=args)
         timeout_ms = max(1, int(self._wait_timeout * 1000))
-        client = self._client
         if script.sha is None or script.sha == "":
             script.sha = str(await client.script_load(script.script))
         for attempt in (1, 2):
@@ -613,7 +623,6 @@ class RedisStore(KeyStore):
                 # execute_command: redis-py's cluster pipeline refuses its evalsha method.
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 if self._cluster:
-                    node = client.get_node_from_key(keys[0])
                     pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
                     results = await pipe.execute(raise_on_error=False, allow_redirections=False)
                 else:
