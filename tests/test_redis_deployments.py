@@ -251,12 +251,14 @@ async def test_a_wait_that_times_out_says_the_change_committed(
         store_from_url(redis_url, key_prefix=redis_key_prefix), hasher=Hasher(pepper=PEPPER)
     )
     try:
-        with pytest.raises(ChangeNotConfirmed, match="committed on the Redis master") as caught:
-            await manager.create(name="unconfirmed", full_access=True)
-        assert isinstance(caught.value, StoreUnavailable)  # 503, the CLI's exit 1
+        # A new key is returned all the same (it cannot be shown again), marked unconfirmed.
+        created = await manager.create(name="unconfirmed", full_access=True)
+        assert created.warning is not None
+        assert "committed on the Redis master" in created.warning
         [record] = await plain.list()  # committed all the same
-        with pytest.raises(ChangeNotConfirmed):
+        with pytest.raises(ChangeNotConfirmed, match="committed on the Redis master") as caught:
             await manager.revoke(record.id)
+        assert isinstance(caught.value, StoreUnavailable)  # 503, the CLI's exit 1
         assert (await plain.get(record.id)).status == "revoked"
     finally:
         await manager.aclose()

@@ -25,6 +25,7 @@ from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
 from apikeys.errors import (
     AuthenticationError,
+    ChangeNotConfirmed,
     ConfigurationError,
     DuplicateKeyId,
     InvalidAPIKey,
@@ -576,6 +577,10 @@ class KeyManager:
         be used from; `credits`, uses left, with `credit_refill` (`"1000/day"`,
         `"5000/month"`) setting them back each UTC period (a key with a refill and no
         `credits` starts full).
+
+        A key the store made but its replicas did not confirm in time (Redis `wait_replicas`)
+        is returned all the same, with `CreatedKey.confirmed` False and the reason in
+        `CreatedKey.warning`: it works, and this is the only time it can be shown.
         """
         check_text(name, "name")
         check_text(workspace, "workspace")
@@ -681,13 +686,22 @@ class KeyManager:
                 actor=actor,
                 changes={k: v for k, v in made.items() if v not in (None, [], {})},
             )
+            warning = None
             try:
                 secret_hash = await self.hasher.ahash(parsed.secret)
                 await self.store.insert(StoredKey(record, secret_hash), event=event)
             except DuplicateKeyId:
                 continue
+            except ChangeNotConfirmed as exc:
+                # Made on the primary, not confirmed by its replicas: the key works, and
+                # this is the only time it can be shown. Return it, saying so.
+                stored = await self.store.get(record.id)
+                if stored is None or stored.secret_hash != secret_hash:
+                    continue  # nothing of ours was stored: the id was taken
+                warning = str(exc)
+                logger.warning("apikeys: key %s created, not confirmed: %s", record.id, warning)
             self._announce(event)
-            return CreatedKey(parsed.token, record)
+            return CreatedKey(parsed.token, record, warning)
         raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
 
     def _announce(self, event: AuditEvent) -> None:
@@ -1100,6 +1114,9 @@ class KeyManager:
 
         The pair has one balance of credits: the new key takes over what the old one had
         left, and the old key spends from the new key's balance through its grace period.
+
+        As with `create`, a roll its store's replicas did not confirm in time still returns
+        the new key, with `CreatedKey.confirmed` False and the reason in `warning`.
         """
         if grace < timedelta(0):
             raise InvalidKeyParameters("grace must not be negative")
@@ -1147,11 +1164,16 @@ class KeyManager:
             actor=actor,
             changes=jsonable({"replaced_by": new_id, "grace_ends_at": now + grace}),
         )
-        old = await self._change(
+        warnings = [created.warning] if created.warning else []
+        old = await self._unconfirmed(
             key_id,
-            lambda notice: self.store.shorten_expiry(
-                key_id, now + grace, replaced_by=new_id, notice=notice, event=rolled
+            self._change(
+                key_id,
+                lambda notice: self.store.shorten_expiry(
+                    key_id, now + grace, replaced_by=new_id, notice=notice, event=rolled
+                ),
             ),
+            warnings,
         )
         if old.state == REVOKED:
             # Revoked elsewhere while the new key was being issued: revocation wins.
@@ -1175,9 +1197,27 @@ class KeyManager:
             )
             raise InvalidTransition(key_id, REVOKED, "roll")
         self._announce(rolled)
-        if old.credits is not None or created.record.credits is not None:
-            created = CreatedKey(created.key, await self._move_balance(old, new_id, actor))
-        return created
+        record = created.record
+        if old.credits is not None or record.credits is not None:
+            record = await self._unconfirmed(
+                new_id, self._move_balance(old, new_id, actor), warnings
+            )
+        return CreatedKey(created.key, record, warnings[0] if warnings else None)
+
+    async def _unconfirmed(
+        self, key_id: str, change: Awaitable[KeyRecord], warnings: builtins.list[str]
+    ) -> KeyRecord:
+        """`change`'s record. A change its replicas did not confirm (`ChangeNotConfirmed`)
+        was made all the same: the key's record as the store has it, and why in `warnings`.
+        For the steps of a roll after its new key exists, which must not lose that key."""
+        try:
+            return await change
+        except ChangeNotConfirmed as exc:
+            stored = await self.store.get(key_id)
+            if stored is None:
+                raise
+            warnings.append(str(exc))
+            return stored.record
 
     async def _move_balance(self, old: KeyRecord, new_id: str, actor: str | None) -> KeyRecord:
         """Give the new key of a roll the old key's credits, as they were when the old key

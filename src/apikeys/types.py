@@ -292,14 +292,30 @@ class DailyUsage:
 
 @dataclass(frozen=True, slots=True)
 class CreatedKey:
-    """What `KeyManager.create` and `roll` return: the key, once, and its record."""
+    """What `KeyManager.create` and `roll` return: the key, once, and its record.
+
+    `warning` is None when the store confirmed the change. It holds why not when the key
+    was made on the store's primary but its replicas did not confirm it in time (a
+    `ChangeNotConfirmed`, on Redis with `wait_replicas`): the key works, and this is still
+    the only time it is shown, but a failover before the replicas catch up could lose it.
+    Check later that it is still listed, and create another if it is not.
+    """
 
     key: str = field(repr=False)
     record: KeyRecord
+    warning: str | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        """False when the replicas did not confirm the key in time (see `warning`)."""
+        return self.warning is None
 
     def __repr__(self) -> str:
-        return f"CreatedKey(key='{self.record.prefix}', record={self.record!r})"
+        unconfirmed = "" if self.warning is None else ", confirmed=False"
+        return f"CreatedKey(key='{self.record.prefix}', record={self.record!r}{unconfirmed})"
 
     def to_dict(self) -> dict[str, Any]:
-        """`key` followed by the record's fields (the CLI's `--json` output)."""
-        return {"key": self.key, **self.record.to_dict()}
+        """`key` followed by the record's fields (the CLI's `--json` output), and for a key
+        its replicas did not confirm, `confirmed: false` and the `warning`."""
+        unconfirmed = {} if self.warning is None else {"confirmed": False, "warning": self.warning}
+        return {"key": self.key, **self.record.to_dict(), **unconfirmed}

@@ -14,18 +14,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from apikeys import Hasher, KeyManager, store_from_url
-from apikeys.errors import ConfigurationError
+from apikeys.errors import ChangeNotConfirmed, ConfigurationError
 from apikeys.stores.redis import RedisStore
+from apikeys.ui import KeysPage, PageUser
 from tests import redis_servers
 
 pytestmark = pytest.mark.redis
@@ -257,3 +261,115 @@ async def test_setup_checks_every_master_of_a_cluster(
             await store.aclose()
     finally:
         redis_servers.cli(victim.port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+
+
+# -- a new key whose replicas did not confirm it ------------------------------------------------
+
+
+@pytest.fixture
+def lonely(servers: Servers) -> str:
+    """A master with no replica, asked for one: no change is ever confirmed."""
+    node = servers.node()
+    node.start()
+    return url_of(node, "?wait_replicas=1&wait_timeout=0.05")
+
+
+async def test_an_explicit_wait_replicas_with_too_few_connected_is_an_error(
+    servers: Servers,
+) -> None:
+    master = servers.node()
+    master.start()
+    replica = servers.replica_of(master)
+    replica.start()
+    wait_replica_in_sync(master)
+    # Two asked for, one connected: never confirmed, never a silent success.
+    store = store_from_url(url_of(master, "?wait_replicas=2&wait_timeout=0.1"))
+    async with KeyManager(store, hasher=Hasher(pepper=PEPPER)) as manager:
+        created = await manager.create(name="two", full_access=True)
+        assert created.confirmed is False
+        with pytest.raises(ChangeNotConfirmed, match="1 of 2 replicas"):
+            await manager.disable(created.record.id)
+
+
+async def test_an_unconfirmed_create_still_gives_the_key_once_with_a_warning(
+    lonely: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with KeyManager(store_from_url(lonely), hasher=Hasher(pepper=PEPPER)) as manager:
+        created = await manager.create(name="unconfirmed", scopes=["contacts:read"])
+        assert created.confirmed is False
+        assert created.warning is not None
+        assert "committed on the Redis master" in created.warning
+        assert (await manager.verify(created.key)).id == created.record.id  # it works
+        # Shown to this caller only: never in a repr, a log line or the warning.
+        assert created.key not in repr(created)
+        assert "confirmed=False" in repr(created)
+        assert created.key not in created.warning
+        assert all(created.key not in record.getMessage() for record in caplog.records)
+        assert created.to_dict()["confirmed"] is False
+        [listed] = await manager.list()
+        assert listed.id == created.record.id
+
+
+async def test_an_unconfirmed_roll_still_gives_the_new_key_and_ends_the_old_one(
+    lonely: str,
+) -> None:
+    from datetime import timedelta
+
+    async with KeyManager(store_from_url(lonely), hasher=Hasher(pepper=PEPPER)) as manager:
+        old = await manager.create(name="rolled", full_access=True, credits=10)
+        rolled = await manager.roll(old.record.id, grace=timedelta(0))
+        assert rolled.confirmed is False
+        assert rolled.record.replaces == old.record.id
+        assert rolled.record.credits == 10  # the balance moved, unconfirmed all the same
+        assert (await manager.verify(rolled.key)).id == rolled.record.id
+        assert (await manager.get(old.record.id)).replaced_by == rolled.record.id
+
+
+def test_an_unconfirmed_cli_create_or_roll_prints_the_key_and_exits_3(lonely: str) -> None:
+    made = apikeys_cli(lonely, "create", "--name", "ci", "--full-access")
+    assert made.returncode == 3, made.stderr
+    [key] = made.stdout.split()
+    assert "Warning:" in made.stderr
+    assert "committed on the Redis master" in made.stderr
+    assert key not in made.stderr
+    as_json = apikeys_cli(lonely, "create", "--name", "ci2", "--full-access", "--json")
+    assert as_json.returncode == 3
+    data = json.loads(as_json.stdout)
+    assert data["confirmed"] is False
+    assert "committed on the Redis master" in data["warning"]
+    rolled = apikeys_cli(lonely, "roll", data["id"], "--json")
+    assert rolled.returncode == 3, rolled.stderr
+    assert json.loads(rolled.stdout)["replaces"] == data["id"]
+    shown = apikeys_cli(lonely, "show", data["id"], "--json")
+    assert json.loads(shown.stdout)["replaced_by"] == json.loads(rolled.stdout)["id"]
+
+
+async def _page_user(request: Any) -> PageUser:
+    return PageUser("user-1", "Ada", "acme")
+
+
+async def test_the_settings_page_shows_an_unconfirmed_key_with_a_warning(lonely: str) -> None:
+    async with KeyManager(store_from_url(lonely), hasher=Hasher(pepper=PEPPER)) as manager:
+        page = KeysPage(manager, user=_page_user, secret_key="test-secret-key-0123456789")
+        transport = httpx.ASGITransport(app=page)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            listed = await client.get("/")
+            token = re.search(r'name="csrf_token" value="([^"]+)"', listed.text)
+            assert token is not None
+            form = {"csrf_token": token.group(1), "name": "page", "access": "full"}
+            made = await client.post("/", data=form, follow_redirects=True)
+            assert made.status_code == 200
+            shown = re.search(r'id="new-key-value"[^>]*value="([^"]+)"', made.text)
+            assert shown is not None
+            assert 'id="unconfirmed-note"' in made.text
+            assert "may not survive a failover" in made.text
+            [record] = await manager.list()
+            assert (await manager.verify(shown.group(1))).id == record.id
+
+            rolled = await client.post(
+                f"/{record.id}/roll",
+                data={"csrf_token": token.group(1), "grace": "0"},
+                follow_redirects=True,
+            )
+            assert rolled.status_code == 200, rolled.text[:500]
+            assert 'id="unconfirmed-note"' in rolled.text

@@ -34,6 +34,10 @@ from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
 from apikeys.manager import KeyManager
 from apikeys.types import REVOKED, CreatedKey, KeyRecord, Status
 
+UNCONFIRMED_EXIT_STATUS = 3
+"""`create` and `roll`: the key was made and printed, but its store's replicas did not
+confirm it in time (a failover could lose it)."""
+
 __all__: list[str] = []
 
 
@@ -97,6 +101,7 @@ def create(
     created = _run(ctx, work, uses_secrets=True)
     if as_json:
         _echo_json(created.to_dict())
+        _exit_if_unconfirmed(ctx, created)
         return
     record = created.record
     click.echo(created.key)
@@ -110,6 +115,20 @@ def create(
         f"Copy the key now: it is shown only this once. Lists show it as {record.prefix}",
         err=True,
     )
+    _exit_if_unconfirmed(ctx, created)
+
+
+def _exit_if_unconfirmed(ctx: click.Context, created: CreatedKey) -> None:
+    """A new key its store's replicas did not confirm: printed all the same (it works, and
+    cannot be shown again), then a warning on stderr and exit status 3."""
+    if created.warning is None:
+        return
+    click.echo(
+        f"Warning: {created.warning}. The key above works, but may not survive a failover: "
+        f"check later that `apikeys show {created.record.id}` finds it, and create another if not.",
+        err=True,
+    )
+    ctx.exit(UNCONFIRMED_EXIT_STATUS)
 
 
 @main.command()
@@ -459,6 +478,7 @@ def roll(
     created, old = _run(ctx, work, uses_secrets=True)
     if as_json:
         _echo_json({**created.to_dict(), "replaced": old.to_dict()})
+        _exit_if_unconfirmed(ctx, created)
         return
     record = created.record
     click.echo(created.key)
@@ -488,3 +508,4 @@ def roll(
         )
     else:
         click.echo(f"The old key {old.prefix} is {status} and no longer works.", err=True)
+    _exit_if_unconfirmed(ctx, created)

@@ -49,6 +49,8 @@ class Reveal:
     user_id: str
     rolled_from: KeyRecord | None = None
     """For a roll: the old key, with its new (grace period) expiry."""
+    unconfirmed: bool = False
+    """The store's replicas did not confirm the new key in time (`CreatedKey.warning`)."""
 
     @property
     def old_expires_at(self) -> datetime | None:
@@ -117,6 +119,7 @@ class RevealStore:
             "mac": _b64(mac_key),
             "id": reveal.record.id,
             "rolled": reveal.rolled_from is not None,
+            "unconfirmed": reveal.unconfirmed,
         }
 
     async def pop(self, half: object, user_id: str) -> Reveal | None:
@@ -144,4 +147,10 @@ class RevealStore:
         key = _xor(sealed, pad)
         if not hmac.compare_digest(tag, _tag(mac_key, token, user_id, key_id, key)):
             return None  # changed in the store or in the cookie, or another user's
-        return Reveal(key.decode(), stored.record, user_id, rolled_from=rolled_from)
+        return Reveal(
+            key.decode(),
+            stored.record,
+            user_id,
+            rolled_from=rolled_from,
+            unconfirmed=half.get("unconfirmed") is True,
+        )

@@ -154,6 +154,6 @@ async def create(request: Request, user: PageUser, form: Form) -> Response:
             errors["form"] = str(exc)
     if errors:
         return await show_list(request, user, form=values, errors=errors, status=422)
-    reveal = Reveal(created.key, created.record, user.id)
+    reveal = Reveal(created.key, created.record, user.id, unconfirmed=not created.confirmed)
     request.session["reveal"] = await page.reveals.put(reveal)
     return redirect(f"{base_path(request)}/#new-key")

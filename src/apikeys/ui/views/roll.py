@@ -99,6 +99,8 @@ async def roll(request: Request, user: PageUser, form: Form) -> Response:
     except InvalidTransition:
         raise refused(await page.manager.get(record.id), "rolled") from None
     old = await page.manager.get(record.id)
-    reveal = Reveal(created.key, created.record, user.id, rolled_from=old)
+    reveal = Reveal(
+        created.key, created.record, user.id, rolled_from=old, unconfirmed=not created.confirmed
+    )
     request.session["reveal"] = await page.reveals.put(reveal)
     return redirect(f"{base_path(request)}/#new-key")
