@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,20 @@ async def test_setup_reads_the_policy_from_info_where_config_is_renamed(servers:
         await store.aclose()
 
 
+async def test_setup_warns_when_neither_config_nor_info_answers(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = servers.node("--rename-command", "CONFIG", "", "--rename-command", "INFO", "")
+    node.start()
+    store = store_from_url(url_of(node))
+    try:
+        with caplog.at_level(logging.WARNING, logger="apikeys"):
+            await store.setup()
+    finally:
+        await store.aclose()
+    assert any("could not read the maxmemory-policy" in r.getMessage() for r in caplog.records)
+
+
 def test_the_cli_refuses_an_evicting_server_with_a_clear_reason(servers: Servers) -> None:
     node = servers.node("--maxmemory-policy", "allkeys-lru")
     node.start()
@@ -255,7 +270,7 @@ async def test_setup_checks_every_master_of_a_cluster(
         store = store_from_url(redis_cluster.url)
         assert isinstance(store, RedisStore)
         try:
-            with pytest.raises(ConfigurationError, match=f"{victim.port} has maxmemory-policy"):
+            with pytest.raises(ConfigurationError, match=rf"{victim.port}\) has maxmemory-policy"):
                 await store.setup()
         finally:
             await store.aclose()
@@ -313,8 +328,6 @@ async def test_an_unconfirmed_create_still_gives_the_key_once_with_a_warning(
 async def test_an_unconfirmed_roll_still_gives_the_new_key_and_ends_the_old_one(
     lonely: str,
 ) -> None:
-    from datetime import timedelta
-
     async with KeyManager(store_from_url(lonely), hasher=Hasher(pepper=PEPPER)) as manager:
         old = await manager.create(name="rolled", full_access=True, credits=10)
         rolled = await manager.roll(old.record.id, grace=timedelta(0))

@@ -55,21 +55,21 @@ async def _check_master(client: Any, name: str, node: Any) -> None:
     policy = await _policy(client, node)
     if policy is None:
         logger.warning(
-            "apikeys: could not read the maxmemory-policy of the Redis server %s (CONFIG "
-            "and INFO refused): make sure it is noeviction or volatile-*, or keys may be "
+            "apikeys: could not read the maxmemory-policy of the Redis server (%s): CONFIG "
+            "and INFO refused: make sure it is noeviction or volatile-*, or keys may be "
             "evicted",
             name,
         )
     elif policy not in ACCEPTED_POLICIES:
         raise ConfigurationError(
-            f"the Redis server {name} has maxmemory-policy {policy}, which evicts keys "
+            f"the Redis server ({name}) has maxmemory-policy {policy}, which evicts keys "
             "without a TTL: API keys would be deleted silently once memory fills. Set "
             "maxmemory-policy to noeviction or a volatile-* policy (volatile-lru, "
             "volatile-lfu, volatile-random, volatile-ttl), or give apikeys a Redis of its own"
         )
     if await _persistence_off(client, node):
         logger.warning(
-            "apikeys: the Redis server %s keeps no data across a restart (no RDB save, no "
+            "apikeys: the Redis server (%s) keeps no data across a restart (no RDB save, no "
             "appendonly): a restart deletes every API key. Turn on persistence",
             name,
         )
