@@ -5,8 +5,9 @@
   silently once memory fills: a key then answers 401 and vanishes from lists, and nothing
   says why. Such a server is refused (`ConfigurationError`). `noeviction` (writes fail when
   memory is full, which apikeys reports as errors) and the `volatile-*` policies (only keys
-  with a TTL are evicted: apikeys gives a TTL only to data it can lose, such as usage-batch
-  markers and one-time values) are accepted.
+  with a TTL are evicted: never a key's record or audit trail, though its usage history,
+  undelivered webhook events, usage-batch markers and one-time values have TTLs; see
+  docs/deploying.md) are accepted.
 - Persistence: with neither RDB snapshots (`save`) nor the append-only file, a restart
   empties the server and every key is gone. That is a warning in the log, not a refusal:
   a cache-only test server is a fair choice.
