@@ -386,3 +386,19 @@ async def test_the_settings_page_shows_an_unconfirmed_key_with_a_warning(lonely:
             )
             assert rolled.status_code == 200, rolled.text[:500]
             assert 'id="unconfirmed-note"' in rolled.text
+
+
+async def test_setup_checks_the_master_sentinel_names(
+    redis_sentinel: redis_servers.LocalSentinel,
+) -> None:
+    port = redis_sentinel.master_port()
+    redis_servers.cli(port, "CONFIG", "SET", "maxmemory-policy", "allkeys-lfu")
+    try:
+        store = store_from_url(redis_sentinel.url)
+        try:
+            with pytest.raises(ConfigurationError, match="has maxmemory-policy allkeys-lfu"):
+                await store.setup()
+        finally:
+            await store.aclose()
+    finally:
+        redis_servers.cli(port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
