@@ -1,0 +1,167 @@
+"""The Redis store while the deployment's shape changes under it: a Redis Cluster slot left
+half-migrated to a new master, usage batches that one slot refuses, and a Sentinel set one
+of whose sentinels is cut off or frozen.
+
+Each test makes a private deployment (`tests/redis_servers.py`) on free loopback ports and
+stops every process it started, SIGSTOPped ones included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from apikeys import Hasher, KeyManager, store_from_url
+from apikeys.errors import KeyRevoked, StoreUnavailable
+from apikeys.stores.redis import RedisStore
+from tests import redis_servers
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+PEPPER = "topology-test-pepper-0123456789abc"
+_T = TypeVar("_T")
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"apikeys-top-{uuid.uuid4().hex[:10]}:"
+
+
+async def until_available(call: Callable[[], Awaitable[_T]], attempts: int = 100) -> _T:
+    """`call()`, again after each StoreUnavailable (503), at most `attempts` times."""
+    for _ in range(attempts - 1):
+        try:
+            return await call()
+        except StoreUnavailable:
+            await asyncio.sleep(0.1)
+    return await call()
+
+
+# -- a Redis Cluster slot left half-migrated to a new master ---------------------------------
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[redis_servers.LocalCluster]:
+    redis_servers.require_redis_binaries()
+    deployment = redis_servers.LocalCluster()
+    await asyncio.to_thread(deployment.start)
+    try:
+        yield deployment
+    finally:
+        await asyncio.to_thread(deployment.close)
+
+
+def slot_of(deployment: redis_servers.LocalCluster, name: str) -> str:
+    return redis_servers.cli(deployment.nodes[0].port, "CLUSTER", "KEYSLOT", name).strip()
+
+
+def start_migration(
+    deployment: redis_servers.LocalCluster, target: redis_servers.Node, name: str
+) -> tuple[redis_servers.Node, str]:
+    """Mark the slot of Redis key `name` as moving from its master to `target` (a master the
+    slot map does not list), as a resharding does before it moves any key; return the source
+    master and the slot."""
+    source = deployment.master_of(name)
+    slot = slot_of(deployment, name)
+    source_id, target_id = redis_servers.node_id(source.port), redis_servers.node_id(target.port)
+    redis_servers.cli(target.port, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    redis_servers.cli(source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    return source, slot
+
+
+def migrate_keys(source: redis_servers.Node, target: redis_servers.Node, tag: str) -> None:
+    """MIGRATE every Redis key of `source` whose name holds `{tag}` to `target`, and stop
+    there: the resharding is left interrupted."""
+    names = [
+        name
+        for name in redis_servers.cli(source.port, "--scan", "--pattern", f"*{{{tag}}}*").split()
+        if name
+    ]
+    assert names
+    redis_servers.cli(
+        source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *names
+    )
+
+
+def finish_migration(
+    deployment: redis_servers.LocalCluster,
+    source: redis_servers.Node,
+    target: redis_servers.Node,
+    slot: str,
+) -> None:
+    """Move what is left of `slot` to `target` and give it the slot, as a resharding that
+    resumes does."""
+    left = redis_servers.cli(source.port, "CLUSTER", "GETKEYSINSLOT", slot, "1000").split()
+    if left:
+        redis_servers.cli(
+            source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *left
+        )
+    target_id = redis_servers.node_id(target.port)
+    for node in [target, source, *deployment.masters()]:
+        redis_servers.cli(node.port, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    deployment.wait_healthy()
+
+
+async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revokes(
+    cluster: redis_servers.LocalCluster, prefix: str
+) -> None:
+    """A slot half-moved to a master that redis-py's slot map does not list: its keys are
+    served through ASK (as `redis-cli -c` serves them), a revoke there is heard by every
+    reader, cached or not, and the key is refused; never a 500."""
+    url = cluster.url
+    hasher = Hasher(pepper=PEPPER)
+    reader = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher)
+    writer = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+    moving: tuple[redis_servers.Node, redis_servers.Node, str] | None = None
+    try:
+        doomed = await writer.create(name="doomed", workspace="w", full_access=True)
+        live = await writer.create(name="live", workspace="w", full_access=True)
+        await reader.verify(doomed.key)
+        await reader.verify(live.key)
+        store = writer.store
+        assert isinstance(store, RedisStore)
+
+        target = await asyncio.to_thread(cluster.add_master)
+        source, slot = await asyncio.to_thread(
+            start_migration, cluster, target, store.key_name(doomed.record.id)
+        )
+        moving = (source, target, slot)
+        await asyncio.to_thread(migrate_keys, source, target, doomed.record.id)
+
+        assert (await until_available(lambda: reader.verify(doomed.key))).id == doomed.record.id
+        assert (await until_available(lambda: reader.verify(live.key))).id == live.record.id
+        listed = await until_available(lambda: writer.list(workspace="w"))
+        assert {record.id for record in listed} == {doomed.record.id, live.record.id}
+
+        revoked = await until_available(lambda: writer.revoke(doomed.record.id))
+        assert revoked.status == "revoked"
+        with pytest.raises(KeyRevoked):
+            await until_available(lambda: reader.verify(doomed.key))
+        fresh = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        try:
+            with pytest.raises(KeyRevoked):
+                await until_available(lambda: fresh.verify(doomed.key))
+            assert (await until_available(lambda: fresh.get(doomed.record.id))).status == (
+                "revoked"
+            )
+        finally:
+            await fresh.aclose()
+        assert (await until_available(lambda: reader.verify(live.key))).id == live.record.id
+        # The key's data lives on the new master, where `redis-cli -c` finds it too.
+        name = store.key_name(doomed.record.id)
+        assert redis_servers.cli(source.port, "EXISTS", name).strip().startswith("ASK")
+        assert redis_servers.cli(source.port, "-c", "HGET", name, "state").strip() == "revoked"
+        # The resharding resumes and ends: the counts held meanwhile are written.
+        await asyncio.to_thread(finish_migration, cluster, *moving)
+        moving = None
+        await until_available(reader.usage_buffer.flush)
+        assert (await writer.get(doomed.record.id)).request_count >= 1
+    finally:
+        if moving is not None:
+            await asyncio.to_thread(finish_migration, cluster, *moving)
+        await reader.aclose()
+        await writer.aclose()
