@@ -9,6 +9,7 @@ stops every process it started, SIGSTOPped ones included.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -165,3 +166,86 @@ async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revoke
             await asyncio.to_thread(finish_migration, cluster, *moving)
         await reader.aclose()
         await writer.aclose()
+
+
+def other_master_id(deployment: redis_servers.LocalCluster, source: redis_servers.Node) -> str:
+    other = next(node for node in deployment.masters() if node.port != source.port)
+    return redis_servers.node_id(other.port)
+
+
+async def test_a_slot_that_refuses_usage_holds_no_other_keys_counts(
+    cluster: redis_servers.LocalCluster, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One key's slot is marked as migrating to a master that does not import it: every
+    write of that key's usage fails (TRYAGAIN, then ASK and MOVED back and forth). The other
+    key's counts are written all the same, each batch on its own; at close, what could not
+    be written is logged with its counts; once the slot is back, it is written, once."""
+    url = cluster.url
+    hasher = Hasher(pepper=PEPPER)
+    manager = KeyManager(
+        store_from_url(url, key_prefix=prefix), hasher=hasher, usage_flush_interval=0.05
+    )
+    observer = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+    source: redis_servers.Node | None = None
+    slot = ""
+    try:
+        stuck = await manager.create(name="stuck", full_access=True)
+        store = manager.store
+        assert isinstance(store, RedisStore)
+        stuck_name = store.key_name(stuck.record.id)
+        while True:  # another key, in another slot
+            moving = await manager.create(name="moving", full_access=True)
+            if slot_of(cluster, store.key_name(moving.record.id)) != slot_of(cluster, stuck_name):
+                break
+        # Both keys are counted together in one batch first ...
+        await manager.verify(stuck.key)
+        await manager.verify(moving.key)
+        await manager.usage_buffer.flush()
+
+        source = cluster.master_of(stuck_name)
+        slot = slot_of(cluster, stuck_name)
+        redis_servers.cli(
+            source.port, "CLUSTER", "SETSLOT", slot, "MIGRATING", other_master_id(cluster, source)
+        )
+        # ... then the stuck key's slot refuses, and both are counted on.
+        for _ in range(3):
+            await manager.verify(stuck.key)
+            await manager.verify(moving.key)
+        for _ in range(200):  # a bound, not a timing
+            if (await observer.get(moving.record.id)).request_count == 4:
+                break
+            await asyncio.sleep(0.05)
+        assert (await observer.get(moving.record.id)).request_count == 4
+        # And again: a key's kept batch never holds its own newer counts back for good.
+        await manager.verify(moving.key)
+        for _ in range(200):
+            if (await observer.get(moving.record.id)).request_count == 5:
+                break
+            await asyncio.sleep(0.05)
+        assert (await observer.get(moving.record.id)).request_count == 5
+        assert (await observer.get(stuck.record.id)).request_count == 1
+        assert manager.usage_buffer.unwritten() == 3
+
+        with (
+            caplog.at_level(logging.WARNING, logger="apikeys"),
+            pytest.raises(StoreUnavailable),
+        ):
+            await manager.usage_buffer.aclose()
+        [told] = [
+            record.getMessage()
+            for record in caplog.records
+            if "not written at close" in record.getMessage()
+        ]
+        assert "3 request(s) of 1 key(s)" in told
+
+        redis_servers.cli(source.port, "CLUSTER", "SETSLOT", slot, "STABLE")
+        source = None
+        await until_available(manager.usage_buffer.aclose)
+        assert manager.usage_buffer.unwritten() == 0
+        assert (await observer.get(stuck.record.id)).request_count == 4
+        assert (await observer.get(moving.record.id)).request_count == 5
+    finally:
+        if source is not None:
+            redis_servers.cli(source.port, "CLUSTER", "SETSLOT", slot, "STABLE")
+        await manager.aclose()
+        await observer.aclose()

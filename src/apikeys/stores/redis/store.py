@@ -973,6 +973,12 @@ class RedisStore(KeyStore):
             await pool.disconnect(inuse_connections=True)
         self._held = False
 
+    @property
+    def usage_per_key(self) -> bool:
+        """On a cluster, each key's share of a usage batch is applied and marked in the
+        key's slot on its own (see the module doc)."""
+        return self._cluster
+
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
         batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count or delta.daily]
