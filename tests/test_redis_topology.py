@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -249,3 +250,145 @@ async def test_a_slot_that_refuses_usage_holds_no_other_keys_counts(
             redis_servers.cli(source.port, "CLUSTER", "SETSLOT", slot, "STABLE")
         await manager.aclose()
         await observer.aclose()
+
+
+# -- Sentinel: one sentinel of three cut off or frozen ---------------------------------------
+
+
+@pytest.fixture
+async def sentinels() -> AsyncIterator[redis_servers.LocalSentinel]:
+    redis_servers.require_redis_binaries()
+    deployment = redis_servers.LocalSentinel()
+    await asyncio.to_thread(deployment.start)
+    try:
+        yield deployment
+    finally:
+        for node in deployment.sentinels:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGCONT)
+        await asyncio.to_thread(deployment.close)
+
+
+async def cached_until_hit(manager: KeyManager, token: str, attempts: int = 200) -> None:
+    """Verify `token` until the manager's cache serves it: its channel is up and proven
+    fresh. Fails if that never happens (a bound, not a timing)."""
+    cache = manager.cache
+    assert cache is not None
+    for _ in range(attempts):
+        before = cache.hits
+        await until_available(lambda: manager.verify(token))
+        if cache.hits > before:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the key cache never served the key")
+
+
+async def refused_everywhere(readers: list[KeyManager], token: str) -> None:
+    """Every reader refuses `token` (revoked), 20 times in a row, and never admits it."""
+    for reader in readers:
+        refused = 0
+        for _ in range(400):  # a bound for a hang, not a timing
+            try:
+                await reader.verify(token)
+            except KeyRevoked:
+                refused += 1
+                if refused >= 20:
+                    break
+            except StoreUnavailable:
+                refused = 0
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("a revoked key was admitted")
+        assert refused >= 20
+
+
+def cut_off(deployment: redis_servers.LocalSentinel, sentinel: redis_servers.Node) -> None:
+    """Make `sentinel` lose the data nodes: it watches the service at an address where
+    nothing answers (as one whose network to them is cut keeps an address it cannot reach)."""
+    taken: set[int] = set()
+    nowhere = redis_servers.free_port(taken)
+    name = redis_servers.SERVICE_NAME
+    redis_servers.cli(sentinel.port, "SENTINEL", "REMOVE", name)
+    redis_servers.cli(sentinel.port, "SENTINEL", "MONITOR", name, "127.0.0.1", str(nowhere), "2")
+    redis_servers.cli(sentinel.port, "SENTINEL", "SET", name, "down-after-milliseconds", "1000")
+
+
+async def test_one_sentinel_cut_off_from_the_data_nodes_is_outvoted_not_a_veto(
+    sentinels: redis_servers.LocalSentinel, prefix: str
+) -> None:
+    """One sentinel of three names an address it cannot reach: the other two are a
+    majority. Caching workers keep admitting a valid key from their proven cache, and
+    refuse a key once it is revoked."""
+    url = sentinels.url
+    hasher = Hasher(pepper=PEPPER)
+    managers: list[KeyManager] = []
+    try:
+        writer = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        managers.append(writer)
+        valid = await writer.create(name="valid", full_access=True)
+        doomed = await writer.create(name="doomed", full_access=True)
+        await asyncio.to_thread(cut_off, sentinels, sentinels.sentinels[0])
+        readers = [KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher)]
+        readers.append(KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher))
+        managers += readers
+        for reader in readers:
+            await cached_until_hit(reader, valid.key)
+            await cached_until_hit(reader, doomed.key)
+        await until_available(lambda: writer.revoke(doomed.record.id))
+        await refused_everywhere(readers, doomed.key)
+        for reader in readers:
+            await cached_until_hit(reader, valid.key)
+    finally:
+        for manager in managers:
+            await manager.aclose()
+
+
+async def test_a_frozen_sentinel_neither_holds_requests_nor_keeps_the_cache_unproven(
+    sentinels: redis_servers.LocalSentinel, prefix: str
+) -> None:
+    """The first sentinel of the list is frozen (SIGSTOP: it accepts connections and never
+    answers): writers and readers ask the others, the cache is proven fresh, a revoke is
+    refused everywhere."""
+    url = sentinels.url
+    hasher = Hasher(pepper=PEPPER)
+    managers: list[KeyManager] = []
+    frozen = sentinels.sentinels[0]
+    try:
+        writer = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        managers.append(writer)
+        valid = await writer.create(name="valid", full_access=True)
+        doomed = await writer.create(name="doomed", full_access=True)
+        assert frozen.process is not None
+        frozen.process.send_signal(signal.SIGSTOP)
+        readers = [KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher)]
+        readers.append(KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher))
+        managers += readers
+        for reader in readers:
+            await cached_until_hit(reader, valid.key)
+            await cached_until_hit(reader, doomed.key)
+        late = KeyManager(store_from_url(url, key_prefix=prefix), hasher=hasher, cache=False)
+        managers.append(late)
+        await until_available(lambda: late.revoke(doomed.record.id))
+        await refused_everywhere(readers, doomed.key)
+        for reader in readers:
+            await cached_until_hit(reader, valid.key)
+    finally:
+        if frozen.process is not None:
+            frozen.process.send_signal(signal.SIGCONT)
+        for manager in managers:
+            await manager.aclose()
+
+
+async def test_the_sentinel_connections_get_the_store_timeouts_and_no_retries() -> None:
+    store = store_from_url(
+        "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc?socket_timeout=1.5&socket_connect_timeout=0.5"
+    )
+    assert isinstance(store, RedisStore)
+    try:
+        assert store._sentinel is not None
+        for sentinel in store._sentinel.sentinels:
+            kwargs = sentinel.connection_pool.connection_kwargs
+            assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (1.5, 0.5)
+            assert kwargs["retry"].get_retries() == 0
+    finally:
+        await store.aclose()

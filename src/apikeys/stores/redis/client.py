@@ -265,9 +265,16 @@ def redis_client(
         for name, value in merged.items()
         if name in ("socket_timeout", "socket_connect_timeout", "username", "password", "protocol")
     }
+    # The sentinels' own connections get the store's timeouts and no retries too: else
+    # redis-py's default retries (with backoff) hold a call for many seconds on a sentinel
+    # that is frozen or unreachable, before the next one is asked.
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(target.hosts),
-        sentinel_kwargs={**sentinel_options, "decode_responses": True},
+        sentinel_kwargs={
+            **sentinel_options,
+            "retry": Retry(NoBackoff(), 0),
+            "decode_responses": True,
+        },
         **merged,
     )
     master = sentinel.master_for(target.service_name, db=target.db)
