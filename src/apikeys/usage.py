@@ -178,6 +178,11 @@ class UsageBuffer:
         count = sum(int(entry[0]) for entry in self._open.values())
         return count + sum(delta.count for batch in self._queue for delta in batch.usage.values())
 
+    def describe_unwritten(self) -> str:
+        """What is not yet confirmed written, for a log line: `N request(s) of K key(s)`."""
+        keys = set(self._open).union(*(batch.usage for batch in self._queue))
+        return f"{self.unwritten()} request(s) of {len(keys)} key(s)"
+
     def _busy_elsewhere(self) -> bool:
         """True while the background task lives on an event loop that is running (in
         another thread): its counts are that loop's to write."""
@@ -325,13 +330,11 @@ class UsageBuffer:
             try:
                 await self.flush()
             except Exception as exc:
-                keys = set(self._open).union(*(batch.usage for batch in self._queue))
                 logger.warning(
-                    "apikeys: usage counts not written at close (%s): %d request(s) of %d "
-                    "key(s), kept in this process and retried",
+                    "apikeys: usage counts not written at close (%s): %s, kept in this "
+                    "process and retried",
                     type(exc).__name__,
-                    self.unwritten(),
-                    len(keys),
+                    self.describe_unwritten(),
                 )
                 raise
         finally:
