@@ -303,6 +303,14 @@ class LocalCluster:
         )
         cli(replica.port, "CLUSTER", "REPLICATE", master_id)
         wait_until(lambda: _replicas_in_sync(master.port), "the new master's replica")
+        wait_until(
+            lambda: all(
+                master_id in cli(node.port, "CLUSTER", "NODES")
+                for node in self.nodes
+                if node.running
+            ),
+            "every node to know the new master",
+        )
         return master
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ stops every process it started, SIGSTOPped ones included.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import uuid
@@ -18,7 +19,7 @@ from typing import TypeVar
 import pytest
 
 from apikeys import Hasher, KeyManager, store_from_url
-from apikeys.errors import KeyRevoked, StoreUnavailable
+from apikeys.errors import KeyDisabled, KeyRevoked, StoreUnavailable
 from apikeys.stores.redis import RedisStore
 from tests import redis_servers
 
@@ -108,6 +109,17 @@ def finish_migration(
     deployment.wait_healthy()
 
 
+async def collect_dropped_sockets() -> None:
+    """Collect now, while the test's warning filters apply, the sockets redis-py's cluster
+    client drops without closing when it learns a new slot map (as after a failover, see
+    `tests/test_redis_deployments.py`): not apikeys' connections to close."""
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        gc.collect()
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revokes(
     cluster: redis_servers.LocalCluster, prefix: str
 ) -> None:
@@ -136,6 +148,14 @@ async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revoke
 
         assert (await until_available(lambda: reader.verify(doomed.key))).id == doomed.record.id
         assert (await until_available(lambda: reader.verify(live.key))).id == live.record.id
+        # A write by another client, where the key now lives, reaches the readers' caches.
+        await cached_until_hit(reader, doomed.key)
+        name = store.key_name(doomed.record.id)
+        redis_servers.cli(source.port, "-c", "HSET", name, "state", "disabled")
+        assert reader.cache is not None
+        await asyncio.sleep(reader.cache.lease)  # another client waits for nobody
+        with pytest.raises(KeyDisabled):
+            await until_available(lambda: reader.verify(doomed.key))
         listed = await until_available(lambda: writer.list(workspace="w"))
         assert {record.id for record in listed} == {doomed.record.id, live.record.id}
 
@@ -154,7 +174,6 @@ async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revoke
             await fresh.aclose()
         assert (await until_available(lambda: reader.verify(live.key))).id == live.record.id
         # The key's data lives on the new master, where `redis-cli -c` finds it too.
-        name = store.key_name(doomed.record.id)
         assert redis_servers.cli(source.port, "EXISTS", name).strip().startswith("ASK")
         assert redis_servers.cli(source.port, "-c", "HGET", name, "state").strip() == "revoked"
         # The resharding resumes and ends: the counts held meanwhile are written.
@@ -167,6 +186,7 @@ async def test_an_interrupted_resharding_to_a_new_master_still_serves_and_revoke
             await asyncio.to_thread(finish_migration, cluster, *moving)
         await reader.aclose()
         await writer.aclose()
+        await collect_dropped_sockets()
 
 
 def other_master_id(deployment: redis_servers.LocalCluster, source: redis_servers.Node) -> str:

@@ -440,7 +440,9 @@ class RedisClusterChannel(Channel):
     Each master's subscription turns on `CLIENT TRACKING … BCAST PREFIX <prefix>key:` there
     (a key's record lives on one master, so the one that holds it sends its invalidations)
     and subscribes to notices and this process's acknowledgements (a cluster delivers a
-    `PUBLISH` on any node to the subscribers of every node). A probe pings every master's
+    `PUBLISH` on any node to the subscribers of every node). Every master is subscribed to,
+    one that holds no slot yet included: a resharding moves keys to it before it owns
+    their slot. A probe pings every master's
     subscription, and checks that the masters are still the ones subscribed to: after a
     failover or a resharding the probe fails, the cache stops trusting itself, and the next
     connection subscribes on the new masters. The registry of readers is a sorted set in one
@@ -499,10 +501,12 @@ class RedisClusterChannel(Channel):
     async def _current_masters(self) -> frozenset[str]:
         client = self._command_client()
         nodes: dict[str, Any] = await self._shielded(client.cluster_nodes())
+        # Masters that hold no slot too: a resharding moves keys to a new master before it
+        # owns their slot (served there through ASK), and writes there must be heard.
         return frozenset(
             address
             for address, node in nodes.items()
-            if "master" in str(node["flags"]) and "fail" not in str(node["flags"]) and node["slots"]
+            if "master" in str(node["flags"]) and "fail" not in str(node["flags"])
         )
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
