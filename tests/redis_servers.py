@@ -232,7 +232,7 @@ class LocalCluster:
                 if node.running and info_cluster(node.port).get("cluster_state") != "ok":
                     return False
             masters = self.masters()
-            if len(masters) != 3:
+            if len(masters) < 3:  # more after `add_master` and a resharding
                 return False
             return all(
                 int(info(master.port, "replication").get("connected_slaves", "0")) >= 1
@@ -286,10 +286,42 @@ class LocalCluster:
             node.start()
         self.wait_healthy()
 
+    def add_master(self) -> Node:
+        """Start a master with a replica and join both to the cluster; the master holds no
+        slot (as after `redis-cli --cluster add-node`, before a resharding moves any)."""
+        taken = {port for node in self.nodes for port in (node.port, node.port + 10000)}
+        master, replica = (Node(self.root, free_port(taken), self.nodes[0].args) for _ in range(2))
+        self.nodes += [master, replica]
+        live = f"127.0.0.1:{self._live().port}"
+        master.start()
+        cli(master.port, "--cluster", "add-node", f"127.0.0.1:{master.port}", live)
+        replica.start()
+        master_id = node_id(master.port)
+        cli(replica.port, "CLUSTER", "MEET", "127.0.0.1", str(self._live().port))
+        wait_until(
+            lambda: master_id in cli(replica.port, "CLUSTER", "NODES"), "the new nodes to meet"
+        )
+        cli(replica.port, "CLUSTER", "REPLICATE", master_id)
+        wait_until(lambda: _replicas_in_sync(master.port), "the new master's replica")
+        wait_until(
+            lambda: all(
+                master_id in cli(node.port, "CLUSTER", "NODES")
+                for node in self.nodes
+                if node.running
+            ),
+            "every node to know the new master",
+        )
+        return master
+
     def close(self) -> None:
         for node in self.nodes:
             node.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def node_id(port: int) -> str:
+    """The cluster node id of the node on `port`."""
+    return cli(port, "CLUSTER", "MYID").strip()
 
 
 def info_cluster(port: int) -> dict[str, str]:

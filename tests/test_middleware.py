@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from apikeys import (
     ScopeTable,
     store_from_url,
 )
-from apikeys.errors import ConfigurationError, InvalidKeyParameters
+from apikeys.errors import ConfigurationError, InvalidKeyParameters, StoreUnavailable
 from apikeys.hashing import Hasher
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.middleware import bearer_token, header_token
@@ -536,6 +537,40 @@ class TestShutdown:
         assert stored is not None
         assert stored.record.request_count == 3
         asyncio.run(manager.aclose())
+
+    async def test_if_usage_cannot_be_written_at_shutdown_then_the_counts_are_logged(
+        self, hasher: Hasher, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with socket.socket() as probe:  # a loopback port where nothing listens
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        manager = KeyManager(
+            store_from_url(f"redis://127.0.0.1:{port}/0"), hasher=hasher, usage_flush_interval=3600
+        )
+
+        async def lifespan_app(scope: Any, receive: Any, send: Any) -> None:
+            while (await receive())["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+        app = APIKeyMiddleware(lifespan_app, manager=manager, limiter_url="memory://")
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+        async def receive() -> dict[str, Any]:
+            return next(messages)
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        for key_id in ("k1", "k1", "k2"):
+            manager.usage_buffer.record(key_id)
+        with caplog.at_level("WARNING", logger="apikeys"):
+            await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+            with pytest.raises(StoreUnavailable):
+                await manager.aclose()
+        told = [r.getMessage() for r in caplog.records if "usage counts" in r.getMessage()]
+        assert len(told) == 2  # at shutdown, and when the manager closes
+        assert all("3 request(s) of 2 key(s)" in line for line in told)
 
     async def test_if_app_fails_its_own_startup_then_the_failure_is_not_hidden(
         self, hasher: Hasher

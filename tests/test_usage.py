@@ -156,7 +156,7 @@ async def test_if_a_write_fails_then_the_batch_keeps_its_id_and_counts_and_goes_
     assert buffer.pending("k1") == (0, None)
 
 
-async def test_if_the_retry_fails_too_then_newer_counts_wait_behind_the_batch(
+async def test_if_the_retry_fails_too_then_other_keys_counts_go_and_its_own_wait(
     closing: list[UsageBuffer],
 ) -> None:
     store = await scripted("refused", "refused")
@@ -164,15 +164,22 @@ async def test_if_the_retry_fails_too_then_newer_counts_wait_behind_the_batch(
     hit(buffer, "k1")
     with pytest.raises(StoreUnavailable):
         await buffer.flush()
+    hit(buffer, "k1")
     hit(buffer, "k2")
     with pytest.raises(StoreUnavailable):
         await buffer.flush()
 
-    # The second flush stopped at the old batch: the newer counts were not sent at all.
-    assert store.calls == [(store.calls[0][0], {"k1": 1})] * 2
+    # The old batch failed again, and held nothing else: k2's count went in a batch of
+    # its own; k1's newer count waits for k1's batch, so k1 is in one kept batch at most.
+    assert [counts for _, counts in store.calls] == [{"k1": 1}, {"k1": 1}, {"k2": 1}]
+    first, retried, other = store.batch_ids()
+    assert retried == first != other
+    assert (store.count("k1"), store.count("k2")) == (0, 1)
     await buffer.flush()
-    assert [counts for _, counts in store.calls[2:]] == [{"k1": 1}, {"k2": 1}]
-    assert store.batch_ids()[2] == store.batch_ids()[0]
+    assert [counts for _, counts in store.calls[3:]] == [{"k1": 1}, {"k1": 1}]
+    assert store.batch_ids()[3] == first
+    assert (store.count("k1"), store.count("k2")) == (2, 1)
+    assert buffer.unwritten() == 0
 
 
 async def test_if_the_store_applied_a_batch_but_the_answer_was_lost_then_the_retry_is_skipped(

@@ -213,7 +213,9 @@ class APIKeyMiddleware:
             await self.manager.flush()
         except Exception as exc:
             logger.error(
-                "apikeys: could not write usage counts at shutdown: %s", type(exc).__name__
+                "apikeys: could not write usage counts at shutdown (%s): %s",
+                type(exc).__name__,
+                self.manager.usage_buffer.describe_unwritten(),
             )
         if self._owns_limiter:
             try:

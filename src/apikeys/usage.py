@@ -7,10 +7,18 @@ sharing a store never lose one another's counts.
 Delivery is exactly once. Each flush seals the counts gathered so far into a batch with a
 random id (a uuid4 hex) and sends it. A batch whose write failed, or whose outcome is
 unknown (a timeout, a connection lost before the answer, a cancelled flush), is kept as it
-is, with the same id and the same counts, never merged with newer ones, and sent again
-before anything newer. The store skips a batch id it has applied before (for
+is, with the same id and the same counts, never merged with newer ones, and sent again at
+the next flush. The store skips a batch id it has applied before (for
 `USAGE_BATCH_RETENTION`, 24 hours), so a retry after a lost answer is not counted twice.
 Newer requests go on being counted in the open accumulator meanwhile.
+
+A failed batch holds no other: each flush sends every kept batch on its own, then seals
+the counts of the keys that no kept batch holds (a key's newer counts wait in the
+accumulator until its kept batch is written, so each key is in one kept batch at most).
+Where the store applies each key's share of a batch on its own (`KeyStore.usage_per_key`:
+a Redis Cluster, where one key's slot may fail while the others answer), a failed batch
+is kept split by key, under its id: one key that cannot be written holds no other key's
+counts. What is still not written when the buffer is closed is logged, with its counts.
 
 Nothing cancels a write in flight: the store call runs shielded, so a cancelled `flush()`
 leaves its batch queued (with its id) while the write goes on, and `aclose()` waits for the
@@ -49,8 +57,8 @@ class _Batch:
 
     __slots__ = ("attempt", "id", "usage")
 
-    def __init__(self, usage: dict[str, UsageDelta]) -> None:
-        self.id = uuid.uuid4().hex
+    def __init__(self, usage: dict[str, UsageDelta], batch_id: str | None = None) -> None:
+        self.id = batch_id or uuid.uuid4().hex
         self.usage = usage
         # The latest store call for this batch: a retry waits for one still running.
         self.attempt: asyncio.Task[None] | None = None
@@ -84,8 +92,8 @@ class UsageBuffer:
         self._day_ends = 0.0  # Unix time at which `_day` ends
         self._next_tick = 0.0  # Unix time of `record`'s next `_tick`
         self._admitted = ("", ADMITTED)  # (`_day`, ADMITTED): the slot of today's requests
-        # Sealed batches not yet confirmed written, oldest first. The open accumulator is
-        # sealed only once this is empty, so it holds at most a batch or so.
+        # Sealed batches not yet confirmed written, oldest first. A key's counts in the
+        # open accumulator are sealed only once no batch here holds the key.
         self._queue: deque[_Batch] = deque()
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -170,6 +178,11 @@ class UsageBuffer:
         count = sum(int(entry[0]) for entry in self._open.values())
         return count + sum(delta.count for batch in self._queue for delta in batch.usage.values())
 
+    def describe_unwritten(self) -> str:
+        """What is not yet confirmed written, for a log line: `N request(s) of K key(s)`."""
+        keys = set(self._open).union(*(batch.usage for batch in self._queue))
+        return f"{self.unwritten()} request(s) of {len(keys)} key(s)"
+
     def _busy_elsewhere(self) -> bool:
         """True while the background task lives on an event loop that is running (in
         another thread): its counts are that loop's to write."""
@@ -224,37 +237,53 @@ class UsageBuffer:
         return record.with_usage(count, last_used)
 
     async def flush(self) -> None:
-        """Write the buffered counts now: first the batches left by failed writes, oldest
-        first, then the counts gathered since. On failure the batch that failed stays
-        queued as it is, with its id, and this raises; newer counts stay buffered."""
+        """Write the buffered counts now: each batch left by a failed write, on its own,
+        then the counts gathered since of the keys those batches do not hold. A batch that
+        fails stays queued as it is, with its id (split by key, where the store allows it),
+        without holding the others; then this raises the first failure."""
         loop = asyncio.get_running_loop()
         if self._lock is None or self._lock[0] is not loop:
             self._lock = (loop, asyncio.Lock())
         async with self._lock[1]:
-            while self._queue:
-                await self._send(self._queue[0])
-                self._done(self._queue[0])
-            if not self._open:
-                return
-            sealed, self._open = self._open, {}
-            batch = _Batch(
-                {
-                    key_id: UsageDelta(
-                        int(count),
-                        datetime.fromtimestamp(last, UTC),
-                        {slot: n for slot, n in daily.items() if n},
-                    )
-                    for key_id, (count, last, daily) in sealed.items()
-                }
-            )
-            self._queue.append(batch)
-            await self._send(batch)
-            self._done(batch)
+            failures = [
+                failure for batch in list(self._queue) if (failure := await self._try(batch))
+            ]
+            held = {key_id for batch in self._queue for key_id in batch.usage}
+            sealed = {key_id: entry for key_id, entry in self._open.items() if key_id not in held}
+            if sealed:
+                for key_id in sealed:
+                    del self._open[key_id]
+                batch = _Batch(
+                    {
+                        key_id: UsageDelta(
+                            int(count),
+                            datetime.fromtimestamp(last, UTC),
+                            {slot: n for slot, n in daily.items() if n},
+                        )
+                        for key_id, (count, last, daily) in sealed.items()
+                    }
+                )
+                self._queue.append(batch)
+                failure = await self._try(batch)
+                if failure is not None:
+                    failures.append(failure)
+            if failures:
+                raise failures[0]
 
-    def _done(self, batch: _Batch) -> None:
-        """Forget `batch`: the store has applied it."""
-        if self._queue and self._queue[0] is batch:
-            self._queue.popleft()
+    async def _try(self, batch: _Batch) -> Exception | None:
+        """Send `batch`; forget it once applied, else keep it (split by key where the store
+        applies keys on their own) and return the failure."""
+        try:
+            await self._send(batch)
+        except Exception as exc:
+            if self.store.usage_per_key and len(batch.usage) > 1:
+                at = self._queue.index(batch)
+                self._queue.remove(batch)
+                for key_id, delta in reversed(batch.usage.items()):
+                    self._queue.insert(at, _Batch({key_id: delta}, batch.id))
+            return exc
+        self._queue.remove(batch)
+        return None
 
     async def _send(self, batch: _Batch) -> None:
         """Have the store apply `batch`; return once it has, raise if that is not known.
@@ -280,7 +309,8 @@ class UsageBuffer:
 
     async def aclose(self) -> None:
         """Stop the background task, letting it finish a flush in flight, then write what
-        is left (this raises if the store refuses; the counts stay buffered)."""
+        is left (this logs how many requests could not be written, and raises, if the store
+        refuses; the counts stay buffered)."""
         self._closing = True
         try:
             task, self._task = self._task, None
@@ -297,7 +327,16 @@ class UsageBuffer:
                     with contextlib.suppress(RuntimeError):  # that loop is closed
                         task.cancel()
             self._wake = None
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception as exc:
+                logger.warning(
+                    "apikeys: usage counts not written at close (%s): %s, kept in this "
+                    "process and retried",
+                    type(exc).__name__,
+                    self.describe_unwritten(),
+                )
+                raise
         finally:
             self._closing = False
             if self._has_pending():

@@ -18,14 +18,19 @@
   arrives after every change made before it.
 - The registry of readers is the sorted set `<prefix>readers`, scored by the time (Redis'
   clock, in milliseconds) each registration runs out.
-- Through Sentinel, both connections go to the master the sentinels name at each connection
-  (its `ROLE` is checked). Each probe (and each connection) also asks every sentinel: the
-  probe fails unless every one that answers names the master subscribed to, with no other
-  flag (no `s_down`, `o_down`, `failover_in_progress`, `disconnected`...). A failover that
-  leaves the old master answering as one (its links to the sentinels cut, say) thus ends the
-  proof within a probe round of its start; and when a sentinel names another master or
-  flags a failover, the store's connections are dropped and its calls held (`on_master`)
-  until the channel is subscribed on a master every sentinel names.
+- Through Sentinel, both connections go to the master a majority of the sentinels name at
+  each connection (its `ROLE` is checked). Each probe (and each connection) also asks every
+  sentinel, as Sentinel's own clients follow the majority: the probe passes when a majority
+  of the sentinels name the master subscribed to, with no other flag. A sentinel that does
+  not answer within `SENTINEL_ANSWER_WAIT` (down, cut off, frozen), or that sees the master
+  down or its own link to it down (`s_down`, `disconnected`), is skipped: no veto. But when
+  one names another master with its link up, or flags a failover (`o_down`,
+  `failover_in_progress`, any flag but `master` and those two), the probe fails, and the
+  store's connections are dropped and its calls held (`on_master`) until the channel is
+  subscribed on a master a majority name and none disputes. A failover that leaves the old
+  master answering as one (its links to the sentinels cut, say) thus ends the proof within
+  a probe round of its start, and no caching process admits from the old master a key
+  revoked on the new one.
 - On a Redis Cluster, `RedisClusterChannel` keeps one such subscription per master and
   probes them all (see its doc).
 """
@@ -76,8 +81,13 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')
 """
 
 # Flags of a Sentinel master that are one sentinel's own view of its link to the master: no
-# failover by themselves (one starts with `o_down`, on the sentinels' agreement).
+# failover by themselves (one starts with `o_down`, on the sentinels' agreement). Such a
+# sentinel is skipped: it cannot tell where the master is.
 _LINK_FLAGS = frozenset({"s_down", "disconnected"})
+
+SENTINEL_ANSWER_WAIT = 0.3
+"""Seconds a probe waits for the sentinels' answers; one that has not answered by then is
+skipped, and not asked again before its answer (or its socket timeout) comes."""
 
 _OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
@@ -147,6 +157,8 @@ class RedisChannel(Channel):
         # that every sentinel names (the Redis store holds its calls in between).
         self._on_master = on_master
         self._address: tuple[str, int] | None = None
+        # Per sentinel client: its question still unanswered, if any.
+        self._asking: dict[int, asyncio.Task[Any]] = {}
 
     def __repr__(self) -> str:
         return f"RedisChannel(native={self.native})"
@@ -174,9 +186,9 @@ class RedisChannel(Channel):
             # Both connections go to the master the sentinels name now; `_track` checks it
             # is one. A failover drops them (Sentinel kills a demoted master's clients), and
             # the next connection asks again.
-            host, port = await self._sentinel.discover_master(self._service_name)
+            host, port = await self._majority_master()
             self._connection_kwargs.update(host=host, port=port)
-            self._address = (host, int(port))
+            self._address = (host, port)
         subscriber = self._new_client()
         pubsub = subscriber.pubsub()
         try:
@@ -278,55 +290,87 @@ class RedisChannel(Channel):
         if self._address is not None:
             await self._check_master(self._address)
 
-    async def _check_master(self, address: tuple[str, int], *, connecting: bool = False) -> None:
-        """Fail (ChannelError) unless every sentinel that answers names `address` as the
-        master, with no flag but `master`.
-
-        When one names another master, or flags a failover (`o_down`,
-        `failover_in_progress`, any flag but those of one sentinel's own view of the link,
-        `s_down` and `disconnected`), the store is told first (`on_master(None)`) to hold
-        its calls. Else, on connecting, it is told the address (its calls resume there),
-        even if a sentinel sees the link down: that alone keeps the cache from trusting
-        itself, not the store from answering.
-        """
+    async def _sentinel_answers(self) -> list[dict[str, Any]]:
+        """What each sentinel that answers within `SENTINEL_ANSWER_WAIT` says about the
+        master, as `{"ip", "port", "flags"}` (flags a set). One that fails, or still owes
+        the answer to an earlier question (frozen, say), is left out."""
         assert self._sentinel is not None
         assert self._service_name is not None
-        service = self._service_name
-        answers = await asyncio.gather(
-            *(sentinel.sentinel_master(service) for sentinel in self._sentinel.sentinels),
-            return_exceptions=True,
-        )
-        named = 0
-        doubt = weak = ""
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                if not isinstance(answer, Exception):
-                    raise answer
-                continue  # a sentinel down or unreachable: the others decide
+        tasks = []
+        for sentinel in self._sentinel.sentinels:
+            task = self._asking.get(id(sentinel))
+            if task is None or task.done():
+                task = asyncio.ensure_future(sentinel.sentinel_master(self._service_name))
+                task.add_done_callback(_settled)
+                self._asking[id(sentinel)] = task
+            tasks.append(task)
+        await asyncio.wait(tasks, timeout=SENTINEL_ANSWER_WAIT)
+        answers = []
+        for task in tasks:
+            if not task.done() or task.cancelled() or task.exception() is not None:
+                continue  # a sentinel down, unreachable or frozen: the others decide
+            answer = task.result()
             if not isinstance(answer, dict):
                 raise ChannelError(f"a sentinel answered {answer!r} about the master")
             given = answer.get("flags", "")  # a string over RESP2, a set over RESP3
             flags = set(given) if isinstance(given, set | list) else set(str(given).split(","))
-            where = (str(answer.get("ip")), int(answer.get("port", 0)))
+            answers.append(
+                {"ip": str(answer.get("ip")), "port": int(answer.get("port", 0)), "flags": flags}
+            )
+        return answers
+
+    def _majority(self) -> int:
+        assert self._sentinel is not None
+        return len(self._sentinel.sentinels) // 2 + 1
+
+    async def _majority_master(self) -> tuple[str, int]:
+        """The master a majority of the sentinels name, each with its link to it up."""
+        votes: dict[tuple[str, int], int] = {}
+        for answer in await self._sentinel_answers():
+            if answer["flags"] == {"master"}:
+                where = (answer["ip"], answer["port"])
+                votes[where] = votes.get(where, 0) + 1
+        for where, count in votes.items():
+            if count >= self._majority():
+                return where
+        raise ChannelError("no master is named by a majority of the sentinels")
+
+    async def _check_master(self, address: tuple[str, int], *, connecting: bool = False) -> None:
+        """Fail (ChannelError) unless a majority of the sentinels name `address` as the
+        master, with no flag but `master`, and no sentinel with its link up disputes it.
+
+        A sentinel that does not answer in time, or whose own view of the link is down
+        (`s_down`, `disconnected`), is skipped. When one names another master with its
+        link up, or flags a failover (`o_down`, `failover_in_progress`, any flag but
+        `master` and the link flags), the store is told first (`on_master(None)`) to hold
+        its calls. Else, on connecting, it is told the address (its calls resume there).
+        """
+        named = 0
+        doubt = ""
+        for answer in await self._sentinel_answers():
+            flags, where = answer["flags"], (answer["ip"], answer["port"])
             said = (
                 f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
                 f"master, subscribed to {address[0]}:{address[1]}"
             )
-            if where != address or flags - _LINK_FLAGS != {"master"}:
+            if flags - _LINK_FLAGS != {"master"}:
+                doubt = doubt or said  # a failover, as the sentinels agreed
+            elif flags & _LINK_FLAGS:
+                continue  # this sentinel cannot see the master: it decides nothing
+            elif where != address:
                 doubt = doubt or said
-            elif flags != {"master"}:
-                weak = weak or said
-            named += 1
+            else:
+                named += 1
         if doubt:
             if self._on_master is not None:
                 await self._on_master(None)
             raise ChannelError(doubt)
-        if not named:
-            raise ChannelError("no sentinel answered")
+        if named < self._majority():
+            raise ChannelError(
+                f"{named} sentinel(s) name the master subscribed to; a majority must"
+            )
         if connecting and self._on_master is not None:
             await self._on_master(address)
-        if weak:
-            raise ChannelError(weak)
 
     async def register(self, ttl: float) -> None:
         self._command_client()
@@ -346,6 +390,9 @@ class RedisChannel(Channel):
         await self._command_client().publish(self._notices, notice)
 
     async def disconnect(self) -> None:
+        asking, self._asking = list(self._asking.values()), {}
+        for task in asking:
+            task.cancel()
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
@@ -393,7 +440,9 @@ class RedisClusterChannel(Channel):
     Each master's subscription turns on `CLIENT TRACKING … BCAST PREFIX <prefix>key:` there
     (a key's record lives on one master, so the one that holds it sends its invalidations)
     and subscribes to notices and this process's acknowledgements (a cluster delivers a
-    `PUBLISH` on any node to the subscribers of every node). A probe pings every master's
+    `PUBLISH` on any node to the subscribers of every node). Every master is subscribed to,
+    one that holds no slot yet included: a resharding moves keys to it before it owns
+    their slot. A probe pings every master's
     subscription, and checks that the masters are still the ones subscribed to: after a
     failover or a resharding the probe fails, the cache stops trusting itself, and the next
     connection subscribes on the new masters. The registry of readers is a sorted set in one
@@ -452,10 +501,12 @@ class RedisClusterChannel(Channel):
     async def _current_masters(self) -> frozenset[str]:
         client = self._command_client()
         nodes: dict[str, Any] = await self._shielded(client.cluster_nodes())
+        # Masters that hold no slot too: a resharding moves keys to a new master before it
+        # owns their slot (served there through ASK), and writes there must be heard.
         return frozenset(
             address
             for address, node in nodes.items()
-            if "master" in str(node["flags"]) and "fail" not in str(node["flags"]) and node["slots"]
+            if "master" in str(node["flags"]) and "fail" not in str(node["flags"])
         )
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:

@@ -72,6 +72,15 @@ class KeyStore(abc.ABC):
     schemes: ClassVar[tuple[str, ...]] = ()
     """URL schemes this store serves, e.g. `("redis", "rediss")`."""
 
+    @property
+    def usage_per_key(self) -> bool:
+        """True when `add_usage` applies each key's share of a batch on its own, and skips
+        it again by batch id and key id, rather than the whole batch at once: a batch that
+        failed may then be sent again split by key, under its id, so that one key that
+        cannot be written holds no other key's counts (a Redis Cluster, one slot per key).
+        False by default: a batch is sent again only whole."""
+        return False
+
     @classmethod
     @abc.abstractmethod
     def from_url(cls, url: str, **options: Any) -> KeyStore:

@@ -27,6 +27,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
+from redis.cluster import PRIMARY
 
 from apikeys.errors import ConfigurationError
 
@@ -212,6 +213,29 @@ def parse_redis_url(url: str) -> RedisTarget:
     )
 
 
+class _FollowingCluster(RedisCluster):
+    """redis-py's cluster client, able to follow an ASK redirection to a master its slot
+    map does not list yet (one a resharding is moving a slot to, before it owns any).
+
+    redis-py looks the node of an ASK up by name and, not finding it, fails with
+    AttributeError; `redis-cli -c` follows it. Here the node is added to the client's nodes
+    as a master (as redis-py does for the node of a MOVED), and the ASK is followed.
+    """
+
+    def get_node(
+        self, host: str | None = None, port: int | None = None, node_name: str | None = None
+    ) -> ClusterNode | None:
+        node = super().get_node(host, port, node_name)
+        if node is None and node_name is not None and host is None and port is None:
+            # The only lookup by name alone on a command's path is an ASK's target.
+            address, _, number = node_name.rpartition(":")
+            if address and number.isdigit():
+                manager = self.nodes_manager
+                node = ClusterNode(address, int(number), PRIMARY, **manager.connection_kwargs)
+                manager.set_nodes(manager.nodes_cache, {node.name: node})
+        return node
+
+
 def redis_client(
     target: RedisTarget, **options: Any
 ) -> tuple[Redis | RedisCluster, Sentinel | None]:
@@ -231,7 +255,7 @@ def redis_client(
     }
     if target.kind == "cluster":
         merged.pop("timeout", None)  # a cluster node's pool does not wait for a connection
-        cluster = RedisCluster(
+        cluster = _FollowingCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in target.hosts], **merged
         )
         return cluster, None
@@ -242,9 +266,16 @@ def redis_client(
         for name, value in merged.items()
         if name in ("socket_timeout", "socket_connect_timeout", "username", "password", "protocol")
     }
+    # The sentinels' own connections get the store's timeouts and no retries too: else
+    # redis-py's default retries (with backoff) hold a call for many seconds on a sentinel
+    # that is frozen or unreachable, before the next one is asked.
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(target.hosts),
-        sentinel_kwargs={**sentinel_options, "decode_responses": True},
+        sentinel_kwargs={
+            **sentinel_options,
+            "retry": Retry(NoBackoff(), 0),
+            "decode_responses": True,
+        },
         **merged,
     )
     master = sentinel.master_for(target.service_name, db=target.db)

@@ -94,20 +94,13 @@ from redis.asyncio.sentinel import Sentinel
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
-    ClusterDownError,
-    ClusterError,
-    MovedError,
     NoScriptError,
-    ReadOnlyError,
-    RedisClusterException,
-    ResponseError,
-    TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from apikeys.channels.redis import RedisChannel, RedisClusterChannel, notices_channel
 from apikeys.errors import (
+    APIKeyError,
     ChangeNotConfirmed,
     ConfigurationError,
     DuplicateKeyId,
@@ -151,24 +144,6 @@ __all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
 
 DEFAULT_KEY_PREFIX = "apikeys:"
 
-# Errors that mean "Redis cannot serve this right now": connection failures and timeouts
-# (BusyLoadingError, a server still loading its dataset, and MasterNotFoundError, Sentinel
-# knowing no master, are ConnectionErrors), a replica refusing a write (ReadOnlyError), and
-# a cluster between two slot maps (MOVED or ASK once the redirections are used up,
-# CLUSTERDOWN, MASTERDOWN, TRYAGAIN). Built-in TimeoutError (and asyncio's) is an OSError.
-UNAVAILABLE: Final[tuple[type[BaseException], ...]] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ReadOnlyError,
-    MovedError,
-    AskError,
-    ClusterDownError,
-    TryAgainError,
-    ClusterError,
-    RedisClusterException,
-    OSError,
-)
-
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -188,17 +163,20 @@ def _lua(name: str) -> str:
 
 @contextmanager
 def _unavailable_as_store_error() -> Iterator[None]:
-    """Turn connection failures, timeouts and failover refusals into `StoreUnavailable`."""
+    """Turn every failure of a call to Redis into `StoreUnavailable` (503): connection
+    failures, timeouts and failover refusals, and also whatever else the client raises.
+
+    redis-py's cluster client can fail in the middle of a resharding with errors that are
+    no Redis error at all (an AttributeError on an ASK to a node it does not know, in
+    redis-py 8.1); a Redis reply the store did not expect (a key overwritten by another
+    client with another type) is no reason to answer 500 either. apikeys' own errors pass.
+    """
     try:
         yield
-    except UNAVAILABLE as exc:
-        raise StoreUnavailable(exc) from exc
-    except ResponseError as exc:
-        # Sentinel's and the cluster's refusals that redis-py has no class for.
-        text = str(exc)
-        if text.startswith(("MASTERDOWN", "NOREPLICAS", "LOADING", "READONLY")):
-            raise StoreUnavailable(exc) from exc
+    except APIKeyError:
         raise
+    except Exception as exc:
+        raise StoreUnavailable(exc) from exc
 
 
 def _encode_time(moment: datetime) -> str:
@@ -616,23 +594,37 @@ class RedisStore(KeyStore):
         timeout_ms = max(1, int(self._wait_timeout * 1000))
         if script.sha is None or script.sha == "":
             script.sha = str(await client.script_load(script.script))
-        for attempt in (1, 2):
+        asking = None
+        for attempt in (1, 2, 3):
             # One pipeline: EVALSHA and WAIT travel on one connection to the key's master,
             # and WAIT counts the replicas that have that connection's writes.
             async with client.pipeline(transaction=False) as pipe:
                 # execute_command: redis-py's cluster pipeline refuses its evalsha method.
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 if self._cluster:
-                    pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
+                    target = asking or node
+                    if asking is not None:
+                        pipe.execute_command("ASKING", target_nodes=target)
+                    pipe.execute_command(
+                        "EVALSHA", script.sha, len(keys), *keys, *args, target_nodes=target
+                    )
+                    pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=target)
                     results = await pipe.execute(raise_on_error=False, allow_redirections=False)
                 else:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                     pipe.execute_command("WAIT", replicas, timeout_ms)
                     results = await pipe.execute(raise_on_error=False)
-            reply, acknowledged = results
-            if isinstance(reply, NoScriptError) and attempt == 1:
+            reply, acknowledged = results[-2:]
+            if isinstance(reply, NoScriptError) and attempt < 3:
                 # Nothing ran: the server lost the script (restart, failover). Load it, again.
                 script.sha = str(await client.script_load(script.script))
                 continue
+            if isinstance(reply, AskError) and asking is None:
+                # The key's slot is moving to another master, which holds the key's data
+                # already: nothing ran. Ask that master, with ASKING on the same connection
+                # (`redis-cli -c` does the same).
+                asking = client.get_node(node_name=f"{reply.host}:{reply.port}")
+                if asking is not None:
+                    continue
             if isinstance(reply, BaseException):
                 raise reply
             if isinstance(acknowledged, BaseException) or int(acknowledged) < replicas:
@@ -990,6 +982,12 @@ class RedisStore(KeyStore):
             pool.master_address = address
             await pool.disconnect(inuse_connections=True)
         self._held = False
+
+    @property
+    def usage_per_key(self) -> bool:
+        """On a cluster, each key's share of a usage batch is applied and marked in the
+        key's slot on its own (see the module doc)."""
+        return self._cluster
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
         # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
