@@ -14,10 +14,10 @@ the example service uses). Keys are hashed with `APIKEYS_PEPPER`: give the comma
 same pepper as the service, or the service will not recognise the keys created here.
 
 Exit status: 0 done, 1 refused (unknown id, enabling a revoked key, store unreachable, a key
-found by `scan`) with a one-line reason on stderr, 2 usage error, 3 a key made and printed by
-`create` or `roll` that the store's replicas did not confirm (a warning on stderr). A full
-key is printed only by `create` and `roll`, once; every other output shows the masked form
-`ak_<id>_…`.
+found by `scan`) with a one-line reason on stderr, 2 usage error. A key made by `create` or
+`roll` that the store's replicas did not confirm is printed all the same, with a warning on
+stderr, and exits 0. A full key is printed only by `create` and `roll`, once; every other
+output shows the masked form `ak_<id>_…`.
 """
 
 from __future__ import annotations

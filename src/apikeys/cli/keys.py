@@ -34,7 +34,6 @@ from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
 from apikeys.manager import KeyManager
 from apikeys.types import REVOKED, CreatedKey, KeyRecord, Status
 
-UNCONFIRMED_EXIT_STATUS = 3
 """`create` and `roll`: the key was made and printed, but its store's replicas did not
 confirm it in time (a failover could lose it)."""
 
@@ -101,7 +100,7 @@ def create(
     created = _run(ctx, work, uses_secrets=True)
     if as_json:
         _echo_json(created.to_dict())
-        _exit_if_unconfirmed(ctx, created)
+        _warn_if_unconfirmed(created)
         return
     record = created.record
     click.echo(created.key)
@@ -115,12 +114,13 @@ def create(
         f"Copy the key now: it is shown only this once. Lists show it as {record.prefix}",
         err=True,
     )
-    _exit_if_unconfirmed(ctx, created)
+    _warn_if_unconfirmed(created)
 
 
-def _exit_if_unconfirmed(ctx: click.Context, created: CreatedKey) -> None:
+def _warn_if_unconfirmed(created: CreatedKey) -> None:
     """A new key its store's replicas did not confirm: printed all the same (it works, and
-    cannot be shown again), then a warning on stderr and exit status 3."""
+    cannot be shown again), then a warning on stderr; the exit status stays 0, since the
+    key was made and shown (a script that stops on a non-zero status would lose it)."""
     if created.warning is None:
         return
     click.echo(
@@ -128,7 +128,6 @@ def _exit_if_unconfirmed(ctx: click.Context, created: CreatedKey) -> None:
         f"check later that `apikeys show {created.record.id}` finds it, and create another if not.",
         err=True,
     )
-    ctx.exit(UNCONFIRMED_EXIT_STATUS)
 
 
 @main.command()
@@ -478,7 +477,7 @@ def roll(
     created, old = _run(ctx, work, uses_secrets=True)
     if as_json:
         _echo_json({**created.to_dict(), "replaced": old.to_dict()})
-        _exit_if_unconfirmed(ctx, created)
+        _warn_if_unconfirmed(created)
         return
     record = created.record
     click.echo(created.key)
@@ -508,4 +507,4 @@ def roll(
         )
     else:
         click.echo(f"The old key {old.prefix} is {status} and no longer works.", err=True)
-    _exit_if_unconfirmed(ctx, created)
+    _warn_if_unconfirmed(created)
