@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.cache import KeyCache
 from apikeys.channels.base import Channel, ChannelError, parse_notice
-from apikeys.errors import KeyDisabled, KeyExpired, KeyRevoked
+from apikeys.errors import ChangeNotConfirmed, KeyDisabled, KeyExpired, KeyRevoked
 from apikeys.types import ACTIVE, DISABLED, REVOKED, StoredKey, utcnow
 from tests.conftest import TEST_PEPPER
 
@@ -554,3 +554,38 @@ async def test_unknown_ids_never_push_real_records_out() -> None:
         await cache.load(f"{number:012d}")
     assert "ffffffffffff" in cache._entries
     assert len(cache._missing) == cache.max_missing == 10
+
+
+async def test_if_a_change_commits_unconfirmed_then_it_is_announced_and_dropped_all_the_same() -> (
+    None
+):
+    # A change whose replicas did not confirm it in time was made all the same: readers must
+    # hear of it and this process must stop serving the old record, before the error is raised.
+    store = MemoryStore()
+    await store.insert(_stored("dddddddddddd"))
+    clock = FakeClock()
+    channel = BusChannel(Bus(clock))
+    cache = KeyCache(store, channel, clock=clock, sleep=clock.sleep, autostart=False)
+    await cache.connect()
+    assert cache.get("dddddddddddd") is None  # a reader from now on
+    await cache.load("dddddddddddd")
+    await _probe_round(cache, channel)
+    assert cache.get("dddddddddddd") is not None
+    published: list[str] = []
+    original = channel.publish
+
+    async def publish(notice: str) -> None:
+        published.append(notice)
+        await original(notice)
+
+    channel.publish = publish  # type: ignore[method-assign]
+
+    async def revoke_unconfirmed(notice: str | None) -> None:
+        await store.set_state("dddddddddddd", REVOKED, allowed_from=(ACTIVE,), at=utcnow())
+        raise ChangeNotConfirmed(1, 0, 0.5)
+
+    with pytest.raises(ChangeNotConfirmed):
+        await cache.change("dddddddddddd", revoke_unconfirmed, wait=False)
+    assert published
+    assert published[0].endswith(":dddddddddddd")
+    assert cache.get("dddddddddddd") is None

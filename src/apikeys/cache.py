@@ -43,6 +43,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from apikeys.channels.base import STORE_WRITER, Channel, parse_notice
+from apikeys.errors import ChangeNotConfirmed
 from apikeys.stores.base import KeyStore
 from apikeys.types import StoredKey
 
@@ -228,8 +229,14 @@ class KeyCache:
         if wait:
             await self._await_connection()
             channel.expect(notice)
+        unconfirmed: ChangeNotConfirmed | None = None
         try:
-            result = await apply(notice if channel.native else None)
+            try:
+                result = await apply(notice if channel.native else None)
+            except ChangeNotConfirmed as exc:
+                # Committed all the same (only its replication is unconfirmed): announce it and
+                # wait as for any change, then say so.
+                unconfirmed = exc
             if not channel.native:
                 await channel.publish(notice)
             published = self._clock()
@@ -238,6 +245,8 @@ class KeyCache:
                 await self._await_delivery(notice, published)
         finally:
             channel.forget(notice)
+        if unconfirmed is not None:
+            raise unconfirmed
         return result
 
     async def _await_delivery(self, notice: str, published: float) -> None:
