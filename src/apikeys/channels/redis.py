@@ -22,7 +22,7 @@
   each connection (its `ROLE` is checked). Each probe (and each connection) also asks every
   sentinel, as Sentinel's own clients follow the majority: the probe passes when a majority
   of the sentinels name the master subscribed to, with no other flag. A sentinel that does
-  not answer within `SENTINEL_ANSWER_WAIT` (down, cut off, frozen), or that sees the master
+  not answer within 0.3 s (down, cut off, frozen), or that sees the master
   down or its own link to it down (`s_down`, `disconnected`), is skipped: no veto. But when
   one names another master with its link up, or flags a failover (`o_down`,
   `failover_in_progress`, any flag but `master` and those two), the probe fails, and the
@@ -85,9 +85,10 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')
 # sentinel is skipped: it cannot tell where the master is.
 _LINK_FLAGS = frozenset({"s_down", "disconnected"})
 
-SENTINEL_ANSWER_WAIT = 0.3
-"""Seconds a probe waits for the sentinels' answers; one that has not answered by then is
-skipped, and not asked again before its answer (or its socket timeout) comes."""
+# Seconds a probe waits for the sentinels' answers (well within a probe's half lease): one
+# that has not answered by then is skipped, and not asked again before its answer (or its
+# socket timeout) comes.
+_SENTINEL_ANSWER_WAIT = 0.3
 
 _OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
@@ -291,7 +292,7 @@ class RedisChannel(Channel):
             await self._check_master(self._address)
 
     async def _sentinel_answers(self) -> list[dict[str, Any]]:
-        """What each sentinel that answers within `SENTINEL_ANSWER_WAIT` says about the
+        """What each sentinel that answers within `_SENTINEL_ANSWER_WAIT` says about the
         master, as `{"ip", "port", "flags"}` (flags a set). One that fails, or still owes
         the answer to an earlier question (frozen, say), is left out."""
         assert self._sentinel is not None
@@ -304,7 +305,7 @@ class RedisChannel(Channel):
                 task.add_done_callback(_settled)
                 self._asking[id(sentinel)] = task
             tasks.append(task)
-        await asyncio.wait(tasks, timeout=SENTINEL_ANSWER_WAIT)
+        await asyncio.wait(tasks, timeout=_SENTINEL_ANSWER_WAIT)
         answers = []
         for task in tasks:
             if not task.done() or task.cancelled() or task.exception() is not None:
