@@ -100,6 +100,34 @@ _OPTIONS: dict[str, Any] = {
 }
 
 
+def _sentinel_verdict(
+    answers: Sequence[Mapping[str, Any]], address: tuple[str, int]
+) -> tuple[str, int]:
+    """What the sentinels' answers (`{"ip", "port", "flags"}`) say of `address` as the
+    master: why it is in doubt ("" if it is not), and how many sentinels name it cleanly.
+
+    In doubt when one names another master with its link up, or flags a failover (any
+    flag but `master` and the link flags); a sentinel whose own link is down is skipped.
+    """
+    named = 0
+    doubt = ""
+    for answer in answers:
+        flags, where = set(answer["flags"]), (answer["ip"], answer["port"])
+        said = (
+            f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
+            f"master, subscribed to {address[0]}:{address[1]}"
+        )
+        if flags - _LINK_FLAGS != {"master"}:
+            doubt = doubt or said  # a failover, as the sentinels agreed
+        elif flags & _LINK_FLAGS:
+            continue  # this sentinel cannot see the master: it decides nothing
+        elif where != address:
+            doubt = doubt or said
+        else:
+            named += 1
+    return doubt, named
+
+
 def _key_id(rest: str) -> str:
     """The key id in what follows `<prefix>key:` in a Redis key's name (`{id}` or `id`)."""
     if rest.startswith("{"):
@@ -346,22 +374,7 @@ class RedisChannel(Channel):
         `master` and the link flags), the store is told first (`on_master(None)`) to hold
         its calls. Else, on connecting, it is told the address (its calls resume there).
         """
-        named = 0
-        doubt = ""
-        for answer in await self._sentinel_answers():
-            flags, where = answer["flags"], (answer["ip"], answer["port"])
-            said = (
-                f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
-                f"master, subscribed to {address[0]}:{address[1]}"
-            )
-            if flags - _LINK_FLAGS != {"master"}:
-                doubt = doubt or said  # a failover, as the sentinels agreed
-            elif flags & _LINK_FLAGS:
-                continue  # this sentinel cannot see the master: it decides nothing
-            elif where != address:
-                doubt = doubt or said
-            else:
-                named += 1
+        doubt, named = _sentinel_verdict(await self._sentinel_answers(), address)
         if doubt:
             if self._on_master is not None:
                 await self._on_master(None)
