@@ -412,3 +412,42 @@ async def test_the_sentinel_connections_get_the_store_timeouts_and_no_retries() 
             assert kwargs["retry"].get_retries() == 0
     finally:
         await store.aclose()
+
+
+# -- whatever a call to Redis raises is a 503 --------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["string", "list", "set", "zset"])
+async def test_a_key_overwritten_with_another_type_fails_closed_with_503(
+    redis_url: str, redis_key_prefix: str, kind: str
+) -> None:
+    """Another client replaces a key's hash with a value of another type: Redis answers
+    WRONGTYPE to every read and change of it. Each is a 503 (StoreUnavailable), never an
+    error the middleware would answer 500 to, and nothing admits the key."""
+    hasher = Hasher(pepper=PEPPER)
+    manager = KeyManager(
+        store_from_url(redis_url, key_prefix=redis_key_prefix), hasher=hasher, cache=False
+    )
+    try:
+        created = await manager.create(name="overwritten", full_access=True)
+        store = manager.store
+        assert isinstance(store, RedisStore)
+        name = store.key_name(created.record.id)
+        client = store.client
+        await client.delete(name)
+        if kind == "string":
+            await client.set(name, "x")
+        elif kind == "list":
+            await client.rpush(name, "x")
+        elif kind == "set":
+            await client.sadd(name, "x")
+        else:
+            await client.zadd(name, {"x": 1})
+        with pytest.raises(StoreUnavailable):
+            await manager.verify(created.key)
+        with pytest.raises(StoreUnavailable):
+            await manager.revoke(created.record.id)
+        with pytest.raises(StoreUnavailable):
+            await manager.list()
+    finally:
+        await manager.aclose()

@@ -22,7 +22,7 @@
   each connection (its `ROLE` is checked). Each probe (and each connection) also asks every
   sentinel, as Sentinel's own clients follow the majority: the probe passes when a majority
   of the sentinels name the master subscribed to, with no other flag. A sentinel that does
-  not answer within `SENTINEL_ANSWER_WAIT` (down, cut off, frozen), or that sees the master
+  not answer within 0.3 s (down, cut off, frozen), or that sees the master
   down or its own link to it down (`s_down`, `disconnected`), is skipped: no veto. But when
   one names another master with its link up, or flags a failover (`o_down`,
   `failover_in_progress`, any flag but `master` and those two), the probe fails, and the
@@ -85,9 +85,10 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ms, '+inf')
 # sentinel is skipped: it cannot tell where the master is.
 _LINK_FLAGS = frozenset({"s_down", "disconnected"})
 
-SENTINEL_ANSWER_WAIT = 0.3
-"""Seconds a probe waits for the sentinels' answers; one that has not answered by then is
-skipped, and not asked again before its answer (or its socket timeout) comes."""
+# Seconds a probe waits for the sentinels' answers (well within a probe's half lease): one
+# that has not answered by then is skipped, and not asked again before its answer (or its
+# socket timeout) comes.
+_SENTINEL_ANSWER_WAIT = 0.3
 
 _OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
@@ -97,6 +98,34 @@ _OPTIONS: dict[str, Any] = {
     "protocol": 2,
     "decode_responses": True,
 }
+
+
+def _sentinel_verdict(
+    answers: Sequence[Mapping[str, Any]], address: tuple[str, int]
+) -> tuple[str, int]:
+    """What the sentinels' answers (`{"ip", "port", "flags"}`) say of `address` as the
+    master: why it is in doubt ("" if it is not), and how many sentinels name it cleanly.
+
+    In doubt when one names another master with its link up, or flags a failover (any
+    flag but `master` and the link flags); a sentinel whose own link is down is skipped.
+    """
+    named = 0
+    doubt = ""
+    for answer in answers:
+        flags, where = set(answer["flags"]), (answer["ip"], answer["port"])
+        said = (
+            f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
+            f"master, subscribed to {address[0]}:{address[1]}"
+        )
+        if flags - _LINK_FLAGS != {"master"}:
+            doubt = doubt or said  # a failover, as the sentinels agreed
+        elif flags & _LINK_FLAGS:
+            continue  # this sentinel cannot see the master: it decides nothing
+        elif where != address:
+            doubt = doubt or said
+        else:
+            named += 1
+    return doubt, named
 
 
 def _key_id(rest: str) -> str:
@@ -291,7 +320,7 @@ class RedisChannel(Channel):
             await self._check_master(self._address)
 
     async def _sentinel_answers(self) -> list[dict[str, Any]]:
-        """What each sentinel that answers within `SENTINEL_ANSWER_WAIT` says about the
+        """What each sentinel that answers within `_SENTINEL_ANSWER_WAIT` says about the
         master, as `{"ip", "port", "flags"}` (flags a set). One that fails, or still owes
         the answer to an earlier question (frozen, say), is left out."""
         assert self._sentinel is not None
@@ -304,7 +333,7 @@ class RedisChannel(Channel):
                 task.add_done_callback(_settled)
                 self._asking[id(sentinel)] = task
             tasks.append(task)
-        await asyncio.wait(tasks, timeout=SENTINEL_ANSWER_WAIT)
+        await asyncio.wait(tasks, timeout=_SENTINEL_ANSWER_WAIT)
         answers = []
         for task in tasks:
             if not task.done() or task.cancelled() or task.exception() is not None:
@@ -345,22 +374,7 @@ class RedisChannel(Channel):
         `master` and the link flags), the store is told first (`on_master(None)`) to hold
         its calls. Else, on connecting, it is told the address (its calls resume there).
         """
-        named = 0
-        doubt = ""
-        for answer in await self._sentinel_answers():
-            flags, where = answer["flags"], (answer["ip"], answer["port"])
-            said = (
-                f"a sentinel names {where[0]}:{where[1]} ({','.join(sorted(flags))}) as the "
-                f"master, subscribed to {address[0]}:{address[1]}"
-            )
-            if flags - _LINK_FLAGS != {"master"}:
-                doubt = doubt or said  # a failover, as the sentinels agreed
-            elif flags & _LINK_FLAGS:
-                continue  # this sentinel cannot see the master: it decides nothing
-            elif where != address:
-                doubt = doubt or said
-            else:
-                named += 1
+        doubt, named = _sentinel_verdict(await self._sentinel_answers(), address)
         if doubt:
             if self._on_master is not None:
                 await self._on_master(None)
