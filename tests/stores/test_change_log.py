@@ -19,6 +19,7 @@ import pytest
 
 from apikeys.channels.base import Channel, ChannelError
 from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql_log import POSTGRES_TRIGGERS
 from apikeys.types import ACTIVE, REVOKED, utcnow
 from tests.stores.test_store_conformance import make_key
 
@@ -289,3 +290,101 @@ async def test_a_sqlite_reader_prunes_a_long_log_a_batch_at_a_time(
         await channel.disconnect()
         await store.aclose()
     assert left == [7, 2, 1, 1]
+
+
+# Changes that do not pass the triggers: the triggers disabled, or their function replaced,
+# and put back, in the transaction of the change itself. The catalogs show the triggers in
+# force before it and after it; the reader must still notice that something got by them.
+_ALWAYS = tuple(
+    f'ALTER TABLE "{{table}}" ENABLE ALWAYS TRIGGER "{name}"' for name in POSTGRES_TRIGGERS
+)
+BYPASSES = {
+    "disabled and enabled always": ('ALTER TABLE "{table}" DISABLE TRIGGER USER', *_ALWAYS),
+    "disabled and enabled": (
+        'ALTER TABLE "{table}" DISABLE TRIGGER USER',
+        'ALTER TABLE "{table}" ENABLE TRIGGER USER',
+    ),
+    "disabled all": (
+        'ALTER TABLE "{table}" DISABLE TRIGGER ALL',
+        'ALTER TABLE "{table}" ENABLE TRIGGER ALL',
+        *_ALWAYS,
+    ),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("bypass", sorted(BYPASSES))
+@pytest.mark.parametrize("change", ["update", "delete"])
+async def test_a_change_that_got_past_the_triggers_inside_its_transaction_ends_the_proof(
+    postgres_url: str, bypass: str, change: str
+) -> None:
+    import asyncpg
+
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        await store.insert(make_key("k-bypass"))
+        assert await reader.probe() == ["k-bypass"]
+        before, *after = BYPASSES[bypass]
+        async with connection.transaction():
+            await connection.execute(before.format(table=table))
+            if change == "update":
+                await connection.execute(
+                    f"UPDATE \"{table}\" SET state = 'revoked' WHERE id = 'k-bypass'"  # noqa: S608
+                )
+            else:
+                await connection.execute(f"DELETE FROM \"{table}\" WHERE id = 'k-bypass'")  # noqa: S608
+            for statement in after:
+                await connection.execute(statement.format(table=table))
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+        # A reader that starts again (its cache dropped) trusts the log from then on.
+        await reader.channel.disconnect()
+        await reader.connect()
+        await store.insert(make_key("k-after"))
+        assert await reader.probe() == ["k-after"]
+    finally:
+        await connection.close()
+        await reader.channel.disconnect()
+        await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_a_change_made_while_the_log_function_was_replaced_ends_the_proof(
+    postgres_url: str,
+) -> None:
+    import asyncpg
+
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        await store.insert(make_key("k-replaced"))
+        assert await reader.probe() == ["k-replaced"]
+        function, definition = await connection.fetchrow(
+            "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_trigger t "
+            "JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgrelid = $1::regclass LIMIT 1",
+            table,
+        )
+        async with connection.transaction():
+            await connection.execute(
+                f"CREATE OR REPLACE FUNCTION {function} RETURNS trigger LANGUAGE plpgsql "
+                "AS $$ BEGIN RETURN NULL; END $$"
+            )
+            await connection.execute(
+                f"UPDATE \"{table}\" SET state = 'revoked' WHERE id = 'k-replaced'"  # noqa: S608
+            )
+            await connection.execute(definition)  # the function as it was
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+    finally:
+        await connection.close()
+        await reader.channel.disconnect()
+        await store.aclose()

@@ -65,6 +65,7 @@ __all__ = [
     "install_change_log",
     "table_schema",
     "trigger_names",
+    "trigger_seal_sql",
 ]
 
 # The version of the PostgreSQL triggers: they watch every column but the usage ones, so a
@@ -160,6 +161,27 @@ def check_change_log_sql(
         + keys_name.replace("'", "''")
         + "'"
         + f" AND name IN ({listed})"
+    )
+
+
+def trigger_seal_sql(keys_name: str, schema: str | None, names: Sequence[str]) -> str:
+    """SQL (a scalar subquery) of the *seal* of the PostgreSQL triggers `names` on the keys
+    table: how many are enabled `ALWAYS`, and each one's and its function's oid and row
+    version (`xmin`). NULL when none is.
+
+    Disabling a trigger and enabling it again, replacing its function and putting it back,
+    or dropping and making it again, each inside the transaction of a change that so got
+    past the log, leaves the catalogs as they were but for these row versions: a reader
+    that finds another seal than the one it started with cannot know what it missed.
+    """
+    listed = ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+    qualified = f'"{schema}"."{keys_name}"' if schema else f'"{keys_name}"'
+    return (
+        "(SELECT count(*) || ':' || string_agg(t.oid::text || '.' || t.xmin::text || '.' "
+        "|| p.oid::text || '.' || p.xmin::text, ',' ORDER BY t.oid) "
+        "FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+        "WHERE t.tgrelid = to_regclass('" + qualified.replace("'", "''") + "') "
+        f"AND t.tgname IN ({listed}) AND t.tgenabled = 'A')"
     )
 
 
