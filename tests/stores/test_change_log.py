@@ -388,3 +388,68 @@ async def test_a_change_made_while_the_log_function_was_replaced_ends_the_proof(
         await connection.close()
         await reader.channel.disconnect()
         await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_the_postgres_change_log_stays_about_the_size_of_what_it_keeps(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The log keeps its newest entries (KEEP_CHANGES; fewer here, so the test is light) and
+    # deletes the oldest 128 at a time. Vacuumed whenever its storage parameters tell
+    # autovacuum to (after every so many dead rows), it reuses what it freed and never
+    # grows past a small multiple of a table holding the entries it keeps.
+    import asyncpg
+
+    import apikeys.stores.sql_log as sql_log
+
+    keep = 1_000
+    monkeypatch.setattr(sql_log, "KEEP_CHANGES", keep)
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    changes = f"{table}_changes"
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        options = await connection.fetchval(
+            "SELECT reloptions FROM pg_class WHERE oid = $1::regclass", changes
+        )
+        assert set(sql_log.CHANGES_STORAGE) <= set(options or ())
+        threshold = next(
+            int(option.split("=")[1])
+            for option in options
+            if option.startswith("autovacuum_vacuum_threshold=")
+        )
+        assert "autovacuum_vacuum_scale_factor=0" in options  # not a share of the table
+        for number in range(10):
+            await store.insert(make_key(f"k-size-{number}"))
+
+        async def change(count: int) -> None:
+            # One transaction per change, as the store's writers make them.
+            for number in range(count):
+                await connection.execute(
+                    f'UPDATE "{table}" SET name = $1 WHERE id = $2',  # noqa: S608
+                    f"name {number} {uuid.uuid4().hex}",
+                    f"k-size-{number % 10}",
+                )
+
+        async def size() -> int:
+            return int(await connection.fetchval("SELECT pg_total_relation_size($1)", changes))
+
+        await change(keep)
+        await connection.execute(f'VACUUM "{changes}"')
+        full = await size()  # the entries kept, and their indexes
+        sizes = []
+        for _ in range(6):
+            await change(threshold)  # as many dead rows as start an autovacuum
+            await connection.execute(f'VACUUM "{changes}"')
+            sizes.append(await size())
+        kept = await connection.fetchval(f'SELECT count(*) FROM "{changes}"')  # noqa: S608
+        assert keep <= kept < keep + 128
+        print(f"kept {kept} entries: {full} bytes, then {sizes}")
+        # Up to `threshold` dead entries beside the ones kept (here as many again), and
+        # then no growth: the space freed is used again.
+        assert max(sizes) <= 3 * full, (full, sizes)
+        assert sizes[-1] <= sizes[1] * 1.25, (full, sizes)
+    finally:
+        await connection.close()
+        await store.aclose()

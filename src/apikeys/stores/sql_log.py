@@ -57,6 +57,7 @@ import sqlalchemy as sa
 from apikeys.channels.base import STORE_WRITER
 
 __all__ = [
+    "CHANGES_STORAGE",
     "KEEP_CHANGES",
     "POSTGRES_TRIGGERS",
     "SECRET_COLUMNS",
@@ -289,12 +290,31 @@ def _install_postgres(
         connection.execute(
             sa.text(f"ALTER TABLE {qualified(changes.name)} ALTER COLUMN seq TYPE bigint")
         )
+    _ensure_storage(connection, qualified(changes.name))
     name = f"{_PG_BASE}_{_digest(schema, keys.name)}"
     body = _postgres_function_body(
         keys, qualified(log.name), qualified(changes.name), qualified(f"{keys.name}_webhooks")
     )
     function = _ensure_function(connection, schema, name, qualified(name), body)
     _ensure_triggers(connection, qualified(keys.name), qualified(name), function)
+
+
+CHANGES_STORAGE: Final = ("autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000")
+"""The change log's table's storage parameters on PostgreSQL. The triggers delete the
+oldest entries 128 at a time; vacuumed after every 1,000 dead rows (not the default 20 %
+of the table), the space they leave is reused by the next entries, and the table stays
+about the size of the entries it keeps."""
+
+
+def _ensure_storage(connection: sa.Connection, changes_name: str) -> None:
+    """Give the change log's table `CHANGES_STORAGE`, unless it has them (DDL only then)."""
+    options = connection.execute(
+        sa.text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:t)"),
+        {"t": changes_name},
+    ).scalar_one()
+    if set(CHANGES_STORAGE) <= set(options or ()):
+        return
+    connection.execute(sa.text(f"ALTER TABLE {changes_name} SET ({', '.join(CHANGES_STORAGE)})"))
 
 
 def _postgres_function_body(
