@@ -453,3 +453,47 @@ async def test_the_postgres_change_log_stays_about_the_size_of_what_it_keeps(
     finally:
         await connection.close()
         await store.aclose()
+
+
+@pytest.mark.parametrize("change", ["update", "delete"])
+async def test_a_sqlite_change_made_while_the_triggers_were_dropped_ends_the_proof(
+    tmp_path: Path, change: str
+) -> None:
+    # SQLite cannot disable a trigger: dropping it and making it again around the change,
+    # in one transaction, is the same bypass.
+    path = tmp_path / "keys.db"
+    store = SQLStore(f"sqlite:///{path}")
+    await store.setup()
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    try:
+        await store.insert(make_key("k-dropped"))
+        assert await reader.probe() == ["k-dropped"]
+        connection = sqlite3.connect(path, isolation_level=None)
+        try:
+            triggers = connection.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"
+            ).fetchall()
+            connection.execute("BEGIN IMMEDIATE")
+            for name, _ in triggers:
+                connection.execute(f'DROP TRIGGER "{name}"')
+            if change == "update":
+                connection.execute(
+                    "UPDATE apikeys_keys SET state = 'revoked' WHERE id = 'k-dropped'"
+                )
+            else:
+                connection.execute("DELETE FROM apikeys_keys WHERE id = 'k-dropped'")
+            for _, sql in triggers:
+                connection.execute(sql)
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+        await reader.channel.disconnect()
+        await reader.connect()
+        await store.insert(make_key("k-after"))
+        assert await reader.probe() == ["k-after"]
+    finally:
+        await reader.channel.disconnect()
+        await store.aclose()
