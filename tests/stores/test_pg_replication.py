@@ -192,3 +192,78 @@ def test_setup_says_nothing_of_replication_without_replicas(
     if replicas != (0,):
         pytest.skip("the shared PostgreSQL server has replicas")
     assert _setup_warnings(postgres_url, caplog) == []
+
+
+# --- the failover itself ----------------------------------------------------------------------
+
+PEPPER = "replication-test-pepper-0123456789abcdef"
+
+
+async def _create(url: str) -> tuple[str, str]:
+    from apikeys import Hasher, KeyManager
+
+    async with KeyManager(SQLStore(url), hasher=Hasher(pepper=PEPPER), cache=False) as manager:
+        await manager.setup()
+        created = await manager.create(name="failover", workspace="w", scopes=["a:read"])
+        return created.key, created.record.id
+
+
+async def _revoke(url: str, key_id: str) -> None:
+    from apikeys import Hasher, KeyManager
+
+    async with KeyManager(SQLStore(url), hasher=Hasher(pepper=PEPPER), cache=False) as manager:
+        await manager.revoke(key_id)
+
+
+async def _admitted(url: str, token: str) -> bool:
+    from apikeys import Hasher, KeyManager
+    from apikeys.errors import KeyRevoked
+
+    async with KeyManager(SQLStore(url), hasher=Hasher(pepper=PEPPER), cache=False) as manager:
+        try:
+            await manager.verify(token, record_usage=False)
+        except KeyRevoked:
+            return False
+        return True
+
+
+def _fail_over(cluster: Cluster) -> str:
+    """The primary lost at once (no shutdown), the replica promoted: its URL."""
+    cluster.run("pg_ctl", "-D", str(cluster.root / "primary"), "-m", "immediate", "stop")
+    cluster.run("pg_ctl", "-D", str(cluster.root / "replica"), "-w", "promote")
+    return f"postgresql://postgres@127.0.0.1:{cluster.replica_port}/postgres"
+
+
+def _on_replica(cluster: Cluster, key_id: str) -> None:
+    cluster_sql = f"SELECT count(*) FROM apikeys_keys WHERE id = '{key_id}'"  # noqa: S608
+    deadline = time.monotonic() + 60
+    while cluster.sql(cluster_sql, cluster.replica_port) != "1":
+        if time.monotonic() > deadline:
+            pytest.fail("the key never reached the replica")
+        time.sleep(0.1)
+
+
+def test_a_failover_to_an_asynchronous_replica_that_lags_loses_a_revoke(
+    replicated: Cluster,
+) -> None:
+    token, key_id = asyncio.run(_create(replicated.primary_url))
+    _on_replica(replicated, key_id)
+    # The replica falls behind (here: it is stopped), which asynchronous replication
+    # allows: the revoke returns all the same.
+    replicated.run("pg_ctl", "-D", str(replicated.root / "replica"), "-m", "fast", "stop")
+    asyncio.run(_revoke(replicated.primary_url, key_id))
+    replicated.run("pg_ctl", "-D", str(replicated.root / "primary"), "-m", "immediate", "stop")
+    replicated.start(replicated.root / "replica", replicated.replica_port)
+    replicated.run("pg_ctl", "-D", str(replicated.root / "replica"), "-w", "promote")
+    promoted = f"postgresql://postgres@127.0.0.1:{replicated.replica_port}/postgres"
+    assert asyncio.run(_admitted(promoted, token))  # the revoke is lost
+
+
+def test_a_failover_to_a_synchronous_replica_keeps_a_revoke(replicated: Cluster) -> None:
+    replicated.sql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+    replicated.sql("SELECT pg_reload_conf()")
+    replicated.wait_for("SELECT string_agg(sync_state, ',') FROM pg_stat_replication", "sync")
+    token, key_id = asyncio.run(_create(replicated.primary_url))
+    asyncio.run(_revoke(replicated.primary_url, key_id))
+    promoted = _fail_over(replicated)
+    assert not asyncio.run(_admitted(promoted, token))
