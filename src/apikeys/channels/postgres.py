@@ -12,7 +12,10 @@
   committed before the probe is in what it reads, so a notice lost on the way (a connection
   pooler in transaction mode, a cut connection, a writer that sent none) costs no more than
   a probe's delay. A reader that finds a hole (it fell behind the pruning), another
-  identity or a lower mark (a restored or remade database) starts afresh.
+  identity or a lower mark (a restored or remade database) starts afresh. The same statement
+  reads the seal of the log's triggers (their and their function's oids and catalog row
+  versions): a change made while they were disabled or replaced, and put back in its own
+  transaction, is in no log but changes the seal, and the reader starts afresh.
 - The registry of readers is the table `<table>_readers` (reader id, when it runs out in
   seconds since the epoch), compared with the server's `clock_timestamp()`.
 """

@@ -39,6 +39,13 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 - `check_change_log` tells whether the triggers are there and enabled; readers run it with
   every registration, and give no proof while they are not (a table rebuilt by a migration
   tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.
+  On PostgreSQL every probe also compares the triggers' seal (`trigger_seal_sql`), which
+  a change made while they were disabled or replaced and put back in its own transaction
+  alters; on SQLite, `PRAGMA schema_version` (`apikeys.channels.sqlite`).
+- `setup()` reads the catalogs and changes only what differs from what this release makes
+  (the function's source and settings, each trigger's shape and enabled state, the change
+  log's storage parameters): on a schema that is right it writes nothing and takes no lock
+  stronger than a read.
 """
 
 # Every name in this SQL is a quoted identifier of the store's own tables; values are bound.
