@@ -19,6 +19,7 @@ import pytest
 
 from apikeys.channels.base import Channel, ChannelError
 from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql_log import POSTGRES_TRIGGERS
 from apikeys.types import ACTIVE, REVOKED, utcnow
 from tests.stores.test_store_conformance import make_key
 
@@ -289,3 +290,210 @@ async def test_a_sqlite_reader_prunes_a_long_log_a_batch_at_a_time(
         await channel.disconnect()
         await store.aclose()
     assert left == [7, 2, 1, 1]
+
+
+# Changes that do not pass the triggers: the triggers disabled, or their function replaced,
+# and put back, in the transaction of the change itself. The catalogs show the triggers in
+# force before it and after it; the reader must still notice that something got by them.
+_ALWAYS = tuple(
+    f'ALTER TABLE "{{table}}" ENABLE ALWAYS TRIGGER "{name}"' for name in POSTGRES_TRIGGERS
+)
+BYPASSES = {
+    "disabled and enabled always": ('ALTER TABLE "{table}" DISABLE TRIGGER USER', *_ALWAYS),
+    "disabled and enabled": (
+        'ALTER TABLE "{table}" DISABLE TRIGGER USER',
+        'ALTER TABLE "{table}" ENABLE TRIGGER USER',
+    ),
+    "disabled all": (
+        'ALTER TABLE "{table}" DISABLE TRIGGER ALL',
+        'ALTER TABLE "{table}" ENABLE TRIGGER ALL',
+        *_ALWAYS,
+    ),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("bypass", sorted(BYPASSES))
+@pytest.mark.parametrize("change", ["update", "delete"])
+async def test_a_change_that_got_past_the_triggers_inside_its_transaction_ends_the_proof(
+    postgres_url: str, bypass: str, change: str
+) -> None:
+    import asyncpg
+
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        await store.insert(make_key("k-bypass"))
+        assert await reader.probe() == ["k-bypass"]
+        before, *after = BYPASSES[bypass]
+        async with connection.transaction():
+            await connection.execute(before.format(table=table))
+            if change == "update":
+                await connection.execute(
+                    f"UPDATE \"{table}\" SET state = 'revoked' WHERE id = 'k-bypass'"  # noqa: S608
+                )
+            else:
+                await connection.execute(f"DELETE FROM \"{table}\" WHERE id = 'k-bypass'")  # noqa: S608
+            for statement in after:
+                await connection.execute(statement.format(table=table))
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+        # A reader that starts again (its cache dropped) trusts the log from then on.
+        await reader.channel.disconnect()
+        await reader.connect()
+        await store.insert(make_key("k-after"))
+        assert await reader.probe() == ["k-after"]
+    finally:
+        await connection.close()
+        await reader.channel.disconnect()
+        await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_a_change_made_while_the_log_function_was_replaced_ends_the_proof(
+    postgres_url: str,
+) -> None:
+    import asyncpg
+
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        await store.insert(make_key("k-replaced"))
+        assert await reader.probe() == ["k-replaced"]
+        function, definition = await connection.fetchrow(
+            "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_trigger t "
+            "JOIN pg_proc p ON p.oid = t.tgfoid WHERE t.tgrelid = $1::regclass LIMIT 1",
+            table,
+        )
+        async with connection.transaction():
+            await connection.execute(
+                f"CREATE OR REPLACE FUNCTION {function} RETURNS trigger LANGUAGE plpgsql "
+                "AS $$ BEGIN RETURN NULL; END $$"
+            )
+            await connection.execute(
+                f"UPDATE \"{table}\" SET state = 'revoked' WHERE id = 'k-replaced'"  # noqa: S608
+            )
+            await connection.execute(definition)  # the function as it was
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+    finally:
+        await connection.close()
+        await reader.channel.disconnect()
+        await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_the_postgres_change_log_stays_about_the_size_of_what_it_keeps(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The log keeps its newest entries (KEEP_CHANGES; fewer here, so the test is light) and
+    # deletes the oldest 128 at a time. Vacuumed whenever its storage parameters tell
+    # autovacuum to (after every so many dead rows), it reuses what it freed and never
+    # grows past a small multiple of a table holding the entries it keeps.
+    import asyncpg
+
+    import apikeys.stores.sql_log as sql_log
+
+    keep = 1_000
+    monkeypatch.setattr(sql_log, "KEEP_CHANGES", keep)
+    store = SQLStore(postgres_url, table_name=f"log_keys_{uuid.uuid4().hex[:10]}")
+    await store.setup()
+    table = store.table.name
+    changes = f"{table}_changes"
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        options = await connection.fetchval(
+            "SELECT reloptions FROM pg_class WHERE oid = $1::regclass", changes
+        )
+        assert set(sql_log.CHANGES_STORAGE) <= set(options or ())
+        threshold = next(
+            int(option.split("=")[1])
+            for option in options
+            if option.startswith("autovacuum_vacuum_threshold=")
+        )
+        assert "autovacuum_vacuum_scale_factor=0" in options  # not a share of the table
+        for number in range(10):
+            await store.insert(make_key(f"k-size-{number}"))
+
+        async def change(count: int) -> None:
+            # One transaction per change, as the store's writers make them.
+            for number in range(count):
+                await connection.execute(
+                    f'UPDATE "{table}" SET name = $1 WHERE id = $2',  # noqa: S608
+                    f"name {number} {uuid.uuid4().hex}",
+                    f"k-size-{number % 10}",
+                )
+
+        async def size() -> int:
+            return int(await connection.fetchval("SELECT pg_total_relation_size($1)", changes))
+
+        await change(keep)
+        await connection.execute(f'VACUUM "{changes}"')
+        full = await size()  # the entries kept, and their indexes
+        sizes = []
+        for _ in range(6):
+            await change(threshold)  # as many dead rows as start an autovacuum
+            await connection.execute(f'VACUUM "{changes}"')
+            sizes.append(await size())
+        kept = await connection.fetchval(f'SELECT count(*) FROM "{changes}"')  # noqa: S608
+        assert keep <= kept < keep + 128
+        print(f"kept {kept} entries: {full} bytes, then {sizes}")
+        # Up to `threshold` dead entries beside the ones kept (here as many again), and
+        # then no growth: the space freed is used again.
+        assert max(sizes) <= 3 * full, (full, sizes)
+        assert sizes[-1] <= sizes[1] * 1.25, (full, sizes)
+    finally:
+        await connection.close()
+        await store.aclose()
+
+
+@pytest.mark.parametrize("change", ["update", "delete"])
+async def test_a_sqlite_change_made_while_the_triggers_were_dropped_ends_the_proof(
+    tmp_path: Path, change: str
+) -> None:
+    # SQLite cannot disable a trigger: dropping it and making it again around the change,
+    # in one transaction, is the same bypass.
+    path = tmp_path / "keys.db"
+    store = SQLStore(f"sqlite:///{path}")
+    await store.setup()
+    reader = Reader(store.channel())  # type: ignore[arg-type]
+    await reader.connect()
+    try:
+        await store.insert(make_key("k-dropped"))
+        assert await reader.probe() == ["k-dropped"]
+        connection = sqlite3.connect(path, isolation_level=None)
+        try:
+            triggers = connection.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"
+            ).fetchall()
+            connection.execute("BEGIN IMMEDIATE")
+            for name, _ in triggers:
+                connection.execute(f'DROP TRIGGER "{name}"')
+            if change == "update":
+                connection.execute(
+                    "UPDATE apikeys_keys SET state = 'revoked' WHERE id = 'k-dropped'"
+                )
+            else:
+                connection.execute("DELETE FROM apikeys_keys WHERE id = 'k-dropped'")
+            for _, sql in triggers:
+                connection.execute(sql)
+            connection.execute("COMMIT")
+        finally:
+            connection.close()
+        with pytest.raises(ChannelError, match="trigger"):
+            await reader.probe()
+        await reader.channel.disconnect()
+        await reader.connect()
+        await store.insert(make_key("k-after"))
+        assert await reader.probe() == ["k-after"]
+    finally:
+        await reader.channel.disconnect()
+        await store.aclose()

@@ -12,7 +12,10 @@
   committed before the probe is in what it reads, so a notice lost on the way (a connection
   pooler in transaction mode, a cut connection, a writer that sent none) costs no more than
   a probe's delay. A reader that finds a hole (it fell behind the pruning), another
-  identity or a lower mark (a restored or remade database) starts afresh.
+  identity or a lower mark (a restored or remade database) starts afresh. The same statement
+  reads the seal of the log's triggers (their and their function's oids and catalog row
+  versions): a change made while they were disabled or replaced, and put back in its own
+  transaction, is in no log but changes the seal, and the reader starts afresh.
 - The registry of readers is the table `<table>_readers` (reader id, when it runs out in
   seconds since the epoch), compared with the server's `clock_timestamp()`.
 """
@@ -25,10 +28,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apikeys.channels.base import Channel, ChannelError, parse_notice
-from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql
+from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql, trigger_seal_sql
 
 __all__ = ["PostgresChannel", "notice_channel_name"]
 
+_BYPASSED = (
+    "the keys table's change log triggers or their function were altered (disabled, replaced "
+    "or made again): a change may have got past the log, so the cache starts afresh"
+)
 _UNLOGGED = (
     "the keys table's change log triggers are missing or disabled: the cache is not "
     "trusted until setup() makes them again"
@@ -92,6 +99,7 @@ class PostgresChannel(Channel):
         self._on_notice: Callable[[str], None] | None = None
         self._identity = ""
         self._last = 0
+        self._seal: str | None = None
         # One statement at a time on the listening connection (asyncpg refuses overlaps):
         # probes, registrations, acknowledgements and registry reads take turns.
         self._turn = asyncio.Lock()
@@ -113,16 +121,24 @@ class PostgresChannel(Channel):
 
     @property
     def _mark_sql(self) -> str:
-        return f"SELECT seq, identity FROM {self._name(self._log_table)} WHERE id = 1"  # noqa: S608
+        return (
+            f"SELECT seq, identity, {self._seal_sql} AS seal "  # noqa: S608
+            f"FROM {self._name(self._log_table)} WHERE id = 1"
+        )
 
     @property
     def _probe_sql(self) -> str:
         return (
-            "SELECT l.seq AS high, l.identity, c.seq, c.notice "  # noqa: S608
+            "SELECT l.seq AS high, l.identity, c.seq, c.notice, "  # noqa: S608
+            f"{self._seal_sql} AS seal "
             f"FROM {self._name(self._log_table)} l "
             f"LEFT JOIN {self._name(self._changes_table)} c "
             "ON c.seq > $1 WHERE l.id = 1 ORDER BY c.seq"
         )
+
+    @property
+    def _seal_sql(self) -> str:
+        return trigger_seal_sql(self._table_name, self._schema, POSTGRES_TRIGGERS)
 
     @property
     def _triggers_sql(self) -> str:
@@ -165,6 +181,10 @@ class PostgresChannel(Channel):
             connection.terminate()
             raise
         self._identity, self._last = row["identity"], row["seq"]
+        # The seal is read with the mark, in one snapshot: a change that got past the
+        # triggers before it is in what the (empty) cache reads from now on; one after it
+        # changes the seal, which every probe compares.
+        self._seal = row["seal"]
         self._on_notice = on_notice
         self._connection = connection
 
@@ -198,6 +218,10 @@ class PostgresChannel(Channel):
             # Another history (a restored or remade database, the log's row deleted):
             # nothing cached can be trusted; the cache is cleared on reconnection.
             raise ChannelError("the change log was reset")
+        if rows[0]["seal"] != self._seal:
+            # The triggers were disabled, replaced or made again since the reader started:
+            # whatever happened meanwhile may not be in the log.
+            raise ChannelError(_BYPASSED)
         high = rows[0]["high"]
         changes = [(row["seq"], row["notice"]) for row in rows if row["seq"] is not None]
         if high > self._last and (not changes or changes[0][0] != self._last + 1):

@@ -38,6 +38,10 @@ class _Unprepared(Exception):
     """The log's row or its triggers are missing: `setup()` makes them."""
 
 
+_SCHEMA_CHANGED = (
+    "the database's schema changed (the keys table's change log triggers among what may "
+    "have been dropped and made again): the cache starts afresh"
+)
 _DELIVERY_POLL = 0.002
 # Log entries pruned at most at one registration (one a lease in each process).
 _PRUNE_BATCH = 5_000
@@ -82,6 +86,7 @@ class SQLiteChannel(Channel):
         self._write_lock = asyncio.Lock()
         self._on_notice: Callable[[str], None] | None = None
         self._version = -1
+        self._schema = -1
         self._last = 0
         self._seq_of: dict[str, int] = {}
         self._acked = 0
@@ -127,6 +132,7 @@ class SQLiteChannel(Channel):
     def _start(self, connection: sqlite3.Connection) -> tuple[str, int, int]:
         inode = os.stat(self.path).st_ino
         self._version = connection.execute("PRAGMA data_version").fetchone()[0]
+        self._schema = connection.execute("PRAGMA schema_version").fetchone()[0]
         identity, high = self._history(connection)
         if not self._logging(connection):
             raise _Unprepared("no such table: the change log's triggers")
@@ -158,6 +164,11 @@ class SQLiteChannel(Channel):
             version = connection.execute("PRAGMA data_version").fetchone()[0]
             if version == self._version:
                 return
+            if connection.execute("PRAGMA schema_version").fetchone()[0] != self._schema:
+                # Triggers dropped and made again (or any other schema change) around a
+                # change in one transaction leave the triggers in place and the change
+                # unlogged: whatever happened meanwhile may not be in the log.
+                raise ChannelError(_SCHEMA_CHANGED)
             identity, high = self._history(connection)
             rows = connection.execute(
                 f'SELECT seq, notice FROM "{self._changes}" WHERE seq > ? ORDER BY seq',  # noqa: S608

@@ -94,6 +94,7 @@ from apikeys.stores.sql_engine import (
     is_sqlite_memory,
     is_unavailable,
     raise_translated,
+    replication_risk,
     split_url_options,
     unavailable_hint,
 )
@@ -995,8 +996,17 @@ class SQLStore(KeyStore):
         try:
             async with self._setup_lock, self._turn():
                 await create_concurrently(self._engine, self._create_schema)
+                if self._engine.dialect.name == "postgresql":
+                    await self._check_replication()
         except Exception as exc:
             raise_translated(self._translate(exc), exc)
+
+    async def _check_replication(self) -> None:
+        """Log a warning when a failover could lose a change (CONTRACT section 15)."""
+        async with self._engine.connect() as conn:
+            risk = await conn.run_sync(replication_risk)
+        if risk is not None:
+            logger.warning("apikeys: %s", risk)
 
     async def claim_setting(
         self, name: str, value: str, *, replacing: Collection[str] = ()

@@ -26,6 +26,7 @@ __all__ = [
     "is_unavailable",
     "make_engine",
     "raise_translated",
+    "replication_risk",
     "split_url_options",
     "unavailable_hint",
 ]
@@ -399,3 +400,46 @@ def is_duplicate(exc: sa_exc.IntegrityError) -> bool:
         return bool(sqlstate == "23505")  # unique_violation
     message = str(orig)
     return "UNIQUE constraint failed" in message or "PRIMARY KEY" in message
+
+
+# --- replication ---------------------------------------------------------------------------
+
+# `synchronous_commit` values that wait for no standby: a commit is not on any replica yet.
+_LOCAL_COMMIT: Final = frozenset({"off", "local"})
+
+
+def replication_risk(connection: sa.Connection) -> str | None:
+    """What a failover could lose on this PostgreSQL server, or None.
+
+    Streaming replicas (physical `pg_stat_replication` rows; logical subscribers are no
+    failover target) without synchronous replication receive a commit after it returned: a
+    failover to one loses a revoke that had returned, and every process admits the key
+    again. None when there are no replicas, or when `synchronous_standby_names` names them
+    and `synchronous_commit` (as this connection has it) waits for at least `remote_write`.
+    """
+    row = connection.execute(
+        sa.text(
+            "SELECT count(*), count(*) FILTER (WHERE r.sync_state = 'async'), "
+            "current_setting('synchronous_standby_names'), current_setting('synchronous_commit') "
+            "FROM pg_stat_replication r LEFT JOIN pg_stat_activity a ON a.pid = r.pid "
+            "WHERE a.datid IS NULL"
+        )
+    ).one()
+    replicas, unsynced, names, commit = int(row[0]), int(row[1]), str(row[2]), str(row[3])
+    if replicas == 0:
+        return None
+    if not names.strip():
+        why = "synchronous_standby_names is empty"
+    elif commit in _LOCAL_COMMIT:
+        why = f"synchronous_commit is {commit}"
+    elif unsynced:
+        why = f"{unsynced} of them not named in synchronous_standby_names"
+    else:
+        return None
+    return (
+        f"PostgreSQL streams to {replicas} replica(s) without synchronous replication ({why}): "
+        "a failover to one can lose a revoke that already returned, and every process would "
+        "admit the key again. Set synchronous_standby_names to name the replicas you fail "
+        "over to and synchronous_commit to remote_write, on or remote_apply "
+        "(docs/deploying.md, PostgreSQL replication)."
+    )

@@ -39,6 +39,13 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 - `check_change_log` tells whether the triggers are there and enabled; readers run it with
   every registration, and give no proof while they are not (a table rebuilt by a migration
   tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.
+  On PostgreSQL every probe also compares the triggers' seal (`trigger_seal_sql`), which
+  a change made while they were disabled or replaced and put back in its own transaction
+  alters; on SQLite, `PRAGMA schema_version` (`apikeys.channels.sqlite`).
+- `setup()` reads the catalogs and changes only what differs from what this release makes
+  (the function's source and settings, each trigger's shape and enabled state, the change
+  log's storage parameters): on a schema that is right it writes nothing and takes no lock
+  stronger than a read.
 """
 
 # Every name in this SQL is a quoted identifier of the store's own tables; values are bound.
@@ -46,6 +53,7 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
 from collections.abc import Sequence
@@ -56,6 +64,7 @@ import sqlalchemy as sa
 from apikeys.channels.base import STORE_WRITER
 
 __all__ = [
+    "CHANGES_STORAGE",
     "KEEP_CHANGES",
     "POSTGRES_TRIGGERS",
     "SECRET_COLUMNS",
@@ -64,6 +73,7 @@ __all__ = [
     "install_change_log",
     "table_schema",
     "trigger_names",
+    "trigger_seal_sql",
 ]
 
 # The version of the PostgreSQL triggers: they watch every column but the usage ones, so a
@@ -109,16 +119,21 @@ def install_change_log(
     Run inside the store's schema creation (which takes turns between processes).
     """
     # The mark starts at the newest change already logged: a log made again (its row
-    # deleted by hand) never hands out a sequence number twice.
-    connection.execute(
-        sa.text(
-            f"INSERT INTO {_table(connection, log)} (id, seq, identity) "
-            f"SELECT 1, COALESCE(max(seq), 0), :identity FROM {_table(connection, changes)} "
-            # (SQLite reads ON CONFLICT after a SELECT as a join's without a WHERE.)
-            "WHERE true ON CONFLICT (id) DO NOTHING"
-        ),
-        {"identity": secrets.token_hex(16)},
-    )
+    # deleted by hand) never hands out a sequence number twice. Written only when missing:
+    # a setup on a schema that is right writes nothing (and takes no write lock).
+    present = connection.execute(
+        sa.text(f"SELECT 1 FROM {_table(connection, log)} WHERE id = 1")
+    ).first()
+    if present is None:
+        connection.execute(
+            sa.text(
+                f"INSERT INTO {_table(connection, log)} (id, seq, identity) "
+                f"SELECT 1, COALESCE(max(seq), 0), :identity FROM {_table(connection, changes)} "
+                # (SQLite reads ON CONFLICT after a SELECT as a join's without a WHERE.)
+                "WHERE true ON CONFLICT (id) DO NOTHING"
+            ),
+            {"identity": secrets.token_hex(16)},
+        )
     if connection.dialect.name == "postgresql":
         _install_postgres(connection, keys, changes, log)
     elif connection.dialect.name == "sqlite":
@@ -154,6 +169,27 @@ def check_change_log_sql(
         + keys_name.replace("'", "''")
         + "'"
         + f" AND name IN ({listed})"
+    )
+
+
+def trigger_seal_sql(keys_name: str, schema: str | None, names: Sequence[str]) -> str:
+    """SQL (a scalar subquery) of the *seal* of the PostgreSQL triggers `names` on the keys
+    table: how many are enabled `ALWAYS`, and each one's and its function's oid and row
+    version (`xmin`). NULL when none is.
+
+    Disabling a trigger and enabling it again, replacing its function and putting it back,
+    or dropping and making it again, each inside the transaction of a change that so got
+    past the log, leaves the catalogs as they were but for these row versions: a reader
+    that finds another seal than the one it started with cannot know what it missed.
+    """
+    listed = ", ".join("'" + name.replace("'", "''") + "'" for name in names)
+    qualified = f'"{schema}"."{keys_name}"' if schema else f'"{keys_name}"'
+    return (
+        "(SELECT count(*) || ':' || string_agg(t.oid::text || '.' || t.xmin::text || '.' "
+        "|| p.oid::text || '.' || p.xmin::text, ',' ORDER BY t.oid) "
+        "FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+        "WHERE t.tgrelid = to_regclass('" + qualified.replace("'", "''") + "') "
+        f"AND t.tgname IN ({listed}) AND t.tgenabled = 'A')"
     )
 
 
@@ -247,45 +283,57 @@ def table_schema(connection: sa.Connection, keys: sa.Table) -> str:
 def _install_postgres(
     connection: sa.Connection, keys: sa.Table, changes: sa.Table, log: sa.Table
 ) -> None:
-    from apikeys.channels.postgres import notice_channel_name
-
+    """Make, mend or leave the function and triggers of the log: read from the catalogs,
+    and only what differs from what this release makes is changed (DDL takes a lock that
+    waits for every reader of the keys table, and that every reader then waits for)."""
     quote = connection.dialect.identifier_preparer
     schema = table_schema(connection, keys)
 
     def qualified(name: str) -> str:
         return f"{quote.quote(schema)}.{quote.quote(name)}"
 
-    keys_name = qualified(keys.name)
-    rows, updates, truncate = trigger_names(keys, "postgresql")
-    existing = {
-        (row[0], row[1])
-        for row in connection.execute(
-            sa.text(
-                "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = to_regclass(:t) "
-                "AND NOT tgisinternal"
-            ),
-            {"t": keys_name},
-        )
-    }
-    if {(rows, "A"), (updates, "A"), (truncate, "A")} <= existing:
-        return
     # Changes (seq) are bigint: a table made by an earlier release had an int column.
     if _column_type(connection, schema, changes.name, "seq") == "integer":
         connection.execute(
             sa.text(f"ALTER TABLE {qualified(changes.name)} ALTER COLUMN seq TYPE bigint")
         )
-    function = qualified(f"{_PG_BASE}_{_digest(schema, keys.name)}")
-    log_name, changes_name = qualified(log.name), qualified(changes.name)
-    hooks_name = qualified(f"{keys.name}_webhooks")
+    _ensure_storage(connection, qualified(changes.name))
+    name = f"{_PG_BASE}_{_digest(schema, keys.name)}"
+    body = _postgres_function_body(
+        keys, qualified(log.name), qualified(changes.name), qualified(f"{keys.name}_webhooks")
+    )
+    function = _ensure_function(connection, schema, name, qualified(name), body)
+    _ensure_triggers(connection, qualified(keys.name), qualified(name), function)
+
+
+CHANGES_STORAGE: Final = ("autovacuum_vacuum_scale_factor=0", "autovacuum_vacuum_threshold=1000")
+"""The change log's table's storage parameters on PostgreSQL. The triggers delete the
+oldest entries 128 at a time; vacuumed after every 1,000 dead rows (not the default 20 %
+of the table), the space they leave is reused by the next entries, and the table stays
+about the size of the entries it keeps."""
+
+
+def _ensure_storage(connection: sa.Connection, changes_name: str) -> None:
+    """Give the change log's table `CHANGES_STORAGE`, unless it has them (DDL only then)."""
+    options = connection.execute(
+        sa.text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:t)"),
+        {"t": changes_name},
+    ).scalar_one()
+    if set(CHANGES_STORAGE) <= set(options or ()):
+        return
+    connection.execute(sa.text(f"ALTER TABLE {changes_name} SET ({', '.join(CHANGES_STORAGE)})"))
+
+
+def _postgres_function_body(
+    keys: sa.Table, log_name: str, changes_name: str, hooks_name: str
+) -> str:
+    """The source of the log's trigger function (`pg_proc.prosrc` once it is made)."""
+    from apikeys.channels.postgres import notice_channel_name
+
     hidden = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
     secret = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))
     channel = notice_channel_name(keys.name)
-    usage = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS))
-    connection.execute(
-        sa.text(
-            f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql
-SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $log$
+    return f"""
 DECLARE
   s bigint;
   k text;
@@ -343,39 +391,105 @@ BEGIN
   END LOOP;
   RETURN NULL;
 END
-$log$
 """
-        )
+
+
+# `search_path` as the function is made with it, as `pg_proc.proconfig` keeps it.
+_FUNCTION_CONFIG: Final = "search_path=pg_catalog, pg_temp"
+
+
+def _ensure_function(
+    connection: sa.Connection, schema: str, name: str, qualified: str, body: str
+) -> int:
+    """The oid of the log's function, made or replaced only when its source, its
+    `SECURITY DEFINER` or its `search_path` differ from this release's."""
+    read = sa.text(
+        "SELECT p.oid::bigint, p.prosrc, p.prosecdef, array_to_string(p.proconfig, ';') "
+        "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "WHERE n.nspname = :schema AND p.proname = :name AND p.pronargs = 0"
     )
-    # Version 2 replaces version 1 (which an older release's `setup()` may make again: its
-    # entries carry no event, and are no webhook's business).
-    for name in (rows, updates, truncate, *_PG_OLDER):
-        connection.execute(sa.text(f"DROP TRIGGER IF EXISTS {quote.quote(name)} ON {keys_name}"))
-    # Deferred to commit: the log's row is locked last, after every key row the
-    # transaction touches, so two transactions cannot wait for each other through it.
+    row = connection.execute(read, {"schema": schema, "name": name}).first()
+    if row is not None and (row[1], row[2], row[3]) == (body, True, _FUNCTION_CONFIG):
+        return int(row[0])
     connection.execute(
         sa.text(
+            f"CREATE OR REPLACE FUNCTION {qualified}() RETURNS trigger LANGUAGE plpgsql "
+            f"SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $log${body}$log$"
+        )
+    )
+    return int(connection.execute(read, {"schema": schema, "name": name}).one()[0])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Trigger:
+    """What `pg_trigger` says of a trigger: its function, `tgtype` bits, whether it is
+    deferred to commit, whether it has a `WHEN`, and (apart) how it is enabled."""
+
+    function: int
+    kind: int
+    deferrable: bool
+    deferred: bool
+    when: bool
+
+
+def _ensure_triggers(connection: sa.Connection, keys_name: str, function: str, oid: int) -> None:
+    """Make the triggers of the log on `keys_name` that are missing or differ, drop an older
+    release's, and enable (`ALWAYS`) those that are not: nothing when all is right."""
+    quote = connection.dialect.identifier_preparer
+    rows, updates, truncate = POSTGRES_TRIGGERS
+    usage = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS))
+    # tgtype bits: 1 row, 4 insert, 8 delete, 16 update, 32 truncate (after, when not 2).
+    wanted = {
+        rows: (
+            _Trigger(oid, 13, deferrable=True, deferred=True, when=False),
+            # Deferred to commit: the log's row is locked last, after every key row the
+            # transaction touches, so two transactions cannot wait for each other through it.
             f"CREATE CONSTRAINT TRIGGER {quote.quote(rows)} AFTER INSERT OR DELETE "
             f"ON {keys_name} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
-            f"EXECUTE FUNCTION {function}()"
-        )
-    )
-    connection.execute(
-        sa.text(
+            f"EXECUTE FUNCTION {function}()",
+        ),
+        updates: (
+            _Trigger(oid, 17, deferrable=True, deferred=True, when=True),
             f"CREATE CONSTRAINT TRIGGER {quote.quote(updates)} AFTER UPDATE "
             f"ON {keys_name} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
             f"WHEN ((to_jsonb(OLD) - {usage}) IS DISTINCT FROM (to_jsonb(NEW) - {usage}) "
             "OR (OLD.credits IS NULL) <> (NEW.credits IS NULL)) "
-            f"EXECUTE FUNCTION {function}()"
-        )
-    )
-    connection.execute(
-        sa.text(
+            f"EXECUTE FUNCTION {function}()",
+        ),
+        truncate: (
+            _Trigger(oid, 32, deferrable=False, deferred=False, when=False),
             f"CREATE TRIGGER {quote.quote(truncate)} AFTER TRUNCATE ON {keys_name} "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+        ),
+    }
+    found = {
+        str(row[0]): (_Trigger(int(row[2]), int(row[3]), row[4], row[5], row[6]), str(row[1]))
+        for row in connection.execute(
+            sa.text(
+                # tgenabled is PostgreSQL's one-byte "char": as text, not bytes.
+                "SELECT tgname, tgenabled::text, tgfoid::bigint, tgtype::int, tgdeferrable, "
+                "tginitdeferred, tgqual IS NOT NULL FROM pg_trigger "
+                "WHERE tgrelid = to_regclass(:t) AND NOT tgisinternal"
+            ),
+            {"t": keys_name},
         )
-    )
-    for name in (rows, updates, truncate):
+    }
+    # Version 2 replaces version 1 (which an older release's `setup()` may make again: its
+    # entries carry no event, and are no webhook's business).
+    for name in _PG_OLDER:
+        if name in found:
+            connection.execute(sa.text(f"DROP TRIGGER {quote.quote(name)} ON {keys_name}"))
+    for name, (shape, create) in wanted.items():
+        there = found.get(name)
+        if there is not None and there[0] == shape:
+            if there[1] != "A":
+                connection.execute(
+                    sa.text(f"ALTER TABLE {keys_name} ENABLE ALWAYS TRIGGER {quote.quote(name)}")
+                )
+            continue
+        if there is not None:
+            connection.execute(sa.text(f"DROP TRIGGER {quote.quote(name)} ON {keys_name}"))
+        connection.execute(sa.text(create))
         connection.execute(
             sa.text(f"ALTER TABLE {keys_name} ENABLE ALWAYS TRIGGER {quote.quote(name)}")
         )

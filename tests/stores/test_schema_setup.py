@@ -1,0 +1,151 @@
+"""`setup()` on a schema that is already right changes nothing and takes no lock stronger
+than a read (CONTRACT section 15).
+
+Every command of the command line and every process start runs `setup()`. On a database
+whose schema is right it must neither drop nor make anything, nor wait behind a reader: a
+`pg_dump`, a report, or a transaction left open on the keys table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from apikeys.cli import main
+from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql_schema import store_tables
+from tests import services
+
+PEPPER = "schema-setup-pepper-0123456789abcdef"
+
+
+@pytest.fixture
+def impatient_database() -> Iterator[str]:
+    """A PostgreSQL database of this test's own whose sessions wait at most 300 ms for a
+    lock (`lock_timeout`): a statement that needs a lock a reader holds fails at once."""
+    import psycopg
+
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    name = f"apikeys_setup_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(services.POSTGRES_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '300ms'")
+    try:
+        yield f"{services.POSTGRES_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(services.POSTGRES_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _tables(table: str) -> list[str]:
+    return [made.name for made in store_tables(table)]
+
+
+def _catalog(url: str, table: str) -> list[tuple[Any, ...]]:
+    """Every object of the store's schema with its oid and row version (`xmin`): a drop and
+    create, or any `ALTER`, changes them."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        return connection.execute(
+            "SELECT 'class', c.relname, c.oid::bigint, c.xmin::text FROM pg_class c "
+            "WHERE c.relname LIKE %(like)s "
+            "UNION ALL SELECT 'trigger', t.tgname, t.oid::bigint, t.xmin::text "
+            "FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "WHERE c.relname = %(table)s AND NOT t.tgisinternal "
+            "UNION ALL SELECT 'function', p.proname, p.oid::bigint, p.xmin::text "
+            "FROM pg_proc p WHERE p.proname LIKE 'apikeys_log_%%' "
+            "ORDER BY 1, 2",
+            {"like": f"{table}%", "table": table},
+        ).fetchall()
+
+
+@pytest.mark.postgres
+def test_a_second_setup_on_postgres_makes_nothing_again_and_waits_for_no_reader(
+    impatient_database: str,
+) -> None:
+    import psycopg
+
+    table = f"setup_keys_{uuid.uuid4().hex[:8]}"
+
+    async def setup() -> None:
+        store = SQLStore(impatient_database, table_name=table)
+        try:
+            await store.setup()
+        finally:
+            await store.aclose()
+
+    asyncio.run(setup())
+    before = _catalog(impatient_database, table)
+    assert sum(row[0] == "trigger" for row in before) == 3
+    with psycopg.connect(impatient_database) as reader:
+        # EXCLUSIVE conflicts with every lock but ACCESS SHARE (a plain read): a setup that
+        # wrote a row, or altered, dropped or created anything, would fail on lock_timeout.
+        quoted = ", ".join(f'"{name}"' for name in _tables(table))
+        reader.execute(f"LOCK TABLE {quoted} IN EXCLUSIVE MODE")
+        asyncio.run(setup())
+        asyncio.run(setup())
+        reader.rollback()
+    assert _catalog(impatient_database, table) == before
+
+
+@pytest.mark.postgres
+def test_the_command_line_revokes_while_a_reader_holds_the_keys_table_open(
+    impatient_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    monkeypatch.setenv("APIKEYS_PEPPER", PEPPER)
+    monkeypatch.delenv("APIKEYS_STORE_URL", raising=False)
+    url = impatient_database
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(main, ["--store", url, *args])
+        assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr)
+        return result.stdout
+
+    created = json.loads(cli("create", "--name", "n", "--scope", "a:read", "--json"))
+    with psycopg.connect(url) as reader:
+        # A report (or pg_dump) reading the keys table, its transaction still open.
+        reader.execute("SELECT count(*) FROM apikeys_keys").fetchone()
+        cli("list")
+        cli("revoke", created["id"], "--yes")
+        reader.rollback()
+    assert json.loads(cli("show", created["id"], "--json"))["status"] == "revoked"
+
+
+def test_a_second_setup_on_sqlite_writes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "keys.db"
+
+    async def setup() -> None:
+        store = SQLStore(f"sqlite:///{path}", busy_timeout=0.3)
+        try:
+            await store.setup()
+        finally:
+            await store.aclose()
+
+    asyncio.run(setup())
+    with sqlite3.connect(path) as db:
+        schema = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        version = db.execute("PRAGMA schema_version").fetchone()
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        # Another process in the middle of a write: a setup that wrote would wait for it.
+        writer.execute("BEGIN IMMEDIATE")
+        asyncio.run(setup())
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() == (
+            schema
+        )
+        assert db.execute("PRAGMA schema_version").fetchone() == version
