@@ -255,3 +255,17 @@ def test_cli_metadata_nested_2000_deep_exits_2_and_changes_nothing(
 def test_the_bounds_module_exports_and_documents_its_names(name: str) -> None:
     assert_all_is_complete(name)
     assert_exports_are_documented(name)
+
+
+def test_a_leak_body_nested_deeper_than_the_bound_is_malformed_json() -> None:
+    with pytest.raises(MalformedJSON, match=f"nested more than {MAX_JSON_DEPTH}"):
+        parse_json(b'{"credentials": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    text = b'{"a": "' + b"[" * 50_000 + b'"}'  # brackets in a string are text
+    assert parse_json(text) == {"a": "[" * 50_000}
+
+
+def test_an_import_hash_over_its_bound_is_no_hash_and_is_not_parsed() -> None:
+    from apikeys.importing.foreign import MAX_HASH_LENGTH
+
+    digest = "pbkdf2_sha256$600000$salt$" + "A" * MAX_HASH_LENGTH
+    assert foreign_scheme(digest) is None
