@@ -269,3 +269,40 @@ def test_an_import_hash_over_its_bound_is_no_hash_and_is_not_parsed() -> None:
 
     digest = "pbkdf2_sha256$600000$salt$" + "A" * MAX_HASH_LENGTH
     assert foreign_scheme(digest) is None
+
+
+def test_docs_list_each_bound_with_its_value() -> None:
+    import importlib
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    section = text.split("## Bounded input", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| .+? \| (\d+) \w+ \| `(apikeys[\w.]+)\.(\w+)` \|$", section, re.M)
+    assert len(rows) == 15
+    for value, module, name in rows:
+        assert getattr(importlib.import_module(module), name) == int(value), name
+
+
+PAGE_FIELDS = {
+    "rate_limit": "1 per" + " " * 16_000 + "!",
+    "credit_refill": "1 per" + " " * 16_000 + "x",
+    "metadata": '{"a": ' + "[" * 2000 + "]" * 2000 + "}",
+    "credits": "9" * 5000,
+    "owner": "x" * 16_000,
+    "allowed_ips": "1" * 16_000,
+    "expires": "1" * 16_000 + "d",
+}
+
+
+@pytest.mark.parametrize("field", PAGE_FIELDS)
+def test_settings_page_fields_over_their_bound_are_a_form_error_not_a_500(field: str) -> None:
+    from starlette.datastructures import ImmutableMultiDict
+
+    from apikeys.ui.forms import read_key_form, read_policies
+
+    form = ImmutableMultiDict(
+        {"name": "n", "access": "full", "rate_limit": "", field: PAGE_FIELDS[field]}
+    )
+    values, errors, _ = read_key_form(form, ())
+    read_policies(values, errors)
+    assert set(errors) == {field}
