@@ -23,12 +23,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple
 
 from apikeys.addresses import parse_allowlist
+from apikeys.bounds import check_json_text, check_json_value
 from apikeys.errors import InvalidKeyParameters
 
 __all__ = [
     "MAX_CREDITS",
     "MAX_METADATA_BYTES",
     "MAX_OWNER_LENGTH",
+    "MAX_REFILL_LENGTH",
     "MAX_TEXT_LENGTH",
     "Refill",
     "check_credits",
@@ -45,10 +47,13 @@ MAX_METADATA_BYTES: Final = 4096
 MAX_OWNER_LENGTH: Final = 200
 MAX_CREDITS: Final = 10**12
 MAX_TEXT_LENGTH: Final = 200
+MAX_REFILL_LENGTH: Final = 64
+"""The longest credit refill text read (`1000 per month` and spaces to spare)."""
 _NOT_AN_OBJECT: Final = 'metadata must be a JSON object, e.g. {"plan": "pro"}'
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TEXT_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a name's, as it always was
-_REFILL = re.compile(r"\s*(\d{1,13})\s*(?:/|\s+per\s+)\s*(day|month)\s*", re.IGNORECASE)
+# Possessive, and no two quantifiers on the same run of spaces: linear in the text.
+_REFILL = re.compile(r"\s*+(\d{1,13}+)(?:\s*+/\s*+|\s++per\s++)(day|month)\s*+", re.IGNORECASE)
 
 
 def check_text(value: object, field: str) -> str:
@@ -92,15 +97,32 @@ def load_metadata(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _size(text: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: no store can keep it
+        raise InvalidKeyParameters("metadata must be valid Unicode text") from None
+
+
 def check_metadata(metadata: object) -> dict[str, Any]:
-    """`metadata` as a plain dict, if it is a JSON object of at most 4 KiB encoded."""
+    """`metadata` as a plain dict, if it is a JSON object of at most 4 KiB encoded, nested
+    at most `MAX_JSON_DEPTH` deep. JSON text is measured before it is parsed: text over
+    4 KiB (as UTF-8) is refused unread."""
     if isinstance(metadata, str):
+        if len(metadata) > MAX_METADATA_BYTES or _size(metadata) > MAX_METADATA_BYTES:
+            raise InvalidKeyParameters(
+                f"metadata is over {MAX_METADATA_BYTES} bytes; at most "
+                f"{MAX_METADATA_BYTES} are allowed"
+            )
+        check_json_text(metadata, "metadata")
         try:
             metadata = json.loads(metadata)
         except ValueError:
-            raise InvalidKeyParameters(_NOT_AN_OBJECT) from None
+            raise InvalidKeyParameters(f"metadata is not JSON: {_NOT_AN_OBJECT}") from None
     if not isinstance(metadata, Mapping):
         raise InvalidKeyParameters(_NOT_AN_OBJECT)
+    # Every value takes at least a byte once encoded: more than 4096 cannot fit.
+    check_json_value(metadata, "metadata", max_items=MAX_METADATA_BYTES)
     try:
         text = dump_metadata(metadata)
     except (TypeError, ValueError):
@@ -108,7 +130,7 @@ def check_metadata(metadata: object) -> dict[str, Any]:
             "metadata must hold only JSON values (strings, finite numbers, booleans, null, "
             "lists, objects with string keys)"
         ) from None
-    size = len(text.encode())
+    size = _size(text)
     if size > MAX_METADATA_BYTES:
         raise InvalidKeyParameters(
             f"metadata is {size} bytes as JSON; at most {MAX_METADATA_BYTES} are allowed"
@@ -152,13 +174,18 @@ class Refill(NamedTuple):
 
 
 def parse_refill(text: str | None) -> Refill | None:
-    """`"1000/day"` or `"5000 per month"` as a `Refill`; None for None or ``""``."""
-    if text is None or not text.strip():
+    """`"1000/day"` or `"5000 per month"` as a `Refill`; None for None or ``""``.
+
+    Text over `MAX_REFILL_LENGTH` characters is refused unread (`InvalidKeyParameters`).
+    """
+    if text is None or (isinstance(text, str) and not text.strip()):
         return None
-    match = _REFILL.fullmatch(text) if isinstance(text, str) else None
+    fits = isinstance(text, str) and len(text) <= MAX_REFILL_LENGTH
+    match = _REFILL.fullmatch(text) if fits else None
     if match is None or int(match[1]) > MAX_CREDITS:
         raise InvalidKeyParameters(
-            f"invalid credit refill {str(text)[:60]!r}: write it as '1000/day' or '5000/month'"
+            f"invalid credit refill {str(text)[:60]!r}: write it as '1000/day' or '5000/month' "
+            f"(at most {MAX_REFILL_LENGTH} characters)"
         )
     return Refill(int(match[1]), match[2].lower())
 

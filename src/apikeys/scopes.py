@@ -8,18 +8,33 @@ from collections.abc import Iterable
 
 from apikeys.errors import InvalidKeyParameters
 
-__all__ = ["FULL_ACCESS", "GrantedScopes", "grants_for", "validate_scope", "validate_scopes"]
+__all__ = [
+    "FULL_ACCESS",
+    "MAX_SCOPE_LENGTH",
+    "GrantedScopes",
+    "grants_for",
+    "validate_scope",
+    "validate_scopes",
+]
 
+MAX_SCOPE_LENGTH = 129
+"""The longest scope: a resource and an action of 64 characters each, and the colon."""
 _SCOPE_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}:(?:\*|[a-z][a-z0-9_.-]{0,63})")
 FULL_ACCESS = "*"
 
 
 def validate_scope(scope: str) -> str:
     """Return `scope` if it reads `resource:action` or `resource:*`, else raise."""
-    if not isinstance(scope, str) or _SCOPE_RE.fullmatch(scope) is None:
+    if (
+        not isinstance(scope, str)
+        or len(scope) > MAX_SCOPE_LENGTH
+        or _SCOPE_RE.fullmatch(scope) is None
+    ):
+        shown = repr(scope)
+        shown = shown if len(shown) <= MAX_SCOPE_LENGTH else shown[:MAX_SCOPE_LENGTH] + "…"
         raise InvalidKeyParameters(
-            f"invalid scope {scope!r}: a scope reads 'resource:action' or 'resource:*' "
-            "(lowercase letters, digits, '_', '.', '-')"
+            f"invalid scope {shown}: a scope reads 'resource:action' or 'resource:*' "
+            "(lowercase letters, digits, '_', '.', '-'; at most 64 on each side)"
         )
     return scope
 

@@ -33,6 +33,7 @@ from apikeys.keys import (
     validate_prefix,
 )
 from apikeys.manager import STORE_URL_ENV, KeyManager
+from apikeys.policies import check_metadata
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scope
@@ -140,14 +141,11 @@ def policy_changes(ctx: click.Context, values: dict[str, Any], *, editing: bool)
     if values.get("owner") is not None:
         changes["owner"] = values["owner"]
     if values.get("metadata") is not None:
+        # Measured and parsed by check_metadata, bounded before json.loads sees it.
         try:
-            changes["metadata"] = json.loads(values["metadata"])
-        except ValueError:
-            raise click.BadParameter(
-                'not JSON: write an object, e.g. \'{"plan": "pro"}\'',
-                ctx,
-                param_hint="'--metadata'",
-            ) from None
+            changes["metadata"] = check_metadata(values["metadata"])
+        except InvalidKeyParameters as exc:
+            raise click.BadParameter(str(exc), ctx, param_hint="'--metadata'") from None
     if values.get("allowed_ips"):
         changes["allowed_ips"] = list(values["allowed_ips"])
     if values.get("credits") is not None:

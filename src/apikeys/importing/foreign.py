@@ -42,6 +42,7 @@ __all__ = [
     "INSTALL_HINT",
     "LOOKUP_SETTING",
     "MAX_FOREIGN_LENGTH",
+    "MAX_HASH_LENGTH",
     "digest_handle",
     "foreign_handles",
     "foreign_scheme",
@@ -67,7 +68,9 @@ _PREFIX_RE: Final = re.compile(r"[!-~]{1,64}")
 # Printable ASCII without spaces: what an old system could have issued as a bearer token.
 _TOKEN_RE: Final = re.compile(rf"[!-~]{{8,{MAX_FOREIGN_LENGTH}}}")
 # Every hash format read here is printable ASCII without spaces.
-_HASH_RE: Final = re.compile(r"[!-~]+")
+MAX_HASH_LENGTH: Final = 1024
+"""The longest old hash read: longer text is no hash apikeys can check, refused unread."""
+_HASH_RE: Final = re.compile(rf"[!-~]{{1,{MAX_HASH_LENGTH}}}")
 
 # Salted schemes: a hash of one of these only verifies, it cannot find its key.
 _SALTED: Final = (
@@ -109,6 +112,8 @@ def foreign_scheme(hashed: str) -> str | None:
 
     Raises `ConfigurationError` naming the extra when libpass is not installed.
     """
+    if not isinstance(hashed, str) or len(hashed) > MAX_HASH_LENGTH:
+        return None
     for marker, (_handler, length) in _HEX_DIGESTS.items():
         if hashed.startswith(marker):
             digest = hashed[len(marker) :]

@@ -12,7 +12,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from apikeys.errors import MalformedJSON, PayloadTooLarge, UnsupportedMediaType
+from apikeys.bounds import check_json_text
+from apikeys.errors import (
+    InvalidKeyParameters,
+    MalformedJSON,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
 from apikeys.types import Receive, Send
 
 __all__ = ["header", "header_values", "parse_json", "read_body", "require_json", "send_json"]
@@ -84,10 +90,14 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError:
         raise MalformedJSON("The request body is not UTF-8.") from None
     try:
+        check_json_text(text, "the request body")
+    except InvalidKeyParameters as exc:
+        raise MalformedJSON(f"The request body is not acceptable JSON: {exc}.") from None
+    try:
         return json.loads(
             text, parse_constant=_refuse_constant, object_pairs_hook=_refuse_duplicates
         )
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise MalformedJSON(f"The request body is not valid JSON: {reason}.") from None
 

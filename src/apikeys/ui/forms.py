@@ -301,7 +301,7 @@ _RANGES = re.compile(r"[\s,]+")
 
 
 def _credits(text: str) -> int:
-    if not text.isascii() or not text.isdigit():
+    if not text.isascii() or not text.isdigit() or len(text) > 20:  # int() of 4,301 digits raises
         raise InvalidKeyParameters("credits must be a whole number, like 1000")
     value = check_credits(int(text))
     assert value is not None

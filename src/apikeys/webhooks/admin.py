@@ -83,7 +83,8 @@ async def add_endpoint(
     """
     unknown = sorted(set(events) - set(EVENT_TYPES))
     if unknown:
-        raise InvalidKeyParameters(f"unknown event {unknown[0]!r}: one of {', '.join(EVENT_TYPES)}")
+        shown = repr(unknown[0])[:64]  # an event name is short: never echo a long text whole
+        raise InvalidKeyParameters(f"unknown event {shown}: one of {', '.join(EVENT_TYPES)}")
     url = validate_url(url)
     workspace = None if workspace is None else check_text(workspace, "workspace")
     secret, sealed = seal_new_secret(hasher if hasher is not None else Hasher())
