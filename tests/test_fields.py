@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 import apikeys
 from apikeys import Hasher, KeyManager
-from apikeys.errors import ConfigurationError, ForbiddenField
+from apikeys.errors import ConfigurationError, ForbiddenField, InvalidKeyParameters
 from apikeys.fields import (
     KEY_FIELDS,
     KeyField,
@@ -27,6 +27,7 @@ from apikeys.fields import (
     check_change,
     check_workspace_fields,
     workspace_may_change,
+    workspace_roll_expiry,
 )
 from apikeys.stores import MemoryStore
 from apikeys.types import KeyRecord
@@ -268,3 +269,20 @@ def test_the_page_refuses_a_post_iff_it_sends_a_field_not_given_to_users_and_cha
     else:
         assert status == 303
         assert unchanged == (not posted)
+
+
+async def test_a_roll_takes_an_expiry_of_its_own(memory_manager: KeyManager) -> None:
+    created = await memory_manager.create(
+        name="trial", scopes=["items:read"], expires_in=timedelta(days=30)
+    )
+    old = created.record
+    assert old.expires_at is not None
+    rolled = await memory_manager.roll(old.id, expires_at=old.expires_at)
+    assert rolled.record.expires_at == old.expires_at
+    with pytest.raises(InvalidKeyParameters, match="not both"):
+        await memory_manager.roll(
+            rolled.record.id, expires_at=old.expires_at, expires_in=timedelta(days=1)
+        )
+    with pytest.raises(ForbiddenField):
+        workspace_roll_expiry(old, old.expires_at)
+    assert workspace_roll_expiry(old, old.created_at) == old.expires_at

@@ -13,7 +13,8 @@ refill, the address allowlist, the owner and the metadata are entitlements the o
 grants, so they are the operator's. An operator may hand more fields to workspace users
 (`workspace_fields`, e.g. `KeysPage(..., workspace_fields={"rate_limit"})`).
 Disabling, enabling, rolling and revoking a key are not field changes: workspace users may
-do all four with their workspace's keys.
+do all four with their workspace's keys, but a workspace user's roll makes a key that
+expires when the old one does (`workspace_roll_expiry`), never later.
 
 The table is plain data (frozen entries keyed by field name), so what else is written per
 field (schemas, codecs, forms) can be derived from it.
@@ -38,6 +39,7 @@ __all__ = [
     "check_change",
     "check_workspace_fields",
     "workspace_may_change",
+    "workspace_roll_expiry",
 ]
 
 
@@ -135,6 +137,20 @@ def check_change(
         _check_expiry(requested["expires_at"], current.expires_at)
     if scope_ceiling is not None:
         _check_scopes(requested, scope_ceiling)
+
+
+def workspace_roll_expiry(current: KeyRecord, now: datetime) -> datetime | None:
+    """When the key a workspace user's roll of `current` makes expires: when `current` does
+    (None: never, as `current`). A roll must not outlive the expiry the key has, as an edit
+    may not move it later; so a key that has expired is not rolled by a workspace user
+    (`ForbiddenField`). The operator's roll keeps the key's lifetime from now instead
+    (`KeyManager.roll`)."""
+    if current.expires_at is not None and current.expires_at <= now:
+        raise ForbiddenField(
+            "expires_at",
+            "the key has expired, and a roll may not give it a later expiry than it has",
+        )
+    return current.expires_at
 
 
 def _check_expiry(wanted: object, ceiling: datetime) -> None:

@@ -344,7 +344,7 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     row(page, key).get_by_role("link", name="Roll").click()
     expect(page.locator("h1")).to_contain_text(f"Roll key «Zapier» (ak_{parse_key(key).id}_…)?")
     expect(page.locator("#grace")).to_have_value("24h")
-    expect(page.locator(".lifetime")).to_contain_text("it expires 30d after it is made")
+    expect(page.locator(".lifetime")).to_contain_text("The new key expires when this one does")
     page.click("button:text('Roll key')")
     expect(page.locator("#new-key")).to_contain_text("rolled")
     expect(page.locator(".reveal-record")).to_contain_text("contacts:read · expires ")

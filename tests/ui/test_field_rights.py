@@ -9,6 +9,7 @@ Every test runs on every store of the table, with the page driven as a browser d
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -301,3 +302,47 @@ async def test_credits_handed_to_users_are_still_refused_on_a_rolled_key_beside_
     assert answer.status_code == 422
     assert "spends the credits of the key that replaces it" in answer.text
     assert await manager.get(record.id) == record
+
+
+async def test_a_workspace_users_roll_never_outlives_the_keys_expiry(manager: KeyManager) -> None:
+    created = await manager.create(
+        name="trial", workspace="acme", scopes=["items:read"], expires_in=timedelta(days=3)
+    )
+    # The operator's trial ends in 3 days; a roll that kept the key's lifetime would give
+    # 3 days from the roll, past that end.
+    old = await manager.get(created.record.id)
+    assert old.expires_at is not None
+    async with _client(_page(manager)) as client:
+        shown = await client.get(f"/{old.id}/roll")
+        assert "The new key expires when this one does" in shown.text
+        answer = await client.post(
+            f"/{old.id}/roll", data={"csrf_token": _csrf(shown.text), "grace": "1h"}
+        )
+    assert answer.status_code == 303, answer.text
+    rolled = await manager.get(old.id)
+    assert rolled.replaced_by is not None
+    successor = await manager.get(rolled.replaced_by)
+    assert successor.expires_at is not None
+    assert successor.expires_at == old.expires_at
+
+
+async def test_a_workspace_user_cannot_roll_an_expired_key_back_to_life(
+    manager: KeyManager,
+) -> None:
+    created = await manager.create(
+        name="trial", workspace="acme", scopes=["items:read"], expires_in=timedelta(seconds=1)
+    )
+    await asyncio.sleep(1.5)
+    assert (await manager.get(created.record.id)).status == "expired"
+    before = await manager.list("acme")
+    async with _client(_page(manager)) as client:
+        listed = await client.get("/")
+        assert f'href="/{created.record.id}/roll"' not in listed.text
+        token = _csrf(listed.text)
+        shown = await client.get(f"/{created.record.id}/roll")
+        _assert_forbidden(shown, "expires_at")
+        answer = await client.post(
+            f"/{created.record.id}/roll", data={"csrf_token": token, "grace": "1h"}
+        )
+    _assert_forbidden(answer, "expires_at")
+    assert await manager.list("acme") == before

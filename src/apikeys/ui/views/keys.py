@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters
 from apikeys.fields import Role, check_change
-from apikeys.types import ACTIVE, DISABLED, REVOKED, KeyRecord, utcnow
+from apikeys.types import ACTIVE, DISABLED, EXPIRED, REVOKED, KeyRecord, utcnow
 from apikeys.ui.forms import Form, KeyForm, read_key_form, read_policies, requested_changes
 from apikeys.ui.onetime import Reveal
 from apikeys.ui.request import PageUser, action, base_path, page_of, redirect, render, view
@@ -51,7 +51,8 @@ class KeyRow:
 
     @property
     def can_roll(self) -> bool:
-        return self.status != REVOKED and not self.being_replaced
+        # An expired key's expiry is the operator's to move: a roll would move it.
+        return self.status not in (REVOKED, EXPIRED) and not self.being_replaced
 
     @property
     def can_edit(self) -> bool:
