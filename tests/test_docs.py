@@ -303,6 +303,7 @@ _ERRORS: dict[str, Callable[[dict[str, Any]], errors.AuthenticationError]] = {
     "auth_unavailable": lambda body: errors.AuthUnavailable(),
     "ip_not_allowed": lambda body: errors.IPNotAllowed(),
     "credits_exhausted": lambda body: errors.CreditsExhausted(body.get("retry_after")),
+    "forbidden_field": lambda body: errors.ForbiddenField(body["field"]),
 }
 
 

@@ -10,6 +10,7 @@ import pytest
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
+    ForbiddenField,
     InsufficientScope,
     InvalidAPIKey,
     KeyDisabled,
@@ -83,6 +84,15 @@ TABLE = [
         "1",
         {},
         id="limiter-unavailable",
+    ),
+    pytest.param(
+        ForbiddenField("credits"),
+        403,
+        "forbidden_field",
+        None,
+        None,
+        {"field": "credits"},
+        id="forbidden-field",
     ),
 ]
 

@@ -31,6 +31,7 @@ APIKeyError                       root of everything apikeys raises
     ├── UnsupportedMediaType      415 unsupported_media_type
     ├── MalformedJSON             400 malformed_json
     ├── InvalidPayload            400 invalid_payload (with `errors`, a list of field errors)
+    ├── ForbiddenField            403 forbidden_field (a workspace user set an operator's field)
     └── SigningKeysUnavailable    503 signing_keys_unavailable (GitHub's key list unreachable)
 ```
 
@@ -52,6 +53,7 @@ __all__ = [
     "CreditsExhausted",
     "DeliveryInProgress",
     "DuplicateKeyId",
+    "ForbiddenField",
     "IPNotAllowed",
     "InsufficientScope",
     "InvalidAPIKey",
@@ -409,6 +411,26 @@ class InvalidPayload(RequestRefused):
     def __init__(self, errors: Sequence[Mapping[str, str]]) -> None:
         self.errors = tuple(dict(error) for error in errors)
         super().__init__()
+
+
+class ForbiddenField(RequestRefused):
+    """A change a workspace user may not make: `field` is the operator's (credits, rate
+    limit, allowlist…), or a value the workspace user may not give it (an expiry later than
+    the operator's, scopes beyond the caller's own). Nothing was changed. See
+    `apikeys.fields`."""
+
+    status = 403
+    code = "forbidden_field"
+    title = "Forbidden field"
+
+    def __init__(self, field: str, why: str | None = None) -> None:
+        self.field = field
+        self.why = why
+        super().__init__(
+            f"The key's {field} may not be changed so: {why}; nothing was changed."
+            if why
+            else f"Only the operator may change the key's {field}; nothing was changed."
+        )
 
 
 class SigningKeysUnavailable(RequestRefused):

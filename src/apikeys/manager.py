@@ -1102,6 +1102,7 @@ class KeyManager:
         grace: timedelta = timedelta(hours=24),
         *,
         expires_in: timedelta | None = None,
+        expires_at: datetime | None = None,
         actor: str | None = None,
     ) -> CreatedKey:
         """Replace a key with a new one of the same name, workspace, access, scopes and limit.
@@ -1109,8 +1110,8 @@ class KeyManager:
         The old key keeps working for `grace`, then expires (an earlier expiry stays). The
         new key keeps the old one's lifetime: it expires as long after now as the old one
         did after its creation (a key that never expired gives one that never does), unless
-        `expires_in` says otherwise. Refused for a revoked or disabled key, and for one rolled
-        already (roll its successor): see `refusal`.
+        `expires_in` or `expires_at` says otherwise. Refused for a revoked or disabled key,
+        and for one rolled already (roll its successor): see `refusal`.
 
         The pair has one balance of credits: the new key takes over what the old one had
         left, and the old key spends from the new key's balance through its grace period.
@@ -1129,7 +1130,7 @@ class KeyManager:
         if why is not None:
             raise InvalidTransition(key_id, old.status, "roll", why)
         now = utcnow()
-        if expires_in is None and old.expires_at is not None:
+        if expires_in is None and expires_at is None and old.expires_at is not None:
             # The same lifetime as the key it replaces, from now (at least a second).
             expires_in = max(old.expires_at - old.created_at, timedelta(seconds=1))
         created = await self._issue(
@@ -1139,7 +1140,7 @@ class KeyManager:
             scopes=old.scopes,
             rate_limit=old.rate_limit,
             created_at=now,
-            expires_at=self._expiry(now, None, expires_in),
+            expires_at=self._expiry(now, expires_at, expires_in),
             replaces=key_id,
             policy={
                 "owner": old.owner,

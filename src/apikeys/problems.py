@@ -15,6 +15,7 @@ from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
     CreditsExhausted,
+    ForbiddenField,
     InsufficientScope,
     InvalidPayload,
     MissingAPIKey,
@@ -57,6 +58,8 @@ def problem_body(exc: RequestRefused) -> dict[str, Any]:
         body["retry_after"] = exc.retry_after
     if isinstance(exc, InvalidPayload):
         body["errors"] = [dict(error) for error in exc.errors]
+    if isinstance(exc, ForbiddenField):
+        body["field"] = exc.field
     return body
 
 
@@ -118,7 +121,10 @@ async def send_problem(
     if (
         extra
         or exc.headers
-        or isinstance(exc, InsufficientScope | RateLimited | CreditsExhausted | InvalidPayload)
+        or isinstance(
+            exc,
+            InsufficientScope | RateLimited | CreditsExhausted | InvalidPayload | ForbiddenField,
+        )
         or exc.detail != type(exc).detail
     ):
         headers, body = _encode(exc, realm, extra or [])

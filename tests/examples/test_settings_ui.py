@@ -97,6 +97,25 @@ class UIService:
 
         return run_async(create)
 
+    def issue(self, workspace: str, name: str, **options: Any) -> str:
+        """A key the operator makes (any field): the key itself."""
+
+        async def create() -> str:
+            async with self.manager() as manager:
+                created = await manager.create(name=name, workspace=workspace, **options)
+            return created.key
+
+        return run_async(create)
+
+    def update(self, key_id: str, **changes: Any) -> KeyRecord:
+        """What the operator changes, with the Python API."""
+
+        async def update() -> KeyRecord:
+            async with self.manager() as manager:
+                return await manager.update(key_id, **changes)
+
+        return run_async(update)
+
     def status(self, key_id: str) -> str:
         async def get() -> str:
             async with self.manager() as manager:
@@ -258,23 +277,25 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     page.fill("#name", "Broken")
     page.check("input[name=access][value=restricted]")
     page.check("input[name=scopes][value='contacts:read']")
-    page.fill("#rate_limit", "lots")
     page.fill("#expires", "soon")
     page.click("button:text('Create key')")
     expect(page.locator("#form-errors")).to_contain_text("The key was not created")
-    expect(page.locator("#rate-error")).to_contain_text("100/minute")
     expect(page.locator("#expires-error")).to_contain_text("30d")
     expect(page.locator("#name")).to_have_value("Broken")  # what was typed is kept
     page.check("input[name=access][value=restricted]")
     page.uncheck("input[name=scopes][value='contacts:read']")
-    page.fill("#rate_limit", "")
     page.fill("#expires", "")
     page.click("button:text('Create key')")
     expect(page.locator("#scopes-error")).to_contain_text("at least one scope")
     assert ui_service.key_count(WORKSPACE) == before
 
+    # The rate limit is the operator's: not offered to the workspace user.
+    expect(page.locator("#rate_limit")).to_have_count(0)
+    expect(page.locator("#operator-fields")).to_contain_text("set by the operator")
+
     # Created: shown once, with a copy button and a plain warning.
-    key = create_key(page, "Zapier", ["contacts:read"], rate_limit="50/minute", expires="30d")
+    key = create_key(page, "Zapier", ["contacts:read"], expires="30d")
+    ui_service.update(parse_key(key).id, rate_limit="50/minute")  # as the operator sets it
     expect(page.locator("#new-key")).to_contain_text("shown only once")
     expect(page.locator("#new-key")).to_contain_text("will not be shown again")
     context.grant_permissions(["clipboard-read", "clipboard-write"])
@@ -284,7 +305,6 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     key_row = row(page, key)
     expect(key_row.locator(".masked")).to_have_text(f"ak_{parse_key(key).id}_…")
     expect(key_row.locator(".cell-access")).to_contain_text("contacts:read")
-    expect(key_row.locator(".cell-access")).to_contain_text("50/minute")
     expect(key_row.locator(".cell-status")).to_contain_text("active")
     expect(key_row.locator(".cell-status")).to_contain_text("expires in 29 days")
     expect(key_row.locator(".cell-last-used")).to_have_text("never")
@@ -295,8 +315,10 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
         assert api.get("/api/v1/contacts").status_code == 200
         assert_problem(api.post("/api/v1/contacts", json={"name": "A"}), 403, "insufficient_scope")
 
-    # A reload never shows the key again; the list shows the requests it made.
+    # A reload never shows the key again; the list shows the requests it made, and the
+    # operator's rate limit.
     page.reload()
+    expect(row(page, key).locator(".cell-access")).to_contain_text("50/minute")
     expect(page.locator("#new-key")).to_have_count(0)
     assert_key_absent(page, key)
     key_row = row(page, key)
@@ -322,7 +344,7 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     row(page, key).get_by_role("link", name="Roll").click()
     expect(page.locator("h1")).to_contain_text(f"Roll key «Zapier» (ak_{parse_key(key).id}_…)?")
     expect(page.locator("#grace")).to_have_value("24h")
-    expect(page.locator(".lifetime")).to_contain_text("it expires 30d after it is made")
+    expect(page.locator(".lifetime")).to_contain_text("The new key expires when this one does")
     page.click("button:text('Roll key')")
     expect(page.locator("#new-key")).to_contain_text("rolled")
     expect(page.locator(".reveal-record")).to_contain_text("contacts:read · expires ")
@@ -392,29 +414,40 @@ def test_a_key_edited_in_the_browser_is_narrowed_on_its_next_request(
     expires_shown = page.input_value("#expires")
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", expires_shown)
 
+    # The rate limit is the operator's: shown, never offered.
+    expect(page.locator("#rate_limit")).to_have_count(0)
+    expect(page.locator("#rate_limit-field")).to_contain_text("Set by the operator")
+
     # A bad value is explained and changes nothing.
-    page.fill("#rate_limit", "lots")
+    page.fill("#expires", "soon")
     page.click("button:text('Save changes')")
     expect(page.locator("#form-errors")).to_contain_text("The key was not changed")
     with ui_service.api(key) as api:
         assert api.post("/api/v1/contacts", json={"name": "Still"}).status_code == 201
 
+    # A later expiry, or a rate limit sent anyway, is refused (403) and changes nothing.
+    token = csrf(page)
+    form = {"csrf_token": token, "name": "Sync", "access": "restricted", "scopes": "contacts:read"}
+    for forged in ({"expires": "60d"}, {"expires": expires_shown, "rate_limit": "1000/second"}):
+        posted = page.context.request.post(f"{KEYS}/{key_id}/edit", form={**form, **forged})
+        assert posted.status == 403
+        assert "forbidden_field" in posted.text()
+    with ui_service.api(key) as api:
+        assert api.post("/api/v1/contacts", json={"name": "Still"}).status_code == 201
+
     page.fill("#name", "Read-only sync")
+    page.fill("#expires", expires_shown)
     page.uncheck("input[name=scopes][value='contacts:write']")
-    page.fill("#rate_limit", "7/minute")
     page.click("button:text('Save changes')")
     expect(page.locator("#notice")).to_contain_text("is saved")
     edited = row(page, key)
     expect(edited.locator(".key-label")).to_have_text("Read-only sync")
-    expect(edited.locator(".cell-access")).to_contain_text("7/minute")
     expect(edited.locator(".cell-access")).not_to_contain_text("contacts:write")
     expect(edited.locator(".cell-status")).to_contain_text("expires in 29 days")  # kept
     # The very next request sees the narrower key; the key itself is the same.
     with ui_service.api(key) as api:
         assert_problem(api.post("/api/v1/contacts", json={"name": "A"}), 403, "insufficient_scope")
-        response = api.get("/api/v1/contacts")
-        assert response.status_code == 200
-        assert '"default";q=7;w=60' in response.headers["ratelimit-policy"]
+        assert api.get("/api/v1/contacts").status_code == 200
 
     # A revoked key cannot be edited: 409, and nothing changes.
     page.goto(f"{KEYS}/{key_id}/revoke")
@@ -748,7 +781,7 @@ def test_settings_page_screenshots(
         expect(page.locator(".replaces")).to_have_count(1)
         page.screenshot(path=ARTIFACTS / f"settings-ui-{name}.png", full_page=True)
         page.fill("#name", "Broken")
-        page.fill("#rate_limit", "lots")
+        page.fill("#expires", "soon")
         page.click("button:text('Create key')")
         page.locator("#create").screenshot(path=ARTIFACTS / f"settings-ui-{name}-invalid.png")
         page.goto(f"{KEYS}/{parse_key(key).id}/revoke")
@@ -886,14 +919,8 @@ def test_a_rolled_key_shows_and_spends_the_credits_of_its_successor(
     ui_service: UIService, page: Page
 ) -> None:
     log_in(page)
-    page.goto(KEYS)
-    page.fill("#name", "Metered")
-    page.check("input[name=access][value=restricted]")
-    page.check("input[name=scopes][value='contacts:read']")
-    page.click("summary:has-text('Owner, metadata, allowed addresses and credits')")
-    page.fill("#credits", "10")
-    page.click("button:text('Create key')")
-    key = page.input_value("#new-key-value")
+    # Credits are the operator's to grant.
+    key = ui_service.issue(WORKSPACE, "Metered", scopes=["contacts:read"], credits=10)
     old_id = parse_key(key).id
     with ui_service.api(key) as api:
         for _ in range(4):
@@ -915,13 +942,22 @@ def test_a_rolled_key_shows_and_spends_the_credits_of_its_successor(
     expect(row(page, key).locator(".credits")).to_contain_text("0 credits left")
     expect(row(page, new_key).locator(".credits")).to_have_text("0 credits left")
 
-    # Set on the old key: refused beside the field, and nothing changes.
+    # Shown read-only on the edit page; sent anyway, refused (403), and nothing changes.
     page.goto(f"{KEYS}/{old_id}/edit")
-    page.fill("#credits", "1000")
-    page.click("button:text('Save changes')")
-    expect(page.locator("#form-errors")).to_contain_text("The key was not changed")
-    expect(page.locator("body")).to_contain_text(
-        f"spends the credits of the key that replaces it, {parse_key(new_key).id}"
+    expect(page.locator("#credits")).to_have_count(0)
+    expect(page.locator("#credits-value")).to_have_text("0")
+    posted = page.context.request.post(
+        f"{KEYS}/{old_id}/edit",
+        form={
+            "csrf_token": csrf(page),
+            "name": "Metered",
+            "access": "restricted",
+            "scopes": "contacts:read",
+            "expires": page.input_value("#expires"),
+            "credits": "1000",
+        },
     )
+    assert posted.status == 403
+    assert "forbidden_field" in posted.text()
     with ui_service.api(key) as old_api:
         assert_problem(old_api.get("/api/v1/contacts"), 429, "credits_exhausted")

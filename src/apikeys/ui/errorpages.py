@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apikeys.errors import AuthUnavailable
+from apikeys.errors import AuthUnavailable, ForbiddenField
 from apikeys.ui.forms import FormRefused
 from apikeys.ui.request import PageError, render
 
@@ -22,12 +22,26 @@ _HTTP_TITLES = {
 
 
 def _error_page(
-    request: Request, status: int, title: str, message: str, headers: Mapping[str, str] = {}
+    request: Request,
+    status: int,
+    title: str,
+    message: str,
+    headers: Mapping[str, str] = {},
+    *,
+    code: str | None = None,
+    field: str | None = None,
 ) -> Response:
     if "session" not in request.scope:  # e.g. a 404 under /static/
         request.scope["session"] = {}
     response = render(
-        request, "error.html", status=status, title=title, message=message, status_code=status
+        request,
+        "error.html",
+        status=status,
+        title=title,
+        message=message,
+        status_code=status,
+        code=code,
+        field=field,
     )
     response.headers.update(headers)
     return response
@@ -36,6 +50,19 @@ def _error_page(
 async def _page_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, PageError | FormRefused)
     return _error_page(request, exc.status, exc.title, exc.message)
+
+
+async def _forbidden_field(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ForbiddenField)
+    why = f"{exc.why[:1].upper()}{exc.why[1:]}." if exc.why else "The operator sets it."
+    return _error_page(
+        request,
+        exc.status,
+        "This field is not yours to change",
+        f"{why} Nothing was changed.",
+        code=exc.code,
+        field=exc.field,
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -57,6 +84,7 @@ async def _unavailable(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS = {
     PageError: _page_error,
     FormRefused: _page_error,
+    ForbiddenField: _forbidden_field,
     HTTPException: _http_error,
     AuthUnavailable: _unavailable,
 }

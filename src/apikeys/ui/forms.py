@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Final
@@ -28,6 +28,7 @@ from apikeys.types import KeyRecord, utcnow
 __all__ = [
     "MAX_FORM_BYTES",
     "MAX_LABEL",
+    "POLICY_FIELDS",
     "UNCHANGED",
     "Form",
     "FormRefused",
@@ -39,6 +40,7 @@ __all__ = [
     "read_key_form",
     "read_policies",
     "relative",
+    "requested_changes",
 ]
 
 MAX_FORM_BYTES = 16 * 1024
@@ -266,16 +268,14 @@ def read_key_form(
     return values, errors, expires_at
 
 
-def read_policies(values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
-    """The `KeyManager.create`/`update` policy arguments of the form (None: cleared),
-    adding an error per field that cannot be read."""
-    policy: dict[str, Any] = {
-        "owner": None,
-        "metadata": None,
-        "allowed_ips": None,
-        "credits": None,
-        "credit_refill": None,
-    }
+POLICY_FIELDS: Final = ("owner", "metadata", "allowed_ips", "credits", "credit_refill")
+
+
+def read_policies(form: Form, values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
+    """The `KeyManager.create`/`update` policy arguments of the fields the form sent
+    (empty: None, cleared), adding an error per field that cannot be read. A field the
+    form did not send is left out: unchanged by an edit, the default of a new key."""
+    policy: dict[str, Any] = {field: None for field in POLICY_FIELDS if field in form}
     checks: list[tuple[str, str, Callable[[], Any]]] = [
         ("owner", values.owner, lambda: check_owner(values.owner)),
         ("metadata", values.metadata, lambda: check_metadata(values.metadata)),
@@ -288,7 +288,7 @@ def read_policies(values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
         ("credit_refill", values.credit_refill, lambda: str(parse_refill(values.credit_refill))),
     ]
     for field, text, check in checks:
-        if not text:
+        if not text or field not in policy:
             continue
         try:
             policy[field] = check()
@@ -298,6 +298,27 @@ def read_policies(values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
 
 
 _RANGES = re.compile(r"[\s,]+")
+
+
+def requested_changes(
+    form: Form,
+    values: KeyForm,
+    errors: Mapping[str, str],
+    expires_at: datetime | object | None,
+    policy: Mapping[str, Any],
+) -> dict[str, object]:
+    """What the create or edit form asks to set, as `apikeys.fields.check_change` reads it:
+    only the fields it sent (an expiry kept as shown, or one that cannot be read, is not
+    asked for)."""
+    requested: dict[str, object] = {"name": values.name, "access": values.access}
+    if values.access == "restricted":
+        requested["scopes"] = values.scopes
+    if "rate_limit" in form:
+        requested["rate_limit"] = values.rate_limit or None
+    if expires_at is not UNCHANGED and "expires" not in errors:
+        requested["expires_at"] = expires_at
+    requested.update(policy)
+    return requested
 
 
 def _credits(text: str) -> int:

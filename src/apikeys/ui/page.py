@@ -22,7 +22,7 @@ JavaScript for the copy button); every page works without JavaScript. Mount it a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -44,6 +44,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
     ) from None
 
 from apikeys.errors import ConfigurationError
+from apikeys.fields import KEY_FIELDS, check_workspace_fields, workspace_may_change
 from apikeys.manager import KeyManager
 from apikeys.ratelimit import DEFAULT_RATE_LIMIT
 from apikeys.types import ACTIVE, DISABLED, REVOKED, Receive, Scope, Send
@@ -82,6 +83,10 @@ class KeysPage:
     - `product`: the name the page shows for the API (`"Contacts"`).
     - `default_rate_limit`: the limit a key without one gets, shown as a hint.
     - `https_only`: mark the page's cookie Secure (set it when served over https).
+    - `workspace_fields`: key fields the operator's by default (`apikeys.fields.KEY_FIELDS`)
+      that this page's users may set too, e.g. `{"rate_limit"}`. By default users set a
+      key's name, access, scopes and expiry (never later than it is); the other fields are
+      shown read-only, and a form that sends one is refused (403 `forbidden_field`).
     - `reveals`: where new keys wait to be shown once. By default the manager's key store,
       which every worker and host shares: a new key is sealed there for 5 minutes and
       shown once by whichever process serves the next page (see `RevealStore`).
@@ -101,9 +106,14 @@ class KeysPage:
         https_only: bool = False,
         reveals: RevealStore | None = None,
         cookie_name: str = "apikeys_page",
+        workspace_fields: Collection[str] = (),
     ) -> None:
         if not secret_key:
             raise ValueError("KeysPage needs a secret_key to sign its cookie")
+        self.workspace_fields = check_workspace_fields(workspace_fields)
+        self.editable_fields = frozenset(
+            field for field in KEY_FIELDS if workspace_may_change(field, self.workspace_fields)
+        )
         self.manager = manager
         self.user = user
         self.scope_labels: dict[str, str] = (

@@ -1,4 +1,5 @@
-"""Editing a key: its name, access, rate limit, expiry and policies."""
+"""Editing a key: its name, access and expiry, and the fields the operator lets workspace
+users set (`KeysPage(workspace_fields=...)`); the others are shown, read-only."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters, InvalidTransition
+from apikeys.fields import Role, check_change
 from apikeys.manager import UNSET
 from apikeys.types import REVOKED, KeyRecord
-from apikeys.ui.forms import UNCHANGED, Form, KeyForm, read_key_form, read_policies
+from apikeys.ui.forms import (
+    UNCHANGED,
+    Form,
+    KeyForm,
+    read_key_form,
+    read_policies,
+    requested_changes,
+)
 from apikeys.ui.request import (
     PageUser,
     action,
@@ -45,6 +54,8 @@ def _show_edit(
         errors=errors,
         scopes=offered,
         default_rate_limit=page.default_rate_limit,
+        editable=page.editable_fields,
+        shown=KeyForm.of(record),
     )
 
 
@@ -63,11 +74,19 @@ async def edit(request: Request, user: PageUser, form: Form) -> Response:
         raise refused(record, "edited")
     page = page_of(request)
     values, errors, expires_at = read_key_form(form, page.scope_labels, current=record)
-    policy = read_policies(values, errors)
+    policy = read_policies(form, values, errors)
+    # Before anything is read further: a field that is not the user's is refused (403),
+    # whatever its value.
+    check_change(
+        requested_changes(form, values, errors, expires_at, policy),
+        role=Role.WORKSPACE,
+        current=record,
+        workspace_fields=page.workspace_fields,
+    )
     if errors:
         return _show_edit(request, record, values, errors, status=422)
     full = values.access == "full"
-    if values.credits == KeyForm.of(record).credits:
+    if "credits" in policy and values.credits == KeyForm.of(record).credits:
         # Left as shown: requests may have spent some since the form was drawn.
         del policy["credits"]
     try:
@@ -76,7 +95,7 @@ async def edit(request: Request, user: PageUser, form: Form) -> Response:
             name=values.name,
             full_access=full,
             scopes=None if full else values.scopes,
-            rate_limit=values.rate_limit or None,
+            rate_limit=(values.rate_limit or None) if "rate_limit" in form else UNSET,
             expires_at=UNSET if expires_at is UNCHANGED else expires_at,  # type: ignore[arg-type]
             actor=user.name,
             **policy,

@@ -9,8 +9,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters
-from apikeys.types import ACTIVE, DISABLED, REVOKED, KeyRecord, utcnow
-from apikeys.ui.forms import Form, KeyForm, read_key_form, read_policies
+from apikeys.fields import Role, check_change
+from apikeys.types import ACTIVE, DISABLED, EXPIRED, REVOKED, KeyRecord, utcnow
+from apikeys.ui.forms import Form, KeyForm, read_key_form, read_policies, requested_changes
 from apikeys.ui.onetime import Reveal
 from apikeys.ui.request import PageUser, action, base_path, page_of, redirect, render, view
 
@@ -50,7 +51,8 @@ class KeyRow:
 
     @property
     def can_roll(self) -> bool:
-        return self.status != REVOKED and not self.being_replaced
+        # An expired key's expiry is the operator's to move: a roll would move it.
+        return self.status not in (REVOKED, EXPIRED) and not self.being_replaced
 
     @property
     def can_edit(self) -> bool:
@@ -121,6 +123,7 @@ async def show_list(
         errors=errors or {},
         scopes=tuple(page.scope_labels),
         default_rate_limit=page.default_rate_limit,
+        editable=page.editable_fields,
         status_filters=STATUS_FILTERS,
         status_filter=wanted,
         hidden_revoked=hidden_revoked,
@@ -136,7 +139,12 @@ async def list_page(request: Request, user: PageUser) -> Response:
 async def create(request: Request, user: PageUser, form: Form) -> Response:
     page = page_of(request)
     values, errors, expires_at = read_key_form(form, page.scope_labels)
-    policy = read_policies(values, errors)
+    policy = read_policies(form, values, errors)
+    check_change(
+        requested_changes(form, values, errors, expires_at, policy),
+        role=Role.WORKSPACE,
+        workspace_fields=page.workspace_fields,
+    )
     if not errors:
         assert expires_at is None or isinstance(expires_at, datetime)
         try:

@@ -7,10 +7,10 @@ from datetime import timedelta
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apikeys.durations import format_duration
-from apikeys.errors import InvalidTransition
+from apikeys.errors import InvalidKeyParameters, InvalidTransition
+from apikeys.fields import workspace_roll_expiry
 from apikeys.manager import refusal
-from apikeys.types import KeyRecord
+from apikeys.types import KeyRecord, utcnow
 from apikeys.ui.forms import Form
 from apikeys.ui.onetime import Reveal
 from apikeys.ui.request import (
@@ -37,16 +37,6 @@ GRACE_CHOICES: dict[str, tuple[str, timedelta]] = {
 DEFAULT_GRACE = "24h"
 
 
-def _lifetime(record: KeyRecord) -> str | None:
-    """How long the key was made to last, to the minute ("30d", not "29d23h59m59s")."""
-    if record.expires_at is None:
-        return None
-    seconds = (record.expires_at - record.created_at).total_seconds()
-    if seconds >= 3600:
-        seconds = round(seconds / 60) * 60
-    return format_duration(timedelta(seconds=max(1, round(seconds))))
-
-
 def _show_roll(
     request: Request, record: KeyRecord, *, grace: str, error: str | None, status: int
 ) -> Response:
@@ -59,7 +49,6 @@ def _show_roll(
         grace=grace,
         grace_choices=GRACE_CHOICES,
         error=error,
-        lifetime=_lifetime(record),
     )
 
 
@@ -77,6 +66,7 @@ def _check_rollable(record: KeyRecord) -> None:
 async def roll_page(request: Request, user: PageUser) -> Response:
     record = await own_key(request, user)
     _check_rollable(record)
+    workspace_roll_expiry(record, utcnow())  # an expired key: the 403 page now
     return _show_roll(request, record, grace=DEFAULT_GRACE, error=None, status=200)
 
 
@@ -94,10 +84,18 @@ async def roll(request: Request, user: PageUser, form: Form) -> Response:
             status=422,
         )
     page = page_of(request)
+    # Never later than the key's own expiry: that is the operator's to move.
+    expires_at = workspace_roll_expiry(record, utcnow())
     try:
-        created = await page.manager.roll(record.id, grace=GRACE_CHOICES[grace][1], actor=user.name)
+        created = await page.manager.roll(
+            record.id, grace=GRACE_CHOICES[grace][1], expires_at=expires_at, actor=user.name
+        )
     except InvalidTransition:
         raise refused(await page.manager.get(record.id), "rolled") from None
+    except InvalidKeyParameters:
+        # The key expired since it was read: refused as it would be now.
+        workspace_roll_expiry(record, utcnow())
+        raise
     old = await page.manager.get(record.id)
     reveal = Reveal(
         created.key, created.record, user.id, rolled_from=old, unconfirmed=not created.confirmed
