@@ -16,6 +16,8 @@ next), in this order:
 - `overhead`: what the middleware adds per request, in-process (benchmarks/overhead.py);
 - `handwritten`: what the middleware adds next to what a hand-written check adds, in CPU
   time per request, in-process (benchmarks/handwritten.py).
+- `memory`: the key cache's memory per cached key, in RSS and by tracemalloc, with 10,000
+  and 50,000 keys (benchmarks/cache_memory.py).
 
 It makes the bench venv (`benchmarks/.venv`: uvicorn with uvloop and httptools, the peer
 libraries, matplotlib, the profilers) on first use, installs wrk from Debian's packages when
@@ -25,7 +27,8 @@ PostgreSQL and Redis come from `APIKEYS_TEST_POSTGRES_URL` and `APIKEYS_TEST_RED
 (default: the local servers); a section skips what it cannot reach. Every server, database,
 table, file and Redis key a section makes is removed when it ends, interrupted or not.
 
-Run: `python benchmarks/bench.py [--only http,peers,growth,stores,overhead,handwritten] [--quick]`.
+Run: `python benchmarks/bench.py [--only http,peers,growth,stores,overhead,handwritten,memory]
+[--quick]`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from benchmarks._common import (  # noqa: E402
 
 from apikeys.cache import DEFAULT_LEASE  # noqa: E402
 
-SECTIONS = ("http", "revoke", "peers", "growth", "stores", "overhead", "handwritten")
+SECTIONS = ("http", "revoke", "peers", "growth", "stores", "overhead", "handwritten", "memory")
 AIMS = {
     "http_memory_ratio": 0.85,
     "http_cached_ratio": 0.8,
@@ -148,6 +151,9 @@ def section_command(name: str, out: Path, quick: bool, venv: Path | None) -> lis
     if name == "handwritten":
         rounds = ["--rounds", "10", "--per-round", "1000"] if quick else []
         return [here, "-m", "benchmarks.handwritten", "--json", str(out), *rounds]
+    if name == "memory":
+        keys = ["--keys", "10000"] if quick else []
+        return [here, "-m", "benchmarks.cache_memory", "--json", str(out), *keys]
     raise ValueError(name)
 
 

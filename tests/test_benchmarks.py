@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -319,3 +320,44 @@ def test_the_webhook_sweep_benchmark_runs() -> None:
     first = lines[2].split()
     assert first[0] == "1"
     assert first[-1] == "6"  # 3 expiring keys' 7-day notices, 3 refilled keys at 80 %
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("path", ["http", "verify"])
+def test_the_cache_memory_benchmark_runs_and_prints_bytes_per_key(
+    path: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "memory.json"
+    command = ["benchmarks/cache_memory.py", "--keys", "300", "--path", path, "--json", str(out)]
+    result = _run(command, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"300 keys ({path}): RSS " in result.stdout
+    assert "bytes per cached key" in result.stdout
+    (measured,) = json.loads(out.read_text())["cache_memory"]
+    assert measured["cached"] == 300 + 200  # the keys measured, and the warm-up's
+    assert measured["traced_bytes_per_key"] > 0
+    assert "key cache entries (records)" in measured["traced_parts_per_key"]
+
+
+def _documented_kb(text: str, what: str) -> float:
+    match = re.search(rf"about ([\d.]+) KB {what}", " ".join(text.split()))
+    assert match, f"docs/consistency.md no longer says 'about … KB {what}'"
+    return float(match.group(1))
+
+
+@pytest.mark.sqlite
+def test_the_documented_memory_per_cached_key_is_the_measured_one(tmp_path: Path) -> None:
+    # The docs' figures, against what the benchmark measures with 2,000 keys through the
+    # middleware: within a factor of two either way (a figure, not a timing; the RSS moves
+    # with the allocator and the machine, the tracemalloc figure hardly at all).
+    text = (ROOT / "docs" / "consistency.md").read_text(encoding="utf-8")
+    documented_objects = _documented_kb(text, "of Python objects per cached key")
+    documented_rss = _documented_kb(text, "of resident memory per cached key")
+    out = tmp_path / "memory.json"
+    result = _run(["benchmarks/cache_memory.py", "--keys", "2000", "--json", str(out)], 300)
+    assert result.returncode == 0, result.stderr
+    (measured,) = json.loads(out.read_text())["cache_memory"]
+    objects = measured["traced_bytes_per_key"] / 1000
+    rss = measured["rss_bytes_per_key"] / 1000
+    assert documented_objects / 2 <= objects <= documented_objects * 2, (objects, text)
+    assert documented_rss / 2 <= rss <= documented_rss * 2, rss

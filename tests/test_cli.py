@@ -28,6 +28,7 @@ from apikeys.cli import main
 from apikeys.durations import MAX_DURATION, format_duration, parse_duration
 from apikeys.errors import InvalidAPIKey, KeyDisabled, KeyExpired, KeyRevoked
 from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.leaks.files import ScanStats, read_text_file, walk
 from apikeys.types import KeyRecord, UsageDelta
 
 pytestmark = pytest.mark.sqlite
@@ -545,6 +546,80 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
     again = run(store_url, "scan", str(project), "--revoke")
     assert again.exit_code == 1
     assert f"ak_{created['id']}_…: already revoked" in again.stdout
+
+
+def test_scan_revoke_follows_no_symlink_out_of_the_scanned_folder(
+    store_url: str, tmp_path: Path
+) -> None:
+    # A folder someone else can write to (a checkout, an upload) holds links to a file and a
+    # folder outside it, each holding a valid key: scanning the folder neither reports nor
+    # revokes them, and says what it skipped.
+    created = create_key(store_url)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secrets.env").write_text(f"KEY={created['key']}\n", encoding="utf-8")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "linked.env").symlink_to(outside / "secrets.env")
+    (project / "linked-folder").symlink_to(outside, target_is_directory=True)
+    (project / "clean.txt").write_text("nothing here\n", encoding="utf-8")
+
+    result = run(store_url, "scan", str(project), "--revoke")
+
+    assert result.exit_code == 0, result.stdout
+    assert result.stdout == ""
+    assert "skipped 2 symbolic links" in result.stderr
+    assert verify(store_url, created["key"]).id == created["id"]
+
+
+def test_scan_follows_no_symlink_inside_the_scanned_folder_either(
+    store_url: str, tmp_path: Path
+) -> None:
+    # A link to a file in the same folder: not followed; the file is reported once, by its
+    # own name.
+    key = generate_key().token
+    (tmp_path / "real.env").write_text(f"KEY={key}\n", encoding="utf-8")
+    (tmp_path / "alias.env").symlink_to(tmp_path / "real.env")
+
+    result = run(store_url, "scan", str(tmp_path))
+
+    assert result.exit_code == 1
+    assert result.stdout == f"{tmp_path / 'real.env'}:1: {parse_key(key).masked}\n"
+    assert "skipped 1 symbolic link" in result.stderr
+
+
+def test_scan_follows_no_file_swapped_for_a_symlink_during_the_walk(tmp_path: Path) -> None:
+    # Listed as a regular file, replaced by a link before it is read: not followed.
+    outside = tmp_path / "outside.env"
+    outside.write_text(f"KEY={generate_key().token}\n", encoding="utf-8")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "a.env").write_text("nothing\n", encoding="utf-8")
+    stats = ScanStats()
+    walking = walk(str(project), stats)
+    listed = next(walking)
+    (project / "a.env").unlink()
+    (project / "a.env").symlink_to(outside)
+
+    assert read_text_file(listed, stats) is None
+    assert (stats.links, stats.files) == (1, 0)
+    walking.close()
+
+
+def test_scan_reads_a_symlink_named_on_the_command_line(store_url: str, tmp_path: Path) -> None:
+    # A path given explicitly is scanned, as the folders it skips are: the caller chose it.
+    key = generate_key().token
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.env").write_text(f"KEY={key}\n", encoding="utf-8")
+    (tmp_path / "file-link").symlink_to(real / "a.env")
+    (tmp_path / "folder-link").symlink_to(real, target_is_directory=True)
+
+    by_file = run(store_url, "scan", str(tmp_path / "file-link"))
+    by_folder = run(store_url, "scan", str(tmp_path / "folder-link"))
+
+    assert by_file.stdout == f"{tmp_path / 'file-link'}:1: {parse_key(key).masked}\n"
+    assert by_folder.stdout == f"{tmp_path / 'folder-link' / 'a.env'}:1: {parse_key(key).masked}\n"
 
 
 def _verdicts(stdout: str) -> dict[str, str]:

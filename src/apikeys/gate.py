@@ -33,7 +33,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -206,18 +206,24 @@ _OTHER = 1  # several limits, or an address allowlist: decided here too, with th
 _GENERAL = 2  # credits (spent by an await): left to `admit_general`
 
 
+# (method, path) -> the scopes a key lacks for that route (None: it may take it)
+_RouteAnswers = dict[tuple[str, str], tuple[str, ...] | None]
+# Distinct grants whose `scope["auth"]` and route answers a gate shares between keys.
+_SHARED_GRANTS: Final = 4096
+
+
 class _Prepared(NamedTuple):
     """What `Gate.admit_now` needs of one version of a key, made at its first request:
     how it is taken (`kind`), the objects the request's scope gets, its grants, how its
-    limits are shown, its one limit's counter, and its answers by route."""
+    limits are shown, its one limit's counter, and its answers by route (the answers and
+    `auth` shared by every key with the same grants)."""
 
     record: KeyRecord
     kind: int
     grants: GrantedScopes
     auth: APIKeyAuth
     user: APIKeyUser
-    # (method, path) -> the scopes it lacks for that route (None: it may take it)
-    routes: dict[tuple[str, str], tuple[str, ...] | None]
+    routes: _RouteAnswers
     counter: str
     amount: int
     window: int
@@ -390,6 +396,9 @@ class Gate:
         self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
         # key id -> what admit_now needs of the key's latest version seen
         self._prepared: dict[str, _Prepared] = {}
+        # a key's grants -> its `scope["auth"]` and its answers by route: they follow from
+        # the grants alone, so keys with the same scopes share them (a key costs less memory)
+        self._by_grants: dict[GrantedScopes, tuple[APIKeyAuth, _RouteAnswers]] = {}
         # (method, path) -> the scopes the route needs (None: no rule), for admit_now
         self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
         self._counts_here = self.limiter.counts_here
@@ -574,6 +583,12 @@ class Gate:
     def _prepare(self, record: KeyRecord) -> _Prepared:
         """What `admit_now` needs of this version of the key (see `_Prepared`)."""
         grants = grants_for(record.scopes, record.access == "full")
+        shared = self._by_grants.get(grants)
+        if shared is None:
+            if len(self._by_grants) >= _SHARED_GRANTS:
+                self._by_grants.clear()
+            shared = self._by_grants[grants] = (APIKeyAuth(grants), {})
+        auth, routes = shared
         limit = record.rate_limit
         shape = self._shapes.get(limit) or self._shape(limit)
         counter, amount, window = "", 0, 0
@@ -589,9 +604,9 @@ class Gate:
             record,
             kind,
             grants,
-            APIKeyAuth(grants),
+            auth,
             APIKeyUser(record),
-            {},
+            routes,
             counter,
             amount,
             window,

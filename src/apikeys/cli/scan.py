@@ -58,19 +58,19 @@ def scan(
     """Find API keys in files and folders (- reads stdin); exit 1 when any is found.
 
     Reports file:line and the masked key, never the secret. Only tokens with a valid
-    checksum count; binary files, files over 10 MiB and .git, .venv, node_modules and
-    __pycache__ folders are skipped. --revoke revokes each key found whose secret matches
-    the store.
+    checksum count; binary files, files over 10 MiB, symbolic links met while walking a
+    folder and .git, .venv, node_modules and __pycache__ folders are skipped. --revoke
+    revokes each key found whose secret matches the store.
     """
     pattern = key_pattern(prefixes)
     stats = ScanStats()
     findings: list[Finding] = []
     for root in paths:
-        for path in walk(root):
-            data = read_text_file(path, stats)
+        for file in walk(root, stats):
+            data = read_text_file(file, stats)
             if data is None:
                 continue
-            shown = "<stdin>" if path == "-" else path
+            shown = "<stdin>" if file.path == "-" else file.path
             findings.extend(Finding(shown, line, key) for line, key in find_keys(data, pattern))
     for finding in findings:
         click.echo(
@@ -78,6 +78,8 @@ def scan(
             f"{mask(finding.key.prefix, finding.key.id)}"
         )
     skipped = f", skipped {stats.skipped} binary or large" if stats.skipped else ""
+    if stats.links:
+        skipped += f", skipped {stats.links} symbolic link{'' if stats.links == 1 else 's'}"
     files = f"scanned {stats.files} file{'' if stats.files == 1 else 's'}{skipped}"
     if not findings:
         click.echo(f"No API keys found ({files}).", err=True)

@@ -100,13 +100,16 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
         import sqlalchemy as sa
         from sqlalchemy.ext.asyncio import create_async_engine
 
+        from apikeys.redaction import hide_values_in_driver_logs
         from apikeys.stores.sql_engine import async_url
     except ImportError as exc:
         raise ConfigurationError(
             f"reading a database needs SQLAlchemy: pip install 'apikeys[import]' ({exc.name})"
         ) from exc
     try:
-        engine = create_async_engine(async_url(url))
+        hide_values_in_driver_logs()
+        # The rows read are hashes: none in an error or the echo log.
+        engine = create_async_engine(async_url(url), hide_parameters=True)
     except ModuleNotFoundError as exc:
         extra = "postgres" if exc.name == "asyncpg" else "sql"
         raise ConfigurationError(

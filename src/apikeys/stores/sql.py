@@ -61,6 +61,7 @@ import json
 import logging
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -184,16 +185,22 @@ _FIELDS: Final = (
 )
 
 
+def _shared(text: Any) -> Any:
+    """`text` interned: the values many keys hold alike (workspace, access, state, limits)
+    are kept once, not once per cached key, as a driver returns them."""
+    return text if text is None else sys.intern(text)
+
+
 def _record(row: Sequence[Any]) -> KeyRecord:
     return KeyRecord(
         id=row[0],
         name=row[1],
-        workspace=row[2],
+        workspace=_shared(row[2]),
         prefix=row[3],
-        access=row[4],
+        access=_shared(row[4]),
         scopes=row[5],
-        state=row[6],
-        rate_limit=row[7],
+        state=_shared(row[6]),
+        rate_limit=_shared(row[7]),
         created_at=row[8],
         expires_at=row[9],
         last_used_at=row[10],
@@ -205,7 +212,7 @@ def _record(row: Sequence[Any]) -> KeyRecord:
         metadata=row[17],
         allowed_ips=row[18],
         credits=row[19],
-        credit_refill=row[20],
+        credit_refill=_shared(row[20]),
         credits_refilled_at=row[21],
     )
 
@@ -226,12 +233,12 @@ def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
     record = KeyRecord(
         id=row[0],
         name=row[1],
-        workspace=row[2],
+        workspace=_shared(row[2]),
         prefix=row[3],
-        access=row[4],
+        access=_shared(row[4]),
         scopes=load_scopes(row[5]),
-        state=row[6],
-        rate_limit=row[7],
+        state=_shared(row[6]),
+        rate_limit=_shared(row[7]),
         created_at=cast(datetime, time(row[8])),
         expires_at=time(row[9]),
         last_used_at=time(row[10]),
@@ -243,7 +250,7 @@ def _raw_stored(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
         metadata=load_metadata(row[17]),
         allowed_ips=load_scopes(row[18]),
         credits=row[19],
-        credit_refill=row[20],
+        credit_refill=_shared(row[20]),
         credits_refilled_at=time(row[21]),
     )
     return StoredKey(record=record, secret_hash=row[13])

@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from apikeys.errors import ConfigurationError
+from apikeys.redaction import hide_values_in_driver_logs
 
 __all__ = [
     "URL_OPTIONS",
@@ -194,6 +195,8 @@ def make_engine(
     echo: bool,
     prepared_statements: bool = True,
 ) -> AsyncEngine:
+    # Statements carry hashes and webhook secrets: none in an error or any log, at any level.
+    hide_values_in_driver_logs()
     if url.get_backend_name() == "sqlite":
         options: dict[str, Any] = {}
         if not is_sqlite_memory(url):

@@ -78,7 +78,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import functools
 import json
+import sys
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
@@ -192,7 +194,15 @@ def _decode_time(value: str | None) -> datetime | None:
     return _EPOCH + timedelta(microseconds=int(value))
 
 
+def _shared(text: str | None) -> str | None:
+    """`text` interned: the values many keys hold alike (workspace, access, state, limits)
+    are kept once, not once per cached key, as Redis returns them."""
+    return text if text is None else sys.intern(text)
+
+
+@functools.lru_cache(maxsize=4096)
 def _decode_scopes(value: str) -> tuple[str, ...]:
+    """Kept for the 4,096 texts read last: keys with the same scopes share one tuple."""
     if value.startswith("["):
         return tuple(str(scope) for scope in json.loads(value))
     return tuple(scope for scope in value.split(",") if scope)
@@ -260,12 +270,12 @@ def _decode(fields: Mapping[str, str]) -> StoredKey:
     record = KeyRecord(
         id=fields["id"],
         name=fields["name"],
-        workspace=fields["workspace"],
+        workspace=sys.intern(fields["workspace"]),
         prefix=fields["prefix"],
-        access=cast(Access, fields["access"]),
+        access=cast(Access, sys.intern(fields["access"])),
         scopes=_decode_scopes(fields["scopes"]),
-        state=cast(StoredState, fields["state"]),
-        rate_limit=fields.get("rate_limit"),
+        state=cast(StoredState, sys.intern(fields["state"])),
+        rate_limit=_shared(fields.get("rate_limit")),
         created_at=created_at,
         expires_at=_decode_time(fields.get("expires_at")),
         last_used_at=_decode_time(fields.get("last_used_at")),
@@ -277,7 +287,7 @@ def _decode(fields: Mapping[str, str]) -> StoredKey:
         metadata=load_metadata(fields.get("metadata")),
         allowed_ips=_decode_scopes(fields.get("allowed_ips") or "[]"),
         credits=None if fields.get("credits") is None else int(fields["credits"]),
-        credit_refill=fields.get("credit_refill"),
+        credit_refill=_shared(fields.get("credit_refill")),
         credits_refilled_at=_decode_time(fields.get("credits_refilled_at")),
     )
     return StoredKey(record=record, secret_hash=fields["secret_hash"])
