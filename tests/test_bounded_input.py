@@ -304,5 +304,5 @@ def test_settings_page_fields_over_their_bound_are_a_form_error_not_a_500(field:
         {"name": "n", "access": "full", "rate_limit": "", field: PAGE_FIELDS[field]}
     )
     values, errors, _ = read_key_form(form, ())
-    read_policies(values, errors)
+    read_policies(form, values, errors)
     assert set(errors) == {field}
