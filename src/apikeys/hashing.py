@@ -381,8 +381,10 @@ class Hasher:
             return self._verify_imported(secret, stored[len(_IMPORTED) :])
         try:
             return self._verify_slow(secret, stored)
-        except ValueError:  # looks like a passlib hash, but is not a valid one
-            return Verification(False)
+        except Exception:
+            # (ValueError, OverflowError from a count of rounds past the platform's, a
+            # missing backend): fail closed, as a wrong secret.
+            return _NO_MATCH
 
     def _verify_imported(self, token: str, original: str) -> Verification:
         """An imported key's old hash (`apikeys.importing`): on a match, the hash to keep
@@ -441,6 +443,12 @@ class Hasher:
         if context is None:
             context = _legacy_context()
             if context is None or not context.identify(stored):
+                return Verification(False)
+            # A hash this hasher did not make (another setup's, a row edited by hand) is
+            # bounded in cost, as imported ones are: over the bound, no hashing at all.
+            from apikeys.importing.foreign import cost_refusal
+
+            if cost_refusal(stored) is not None:
                 return Verification(False)
             ok = bool(context.verify(secret, stored))
             # Slow hashes are not the preferred scheme here: move to the fast one.
