@@ -38,7 +38,7 @@ POSTGRES_URL = os.environ.get(
     "APIKEYS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("APIKEYS_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-PEPPER = "benchmark-pepper-0123456789abcdef"
+PEPPER = "OEuWsc6Opwdt8VlRqIf7G87HikHzfh9P9T8KeOssC2o"
 UNLIMITED = "1000000000/minute"
 # Every Redis key, table and database a benchmark makes carries this, so cleanup finds it.
 BENCH_TAG = "apikeys-bench"

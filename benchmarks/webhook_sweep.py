@@ -98,7 +98,11 @@ async def main(keys: int, rounds: int, take: bool) -> None:
         store = store_from_url(url)
         hooks = store.webhooks()
         assert hooks is not None
-        async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+        async with KeyManager(
+            store,
+            hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"),
+            webhooks=False,
+        ) as manager:
             await add_endpoint(
                 hooks, "http://127.0.0.1:9/hooks", events=["key.expiring", "key.usage_threshold"]
             )

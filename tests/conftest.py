@@ -263,7 +263,7 @@ async def store(store_url: str, store_options: dict[str, str]) -> AsyncIterator[
             await delete_redis_prefix(store_url, store_options["key_prefix"])
 
 
-TEST_PEPPER = "test-pepper-0123456789abcdef"
+TEST_PEPPER = "1awuN_rKweVSoRxFr2EKGuIxfESTX_x8eXJses89j20"
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from apikeys.types import KeyRecord, UsageDelta
 
 pytestmark = pytest.mark.sqlite
 
-PEPPER = "cli-test-pepper-0123456789abcdef"
+PEPPER = "SQ-SUvFjge0pjQ9upfz5ybw7QFrEa7gr-JnfSl7h7IA"
 KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
 RECORD_FIELDS = {
     "id",
@@ -1119,7 +1119,7 @@ def test_if_the_environment_names_the_store_then_a_bare_manager_finds_the_cli_ke
     result = CliRunner().invoke(main, ["create", "--name", "n", "--scope", "a:read", "--json"])
     assert result.exit_code == 0, result.output
     created = json.loads(result.stdout)
-    monkeypatch.setenv("APIKEYS_PEPPER", "a-newer-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_PEPPER", "zp6GZXHuQzbesamcB88YLQpwFCw29vdTknZdQyDertY")
     monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
 
     async def check() -> KeyRecord:
@@ -1139,7 +1139,7 @@ def test_scan_revoke_checks_keys_hashed_with_a_pepper_in_apikeys_old_peppers(
     # docs/concepts/hashing.md: the command line reads APIKEYS_OLD_PEPPERS too, so after a
     # pepper rotation it still recognises (and revokes) a key hashed with the old pepper.
     created = create_key(store_url)
-    monkeypatch.setenv("APIKEYS_PEPPER", "the-new-pepper-0123456789abcdef")
+    monkeypatch.setenv("APIKEYS_PEPPER", "lRdVQldJRqWhOX8A7B-h-u7cp10iKRh4mWnxhvX5cyQ")
     monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
     (tmp_path / "leak.txt").write_text(created["key"] + "\n", encoding="utf-8")
     result = run(store_url, "scan", str(tmp_path / "leak.txt"), "--revoke")
@@ -1151,12 +1151,12 @@ def test_if_the_cli_has_another_pepper_than_the_store_then_create_refuses_in_one
 ) -> None:
     # Keys made with the wrong pepper would be invalid_api_key for the service, silently.
     create_key(store_url)
-    monkeypatch.setenv("APIKEYS_PEPPER", "not-the-service-pepper-0123456789")
+    monkeypatch.setenv("APIKEYS_PEPPER", "k1yWcsiGHUDirgcIIg2cXh0VaSlqmdyUXjPxJBSJJb4")
     result = run(store_url, "create", "--name", "wrong", "--scope", "a:read")
     assert result.exit_code == 1
     line = refused_with_one_line(result)
     assert "another pepper" in line
-    assert "not-the-service-pepper" not in result.output
+    assert "k1yWcsiGHUDirgcIIg2cXh0VaSlqmdyUXjPxJBSJJb4" not in result.output
     # Commands that neither hash nor check a secret still work.
     ok(store_url, "list")
 

@@ -44,7 +44,7 @@ from apikeys.problems import problem_body
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
-PEPPER = "docs-pepper-0123456789abcdef"
+PEPPER = "A-fCCRkLiznK5jeQtf4uP3mlDGQQ8xKyS9-qOdLRQ-4"
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _DIRECTIVE = re.compile(r"^<!--\s*(file|not-run):\s*(.+?)\s*-->$")

@@ -335,7 +335,9 @@ def test_with_redis_limiters_two_processes_gates_admit_exactly_the_limit(
     prefix = redis_prefix("gate-prop")
 
     async def scenario() -> None:
-        manager = KeyManager(MemoryStore(), hasher=Hasher(pepper="gate-test-pepper-0123456789"))
+        manager = KeyManager(
+            MemoryStore(), hasher=Hasher(pepper="VRmKJHnuTvI2q31x_sfPouLvH-BYMDEC_S3Pigq_fLA")
+        )
         gates = [
             _redis_gate(manager, f"{limit}/minute", prefix),
             _redis_gate(manager, f"{limit}/minute", prefix),

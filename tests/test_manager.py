@@ -486,7 +486,9 @@ class TestRollRace:
                     await elsewhere.revoke(created.record.id)
                 return await super().ahash(secret)
 
-        racing = KeyManager(store, hasher=RevokeDuringIssue(pepper="test-pepper-0123456789abcdef"))
+        racing = KeyManager(
+            store, hasher=RevokeDuringIssue(pepper="1awuN_rKweVSoRxFr2EKGuIxfESTX_x8eXJses89j20")
+        )
         try:
             with pytest.raises(InvalidTransition, match="revoked"):
                 await racing.roll(created.record.id)
@@ -526,7 +528,7 @@ class TestKeyPrefixBinding:
     def test_if_token_carries_another_prefix_then_never_verified(self, prefixes: list[str]) -> None:
         issuing_prefix, other_prefix = prefixes
         store = MemoryStore()
-        hasher = Hasher(pepper="prefix-test-pepper-0123456789")
+        hasher = Hasher(pepper="OEa7r18v_uYePL6WCbrTCX77up9OX95GW-VDf26QEMg")
 
         async def scenario() -> None:
             async with (
@@ -915,7 +917,7 @@ async def test_if_the_store_is_unreachable_at_startup_then_the_log_and_error_nam
 
 # -- the pepper a store's keys are hashed with -------------------------------------------------
 
-OTHER_PEPPER = "another-pepper-0123456789abcdef"
+OTHER_PEPPER = "7Ni5UVGoLOPnmry5rUJcOow2UG0wqOE86SfeOOQZE8E"
 
 
 async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_why(

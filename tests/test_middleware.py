@@ -474,7 +474,7 @@ class TestHostileHeaders:
         assert body["code"] == "malformed_api_key"
 
 
-_HASHER = Hasher(pepper="test-pepper-0123456789abcdef")
+_HASHER = Hasher(pepper="1awuN_rKweVSoRxFr2EKGuIxfESTX_x8eXJses89j20")
 
 
 async def _call(
@@ -1355,7 +1355,9 @@ def test_if_any_policies_then_headers_parse_and_429_matches_the_policies(
     text, policies = limits
 
     async def scenario() -> None:
-        manager = KeyManager(MemoryStore(), hasher=Hasher(pepper="p" * 32))
+        manager = KeyManager(
+            MemoryStore(), hasher=Hasher(pepper="d3RUFPitx3acm32V3Z3cPgpcnIS1--w13730OSFh9I0")
+        )
         try:
             app = build_app(manager, rate_limit="1000/minute")
             created = await manager.create(

@@ -184,7 +184,7 @@ def test_the_wheel_serves_the_mounted_settings_page(venv: Path, dist: Path, tmp_
     server = subprocess.Popen(
         ["uvicorn", "served:app", "--port", str(port)],
         cwd=tmp_path,
-        env={**env, "APIKEYS_PEPPER": "wheel-test-pepper-0123456789abcdef"},
+        env={**env, "APIKEYS_PEPPER": "7fYpC_VkrZqsx7prdeokxy0Wxe3ZzNiOn7SeT0zcW3Q"},
         stdout=log,
         stderr=subprocess.STDOUT,
     )

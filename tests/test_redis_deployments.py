@@ -37,7 +37,7 @@ from tests.conftest import delete_redis_prefix
 
 pytestmark = pytest.mark.redis
 
-PEPPER = "deployments-test-pepper-0123456789"
+PEPPER = "JNT70i2QHhPS0Nyvpp0scbCIxsMsrlqHAqxCDohdvFg"
 DEPLOYMENTS = ["cluster", "sentinel"]
 _T = TypeVar("_T")
 

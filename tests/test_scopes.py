@@ -19,7 +19,7 @@ from apikeys import APIKeyMiddleware, GrantedScopes, Hasher, KeyManager, MemoryS
 from apikeys.errors import InvalidKeyParameters
 from apikeys.scopes import FULL_ACCESS, grants_for, validate_scope, validate_scopes
 
-PEPPER = "scopes-test-pepper-0123456789abcdef"
+PEPPER = "lthtYTMrPW9U66EMlnNfvx6ueNSuzdgFFmTtK3dNRQs"
 
 NAME = r"[a-z][a-z0-9_.-]{0,63}"
 names = st.from_regex(NAME, fullmatch=True)

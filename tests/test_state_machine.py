@@ -45,7 +45,7 @@ from tests.conftest import delete_redis_keys, redis_prefix
 from tests.test_manager import wrong_secret
 
 T = TypeVar("T")
-HASHER = Hasher(pepper="state-machine-pepper-0123456789")
+HASHER = Hasher(pepper="wzoCebzqnuLooVrQHcXiRm_dhbiO7AGB9zmkk2EytaQ")
 WORKSPACE = "machine"
 CREDITS = st.integers(0, 30) | st.none()
 

@@ -19,7 +19,7 @@ import pytest
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.stores.sql import SQLStore
 
-PEPPER = "unclosed-test-pepper-0123456789"
+PEPPER = "Hz1wRMr3zeK4OoaX3BFQ16fB_P5WLbvX3KPd79CWTnY"
 
 # Issues a key, verifies it three times (three counts buffered) and ends without closing.
 # "global": the manager lives until exit; "dropped": it is collected once asyncio.run ends.

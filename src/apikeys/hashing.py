@@ -10,7 +10,11 @@ pepper the fallback is plain SHA-256, with a logged warning.
 
 Stored hashes describe their scheme, so schemes can change under a running system:
 
-- `hmac-sha256$<pepper id>$<hex>`: keyed with the pepper whose id is named;
+- `hmac-sha256$<hex>`: keyed with the pepper. The hash names no pepper: a label derived
+  from the pepper would let anyone holding the database confirm a guessed pepper offline.
+  It is checked with the current pepper, then with each retired one (`old_peppers`).
+  (`hmac-sha256$<pepper id>$<hex>`, the form of earlier versions, still verifies with the
+  pepper it names, and is replaced on its next use.)
 - `sha256$<hex>`: no pepper;
 - anything passlib recognises (`$argon2id$…`, `$2b$…`, `$pbkdf2-sha256$…`): slow schemes,
   opt-in through a passlib `CryptContext`;
@@ -34,7 +38,9 @@ import functools
 import hashlib
 import hmac
 import logging
+import math
 import os
+import re
 import time
 import weakref
 from collections import OrderedDict
@@ -53,6 +59,17 @@ logger = logging.getLogger("apikeys")
 PEPPER_ENV = "APIKEYS_PEPPER"
 OLD_PEPPERS_ENV = "APIKEYS_OLD_PEPPERS"
 MIN_PEPPER_LENGTH = 16
+"""The shortest retired pepper (`old_peppers`) accepted, in bytes."""
+STRONG_PEPPER_LENGTH = 32
+"""The shortest current pepper accepted, in bytes, and it must also look random."""
+PEPPER_HINT = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+# A current pepper: at least this many bits by zxcvbn's estimate of the guesses it takes,
+# and at most this share of it in words, names, sequences, repeats or dates of 4 or more
+# characters. (Over 1,500 draws of secrets.token_urlsafe(32): at least 135 bits, and at
+# most 0.38 in such matches; dictionary phrases of 32 characters or more: at least 0.65.)
+_MIN_PEPPER_BITS = 100
+_MAX_PEPPER_WORDS = 0.5
+_HEX_RE = re.compile(r"[0-9a-fA-F]+")
 UNPEPPERED = "unpeppered"
 """The pepper fingerprint of a hasher without a pepper."""
 _HMAC_SCHEME = "hmac-sha256$"
@@ -102,6 +119,10 @@ class _HMACKey:
         return self.digest(message).hex()
 
 
+# A stored HMAC hash, parsed: its digest, and each pepper's key that may have made it, in
+# the order they are tried, with the answer on a match.
+_Parsed = tuple[bytes, tuple[tuple[_HMACKey, "Verification | None"], ...]]
+
 # The two answers of the hot path, allocated once.
 _MATCH = Verification(True)
 _MATCH_STALE = Verification(True, stale=True)
@@ -116,6 +137,66 @@ _MAX_TRACKED_FAILURES = 10_000
 def _pepper_id(pepper: bytes) -> str:
     # Names the pepper in stored hashes without revealing anything usable about it.
     return hmac.new(pepper, b"apikeys pepper id", hashlib.sha256).hexdigest()[:8]
+
+
+def _check_strength(pepper: bytes) -> None:
+    """Refuse a current pepper that could be guessed (`ConfigurationError`).
+
+    The store holds values derived from the pepper that confirm a guess of it offline (the
+    pepper fingerprint `KeyManager` records to refuse a wrong pepper at startup, the
+    pepper id of sealed webhook secrets): harmless only when guessing is hopeless. So a
+    pepper is at least 32 bytes, and as text it must look random: zxcvbn's estimate of the
+    guesses it takes at least 2**100, and words, names, keyboard runs, sequences, repeats
+    and dates no more than half of it. Random bytes (not text) need 32 bytes of at least
+    16 distinct values.
+    """
+    message = (
+        f"the pepper ({PEPPER_ENV}) must be at least {STRONG_PEPPER_LENGTH} bytes of random "
+        "text, and this one {why}: anyone holding the database could guess it and confirm "
+        f"the guess offline. Generate one with: {PEPPER_HINT}"
+    )
+    if len(pepper) < STRONG_PEPPER_LENGTH:
+        raise ConfigurationError(message.format(why=f"is {len(pepper)} bytes"))
+    try:
+        text = pepper.decode("ascii")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not text.isprintable():
+        if len(set(pepper)) < STRONG_PEPPER_LENGTH // 2:
+            raise ConfigurationError(message.format(why="repeats its bytes"))
+        return
+    bits, words = _guessability(hashlib.sha256(pepper).digest(), text)
+    if bits < _MIN_PEPPER_BITS or words > _MAX_PEPPER_WORDS:
+        raise ConfigurationError(message.format(why="reads as words, sequences or repeats"))
+
+
+# Peppers already judged, by their SHA-256 (so the pepper is not kept here): zxcvbn takes
+# tens of milliseconds, and processes make hashers with the same pepper again and again.
+_JUDGED: dict[bytes, tuple[float, float]] = {}
+
+
+def _guessability(key: bytes, text: str) -> tuple[float, float]:
+    """zxcvbn's estimate for `text`: bits of guesses, and the share of its characters inside
+    any word, name, keyboard run, sequence, repeat or date of 4 or more characters that
+    zxcvbn finds (0 for hex digits alone, where such runs are common by chance and zxcvbn's
+    guesses already tell a repeated hex word). Only the first 72 characters are read, the
+    most zxcvbn takes (its matching grows with the square of the length)."""
+    judged = _JUDGED.get(key)
+    if judged is None:
+        from zxcvbn import zxcvbn  # type: ignore[import-untyped]
+        from zxcvbn.matching import omnimatch  # type: ignore[import-untyped]
+
+        sample = text[:72]
+        covered: set[int] = set()
+        if _HEX_RE.fullmatch(sample) is None:
+            for match in omnimatch(sample):
+                if match["j"] - match["i"] >= 3:
+                    covered.update(range(match["i"], match["j"] + 1))
+        guesses_log10 = float(zxcvbn(sample)["guesses_log10"])
+        judged = (guesses_log10 * math.log2(10), len(covered) / len(sample))
+        if len(_JUDGED) < 1_000:
+            _JUDGED[key] = judged
+    return judged
 
 
 def slow_context(*schemes: str) -> CryptContext:
@@ -152,7 +233,9 @@ class Hasher:
     """Hashes secrets for storage and checks secrets against stored hashes.
 
     `Hasher()` reads the pepper from `APIKEYS_PEPPER` and retired peppers from
-    `APIKEYS_OLD_PEPPERS` (comma-separated). Pass `pepper=` to set it in code,
+    `APIKEYS_OLD_PEPPERS` (comma-separated). The pepper must be random, at least 32 bytes
+    that do not read as words or sequences (`ConfigurationError` otherwise, naming the
+    command that makes one); a retired one needs only 16 bytes. Pass `pepper=` to set it in code,
     `old_peppers=` to keep verifying (and migrating) hashes made with retired peppers, and
     `context=` (a passlib `CryptContext`, see `slow_context`) to hash new keys with a slow
     scheme instead.
@@ -189,16 +272,20 @@ class Hasher:
         if old_peppers is None:
             old_peppers = [p for p in os.environ.get(OLD_PEPPERS_ENV, "").split(",") if p]
         self._pepper = self._coerce(pepper) if pepper is not None else None
+        if self._pepper is not None:
+            _check_strength(self._pepper)
+        # pepper id -> its key, the current pepper first. The ids name peppers in the store's
+        # pepper record and in sealed webhook secrets, never in a key's hash.
         self._peppers: dict[str, _HMACKey] = {}
         for candidate in (self._pepper, *(self._coerce(p) for p in old_peppers)):
             if candidate is not None:
-                self._peppers[_pepper_id(candidate)] = _HMACKey(candidate)
+                self._peppers.setdefault(_pepper_id(candidate), _HMACKey(candidate))
         self._current_id = _pepper_id(self._pepper) if self._pepper is not None else None
         self._context = context
-        # stored HMAC hash -> (its pepper's key, the digest as bytes, the answer on a match);
-        # parsed once per stored hash instead of on every request.
-        # (None as the answer: a retired pepper's hash, whose answer carries the new hash.)
-        self._parsed: dict[str, tuple[_HMACKey, bytes, Verification | None] | None] = {}
+        # stored HMAC hash -> (the digest as bytes, each pepper's key that may have made it
+        # with the answer on a match); parsed once per stored hash instead of on every
+        # request. (None as an answer: a hash to replace, whose answer carries the new hash.)
+        self._parsed: dict[str, _Parsed | None] = {}
         self._cache: OrderedDict[tuple[str, bytes], float] = OrderedDict()
         self._cache_size = cache_size
         self._cache_ttl = cache_ttl
@@ -232,7 +319,7 @@ class Hasher:
         if len(raw) < MIN_PEPPER_LENGTH:
             raise ConfigurationError(
                 f"the pepper must be at least {MIN_PEPPER_LENGTH} bytes; "
-                "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                f"generate one with: {PEPPER_HINT}"
             )
         return raw
 
@@ -242,9 +329,11 @@ class Hasher:
     @property
     def pepper_fingerprint(self) -> str:
         """What names this hasher's pepper in the store (`KeyManager` records it there): the
-        pepper's id, which every hash made with it already shows, or `unpeppered`.
+        pepper's id, 8 hex digits of an HMAC of it, or `unpeppered`.
 
-        Never the pepper, and nothing about it that the stored hashes do not already say.
+        Never the pepper; but it confirms a guessed pepper offline, as any check of the
+        pepper against the store must: that is why a pepper must be random
+        (`ConfigurationError` otherwise). Key hashes do not show it.
         """
         return self._current_id or UNPEPPERED
 
@@ -301,8 +390,7 @@ class Hasher:
 
     def _fast_hash(self, secret: str) -> str:
         if self._current_id is not None:
-            digest = self._peppers[self._current_id].hexdigest(secret.encode())
-            return f"{_HMAC_SCHEME}{self._current_id}${digest}"
+            return _HMAC_SCHEME + self._peppers[self._current_id].hexdigest(secret.encode())
         return _SHA256_SCHEME + hashlib.sha256(secret.encode()).hexdigest()
 
     def is_fast(self, stored: str) -> bool:
@@ -324,17 +412,17 @@ class Hasher:
             if not stored.startswith((_HMAC_SCHEME, _SHA256_SCHEME)):
                 return None
             return self.verify(secret, stored)
-        base, digest, on_match = parsed
-        # _HMACKey.digest, written out: this runs on every request.
-        inner = base._inner.copy()
-        inner.update(secret.encode())
-        outer = base._outer.copy()
-        outer.update(inner.digest())
-        if not hmac.compare_digest(outer.digest(), digest):
-            return _NO_MATCH
-        if on_match is None:
-            return Verification(True, self._fast_hash(secret))
-        return on_match
+        digest, candidates = parsed
+        encoded = secret.encode()
+        for base, on_match in candidates:
+            # _HMACKey.digest, written out: this runs on every request.
+            inner = base._inner.copy()
+            inner.update(encoded)
+            outer = base._outer.copy()
+            outer.update(inner.digest())
+            if hmac.compare_digest(outer.digest(), digest):
+                return on_match or Verification(True, self._fast_hash(secret))
+        return _NO_MATCH
 
     def matcher(self, stored: str) -> Callable[[str], bool] | None:
         """A check of secrets against `stored`, prepared once for a hash that needs nothing
@@ -349,9 +437,9 @@ class Hasher:
             parsed = self._parsed[stored]
         except KeyError:
             parsed = self._parse_hmac(stored)
-        if parsed is None or parsed[2] is not _MATCH:
-            return None
-        base, digest, _ = parsed
+        if parsed is None or len(parsed[1]) != 1 or parsed[1][0][1] is not _MATCH:
+            return None  # more than one pepper to try, or a hash to replace on a match
+        digest, ((base, _),) = parsed
         # A partial, not a closure: one is kept per cached key, and a partial of three
         # shared objects and the digest is a third of a closure's memory, as fast to call.
         return functools.partial(_matches, base._inner, base._outer, digest)
@@ -363,12 +451,12 @@ class Hasher:
         except KeyError:
             parsed = self._parse_hmac(stored)
         if parsed is not None:
-            base, digest, on_match = parsed
-            if not hmac.compare_digest(base.digest(secret.encode()), digest):
-                return _NO_MATCH
-            if on_match is None:
-                return Verification(True, self._fast_hash(secret))
-            return on_match
+            digest, candidates = parsed
+            encoded = secret.encode()
+            for base, on_match in candidates:
+                if hmac.compare_digest(base.digest(encoded), digest):
+                    return on_match or Verification(True, self._fast_hash(secret))
+            return _NO_MATCH
         if stored.startswith(_HMAC_SCHEME):  # a pepper this process does not know
             return _NO_MATCH
         if stored.startswith(_SHA256_SCHEME):
@@ -387,8 +475,10 @@ class Hasher:
             return self._verify_imported(secret, stored[len(_IMPORTED) :])
         try:
             return self._verify_slow(secret, stored)
-        except ValueError:  # looks like a passlib hash, but is not a valid one
-            return Verification(False)
+        except Exception:
+            # (ValueError, OverflowError from a count of rounds past the platform's, a
+            # missing backend): fail closed, as a wrong secret.
+            return _NO_MATCH
 
     def _verify_imported(self, token: str, original: str) -> Verification:
         """An imported key's old hash (`apikeys.importing`): on a match, the hash to keep
@@ -419,34 +509,56 @@ class Hasher:
                 PEPPER_ENV,
             )
 
-    def _parse_hmac(self, stored: str) -> tuple[_HMACKey, bytes, Verification | None] | None:
-        """`stored` read as an HMAC hash of a known pepper, or None (remembered either way)."""
+    def _parse_hmac(self, stored: str) -> _Parsed | None:
+        """`stored` read as an HMAC hash this hasher's peppers may have made, or None
+        (remembered either way)."""
         parsed = None
         if stored.startswith(_HMAC_SCHEME):
-            pepper_id, _, hex_digest = stored[len(_HMAC_SCHEME) :].partition("$")
-            base = self._peppers.get(pepper_id)
+            label, _, hex_digest = stored[len(_HMAC_SCHEME) :].rpartition("$")
             try:
                 digest = bytes.fromhex(hex_digest)
             except ValueError:
                 digest = b""
             # Exactly what this module writes: 64 lowercase hex digits, nothing else.
-            if base is not None and len(digest) == 32 and digest.hex() == hex_digest:
-                on_match: Verification | None = _MATCH
-                if self._context is not None:
-                    on_match = _MATCH_STALE
-                elif pepper_id != self._current_id:
-                    on_match = None
-                parsed = (base, digest, on_match)
+            if len(digest) == 32 and digest.hex() == hex_digest:
+                candidates = self._candidates(label)
+                if candidates:
+                    parsed = (digest, candidates)
         if len(self._parsed) >= _PARSED_LIMIT:
             self._parsed.clear()  # parsing again costs a microsecond: a crude bound will do
         self._parsed[stored] = parsed
         return parsed
+
+    def _candidates(self, label: str) -> tuple[tuple[_HMACKey, Verification | None], ...]:
+        """The peppers' keys to try for an HMAC hash with `label` (empty: today's form,
+        every pepper, the current first; else the pepper id that earlier versions wrote,
+        that pepper alone), each with the answer on a match (None: replace the hash)."""
+        if label:
+            base = self._peppers.get(label)
+            chosen = [] if base is None else [(label, base)]
+        else:
+            chosen = list(self._peppers.items())
+        answers: list[tuple[_HMACKey, Verification | None]] = []
+        for pepper_id, base in chosen:
+            on_match: Verification | None = None
+            if self._context is not None:
+                on_match = _MATCH_STALE
+            elif pepper_id == self._current_id and not label:
+                on_match = _MATCH
+            answers.append((base, on_match))
+        return tuple(answers)
 
     def _verify_slow(self, secret: str, stored: str) -> Verification:
         context = self._context
         if context is None:
             context = _legacy_context()
             if context is None or not context.identify(stored):
+                return Verification(False)
+            # A hash this hasher did not make (another setup's, a row edited by hand) is
+            # bounded in cost, as imported ones are: over the bound, no hashing at all.
+            from apikeys.importing.foreign import cost_refusal
+
+            if cost_refusal(stored) is not None:
                 return Verification(False)
             ok = bool(context.verify(secret, stored))
             # Slow hashes are not the preferred scheme here: move to the fast one.

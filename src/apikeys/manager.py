@@ -43,7 +43,7 @@ from apikeys.importing.foreign import (
     LOOKUP_SETTING,
     foreign_handles,
     is_foreign_token,
-    lookup_id,
+    lookup_ids,
 )
 from apikeys.keys import (
     CHECKSUM_LENGTH,
@@ -1434,12 +1434,29 @@ class KeyManager:
 
     async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` of a token not in this manager's key format: an imported key's old
-        string, or else `MalformedAPIKey`."""
+        string, or else `MalformedAPIKey`.
+
+        Keys of one old prefix (or digest) in several workspaces are all candidates: each
+        is checked, the fast hashes (keys already re-hashed) first, so that the usual
+        request of one workspace spends nothing on another's slow hash. A match whose key
+        is usable wins; else the first refusal of a matching key (revoked, expired, …)."""
         imported = await self._find_imported(token)
         if imported is None:
             raise MalformedAPIKey()
-        key_id, stored = imported
-        return await self._check(key_id, stored, token, record_usage)
+        unknown_id, candidates = imported
+        if not candidates:
+            return await self._check(unknown_id, None, token, record_usage)
+        fast = self.hasher.is_fast
+        ordered = sorted(candidates, key=lambda found: not fast(found[1].secret_hash))
+        refusal: KeyRevoked | KeyDisabled | KeyExpired | None = None
+        for key_id, stored in ordered:
+            try:
+                return await self._check(key_id, stored, token, record_usage)
+            except InvalidAPIKey:
+                continue  # not this candidate's secret
+            except (KeyRevoked, KeyDisabled, KeyExpired) as exc:  # its secret, not usable
+                refusal = refusal or exc
+        raise refusal or InvalidAPIKey()
 
     async def _verify_key(self, key_id: str, secret: str, record_usage: bool) -> KeyRecord:
         """`verify` of a token of this manager's prefix already split (and its checksum
@@ -1497,12 +1514,17 @@ class KeyManager:
 
     # -- imported keys (apikeys.importing) -------------------------------------------------
 
-    async def _find_imported(self, token: str) -> tuple[str, StoredKey | None] | None:
-        """The id and key an old system's key string names, when this store holds imported
-        keys and `token` could be one (None: it is simply malformed).
+    async def _find_imported(
+        self, token: str
+    ) -> tuple[str, tuple[tuple[str, StoredKey], ...]] | None:
+        """The keys an old system's key string may name (one per workspace holding a key of
+        its old prefix or digest), with the id that stands for it when there are none, when
+        this store holds imported keys and `token` could be one (None: it is simply
+        malformed).
 
-        Every lookup handle the token could have is looked up, found or not, so the work
-        done does not tell which old prefixes exist (`apikeys.importing.foreign`).
+        Every id of every lookup handle the token could have is looked up, found or not,
+        so the work done does not tell which old prefixes exist
+        (`apikeys.importing.foreign`).
         """
         if not is_foreign_token(token, self.prefix):
             return None
@@ -1511,13 +1533,16 @@ class KeyManager:
             return None
         if not self._in_use:
             self._use()
-        found: tuple[str, StoredKey | None] | None = None
+        unknown_id: str | None = None
+        candidates: tuple[tuple[str, StoredKey], ...] = ()
         for handle in foreign_handles(token):
-            key_id = lookup_id(secret, handle)
-            stored = await self._load(key_id)
-            if found is None or (found[1] is None and stored is not None):
-                found = (key_id, stored)
-        return found
+            for key_id in lookup_ids(secret, handle):
+                stored = await self._load(key_id)
+                if stored is not None:
+                    candidates += ((key_id, stored),)
+                elif unknown_id is None:
+                    unknown_id = key_id
+        return unknown_id or candidates[0][0], candidates
 
     async def _lookup_secret(self) -> str | None:
         """`import_lookup_secret(create=False)`, asked again at most once a second while

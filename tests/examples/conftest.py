@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PEPPER = "contacts-service-test-pepper-0123456789"
+PEPPER = "qbRhbA6IiMiaArqjfWDbsCTo3JRbjUrJdaAXX1c0ERE"
 
 
 def free_port() -> int:

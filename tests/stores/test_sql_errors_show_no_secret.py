@@ -56,7 +56,9 @@ def _text(exc: BaseException) -> str:
 
 async def test_a_failed_insert_of_a_key_shows_no_hash(store: KeyStore) -> None:
     assert isinstance(store, SQLStore)
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+    async with KeyManager(
+        store, hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"), webhooks=False
+    ) as manager:
         await _refuse_inserts(store, store._table.name)
         with pytest.raises(sa.exc.DBAPIError, match="refused by a test trigger") as raised:
             await manager.create(name="a", full_access=True)

@@ -881,7 +881,9 @@ class TestRolledPairSharesOneBalance:
     def manager(store: KeyStore) -> Any:
         from apikeys import Hasher, KeyManager
 
-        return KeyManager(store, hasher=Hasher(pepper="conformance-pepper-0123456789"))
+        return KeyManager(
+            store, hasher=Hasher(pepper="wrjGLhRTRwEQT353KSMSHXoF1OGkYZRHIxeUus2WdkY")
+        )
 
     async def test_a_roll_moves_the_balance_and_both_keys_spend_it(self, store: KeyStore) -> None:
         async with self.manager(store) as manager:

@@ -30,7 +30,9 @@ ACME_URL = "https://acme.example.com/apikeys-events"
 
 @pytest.fixture
 async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
+    async with KeyManager(
+        store, hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"), webhooks=False
+    ) as made:
         yield made
 
 

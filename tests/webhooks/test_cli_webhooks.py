@@ -68,7 +68,11 @@ def test_deliveries_of_one_workspace(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'keys.db'}"
 
     async def made() -> None:
-        async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+        async with KeyManager(
+            store,
+            hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"),
+            webhooks=False,
+        ) as manager:
             hooks = manager.store.webhooks()
             assert hooks is not None
             await add_endpoint(hooks, "https://example.com/hooks")

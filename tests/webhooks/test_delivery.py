@@ -25,7 +25,7 @@ from tests.conftest import _create_database, _drop_database
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
-PEPPER = "webhooks-test-pepper-0123456789"
+PEPPER = "pre-7bqNiAHpdWl2BEmn0e07UD12aNp3DKVUPSEv904"
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -23,7 +23,7 @@ from apikeys.ui import KeysPage, PageUser
 from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.base import Delivery, WebhookStore
 
-PEPPER = "replay-test-pepper-0123456789"
+PEPPER = "yaNVDK-deq21qfKBkzb_MZganU3GTxnBp4XtjrGqnuE"
 
 
 @pytest.fixture

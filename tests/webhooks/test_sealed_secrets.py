@@ -39,8 +39,8 @@ from apikeys.webhooks.signing import (
 from tests import services
 from tests.webhooks.receiver import Receiver
 
-OLD_PEPPER = "the-pepper-we-used-until-june"
-NEW_PEPPER = "the-pepper-we-use-from-july-on"
+OLD_PEPPER = "KiW13tlctr3NdBnTqyD5_hHw_XrZApekCtsNL3wOgVA"
+NEW_PEPPER = "rAyss7LGYsJRB0b9HNIDPCh1jr3E8WyDKOi0Oxz284A"
 FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10)
 
 

@@ -81,7 +81,9 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
+    async with KeyManager(
+        store, hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"), webhooks=False
+    ) as made:
         yield made
 
 
@@ -241,7 +243,11 @@ async def test_the_sqlite_log_keeps_what_a_webhook_has_not_taken(
     monkeypatch.setattr(sqlite_channel, "KEEP_CHANGES", 1)
     hooks = hooks_of(store)
     try:
-        async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+        async with KeyManager(
+            store,
+            hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"),
+            webhooks=False,
+        ) as manager:
             await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
             for number in range(5):
                 await manager.create(name=f"k{number}", full_access=True)
@@ -659,7 +665,10 @@ def test_a_manager_moved_to_another_loop_delivers_when_only_the_fast_path_serves
     receiver = Receiver(free_port())
     options = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05,), check_interval=3600)
     manager = KeyManager(
-        MemoryStore(), hasher=Hasher(pepper=b"p" * 32), usage_flush_interval=0.05, webhooks=options
+        MemoryStore(),
+        hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"),
+        usage_flush_interval=0.05,
+        webhooks=options,
     )
     gate = Gate(manager, limiter=RateLimiter("1000/minute"), scopes={"GET /api": "a:read"})
     request = {"type": "http", "method": "GET", "path": "/api", "client": ("10.0.0.1", 1)}

@@ -21,6 +21,16 @@ say nothing about old prefixes, and `KeyManager.verify` looks up every handle a 
 have, whether or not a key exists for the first one, so that the number of lookups does not
 tell which old prefixes exist. An unknown token is checked against the manager's decoy, a
 hash of apikeys' own scheme: the kind every imported key has once it has been used.
+
+Imports are keyed by (workspace, handle): two workspaces may each hold a key of the same old
+prefix (two old systems, or one key string given to two tenants). A handle has
+`IMPORT_SLOTS` ids (`lookup_ids`); an import takes the first free one, or finds its own
+workspace's, and verification looks up all of them and checks the token against each key
+found. The bound keeps the work of one request bounded.
+
+An old system's hash names its own cost (rounds, memory). `cost_refusal` bounds each scheme
+a little above its current defaults: an import refuses a hash over the bound, with why, and
+verification fails such a stored hash without hashing, since anyone can name its prefix.
 """
 
 from __future__ import annotations
@@ -38,16 +48,20 @@ if TYPE_CHECKING:
     from passlib.context import CryptContext
 
 __all__ = [
+    "COST_BOUNDS",
     "IMPORTED",
+    "IMPORT_SLOTS",
     "INSTALL_HINT",
     "LOOKUP_SETTING",
     "MAX_FOREIGN_LENGTH",
     "MAX_HASH_LENGTH",
+    "cost_refusal",
     "digest_handle",
     "foreign_handles",
     "foreign_scheme",
     "is_foreign_token",
     "lookup_id",
+    "lookup_ids",
     "needs_prefix",
     "prefix_handle",
     "valid_prefix",
@@ -61,6 +75,34 @@ LOOKUP_SETTING: Final = "import_lookup"
 MAX_FOREIGN_LENGTH: Final = 256
 """The longest old key string accepted (djangorestframework-api-key's are 41 characters)."""
 INSTALL_HINT: Final = "pip install 'apikeys[import]'"
+IMPORT_SLOTS: Final = 4
+"""How many workspaces may each hold an imported key of one old prefix (or one digest)."""
+
+_PBKDF2: Final = {"rounds": 2_000_000}  # Django 6.0: 1,200,000
+_BCRYPT: Final = {"rounds": 14}  # Django and passlib: 12
+_ARGON2: Final = {  # Django: m=102400 KiB, t=2, p=8; argon2-cffi: m=65536, t=3, p=4
+    "memory_cost": 131_072,
+    "rounds": 4,
+    "parallelism": 16,
+}
+_SHA_CRYPT: Final = {"rounds": 1_000_000}  # passlib: 535,000 and 656,000
+COST_BOUNDS: Final[dict[str, dict[str, int]]] = {
+    "django_pbkdf2_sha256": _PBKDF2,
+    "django_pbkdf2_sha1": _PBKDF2,
+    "pbkdf2_sha256": _PBKDF2,
+    "pbkdf2_sha512": _PBKDF2,
+    "django_bcrypt_sha256": _BCRYPT,
+    "django_bcrypt": _BCRYPT,
+    "bcrypt": _BCRYPT,
+    "bcrypt_sha256": _BCRYPT,
+    "django_argon2": _ARGON2,
+    "argon2": _ARGON2,
+    "sha256_crypt": _SHA_CRYPT,
+    "sha512_crypt": _SHA_CRYPT,
+}
+"""The most each salted scheme's hash may cost, per parameter (passlib's names: `rounds` is
+pbkdf2's iterations, bcrypt's log2 cost and argon2's time cost; argon2's `memory_cost` is
+in KiB). An imported hash over a bound is refused; stored, it never matches."""
 
 _HEX_DIGESTS: Final = {"sha256:": ("hex_sha256", 64), "sha512:": ("hex_sha512", 128)}
 _DRF_SHA512: Final = "sha512$$"
@@ -138,22 +180,51 @@ def foreign_scheme(hashed: str) -> str | None:
             f"{scheme} hashes need a package that is not installed (argon2-cffi or bcrypt). "
             f"Install it with: {INSTALL_HINT}"
         )
-    return str(scheme) if _parses(handler, hashed) else None
+    return str(scheme) if _parsed(handler, hashed) is not None else None
 
 
-def _parses(handler: Any, hashed: str) -> bool:
-    """Whether `hashed` is a well-formed hash of `handler`'s scheme, and not only one that
-    starts as such hashes do (what `identify` looks at): parsed, not verified, so no key
-    stretching is spent on it."""
+def _parsed(handler: Any, hashed: str) -> Any:
+    """`hashed` parsed by `handler`, or None when it is not a well-formed hash of its
+    scheme, and not only one that starts as such hashes do (what `identify` looks at):
+    parsed, not verified, so no key stretching is spent on it."""
     wrapped = getattr(handler, "wrapped", None)
     if wrapped is not None:  # passlib's PrefixWrapper (django_argon2, django_bcrypt)
         hashed = handler.orig_prefix + hashed[len(handler.prefix) :]
         handler = wrapped
     try:
-        handler.from_string(hashed)
-    except (TypeError, ValueError):
-        return False
-    return True
+        return handler.from_string(hashed)
+    except Exception:
+        return None
+
+
+def cost_refusal(hashed: str) -> str | None:
+    """Why the salted hash `hashed` costs too much to check (`COST_BOUNDS`), or None: it is
+    within its scheme's bounds, or not a salted hash (then `foreign_scheme` decides).
+
+    Reads the hash's parameters only: no key stretching is spent. Never names the hash.
+    """
+    if not needs_prefix(hashed) or hashed.startswith(_DRF_SHA512):
+        return None
+    if _HASH_RE.fullmatch(hashed) is None:
+        return None
+    context = _context()
+    try:
+        scheme = context.identify(hashed)
+    except ValueError:
+        return None
+    if not scheme:
+        return None
+    parsed = _parsed(context.handler(scheme), hashed)
+    if parsed is None:
+        return None
+    for parameter, bound in COST_BOUNDS.get(str(scheme), {}).items():
+        value = getattr(parsed, parameter, None)
+        if not isinstance(value, int) or value > bound:
+            return (
+                f"its cost is over what apikeys checks: {scheme} {parameter} is at most "
+                f"{bound} (see docs/migrating.md)"
+            )
+    return None
 
 
 def needs_prefix(hashed: str) -> bool:
@@ -165,10 +236,14 @@ def verify_foreign(token: str, hashed: str) -> bool:
     """Check an old key string against its old system's hash, in constant time (passlib).
 
     False for a hash that is not a valid one of its scheme (a stored row damaged or edited
-    by hand): its key is refused like a wrong secret, never an error.
-    Slow for the salted schemes: callers run it in a worker thread.
+    by hand), or that costs more than its scheme's bound (`cost_refusal`, checked before
+    any hashing), and for any error while checking it (passlib's, or `OverflowError` from
+    a count of rounds past what the platform takes): its key is refused like a wrong
+    secret, never an error. Slow for the salted schemes: callers run it in a worker thread.
     """
     try:
+        if cost_refusal(hashed) is not None:
+            return False
         for marker, (name, _length) in _HEX_DIGESTS.items():
             if hashed.startswith(marker):
                 return bool(_hex_handler(name).verify(token, hashed[len(marker) :].lower()))
@@ -176,12 +251,14 @@ def verify_foreign(token: str, hashed: str) -> bool:
             return bool(_hex_handler("hex_sha512").verify(token, hashed[len(_DRF_SHA512) :]))
         context = _context()
         return bool(context.identify(hashed)) and bool(context.verify(token, hashed))
-    except ValueError:
-        return False
+    except ConfigurationError:  # libpass itself is missing
+        raise
     except RuntimeError as exc:  # passlib's MissingBackendError: argon2-cffi or bcrypt
         raise ConfigurationError(
             f"an imported hash needs a package that is not installed: {INSTALL_HINT}"
         ) from exc
+    except Exception:
+        return False
 
 
 def is_foreign_token(token: str, prefix: str) -> bool:
@@ -221,6 +298,15 @@ def foreign_handles(token: str) -> tuple[str, ...]:
     if dot and valid_prefix(old_prefix):
         return (prefix_handle(old_prefix), *handles)
     return handles
+
+
+def lookup_ids(secret: str, handle: str) -> tuple[str, ...]:
+    """The `IMPORT_SLOTS` key ids the imported keys of one lookup handle may have, one per
+    workspace holding such a key: the first is `lookup_id(secret, handle)`."""
+    return tuple(
+        lookup_id(secret, handle if slot == 0 else f"{handle}#{slot}")
+        for slot in range(IMPORT_SLOTS)
+    )
 
 
 def lookup_id(secret: str, handle: str) -> str:

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from apikeys.errors import ConfigurationError, DuplicateKeyId, InvalidKeyParameters
 from apikeys.importing.foreign import (
+    IMPORT_SLOTS,
     IMPORTED,
+    cost_refusal,
     digest_handle,
     foreign_scheme,
-    lookup_id,
+    lookup_ids,
     needs_prefix,
     prefix_handle,
     valid_prefix,
@@ -24,6 +26,7 @@ from apikeys.types import ACTIVE, REVOKED, AuditEvent, KeyRecord, StoredKey, utc
 
 if TYPE_CHECKING:
     from apikeys.manager import KeyManager
+    from apikeys.stores.base import KeyStore
 
 __all__ = ["ImportReport", "import_keys"]
 
@@ -77,6 +80,50 @@ def _handle(key: ForeignKey) -> str:
     return digest_handle(algorithm, hex_digest)
 
 
+async def _slot(
+    store: KeyStore, secret: str | None, handle: str, workspace: str
+) -> tuple[str, StoredKey | None]:
+    """The id of `workspace`'s imported key of this handle, and that key when it was
+    imported before (else the first free id of the handle). Raises `ValueError` when every
+    id of the handle holds another workspace's key."""
+    if secret is None:  # a dry run of a store that holds no imports yet
+        return lookup_ids("", handle)[0], None
+    free = None
+    for key_id in lookup_ids(secret, handle):
+        stored = await store.get(key_id)
+        if stored is not None and stored.record.workspace == workspace:
+            return key_id, stored
+        if stored is None and free is None:
+            free = key_id
+    if free is None:
+        raise ValueError(
+            f"a key of the same old prefix (or the same hash) is already imported in "
+            f"{IMPORT_SLOTS} other workspaces, the most apikeys finds at each request"
+        )
+    return free, None
+
+
+def _checked(key: ForeignKey, own_prefix: str) -> tuple[str, str, str]:
+    """The row's name, its hash's scheme and its lookup handle. Raises `ValueError` with
+    the reason the row cannot be imported."""
+    name = _name(key.name)
+    scheme = foreign_scheme(key.hashed)
+    if scheme is None:
+        raise ValueError("the hash is in no format apikeys can check (see docs/migrating.md)")
+    too_costly = cost_refusal(key.hashed)
+    if too_costly is not None:
+        raise ValueError(too_costly)
+    handle = _handle(key)
+    if key.prefix is not None and key.prefix.startswith(f"{own_prefix}_"):
+        # `ak_live.…` reads as a key of this service's own format: never found.
+        raise ValueError(
+            f"its old prefix starts with this service's own key prefix "
+            f"'{own_prefix}_', so the old key would read as an apikeys key and "
+            "never be found: import it into a service with another key prefix"
+        )
+    return name, scheme, handle
+
+
 def _name(name: str) -> str:
     if not name.strip():
         raise ValueError("the name is empty")
@@ -106,7 +153,10 @@ async def import_keys(
     `scopes` (a bad `workspace` or scope raises `InvalidKeyParameters`, before any row
     is read). A key imported before is skipped, unless its source now says it is revoked
     and it is not: then it is revoked (a key revoked in the old system after a first import
-    never stays usable here); `dry_run` changes nothing and reports what would happen.
+    never stays usable here). Both are per workspace: the same old prefix imported into
+    another workspace is another key (`apikeys.importing.foreign.IMPORT_SLOTS` workspaces at
+    most). A hash that costs more than its scheme's bound (`foreign.COST_BOUNDS`) is
+    refused; `dry_run` changes nothing and reports what would happen.
     `source` names the old system in the audit trail (`drf-api-key`, `csv`); `progress(1)`
     is called after each row.
     """
@@ -129,20 +179,7 @@ async def import_keys(
             report.refused.append(key)
             continue
         try:
-            name = _name(key.name)
-            scheme = foreign_scheme(key.hashed)
-            if scheme is None:
-                raise ValueError(
-                    "the hash is in no format apikeys can check (see docs/migrating.md)"
-                )
-            handle = _handle(key)
-            if key.prefix is not None and key.prefix.startswith(f"{manager.prefix}_"):
-                # `ak_live.…` reads as a key of this service's own format: never found.
-                raise ValueError(
-                    f"its old prefix starts with this service's own key prefix "
-                    f"'{manager.prefix}_', so the old key would read as an apikeys key and "
-                    "never be found: import it into a service with another key prefix"
-                )
+            name, scheme, handle = _checked(key, manager.prefix)
         except ValueError as exc:
             report.refused.append(Refusal(key.row, key.name or None, str(exc)))
             continue
@@ -152,8 +189,11 @@ async def import_keys(
             )
             continue
         seen.add(handle)
-        key_id = lookup_id(secret or "", handle)
-        before = None if secret is None else await store.get(key_id)
+        try:
+            key_id, before = await _slot(store, secret, handle, workspace)
+        except ValueError as exc:
+            report.refused.append(Refusal(key.row, name, str(exc)))
+            continue
         if before is not None:
             if key.revoked and before.record.state != REVOKED:
                 if not dry_run:
@@ -197,7 +237,12 @@ async def import_keys(
         try:
             await store.insert(StoredKey(record, IMPORTED + key.hashed), event=event)
         except DuplicateKeyId:  # imported by a concurrent run
-            report.skipped.append(key_id)
+            holder = await store.get(key_id)
+            if holder is not None and holder.record.workspace != workspace:
+                reason = "another workspace's import took its id meanwhile: import it again"
+                report.refused.append(Refusal(key.row, name, reason))
+            else:
+                report.skipped.append(key_id)
             continue
         manager._announce(event)
         report.imported.append(record)

@@ -29,7 +29,7 @@ __all__ = [
     "run_sync",
 ]
 
-TEST_PEPPER = "apikeys-testing-pepper-not-a-secret"
+TEST_PEPPER = "VgmlXT49KsxtgDum8MD6S9--M5bS3k6ax2s6TdmOaiM"
 """The pepper of `in_memory_manager()`: fixed, so hashes are reproducible. Tests only."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
