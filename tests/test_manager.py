@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
+import warnings
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +32,7 @@ from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.hashing import Hasher
 from apikeys.keys import generate_key, parse_key
 from apikeys.stores import KeyStore
+from apikeys.stores.sql import SQLStore
 from apikeys.types import isoformat
 from tests.conftest import TEST_PEPPER
 
@@ -960,6 +963,35 @@ async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_
     with pytest.raises(ConfigurationError):
         async with manager(Hasher(TEST_PEPPER)):
             pass
+
+
+@pytest.mark.sqlite
+@pytest.mark.redis
+@pytest.mark.parametrize("kind", ["url", "not native"])
+async def test_if_channel_is_a_url_or_a_channel_that_is_not_the_stores_own_then_refused(
+    kind: str, tmp_path: Path
+) -> None:
+    # A channel apart from the store's own change log could miss a writer: refused, not
+    # ignored, and before the manager makes anything.
+    from apikeys.channels.redis import RedisChannel
+
+    store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
+    channel: Any = (
+        "redis://127.0.0.1:6379/13"
+        if kind == "url"
+        else RedisChannel("redis://127.0.0.1:6379/13", native=False)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ConfigurationError, match="channel"):
+            KeyManager(store, hasher=Hasher(TEST_PEPPER), channel=channel)
+    assert not (tmp_path / "keys.db").exists()
+    # The supported form: the store's own channel (what the manager picks without one).
+    own = store.channel()
+    assert own is not None
+    async with KeyManager(store, hasher=Hasher(TEST_PEPPER), channel=own) as manager:
+        assert manager.cache is not None
+        assert manager.cache.channel is own
 
 
 class TestSharedLimiter:

@@ -139,21 +139,6 @@ async def test_if_a_cache_false_job_revokes_or_disables_then_every_process_refus
                 assert_problem(answer, 401, "key_disabled")
 
 
-def test_a_channel_url_is_ignored_with_a_warning(tmp_path: Path) -> None:
-    store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
-    with pytest.warns(DeprecationWarning, match="store's own change log"):
-        manager = KeyManager(store, channel="redis://127.0.0.1:6379/13")
-    assert manager.cache is not None
-    assert type(manager.cache.channel) is SQLiteChannel
-    # A channel object that publishes notices itself (outside the store's log): the same.
-    from apikeys.channels.redis import RedisChannel
-
-    with pytest.warns(DeprecationWarning, match="store's own change log"):
-        other = KeyManager(store, channel=RedisChannel("redis://127.0.0.1:6379/13", native=False))
-    assert other.cache is not None
-    assert type(other.cache.channel) is SQLiteChannel
-
-
 # --- writers that are not apikeys --------------------------------------------------------------
 
 

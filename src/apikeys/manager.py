@@ -144,22 +144,15 @@ def _kind(store: KeyStore) -> str:
     return type(store).__name__.removesuffix("Store").lower()
 
 
-def _channel(channel: Channel | str) -> Channel | None:
-    if isinstance(channel, Channel) and channel.native:
+def _channel(channel: Channel | None) -> Channel | None:
+    """`channel` if it is the store's own kind (`native`); anything else is refused: notices
+    apart from the store's own change log would leave a writer unheard."""
+    if channel is None or (isinstance(channel, Channel) and channel.native):
         return channel
-    if isinstance(channel, str | Channel):
-        # A channel of its own in front of the store split the truth about change in two
-        # (a writer on the other channel went unheard). The store's own change log is now
-        # the truth for every writer, so the store's own channel is always used.
-        warnings.warn(
-            "KeyManager(channel=<url or a channel of another kind>) is no longer needed and is "
-            "ignored: the store's own change log tells every process of every change "
-            "(docs/consistency.md)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        return None
-    raise ConfigurationError("channel takes a Channel")
+    raise ConfigurationError(
+        "channel takes a Channel of the store's own (store.channel()); the store's own change "
+        "log tells every process of every change (docs/consistency.md)"
+    )
 
 
 def _starting(deliverer: Deliverer) -> Callable[[], None]:
@@ -260,7 +253,8 @@ class KeyManager:
     records kept. `cache=False` reads the store on every verification; such a manager still
     waits, after each change it makes, for the processes that do cache keys. `channel`
     replaces the store's own channel with another `Channel` of the same store (tests use
-    it to route the channel through a proxy); a URL there is ignored, with a warning.
+    it to route the channel through a proxy); anything else (a URL, a channel that is not
+    the store's own kind) raises `ConfigurationError`.
 
     From its first use until it is closed, a manager also delivers the store's webhooks
     that are due (docs/webhooks.md); `webhooks=False` stops that, and a `DeliveryOptions`
@@ -313,7 +307,7 @@ class KeyManager:
         prefix: str = DEFAULT_PREFIX,
         usage_flush_interval: float = 1.0,
         cache: bool = True,
-        channel: Channel | str | None = None,
+        channel: Channel | None = None,
         cache_lease: float = DEFAULT_LEASE,
         cache_size: int = DEFAULT_CACHE_SIZE,
         metrics: Any = False,
@@ -321,6 +315,7 @@ class KeyManager:
         limiter: RateLimiter | str | None = None,
         webhooks: bool | DeliveryOptions = True,
     ) -> None:
+        chosen = _channel(channel)
         self._owns_limiter = not isinstance(limiter, RateLimiter)
         self._limiter_url = limiter if isinstance(limiter, str) else None
         # A URL is checked now (a RateLimiter opens no connection until it is used).
@@ -349,7 +344,6 @@ class KeyManager:
         # Every manager announces its changes and waits for the processes that cache keys,
         # whether or not it caches keys itself: `cache=False` only stops it serving from one.
         self._changes: KeyCache | None = None
-        chosen = _channel(channel) if channel is not None else None
         if chosen is None:
             chosen = self.store.channel()
         if chosen is not None:

@@ -472,20 +472,21 @@ async def test_pooled_connections_cut_while_idle_are_replaced_without_an_error(
     assert await store.get("k") is not None
 
 
-async def test_a_database_of_the_previous_release_keeps_its_audit_trail_and_usage(
+async def test_only_the_per_key_audit_lists_and_tagged_daily_usage_are_read(
     make_store: StoreFactory, admin: Redis, redis_key_prefix: str
 ) -> None:
-    """The previous release kept one audit list and untagged daily usage: both still read."""
+    """0.1.0 is the first layout: a single audit list or untagged daily usage (names only
+    pre-release code wrote) is not part of the store, and is never read."""
     store = make_store()
     await store.insert(make_key("old1", workspace="a"))
-    old_event = AuditEvent(
+    stray = AuditEvent(
         time=datetime.now(UTC) - timedelta(days=1),
         key_id="old1",
         workspace="a",
         action="created",
         actor="alice",
     )
-    await admin.rpush(f"{redis_key_prefix}audit", old_event.encode())
+    await admin.rpush(f"{redis_key_prefix}audit", stray.encode())
     today = datetime.now(UTC).date()
     await admin.hset(f"{redis_key_prefix}usage:old1:{today.isoformat()}", "admitted", 3)
     await store.set_state(
@@ -498,13 +499,14 @@ async def test_a_database_of_the_previous_release_keeps_its_audit_trail_and_usag
         ),
     )
 
-    events = await store.audit(key_id="old1")
-    assert [(event.action, event.actor) for event in events] == [
-        ("created", "alice"),
-        ("disabled", "bob"),
-    ]
-    [day] = await store.usage_history("old1", today)
-    assert day.admitted == 3
+    for events in (await store.audit(key_id="old1"), await store.audit(workspace="a")):
+        assert [(event.action, event.actor) for event in events] == [("disabled", "bob")]
+    assert await store.usage_history("old1", today) == []
+    now = datetime.now(UTC)
+    usage = UsageDelta(1, now, {(now.date().isoformat(), "admitted"): 1})
+    await store.add_usage({"old1": usage}, batch_id=uuid.uuid4().hex)
+    [day] = await store.usage_history("old1", now.date())
+    assert day.admitted == 1
 
 
 async def test_the_key_prefix_is_read_from_the_url_query() -> None:

@@ -30,7 +30,6 @@ from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.keys import generate_id
 from apikeys.stores import store_from_url
 from apikeys.stores.sql import SQLStore, async_url, create_tables, keys_table, metadata
-from apikeys.stores.sql_schema import webhook_deliveries_table
 from apikeys.types import KeyRecord, StoredKey, UsageDelta
 from tests.tcpproxy import TcpProxy
 
@@ -301,49 +300,33 @@ async def drop_change_log_triggers(conn: Any, table_name: str) -> None:
             await conn.execute(sa.text(f'DROP TRIGGER "{name}" ON "{table_name}"'))
 
 
-async def test_setup_adds_the_columns_a_table_of_an_earlier_version_lacks(
+async def test_if_a_table_lacks_columns_of_this_format_then_setup_refuses_and_changes_nothing(
     database: tuple[str, dict[str, Any]], make_store: StoreFactory
 ) -> None:
+    # 0.1.0 is the first format: a table pre-release code made is named, never altered.
     url, options = database
     store = make_store(url, **options)
     await store.setup()
     await store.insert(make_key("k-before"))
     table = store.table
-    async with store.engine.begin() as conn:  # the table as 0.2 made it (no change log)
+    async with store.engine.begin() as conn:
         await drop_change_log_triggers(conn, table.name)
         for column in ("replaces", "replaced_by"):
             await conn.execute(sa.text(f'ALTER TABLE "{table.name}" DROP COLUMN {column}'))
 
-    upgraded = make_store(url, **options)
-    await upgraded.setup()
-
-    kept = await record_of(upgraded, "k-before")
-    assert (kept.id, kept.replaces, kept.replaced_by) == ("k-before", None, None)
-    await upgraded.insert(make_key("k-after", replaces="k-before"))
-    assert (await record_of(upgraded, "k-after")).replaces == "k-before"
-
-
-async def test_setup_adds_the_indexes_a_table_of_an_earlier_version_lacks(
-    database: tuple[str, dict[str, Any]], make_store: StoreFactory
-) -> None:
-    url, options = database
-    store = make_store(url, **options)
-    await store.setup()
-    deliveries = webhook_deliveries_table(store.table.name)
-    made = {str(index.name) for index in deliveries.indexes}
-    assert {f"ix_{deliveries.name}_workspace", f"ix_{deliveries.name}_finished"} <= made
-    async with store.engine.begin() as conn:  # as a release without those indexes made it
-        for name in made:
-            await conn.execute(sa.text(f'DROP INDEX "{name}"'))
-
-    async def present() -> set[str]:
+    async def columns() -> set[str]:
         async with store.engine.connect() as conn:
-            found = await conn.run_sync(lambda sync: sa.inspect(sync).get_indexes(deliveries.name))
-        return {str(index["name"]) for index in found}
+            found = await conn.run_sync(lambda sync: sa.inspect(sync).get_columns(table.name))
+        return {str(column["name"]) for column in found}
 
-    assert not await present() & made
-    await make_store(url, **options).setup()
-    assert await present() >= made
+    before = await columns()
+    with pytest.raises(ConfigurationError) as refused:
+        await make_store(url, **options).setup()
+    message = str(refused.value)
+    assert table.name in message
+    assert "replaced_by" in message
+    assert "replaces" in message
+    assert await columns() == before
 
 
 async def test_if_setup_was_skipped_then_the_first_call_creates_the_table(
@@ -928,28 +911,3 @@ def test_if_the_driver_is_missing_then_the_error_names_the_extra(
     monkeypatch.setitem(sys.modules, driver, None)  # `import <driver>` now fails
     with pytest.raises(ConfigurationError, match=rf"pip install 'apikeys\[{extra}\]'"):
         store_from_url(url)
-
-
-@pytest.mark.sqlite
-async def test_a_keys_table_made_before_the_look_indexes_gains_them_at_setup(
-    sqlite_url: str, make_store: StoreFactory
-) -> None:
-    # The webhooks' minute look reads keys by expiry and by refill through these indexes.
-    store = make_store(sqlite_url)
-    await store.setup()
-    path = sqlite_url.removeprefix("sqlite:///")
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP INDEX ix_apikeys_keys_expires_at")
-        conn.execute("DROP INDEX ix_apikeys_keys_refilled")
-    await store.setup()
-    with sqlite3.connect(path) as conn:
-        names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-        plan = " ".join(
-            str(row[-1])
-            for row in conn.execute(
-                "EXPLAIN QUERY PLAN SELECT id FROM apikeys_keys WHERE expires_at > '2026' "
-                "AND expires_at <= '2027'"
-            )
-        )
-    assert {"ix_apikeys_keys_expires_at", "ix_apikeys_keys_refilled"} <= names
-    assert "ix_apikeys_keys_expires_at" in plan

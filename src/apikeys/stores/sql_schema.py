@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from apikeys.errors import ConfigurationError
 from apikeys.policies import dump_metadata, load_metadata
 
 __all__ = [
@@ -166,7 +167,6 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
         sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
         sa.Column("revoked_at", UTCDateTime(), nullable=True),
         sa.Column("secret_hash", sa.Text(), nullable=False),
-        # Added in 0.3: `add_missing_columns` adds them to a table made before.
         sa.Column("replaces", sa.String(12), nullable=True),
         sa.Column("replaced_by", sa.String(12), nullable=True),
         sa.Column("owner", sa.String(), nullable=True),
@@ -467,47 +467,26 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
 
 
 def create_tables_on(connection: sa.Connection, tables: Sequence[sa.Table]) -> None:
+    """Create each of `tables` that is missing, with its indexes; one that exists must have
+    every column of this format (`ConfigurationError` otherwise, and nothing is changed)."""
     for table in tables:
         table.create(connection, checkfirst=True)
-        add_missing_columns(connection, table)
-        add_missing_indexes(connection, table)
+        _check_columns(connection, table)
 
 
-def add_missing_columns(connection: sa.Connection, table: sa.Table) -> list[str]:
-    """Add the nullable (or defaulted) columns of `table` that its database table lacks.
+def _check_columns(connection: sa.Connection, table: sa.Table) -> None:
+    """Raise `ConfigurationError` naming the columns of `table` its database table lacks.
 
-    A table made by an earlier version gains the columns later versions added; nothing is
-    ever dropped or changed. Returns the names of the columns added.
+    0.1.0 is the first format: a table made by pre-release code is not migrated.
     """
     present = {column["name"] for column in sa.inspect(connection).get_columns(table.name)}
-    added = []
-    preparer = connection.dialect.identifier_preparer
-    for column in table.columns:
-        if column.name in present:
-            continue
-        if not column.nullable and column.server_default is None:  # pragma: no cover
-            raise RuntimeError(f"cannot add the required column {column.name} to {table.name}")
-        kind = column.type.compile(dialect=connection.dialect)
-        connection.execute(
-            sa.text(
-                f"ALTER TABLE {preparer.format_table(table)} "
-                f"ADD COLUMN {preparer.format_column(column)} {kind}"
-            )
+    missing = [column.name for column in table.columns if column.name not in present]
+    if missing:
+        raise ConfigurationError(
+            f"the table {table.name!r} lacks the columns {', '.join(missing)}: it was not made "
+            "by apikeys 0.1.0 or later (there is no upgrade from pre-release tables); make it "
+            "again, or add them with your migrations"
         )
-        added.append(column.name)
-    return added
-
-
-def add_missing_indexes(connection: sa.Connection, table: sa.Table) -> list[str]:
-    """Create the indexes of `table` that its database table lacks (a table made by an
-    earlier version gains the indexes later versions added). Returns their names."""
-    present = {index["name"] for index in sa.inspect(connection).get_indexes(table.name)}
-    added = []
-    for index in sorted(table.indexes, key=lambda index: str(index.name)):
-        if index.name not in present:
-            index.create(connection)
-            added.append(str(index.name))
-    return added
 
 
 # Serialises schema creation between processes on PostgreSQL (an advisory lock id).

@@ -27,10 +27,8 @@ and, across keys:
 - `apikeys:events-pending`: the ids whose outbox may hold events (a sorted set), and
   `apikeys:{webhooks}:…`, endpoints and deliveries (`apikeys.webhooks.redis`).
 
-The audit trail across keys is read from the per-key lists of the ids an index names. The
-previous release kept one list, `apikeys:audit`, and daily usage under untagged names
-(`apikeys:usage:<id>:<day>`): both are still read (a database it created keeps its history,
-and one of its processes still writing during a rolling upgrade is heard), never written.
+The audit trail across keys is read from the per-key lists of the ids an index names. This
+is the first layout (0.1.0): no other is read.
 
 Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
 integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
@@ -209,13 +207,9 @@ def _decode_scopes(value: str) -> tuple[str, ...]:
 
 
 def _audit_line(line: str) -> tuple[int, AuditEvent]:
-    """An audit list entry: `<server µs> <event>`, or a bare event (the previous release's
-    list, ordered by the event's own time)."""
-    stamp, space, text = line.partition(" ")
-    if space and stamp.isdigit():
-        return int(stamp), AuditEvent.decode(text)
-    event = AuditEvent.decode(line)
-    return int(_encode_time(event.time)), event
+    """An audit list entry, `<server µs> <event>`: the time it was stored, and the event."""
+    stamp, _, text = line.partition(" ")
+    return int(stamp), AuditEvent.decode(text)
 
 
 def _event(event: AuditEvent | None) -> str:
@@ -525,13 +519,10 @@ class RedisStore(KeyStore):
         async with self._calls(), self._client.pipeline(transaction=False) as pipe:
             for day in days:
                 pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
-                # The previous release's untagged name (see the module doc).
-                pipe.hgetall(f"{self._prefix}usage:{key_id}:{day.isoformat()}")
             replies: list[dict[str, str]] = await pipe.execute()
         return days_of(
             (day.isoformat(), outcome, int(count))
-            for index, day in enumerate(days)
-            for reply in replies[2 * index : 2 * index + 2]
+            for day, reply in zip(days, replies, strict=True)
             for outcome, count in reply.items()
         )
 
@@ -880,8 +871,6 @@ class RedisStore(KeyStore):
         async with self._calls():
             ids = [key_id] if key_id is not None else await self._ids(workspace)
             async with self._client.pipeline(transaction=False) as pipe:
-                # The previous release's single list first (see the module doc).
-                pipe.lrange(f"{self._prefix}audit", 0, -1)
                 for one in ids:
                     pipe.lrange(self.audit_list_name(one), 0, -1)
                 replies: list[list[str]] = await pipe.execute()
