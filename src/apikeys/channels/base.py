@@ -53,7 +53,7 @@ class Channel(abc.ABC):
     tracking and PUBLISH inside the store's scripts): the store publishes a notice in the same
     transaction as the change, so a change can never be committed without its notice. A
     channel that is not native publishes with `publish()` once the change is committed, which
-    can lose a notice: `KeyManager` ignores such a channel.
+    can lose a notice: `KeyManager` refuses such a channel (`ConfigurationError`).
     """
 
     native: bool = True

@@ -145,8 +145,8 @@ class RedisChannel(Channel):
 
     `url` is the Redis server (or `connection_kwargs` and `connection_class` of a redis-py
     pool: the Redis store passes its own); `key_prefix` namespaces the channel and the
-    registry. `native=False` makes the channel publish notices itself (`KeyManager` ignores
-    such a channel, with a warning).
+    registry. `native=False` makes the channel publish notices itself (`KeyManager` refuses
+    such a channel with `ConfigurationError`).
     """
 
     def __init__(
