@@ -3,8 +3,8 @@
 On a loaded host every round trip of a transaction waits for the client and the server to
 be scheduled, so what a transaction holds (a key's row lock, the server's lock on
 notifications) is held for as many of those waits as it makes round trips. These tests pin
-the shape that keeps a revoke's wait short (docs/performance.md, "Revoke with four worker
-processes"):
+the shape that keeps a revoke's wait short (benchmarks/HISTORY.md, "Revoke on PostgreSQL
+under load: where the tail came from"):
 
 - a change to a key is one statement between BEGIN and COMMIT (the UPDATE, its audit entry
   and its notice);
