@@ -42,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
+from apikeys.bounded import remember_recent
 from apikeys.channels.base import STORE_WRITER, Channel, parse_notice
 from apikeys.errors import ChangeNotConfirmed
 from apikeys.stores.base import KeyStore
@@ -52,7 +53,6 @@ __all__ = ["DEFAULT_CACHE_SIZE", "DEFAULT_LEASE", "KeyCache", "clock"]
 logger = logging.getLogger("apikeys")
 
 _T = TypeVar("_T")
-_V = TypeVar("_V")
 
 DEFAULT_LEASE: Final = 1.0
 """Seconds a proof of freshness is trusted; a change waits at most about this long."""
@@ -83,14 +83,6 @@ def _clock_function() -> Callable[[], float]:
 
 
 clock: Final = _clock_function()
-
-
-def _keep(entries: OrderedDict[str, _V], key_id: str, value: _V, bound: int) -> None:
-    """Put `key_id` last in `entries`, dropping the least recently used beyond `bound`."""
-    entries[key_id] = value
-    entries.move_to_end(key_id)
-    if len(entries) > bound:
-        entries.popitem(last=False)
 
 
 """The protocol's clock, in seconds: monotonic, and counting while the machine sleeps."""
@@ -208,9 +200,9 @@ class KeyCache:
         stored, keep = await self.store.get_to_cache(key_id)
         if keep and epoch == self._epoch and not self._closed:
             if stored is not None:
-                _keep(self._entries, key_id, stored, self.max_entries)
+                remember_recent(self._entries, key_id, stored, self.max_entries)
             else:
-                _keep(self._missing, key_id, None, self.max_missing)
+                remember_recent(self._missing, key_id, None, self.max_missing)
         return stored
 
     # -- changes -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from typing import Final, Literal, NamedTuple
 from starlette.authentication import AuthCredentials, BaseUser
 
 from apikeys.addresses import Allowlist, client_address
+from apikeys.bounded import remember
 from apikeys.credentials import (
     MAX_AUTHORIZATION_LENGTH,
     bearer_token,
@@ -407,7 +408,7 @@ class Gate:
         # The ids of keys admit_now leaves to admit_general (bytes), and where a token of
         # the manager's prefix holds its id ("{prefix}_{id}_…"): so that their requests are
         # not verified twice, once by each body. (0, 0) when the manager reads any prefix.
-        self._general: set[bytes] = set()
+        self._general: dict[bytes, None] = {}
         prefix = manager.prefix
         self._id_start = len(prefix) + 1 if prefix else 0
         self._id_end = self._id_start + ID_LENGTH if prefix else 0
@@ -508,9 +509,7 @@ class Gate:
                     raise refusal
             else:
                 if self._id_end:
-                    if len(self._general) >= 10_000:
-                        self._general.clear()
-                    self._general.add(key_id.encode())
+                    remember(self._general, key_id.encode(), None, 10_000)
                 return None
             # The scopes, as admit_general checks them, answered once per route and key
             # version.
@@ -563,10 +562,7 @@ class Gate:
         try:
             needed = self._routes[route]
         except KeyError:
-            needed = self.scopes.required(*route)
-            if len(self._routes) >= 10_000:
-                self._routes.clear()
-            self._routes[route] = needed
+            needed = remember(self._routes, route, self.scopes.required(*route), 10_000)
         lacking: tuple[str, ...] | None = None
         if needed is None:
             # No rule covers the route: only full access, unless the app allows it.
@@ -574,10 +570,7 @@ class Gate:
                 lacking = ()
         elif not prepared.grants.covers(needed):
             lacking = needed
-        routes = prepared.routes
-        if len(routes) >= 256:
-            routes.clear()  # a key on many paths (ids in them): a crude bound will do
-        routes[route] = lacking
+        remember(prepared.routes, route, lacking, 256)  # a key on many paths (ids in them)
         return lacking
 
     def _prepare(self, record: KeyRecord) -> _Prepared:
@@ -585,9 +578,7 @@ class Gate:
         grants = grants_for(record.scopes, record.access == "full")
         shared = self._by_grants.get(grants)
         if shared is None:
-            if len(self._by_grants) >= _SHARED_GRANTS:
-                self._by_grants.clear()
-            shared = self._by_grants[grants] = (APIKeyAuth(grants), {})
+            shared = remember(self._by_grants, grants, (APIKeyAuth(grants), {}), _SHARED_GRANTS)
         auth, routes = shared
         limit = record.rate_limit
         shape = self._shapes.get(limit) or self._shape(limit)
@@ -613,10 +604,7 @@ class Gate:
             shape,
             shape if isinstance(shape, _OnePolicy) else _NO_POLICY,
         )
-        if len(self._prepared) >= 10_000:
-            self._prepared.clear()
-        self._prepared[record.id] = prepared
-        return prepared
+        return remember(self._prepared, record.id, prepared, 10_000)
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
         """Admit the request `scope` to `path` (the path the app routes on), or refuse it:
@@ -650,7 +638,7 @@ class Gate:
             manager = self.manager
             record = manager.verify_now(token) or await manager.verify(token)
             if self._general and record.credits is None:
-                self._general.discard(record.id.encode())  # its credits were taken away
+                self._general.pop(record.id.encode(), None)  # its credits were taken away
             if record.allowed_ips:
                 check_address(scope, record, self.trusted_proxies)  # before any charge
             limit = record.rate_limit
@@ -743,7 +731,4 @@ class Gate:
             shape = _OnePolicy(name, _policy_header(*shown[0]), b'"%s";r=' % name.encode())
         else:
             shape = _policy_set(shown)
-        if len(self._shapes) >= 10_000:
-            self._shapes.clear()
-        self._shapes[limit] = shape
-        return shape
+        return remember(self._shapes, limit, shape, 10_000)

@@ -47,6 +47,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from apikeys.bounded import remember, remember_recent
 from apikeys.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -524,10 +525,7 @@ class Hasher:
                 candidates = self._candidates(label)
                 if candidates:
                     parsed = (digest, candidates)
-        if len(self._parsed) >= _PARSED_LIMIT:
-            self._parsed.clear()  # parsing again costs a microsecond: a crude bound will do
-        self._parsed[stored] = parsed
-        return parsed
+        return remember(self._parsed, stored, parsed, _PARSED_LIMIT)
 
     def _candidates(self, label: str) -> tuple[tuple[_HMACKey, Verification | None], ...]:
         """The peppers' keys to try for an HMAC hash with `label` (empty: today's form,
@@ -590,18 +588,16 @@ class Hasher:
         if failures[0] >= self._failure_budget:
             return Verification(False)  # guessing at a public id: no more CPU for it now
         # The attempt counts before it runs, so concurrent guesses cannot all slip past.
-        self._failures[stored] = (failures[0] + 1, failures[1])
-        self._failures.move_to_end(stored)
-        while len(self._failures) > _MAX_TRACKED_FAILURES:
-            self._failures.popitem(last=False)
+        remember_recent(
+            self._failures, stored, (failures[0] + 1, failures[1]), _MAX_TRACKED_FAILURES
+        )
         async with self._slots():
             result = await asyncio.to_thread(self.verify, secret, stored)
         if result.ok:
             self._failures.pop(stored, None)
             if result.new_hash is None and self._cache_size > 0:
-                self._cache[cache_key] = time.monotonic() + self._cache_ttl
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+                until = time.monotonic() + self._cache_ttl
+                remember_recent(self._cache, cache_key, until, self._cache_size)
         return result
 
     def _slots(self) -> asyncio.Semaphore:

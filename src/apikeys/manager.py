@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, ClassVar, Final, Self, TypeVar
 
+from apikeys.bounded import remember
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
 from apikeys.channels.base import Channel
 from apikeys.errors import (
@@ -1392,9 +1393,7 @@ class KeyManager:
         matches = None
         if record.state == ACTIVE and record.prefix[:_PREFIX_END] == self.prefix:
             matches = self.hasher.matcher(stored.secret_hash)
-        if len(self._plain) >= _PLAIN_LIMIT:
-            self._plain.clear()  # preparing again costs a microsecond: a crude bound will do
-        self._plain[key_id] = (stored, matches, None)
+        remember(self._plain, key_id, (stored, matches, None), _PLAIN_LIMIT)
         return matches
 
     def _verify_unusual(

@@ -36,6 +36,7 @@ from limits.errors import ConfigurationError as LimitsConfigurationError
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
+from apikeys.bounded import remember
 from apikeys.errors import ConfigurationError, InvalidKeyParameters, LimiterUnavailable
 
 __all__ = [
@@ -815,9 +816,7 @@ class RateLimiter:
         current = previous is not None and now < previous.spend_until
         ask = _lease_size(amount, previous, now)
         lease = previous if current and previous is not None else _Slice()
-        self._slices[counter] = lease
-        if len(self._slices) > 100_000:
-            self._slices = {counter: lease}
+        remember(self._slices, counter, lease, 100_000)
         pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         lease.pending = pending
         sent = time.monotonic()
@@ -861,11 +860,7 @@ class RateLimiter:
                 "check it with RateLimiter.hit_policies"
             )
         counter, amount, window, _ = self._policy_plan(key_id, policies[0])
-        plan = (counter, amount, window)
-        if len(self._plans) >= 100_000:
-            self._plans.clear()
-        self._plans[key_id, limit] = plan
-        return plan
+        return remember(self._plans, (key_id, limit), (counter, amount, window), 100_000)
 
     def _policy_plan(self, key_id: str, policy: Policy) -> _Plan:
         amount, window = policy.item.amount, policy.item.get_expiry()
@@ -939,10 +934,7 @@ class RateLimiter:
                 raise InvalidKeyParameters("policy names must be unique")
             cache_key = parsed
         plans = tuple(self._policy_plan(key_id, policy) for policy in parsed)
-        if len(self._plan_sets) >= 100_000:
-            self._plan_sets.clear()
-        self._plan_sets[key_id, cache_key] = plans
-        return plans
+        return remember(self._plan_sets, (key_id, cache_key), plans, 100_000)
 
     # -- several policies ------------------------------------------------------------------
 
@@ -1054,6 +1046,8 @@ class RateLimiter:
             keys.append(self._prefixed(counter))
             args += (amount, window * 1000, 0 if read_only else _lease_size(amount, previous, now))
         if len(self._slices) > 100_000:
+            # Full: keep only this script's leases (clearing before one of them could drop
+            # another already set, with the units it holds).
             self._slices = {
                 plans[index][0]: lease for index, (lease, _) in zip(indexes, leases, strict=True)
             }
@@ -1148,10 +1142,8 @@ class RateLimiter:
         return end
 
     def _remember(self, counter: str, end: float) -> None:
-        if len(self._window_ends) >= 100_000:
-            # Forgetting only costs one more round trip per key, so a crude bound will do.
-            self._window_ends.clear()
-        self._window_ends[counter] = end
+        # Forgetting only costs one more round trip per key, so clearing when full will do.
+        remember(self._window_ends, counter, end, 100_000)
 
     async def reset(self) -> None:
         """Forget every counter (tests and admin tools)."""

@@ -76,6 +76,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
+from apikeys.bounded import remember
 from apikeys.channels.base import Channel
 from apikeys.channels.postgres import PostgresChannel, notice_channel_name
 from apikeys.channels.sqlite import SQLiteChannel
@@ -678,9 +679,7 @@ class SQLStore(KeyStore):
         if seen is not None and seen[0] == row:
             return seen[1]
         stored = _raw_stored(row, sqlite=True)
-        if len(self._decoded) >= _DECODED_ROWS:
-            self._decoded.clear()  # decoding again costs microseconds: a crude bound will do
-        self._decoded[row[0]] = (row, stored)
+        remember(self._decoded, row[0], (row, stored), _DECODED_ROWS)
         return stored
 
     def _drop_sync_reader(self) -> None:
