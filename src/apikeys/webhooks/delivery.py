@@ -24,11 +24,12 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from apikeys.errors import ConfigurationError
+from apikeys.errors import ConfigurationError, WebhookTargetRefused
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.types import KeyRecord, utcnow
 from apikeys.webhooks.base import (
@@ -46,6 +47,7 @@ from apikeys.webhooks.signing import (
     signed_headers,
     unseal_secret,
 )
+from apikeys.webhooks.targets import REFUSED_INTERNAL, allow_private_from_env, resolve_target
 from apikeys.webhooks.thresholds import ThresholdWatch
 
 __all__ = ["DEFAULT_RETRY_DELAYS", "PRUNE_BATCH", "PRUNE_BATCHES", "Deliverer", "DeliveryOptions"]
@@ -84,7 +86,11 @@ class DeliveryOptions:
       threshold, and prunings of old deliveries (60);
     - `retention`: how long a delivery is kept after it was delivered or failed (its last
       attempt; 30 days), then deleted; None keeps every delivery. A pending one is never
-      deleted.
+      deleted;
+    - `allow_private_targets`: send to endpoints whose host is, or resolves to, a loopback,
+      private, link-local or other internal address (default: `APIKEYS_WEBHOOKS_ALLOW_PRIVATE`,
+      off). Off, such a delivery is not sent: each attempt fails with `REFUSED_INTERNAL`
+      as its error (`apikeys.webhooks.targets`).
     """
 
     poll_interval: float = 1.0
@@ -96,6 +102,7 @@ class DeliveryOptions:
     per_endpoint: int = 4
     check_interval: float = 60.0
     retention: timedelta | None = timedelta(days=30)
+    allow_private_targets: bool = field(default_factory=allow_private_from_env)
 
     def next_attempt(self, attempts: int, created_at: datetime, now: datetime) -> datetime | None:
         """When to try again after `attempts` failed attempts; None: give up."""
@@ -393,6 +400,32 @@ class Deliverer:
             self._told.add((endpoint.id, stored))
             logger.log(level, *message)
 
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        """POST `body` to `url`, connected to the address its host resolves to now, once
+        checked (`resolve_target`); the answer's status. Only the status is read: a body,
+        however long or slow, is left unread."""
+        target = await resolve_target(url, allow_private=self.options.allow_private_targets)
+        if target is None:
+            raise _Unresolved
+        # To the checked address, never a second resolution (DNS rebinding); the name in
+        # the Host header and as the TLS server name, whose certificate is verified. The
+        # URL is rebuilt from the parts `validate_url` checked: the HTTP client never
+        # parses the host (it would read `0177.0.0.1` otherwise than the resolver does).
+        parts = urlsplit(url)
+        address = f"[{target.address}]" if ":" in target.address else target.address
+        pinned = urlunsplit(
+            (parts.scheme, f"{address}:{target.port}", parts.path or "/", parts.query, "")
+        )
+        extensions = {"sni_hostname": target.host} if parts.scheme == "https" else {}
+        async with self._http().stream(
+            "POST",
+            pinned,
+            content=body,
+            headers={**headers, "host": parts.netloc},
+            extensions=extensions,
+        ) as reply:
+            return int(reply.status_code)
+
     async def _send(self, item: Claimed, endpoint: Endpoint | None) -> None:
         response: int | None = None
         error: str | None = None
@@ -408,13 +441,13 @@ class Deliverer:
                 headers = signed_headers(secrets_, item.id, int(now.timestamp()), item.body)
                 try:
                     # The whole exchange within `timeout` (httpx's bounds each read alone: a
-                    # receiver sending a byte at a time would outlast the lease), and only
-                    # the status is read: a body, however long or slow, is left unread.
+                    # receiver sending a byte at a time would outlast the lease).
                     async with asyncio.timeout(self.options.timeout):
-                        async with self._http().stream(
-                            "POST", endpoint.url, content=item.body, headers=headers
-                        ) as reply:
-                            response = reply.status_code
+                        response = await self._post(endpoint.url, item.body, headers)
+                except WebhookTargetRefused:
+                    error = REFUSED_INTERNAL
+                except _Unresolved:
+                    error = "unresolved host"
                 except Exception as exc:
                     error = type(exc).__name__
         now = utcnow()
@@ -439,6 +472,10 @@ class Deliverer:
             response=response,
             error=error if error is not None else f"HTTP {response}",
         )
+
+
+class _Unresolved(Exception):
+    """An endpoint's host resolved to no address at this attempt."""
 
 
 def _overlap_ended(endpoint: Endpoint, now: datetime) -> bool:
