@@ -41,6 +41,7 @@ from apikeys.errors import (
     SigningKeysUnavailable,
     StoreUnavailable,
     UnsupportedMediaType,
+    WebhookTargetRefused,
 )
 from apikeys.hashing import Hasher, slow_context
 from apikeys.keys import ParsedKey, generate_key, parse_key
@@ -123,6 +124,7 @@ __all__ = [
     "ThresholdCrossing",
     "UnsupportedMediaType",
     "UsageDelta",
+    "WebhookTargetRefused",
     "__version__",
     "check_usable",
     "format_policies",

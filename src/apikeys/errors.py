@@ -8,6 +8,7 @@ APIKeyError                       root of everything apikeys raises
 ├── InvalidTransition             a state change the key's state forbids (enable a revoked key)
 ├── DuplicateKeyId                a store refused an id it already holds
 ├── DeliveryInProgress            a webhook delivery cannot be replayed while it is being sent
+├── WebhookTargetRefused          a webhook URL is, or resolves to, an internal address
 └── RequestRefused                an HTTP request is refused; carries `status` and `code`
     ├── AuthenticationError       a request may not pass with its key
     │   ├── MissingAPIKey         401 missing_api_key
@@ -77,6 +78,7 @@ __all__ = [
     "SigningKeysUnavailable",
     "StoreUnavailable",
     "UnsupportedMediaType",
+    "WebhookTargetRefused",
 ]
 
 
@@ -126,6 +128,23 @@ class DeliveryInProgress(APIKeyError):
             "ended (within the lease of the process sending it, 60 seconds by default)"
         )
         self.delivery_id = delivery_id
+
+
+class WebhookTargetRefused(APIKeyError):
+    """A webhook endpoint's host is, or resolves to, a loopback, private, link-local or
+    other internal address, and internal targets are not allowed
+    (`apikeys.webhooks.targets`). `apikeys webhooks add` exits with status 1."""
+
+    status = 400
+    code = "webhook_target_refused"
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"refused: internal address: the webhook host {host!r} is, or resolves to, a "
+            "loopback, private, link-local or other internal address (set "
+            "APIKEYS_WEBHOOKS_ALLOW_PRIVATE=1 to allow internal receivers)"
+        )
+        self.host = host
 
 
 class RequestRefused(APIKeyError):

@@ -159,6 +159,8 @@ def ui_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIService]:
         EXAMPLE_ADMIN_PASSWORD=PASSWORD,
         EXAMPLE_WORKSPACE=WORKSPACE,
         EXAMPLE_SESSION_SECRET="settings-ui-test-session-secret",
+        # tests/examples/test_settings_webhooks.py's receiver listens on 127.0.0.1.
+        APIKEYS_WEBHOOKS_ALLOW_PRIVATE="1",
     )
     log = tmp / "service.log"
     # Served as behind a proxy at 127.0.0.1, named as a deployment names it: uvicorn then

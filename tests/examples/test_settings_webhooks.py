@@ -65,7 +65,7 @@ def _add_endpoint(store_url: str, url: str) -> Endpoint:
             hooks = store.webhooks()
             assert hooks is not None
             # The page shows the URLs of its workspace's own endpoints (not the operator's).
-            return await add_endpoint(hooks, url, workspace=WORKSPACE)
+            return await add_endpoint(hooks, url, workspace=WORKSPACE, allow_private=True)
         finally:
             await store.aclose()
 

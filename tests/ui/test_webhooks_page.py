@@ -15,12 +15,14 @@ import pytest
 from starlette.requests import Request
 
 import apikeys.ui.views.webhooks as webhooks_view
-from apikeys import Hasher, KeyManager
+from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.stores import KeyStore
 from apikeys.types import utcnow
 from apikeys.ui import KeysPage, PageUser
+from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.base import WebhookStore
+from apikeys.webhooks.targets import ALLOW_PRIVATE_ENV, REFUSED_INTERNAL
 
 # An operator's endpoint for every workspace: a URL that is itself a credential, as chat
 # services' incoming webhooks are.
@@ -141,7 +143,8 @@ async def test_a_workspace_sees_and_replays_its_deliveries_however_busy_another_
     monkeypatch.setattr(webhooks_view, "DELIVERIES_LIMIT", 3)
     hooks = manager.store.webhooks()
     assert hooks is not None
-    await add_endpoint(hooks, "http://127.0.0.1:9/every")  # for every workspace
+    # For every workspace; never sent to here, so an internal address is allowed.
+    await add_endpoint(hooks, "http://127.0.0.1:9/every", allow_private=True)
     ours = await manager.create(name="ours", workspace="acme", full_access=True)
     for number in range(5):  # newer than ours, more than the view shows
         await manager.create(name=f"theirs{number}", workspace="globex", full_access=True)
@@ -189,3 +192,29 @@ async def test_a_workspace_sees_and_replays_its_deliveries_however_busy_another_
         replayed_oldest = await hooks.delivery(theirs[-1].id)
         assert replayed_oldest is not None
         assert replayed_oldest.status == "pending"
+
+
+async def test_a_delivery_refused_as_internal_shows_so_and_nothing_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ALLOW_PRIVATE_ENV, raising=False)
+    async with KeyManager(
+        MemoryStore(), hasher=Hasher(pepper=b"p" * 32), webhooks=False
+    ) as manager:
+        hooks = manager.store.webhooks()
+        assert hooks is not None
+        # Added while internal targets were allowed (or its name resolved elsewhere then).
+        url = "http://169.254.169.254/latest/meta-data/"
+        await add_endpoint(hooks, url, workspace="acme", allow_private=True)
+        await manager.create(name="ours", workspace="acme", full_access=True)
+        deliverer = Deliverer(hooks, DeliveryOptions(timeout=2))
+        try:
+            assert await deliverer.run_once() == 1  # refused before any connection
+        finally:
+            await deliverer.aclose()
+        async with _client(manager, "acme") as ann:
+            shown = await ann.get("/webhooks")
+    assert shown.status_code == 200
+    assert f">{REFUSED_INTERNAL}<" in shown.text
+    assert "resolves" not in shown.text
+    assert "WebhookTargetRefused" not in shown.text

@@ -22,6 +22,7 @@ from apikeys.types import utcnow
 from apikeys.webhooks.base import Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
 from apikeys.webhooks.signing import seal_new_secret
+from apikeys.webhooks.targets import allow_private_from_env, resolve_target
 
 __all__ = [
     "DEFAULT_OVERLAP",
@@ -74,9 +75,15 @@ async def add_endpoint(
     events: Sequence[str] = (),
     workspace: str | None = None,
     hasher: Hasher | None = None,
+    allow_private: bool | None = None,
 ) -> Endpoint:
     """Add an endpoint for `events` (all when empty) of `workspace`'s keys (all when None;
     an empty or malformed workspace is refused, never taken for all of them).
+
+    A URL whose host is, or resolves to, an internal address is refused with
+    `WebhookTargetRefused` unless `allow_private` (None: `APIKEYS_WEBHOOKS_ALLOW_PRIVATE`)
+    allows it (`apikeys.webhooks.targets`); a name that does not resolve now is taken, and
+    checked again at each delivery.
 
     The endpoint returned holds its secret, `whsec_…`: show it once, it is not shown
     again. The store keeps it sealed with the pepper of `hasher` (see the module doc).
@@ -87,6 +94,9 @@ async def add_endpoint(
         raise InvalidKeyParameters(f"unknown event {shown}: one of {', '.join(EVENT_TYPES)}")
     url = validate_url(url)
     workspace = None if workspace is None else check_text(workspace, "workspace")
+    if allow_private is None:
+        allow_private = allow_private_from_env()
+    await resolve_target(url, allow_private=allow_private)
     secret, sealed = seal_new_secret(hasher if hasher is not None else Hasher())
     endpoint = Endpoint(
         id="wh_" + secrets.token_hex(8),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import abc
 import hashlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from apikeys.ratelimit import ThresholdCrossing
 from apikeys.types import KeyRecord, isoformat
@@ -23,12 +23,15 @@ __all__ = [
     "WebhookStore",
     "delivery_id",
     "expiring_deliveries",
+    "fair_share",
     "rate_threshold_deliveries",
     "usage_threshold_deliveries",
     "wanting",
 ]
 
 DeliveryStatus = Literal["pending", "delivered", "failed"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,29 @@ class Timed:
     event: str
     body: bytes
     workspace: str
+
+
+def fair_share(
+    in_line: Iterable[_T],
+    endpoint_of: Callable[[_T], str],
+    room: Mapping[str, int] | None,
+    limit: int,
+) -> list[_T]:
+    """At most `limit` of `in_line` (due deliveries that are first in line for their
+    endpoint and key, oldest first), round robin across endpoints: each endpoint's oldest,
+    then each one's second, and so on, so that one endpoint's backlog never hides another's.
+    With `room`, at most `room[endpoint]` of each endpoint, none of one it does not name."""
+    ranked: list[tuple[int, int, _T]] = []
+    taken: dict[str, int] = {}
+    for position, item in enumerate(in_line):
+        endpoint = endpoint_of(item)
+        rank = taken.get(endpoint, 0)
+        if room is not None and rank >= room.get(endpoint, 0):
+            continue
+        taken[endpoint] = rank + 1
+        ranked.append((rank, position, item))
+    ranked.sort(key=lambda entry: (entry[0], entry[1]))
+    return [item for _, _, item in ranked[: max(limit, 0)]]
 
 
 def wanting(endpoints: Iterable[Endpoint], event: str) -> list[Endpoint]:
@@ -300,9 +326,19 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def claim(
-        self, holder: str, now: datetime, lease_until: datetime, limit: int
+        self,
+        holder: str,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        *,
+        room: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
-        """Lease the due deliveries that are first in line for their endpoint and key."""
+        """Lease at most `limit` of the due deliveries that are first in line for their
+        endpoint and key, round robin across endpoints (`fair_share`), in that order. With
+        `room` (endpoint id to how many more deliveries this caller will send to it now),
+        at most that many of each endpoint, and none of an endpoint it does not name: one
+        endpoint's backlog or slow receiver never takes another endpoint's turn."""
 
     @abc.abstractmethod
     async def finish(

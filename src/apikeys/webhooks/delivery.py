@@ -3,7 +3,10 @@
 Each round it hands new events of the change log to their deliveries (`take`), makes the
 `key.usage_threshold` deliveries of the rate limit thresholds this process's limiters
 reached (`ThresholdWatch`), leases the deliveries that are due and first in line for their
-endpoint and key (`claim`), and sends them, signed. A 2xx answer delivers one; anything
+endpoint and key (`claim`), and starts sending them, signed, each in a task of its own.
+Each endpoint has at most `per_endpoint` deliveries in flight, and a claim takes the
+endpoints round robin within that room, so one endpoint's slow or silent receiver holds up
+only its own deliveries: the next round does not wait for it. A 2xx answer delivers one; anything
 else (or no answer within `timeout`) schedules the next attempt after a growing delay,
 until `give_up_after` has passed since the event was taken: it is then marked `failed`,
 and the next event for that key goes.
@@ -15,16 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from apikeys.errors import ConfigurationError
+from apikeys.errors import ConfigurationError, WebhookTargetRefused
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.types import KeyRecord, utcnow
 from apikeys.webhooks.base import (
@@ -42,6 +47,7 @@ from apikeys.webhooks.signing import (
     signed_headers,
     unseal_secret,
 )
+from apikeys.webhooks.targets import REFUSED_INTERNAL, allow_private_from_env, resolve_target
 from apikeys.webhooks.thresholds import ThresholdWatch
 
 __all__ = ["DEFAULT_RETRY_DELAYS", "PRUNE_BATCH", "PRUNE_BATCHES", "Deliverer", "DeliveryOptions"]
@@ -54,6 +60,9 @@ DEFAULT_RETRY_DELAYS: tuple[float, ...] = (5, 30, 120, 600, 1800, 3600, 7200, 14
 PRUNE_BATCH = 1000
 """Deliveries deleted per statement (or script) when old ones are pruned: each is short,
 so the writes of other processes wait little behind it."""
+
+CLOSE_WAIT = 5.0
+"""Seconds `Deliverer.aclose` waits at most for the cancelled round and sends to unwind."""
 
 PRUNE_BATCHES = 10
 """Batches pruned at most per `check_interval`, by each process: up to 10,000 old
@@ -71,11 +80,17 @@ class DeliveryOptions:
       body is never read);
     - `lease`: seconds a process holds a delivery it sends (60; more than `timeout`);
     - `batch`: deliveries leased per round (20);
+    - `per_endpoint`: deliveries in flight at most per endpoint, in each process (4): a
+      slow receiver holds up no more than these, and never another endpoint's;
     - `check_interval`: seconds between looks for keys about to expire or past a usage
       threshold, and prunings of old deliveries (60);
     - `retention`: how long a delivery is kept after it was delivered or failed (its last
       attempt; 30 days), then deleted; None keeps every delivery. A pending one is never
-      deleted.
+      deleted;
+    - `allow_private_targets`: send to endpoints whose host is, or resolves to, a loopback,
+      private, link-local or other internal address (default: `APIKEYS_WEBHOOKS_ALLOW_PRIVATE`,
+      off). Off, such a delivery is not sent: each attempt fails with `REFUSED_INTERNAL`
+      as its error (`apikeys.webhooks.targets`).
     """
 
     poll_interval: float = 1.0
@@ -84,8 +99,10 @@ class DeliveryOptions:
     timeout: float = 10.0
     lease: float = 60.0
     batch: int = 20
+    per_endpoint: int = 4
     check_interval: float = 60.0
     retention: timedelta | None = timedelta(days=30)
+    allow_private_targets: bool = field(default_factory=allow_private_from_env)
 
     def next_attempt(self, attempts: int, created_at: datetime, now: datetime) -> datetime | None:
         """When to try again after `attempts` failed attempts; None: give up."""
@@ -131,6 +148,9 @@ class Deliverer:
         self._client: Any = None
         self._checked = float("-inf")
         self._warned = False
+        # The sends in flight, per endpoint id; each wakes the loop when it ends.
+        self._flying: dict[str, set[asyncio.Task[None]]] = {}
+        self._wake: asyncio.Event | None = None
 
     def start(self) -> None:
         """Start the task on the running loop, unless it runs there already, or on another
@@ -143,7 +163,9 @@ class Deliverer:
                 return
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 task.cancel()
+        self._drop_flying()
         self._loop = loop
+        self._wake = asyncio.Event()
         self._client = None  # bound to the loop it was made on
         self._task = loop.create_task(self._run(), name="apikeys-webhooks")
 
@@ -153,42 +175,71 @@ class Deliverer:
         self.thresholds.switch(False)
         task, self._task = self._task, None
         here = self._loop in (None, asyncio.get_running_loop())
+        stopping = self._drop_flying()
         if task is not None and not task.done():
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 task.cancel()
-            if here:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            stopping.append(task)
+        if here and stopping:
+            # Bounded: a client library's call that does not unwind when cancelled
+            # (seen with redis-py on Python 3.11) must not hold the process's shutdown.
+            await asyncio.wait(stopping, timeout=CLOSE_WAIT)
         client, self._client = self._client, None
         if client is not None and here:
             await client.aclose()
+
+    def _drop_flying(self) -> list[asyncio.Task[None]]:
+        """Cancel the sends in flight (their leases run out); those cancelled."""
+        flying = [task for tasks in self._flying.values() for task in tasks]
+        self._flying = {}
+        for task in flying:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                task.cancel()
+        return flying
 
     async def _run(self) -> None:
         failures = 0
         # The first round waits a poll interval: a short script's manager (an asyncio.run
         # that issues a key and ends) is gone before it would touch the store.
         await asyncio.sleep(self.options.poll_interval)
+        wake = self._wake or asyncio.Event()
         while True:
+            wake.clear()
             try:
-                sent = await self.run_once()
+                started = len(await self._round())
                 failures = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 failures += 1
                 logger.warning("webhooks: a delivery round failed: %s", type(exc).__name__)
-                sent = 0
-            if not sent:
+                started = 0
+            if not started:
+                # A send that ends makes room, or lets its key's next delivery go: the
+                # next round starts then, or after the pause.
                 pause = self.options.poll_interval * min(2**failures, 30)
-                await asyncio.sleep(pause)
+                if failures:
+                    await asyncio.sleep(pause)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), pause)
 
     async def run_once(self) -> int:
-        """One round: take new events, lease what is due, send it. The number sent."""
+        """One round (take new events, lease what is due, send it), and wait for the sends
+        it started (not for those of earlier rounds still in flight). The number started."""
+        started = await self._round()
+        if started:
+            await asyncio.wait(started)
+        return len(started)
+
+    async def _round(self) -> list[asyncio.Task[None]]:
+        """Take new events, lease what is due within each endpoint's room, and start
+        sending it; the sends started."""
         endpoints = {endpoint.id: endpoint for endpoint in await self.store.endpoints()}
         if not endpoints:
             self.thresholds.switch(False)
             self.thresholds.take()  # for nobody
-            return 0
+            return []
         if importlib.util.find_spec("httpx") is None:
             self.thresholds.switch(False)
             self.thresholds.take()
@@ -197,7 +248,7 @@ class Deliverer:
                 logger.warning(
                     "webhooks are not sent: they need httpx (pip install 'apikeys[webhooks]')"
                 )
-            return 0
+            return []
         wanted = wanting(endpoints.values(), "key.usage_threshold")
         self.thresholds.switch(bool(wanted) and self.records is not None)
         now = utcnow()
@@ -210,16 +261,42 @@ class Deliverer:
             await self.store.usage_thresholds(now)
             await self.prune(now)
             self._checked = time.monotonic()
+        room = {
+            endpoint_id: self.options.per_endpoint - len(self._flying.get(endpoint_id, ()))
+            for endpoint_id in endpoints
+        }
+        room = {endpoint_id: left for endpoint_id, left in room.items() if left > 0}
+        if not room:
+            return []
         claimed = await self.store.claim(
             self.holder,
             now,
             now + timedelta(seconds=self.options.lease),
             self.options.batch,
+            room=room,
         )
-        await asyncio.gather(
-            *(self._send(item, endpoints.get(item.webhook_id)) for item in claimed)
+        return [self._launch(item, endpoints.get(item.webhook_id)) for item in claimed]
+
+    def _launch(self, item: Claimed, endpoint: Endpoint | None) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(
+            self._send(item, endpoint), name="apikeys-webhook-send"
         )
-        return len(claimed)
+        self._flying.setdefault(item.webhook_id, set()).add(task)
+        task.add_done_callback(functools.partial(self._landed, item.webhook_id))
+        return task
+
+    def _landed(self, endpoint_id: str, task: asyncio.Task[None]) -> None:
+        flying = self._flying.get(endpoint_id)
+        if flying is not None:
+            flying.discard(task)
+            if not flying:
+                del self._flying[endpoint_id]
+        if self._wake is not None:
+            self._wake.set()
+        if not task.cancelled() and (error := task.exception()) is not None:
+            # The attempt was made but not recorded (the store failed): the lease runs
+            # out and the delivery is sent again.
+            logger.warning("webhooks: a delivery was not recorded: %s", type(error).__name__)
 
     async def rate_thresholds(self, endpoints: Iterable[Endpoint], now: datetime) -> int:
         """Make the `key.usage_threshold` deliveries of the thresholds queued in
@@ -323,6 +400,32 @@ class Deliverer:
             self._told.add((endpoint.id, stored))
             logger.log(level, *message)
 
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> int:
+        """POST `body` to `url`, connected to the address its host resolves to now, once
+        checked (`resolve_target`); the answer's status. Only the status is read: a body,
+        however long or slow, is left unread."""
+        target = await resolve_target(url, allow_private=self.options.allow_private_targets)
+        if target is None:
+            raise _Unresolved
+        # To the checked address, never a second resolution (DNS rebinding); the name in
+        # the Host header and as the TLS server name, whose certificate is verified. The
+        # URL is rebuilt from the parts `validate_url` checked: the HTTP client never
+        # parses the host (it would read `0177.0.0.1` otherwise than the resolver does).
+        parts = urlsplit(url)
+        address = f"[{target.address}]" if ":" in target.address else target.address
+        pinned = urlunsplit(
+            (parts.scheme, f"{address}:{target.port}", parts.path or "/", parts.query, "")
+        )
+        extensions = {"sni_hostname": target.host} if parts.scheme == "https" else {}
+        async with self._http().stream(
+            "POST",
+            pinned,
+            content=body,
+            headers={**headers, "host": parts.netloc},
+            extensions=extensions,
+        ) as reply:
+            return int(reply.status_code)
+
     async def _send(self, item: Claimed, endpoint: Endpoint | None) -> None:
         response: int | None = None
         error: str | None = None
@@ -338,13 +441,13 @@ class Deliverer:
                 headers = signed_headers(secrets_, item.id, int(now.timestamp()), item.body)
                 try:
                     # The whole exchange within `timeout` (httpx's bounds each read alone: a
-                    # receiver sending a byte at a time would outlast the lease), and only
-                    # the status is read: a body, however long or slow, is left unread.
+                    # receiver sending a byte at a time would outlast the lease).
                     async with asyncio.timeout(self.options.timeout):
-                        async with self._http().stream(
-                            "POST", endpoint.url, content=item.body, headers=headers
-                        ) as reply:
-                            response = reply.status_code
+                        response = await self._post(endpoint.url, item.body, headers)
+                except WebhookTargetRefused:
+                    error = REFUSED_INTERNAL
+                except _Unresolved:
+                    error = "unresolved host"
                 except Exception as exc:
                     error = type(exc).__name__
         now = utcnow()
@@ -369,6 +472,10 @@ class Deliverer:
             response=response,
             error=error if error is not None else f"HTTP {response}",
         )
+
+
+class _Unresolved(Exception):
+    """An endpoint's host resolved to no address at this attempt."""
 
 
 def _overlap_ended(endpoint: Endpoint, now: datetime) -> bool:

@@ -9,7 +9,7 @@ It all lives and dies with the process: for a single-process app and for tests.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -24,6 +24,7 @@ from apikeys.webhooks.base import (
     Timed,
     WebhookStore,
     expiring_deliveries,
+    fair_share,
     usage_threshold_deliveries,
     wanting,
 )
@@ -208,7 +209,13 @@ class MemoryWebhooks(WebhookStore):
         )
 
     async def claim(
-        self, holder: str, now: datetime, lease_until: datetime, limit: int
+        self,
+        holder: str,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        *,
+        room: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         pending = sorted(
             (held for held in self._deliveries.values() if held.delivery.status == "pending"),
@@ -217,23 +224,25 @@ class MemoryWebhooks(WebhookStore):
         first: dict[tuple[str, str], _Held] = {}
         for held in pending:
             first.setdefault((held.delivery.webhook_id, held.delivery.key_id), held)
+        due = [
+            held
+            for held in first.values()
+            if held.delivery.next_attempt_at <= now
+            and (held.lease_until is None or held.lease_until < now)
+        ]
         claimed: list[Claimed] = []
-        for held in first.values():
-            if len(claimed) == limit:
-                break
-            free = held.lease_until is None or held.lease_until < now
-            if held.delivery.next_attempt_at <= now and free:
-                held.holder, held.lease_until = holder, lease_until
-                delivery = held.delivery
-                claimed.append(
-                    Claimed(
-                        id=delivery.id,
-                        webhook_id=delivery.webhook_id,
-                        body=held.body,
-                        attempts=delivery.attempts,
-                        created_at=delivery.created_at,
-                    )
+        for held in fair_share(due, lambda held: held.delivery.webhook_id, room, limit):
+            held.holder, held.lease_until = holder, lease_until
+            delivery = held.delivery
+            claimed.append(
+                Claimed(
+                    id=delivery.id,
+                    webhook_id=delivery.webhook_id,
+                    body=held.body,
+                    attempts=delivery.attempts,
+                    created_at=delivery.created_at,
                 )
+            )
         return claimed
 
     async def finish(

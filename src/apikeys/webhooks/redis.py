@@ -446,12 +446,23 @@ class RedisWebhooks(WebhookStore):
         )
 
     async def claim(
-        self, holder: str, now: datetime, lease_until: datetime, limit: int
+        self,
+        holder: str,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        *,
+        room: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         lease_ms = max(1, int((lease_until - now) / timedelta(milliseconds=1)))
+        bounds: list[Any] = ["0"]
+        if room is not None:
+            bounds = ["1"]
+            for endpoint, left in room.items():
+                bounds += [endpoint, max(0, left)]
         flat = cast(
             "list[str]",
-            await self._script("claim", _micros(now), lease_ms, holder, limit, CLAIM_SCAN),
+            await self._script("claim", _micros(now), lease_ms, holder, limit, CLAIM_SCAN, *bounds),
         )
         claimed = []
         for i in range(0, len(flat), 6):

@@ -39,6 +39,7 @@ from apikeys.webhooks.base import (
     Timed,
     WebhookStore,
     expiring_deliveries,
+    fair_share,
     usage_threshold_deliveries,
     wanting,
 )
@@ -266,7 +267,13 @@ class SQLWebhooks(WebhookStore):
         return await self._run(work)
 
     async def claim(
-        self, holder: str, now: datetime, lease_until: datetime, limit: int
+        self,
+        holder: str,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        *,
+        room: Mapping[str, int] | None = None,
     ) -> list[Claimed]:
         d = self._deliveries
         earlier = d.alias("earlier")
@@ -277,27 +284,49 @@ class SQLWebhooks(WebhookStore):
             earlier.c.status == "pending",
             earlier.c.seq < d.c.seq,
         )
-        due = (
-            sa.select(d.c.id)
-            .where(d.c.status == "pending", d.c.next_attempt_at <= now, free, first_in_line)
-            .order_by(d.c.seq)
-            .limit(limit)
-        )
-        if self._postgres:
-            due = due.with_for_update(skip_locked=True, of=d)
-        # A CTE, run once: as a subquery in the WHERE, PostgreSQL may run it again for each
-        # row, and each run skips the rows this UPDATE changed and locks the next ones,
-        # leasing every due delivery whatever `limit` says.
-        chosen = due.cte("due")
-        statement = (
-            sa.update(d)
-            .where(d.c.id.in_(sa.select(chosen.c.id)), d.c.status == "pending", free)
-            .values(lease_until=lease_until, leased_by=holder)
-            .returning(d.c.id, d.c.webhook_id, d.c.body, d.c.attempts, d.c.created_at, d.c.seq)
-        )
+        waiting = (d.c.status == "pending", d.c.next_attempt_at <= now, free)
+
+        def due(*where: Any, count: int) -> Any:
+            chosen = (
+                sa.select(d.c.id, d.c.webhook_id, d.c.seq)
+                .where(*waiting, first_in_line, *where)
+                .order_by(d.c.seq)
+                .limit(count)
+            )
+            return chosen.with_for_update(skip_locked=True, of=d) if self._postgres else chosen
+
+        async def candidates(conn: AsyncConnection) -> list[Any]:
+            if room is None:
+                return list((await conn.execute(due(count=limit))).all())
+            # One short query per endpoint with due deliveries and room: a backlog of one
+            # endpoint is never read past to find another's.
+            opened = sorted(endpoint for endpoint, left in room.items() if left > 0)
+            if not opened or limit <= 0:
+                return []
+            busy = (
+                await conn.execute(
+                    sa.select(d.c.webhook_id).where(*waiting, d.c.webhook_id.in_(opened)).distinct()
+                )
+            ).scalars()
+            rows: list[Any] = []
+            for endpoint in sorted(busy):
+                count = min(room[endpoint], limit)
+                rows += (await conn.execute(due(d.c.webhook_id == endpoint, count=count))).all()
+            return sorted(rows, key=lambda row: row.seq)
 
         async def work(conn: AsyncConnection) -> list[Claimed]:
-            rows = sorted((await conn.execute(statement)).all(), key=lambda row: row.seq)
+            chosen = fair_share(await candidates(conn), lambda row: row.webhook_id, room, limit)
+            if not chosen:
+                return []
+            leased = (
+                await conn.execute(
+                    sa.update(d)
+                    .where(d.c.id.in_([row.id for row in chosen]), d.c.status == "pending", free)
+                    .values(lease_until=lease_until, leased_by=holder)
+                    .returning(d.c.id, d.c.webhook_id, d.c.body, d.c.attempts, d.c.created_at)
+                )
+            ).all()
+            by_id = {row.id: row for row in leased}
             return [
                 Claimed(
                     id=row.id,
@@ -306,7 +335,8 @@ class SQLWebhooks(WebhookStore):
                     attempts=row.attempts,
                     created_at=row.created_at,
                 )
-                for row in rows
+                for row in (by_id.get(item.id) for item in chosen)
+                if row is not None
             ]
 
         return await self._run(work)
