@@ -47,6 +47,27 @@ def wrong_secret(token: str) -> str:
     return type(parsed)(parsed.prefix, parsed.id, secret).token
 
 
+# Arguments `create` refuses before the store is read or written. Each case runs once, on
+# memory (the reference); on every store one test runs them all and finds the store empty.
+BAD_CREATE: list[tuple[dict[str, object], str]] = [
+    ({"scopes": []}, "at least one scope"),
+    ({"scopes": ["contacts"]}, "invalid scope"),
+    ({"scopes": ["Contacts:Read"]}, "invalid scope"),
+    ({"full_access": True, "scopes": ["contacts:read"]}, "takes no scopes"),
+    ({"scopes": ["contacts:read"], "rate_limit": "lots"}, "invalid rate limit"),
+    ({"scopes": ["contacts:read"], "expires_in": timedelta(seconds=-1)}, "positive"),
+    (
+        {"scopes": ["contacts:read"], "expires_at": datetime(2000, 1, 1, tzinfo=UTC)},
+        "future",
+    ),
+    ({"scopes": ["contacts:read"], "expires_at": datetime(2999, 1, 1)}, "timezone"),
+    ({"scopes": ["contacts:read"], "name": ""}, "name"),
+    ({"scopes": ["contacts:read"], "name": "x" * 201}, "name"),
+    ({"scopes": ["contacts:read"], "name": "a\nb"}, "name"),
+    ({"scopes": ["contacts:read"], "workspace": ""}, "workspace"),
+]
+
+
 class TestCreate:
     async def test_if_created_then_key_is_shown_once_in_contract_format(
         self, manager: KeyManager
@@ -103,33 +124,23 @@ class TestCreate:
         assert parse_key(created.key).secret not in str(data)
         assert created.to_dict()["key"] == created.key
 
-    @pytest.mark.parametrize(
-        ("kwargs", "message"),
-        [
-            ({"scopes": []}, "at least one scope"),
-            ({"scopes": ["contacts"]}, "invalid scope"),
-            ({"scopes": ["Contacts:Read"]}, "invalid scope"),
-            ({"full_access": True, "scopes": ["contacts:read"]}, "takes no scopes"),
-            ({"scopes": ["contacts:read"], "rate_limit": "lots"}, "invalid rate limit"),
-            ({"scopes": ["contacts:read"], "expires_in": timedelta(seconds=-1)}, "positive"),
-            (
-                {"scopes": ["contacts:read"], "expires_at": datetime(2000, 1, 1, tzinfo=UTC)},
-                "future",
-            ),
-            ({"scopes": ["contacts:read"], "expires_at": datetime(2999, 1, 1)}, "timezone"),
-            ({"scopes": ["contacts:read"], "name": ""}, "name"),
-            ({"scopes": ["contacts:read"], "name": "x" * 201}, "name"),
-            ({"scopes": ["contacts:read"], "name": "a\nb"}, "name"),
-            ({"scopes": ["contacts:read"], "workspace": ""}, "workspace"),
-        ],
-    )
+    @pytest.mark.parametrize(("kwargs", "message"), BAD_CREATE)
     async def test_if_parameters_bad_then_refused_and_nothing_stored(
-        self, manager: KeyManager, kwargs: dict[str, object], message: str
+        self, memory_manager: KeyManager, kwargs: dict[str, object], message: str
     ) -> None:
         arguments: dict[str, object] = {"name": "n", "workspace": "w", **kwargs}
         with pytest.raises(InvalidKeyParameters, match=message):
-            await manager.create(**arguments)  # type: ignore[arg-type]
-        assert await manager.list("w") == []
+            await memory_manager.create(**arguments)  # type: ignore[arg-type]
+        assert await memory_manager.list() == []
+
+    async def test_if_parameters_bad_then_every_store_stays_empty(
+        self, manager: KeyManager
+    ) -> None:
+        for kwargs, message in BAD_CREATE:
+            arguments: dict[str, object] = {"name": "n", "workspace": "w", **kwargs}
+            with pytest.raises(InvalidKeyParameters, match=message):
+                await manager.create(**arguments)  # type: ignore[arg-type]
+        assert await manager.list() == []
 
     async def test_if_listed_then_only_that_workspace_oldest_first(
         self, manager: KeyManager
@@ -575,6 +586,18 @@ class TestRollLifetime:
         assert (await manager.roll(created.record.id)).record.expires_at is None
 
 
+# Edits `update` refuses before the store is read or written: once each on memory, and all
+# of them on every store, which keeps the key as it was.
+BAD_EDITS: list[dict[str, Any]] = [
+    {"scopes": []},
+    {"full_access": True, "scopes": ["contacts:read"]},
+    {"scopes": ["Not A Scope"]},
+    {"rate_limit": "often"},
+    {"name": ""},
+    {"expires_in": timedelta(seconds=-1)},
+]
+
+
 class TestUpdate:
     async def test_if_fields_given_then_only_they_change(self, manager: KeyManager) -> None:
         created = await manager.create(
@@ -635,24 +658,23 @@ class TestUpdate:
         with pytest.raises(KeyNotFound):
             await manager.update("nosuchkey000", name="x")
 
-    @pytest.mark.parametrize(
-        "changes",
-        [
-            {"scopes": []},
-            {"full_access": True, "scopes": ["contacts:read"]},
-            {"scopes": ["Not A Scope"]},
-            {"rate_limit": "often"},
-            {"name": ""},
-            {"expires_in": timedelta(seconds=-1)},
-        ],
-    )
+    @pytest.mark.parametrize("changes", BAD_EDITS)
     async def test_if_an_edit_is_invalid_then_refused_and_nothing_changes(
-        self, manager: KeyManager, changes: dict[str, Any]
+        self, memory_manager: KeyManager, changes: dict[str, Any]
+    ) -> None:
+        created = await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"])
+        with pytest.raises(InvalidKeyParameters):
+            await memory_manager.update(created.record.id, **changes)
+        assert (await memory_manager.get(created.record.id)).to_dict() == created.record.to_dict()
+
+    async def test_if_an_edit_is_invalid_then_no_store_changes_the_key(
+        self, manager: KeyManager
     ) -> None:
         created = await manager.create(name="n", workspace="w", scopes=["contacts:read"])
-        with pytest.raises(InvalidKeyParameters):
-            await manager.update(created.record.id, **changes)
-        assert (await manager.get(created.record.id)).to_dict() == created.record.to_dict()
+        for changes in BAD_EDITS:
+            with pytest.raises(InvalidKeyParameters):
+                await manager.update(created.record.id, **changes)
+            assert (await manager.get(created.record.id)).to_dict() == created.record.to_dict()
 
 
 # Connections the first loop opened cannot be closed once it is gone: the store lets them
@@ -681,6 +703,20 @@ def test_if_a_store_moves_to_a_new_event_loop_then_it_keeps_working(
     asyncio.run(served_later(manager))
     del manager
     gc.collect()
+
+
+# Rate limits `create` refuses before the store is read or written: once each on memory,
+# and all of them on every store, which stays empty.
+BAD_RATE_LIMITS: list[tuple[dict[str, Any], str]] = [
+    ({"rate_limit": "1/second", "rate_limits": {"a": "1/second"}}, "not both"),
+    ({"rate_limits": {}}, "invalid rate limit"),
+    ({"rate_limits": {"Burst": "1/second"}}, "not a policy name"),
+    ({"rate_limits": {"a": "1/second, b=1/day"}}, "invalid rate limit"),
+    ({"rate_limits": {"a": "lots"}}, "invalid rate limit"),
+    ({"rate_limits": "a=1/second"}, "mapping"),
+    ({"rate_limit": "a=1/second, a=1/day"}, "used twice"),
+    ({"rate_limit": "1/second, 1/day"}, "no name"),
+]
 
 
 class TestSeveralRateLimits:
@@ -727,25 +763,21 @@ class TestSeveralRateLimits:
         )
         assert mapped.record.rate_limit == "5/minute"
 
-    @pytest.mark.parametrize(
-        ("kwargs", "message"),
-        [
-            ({"rate_limit": "1/second", "rate_limits": {"a": "1/second"}}, "not both"),
-            ({"rate_limits": {}}, "invalid rate limit"),
-            ({"rate_limits": {"Burst": "1/second"}}, "not a policy name"),
-            ({"rate_limits": {"a": "1/second, b=1/day"}}, "invalid rate limit"),
-            ({"rate_limits": {"a": "lots"}}, "invalid rate limit"),
-            ({"rate_limits": "a=1/second"}, "mapping"),
-            ({"rate_limit": "a=1/second, a=1/day"}, "used twice"),
-            ({"rate_limit": "1/second, 1/day"}, "no name"),
-        ],
-    )
+    @pytest.mark.parametrize(("kwargs", "message"), BAD_RATE_LIMITS)
     async def test_if_policies_invalid_then_refused_and_nothing_stored(
-        self, manager: KeyManager, kwargs: dict[str, Any], message: str
+        self, memory_manager: KeyManager, kwargs: dict[str, Any], message: str
     ) -> None:
         with pytest.raises(InvalidKeyParameters, match=message):
-            await manager.create(name="n", workspace="w", scopes=["contacts:read"], **kwargs)
-        assert await manager.list("w") == []
+            await memory_manager.create(name="n", workspace="w", scopes=["contacts:read"], **kwargs)
+        assert await memory_manager.list() == []
+
+    async def test_if_policies_invalid_then_every_store_stays_empty(
+        self, manager: KeyManager
+    ) -> None:
+        for kwargs, message in BAD_RATE_LIMITS:
+            with pytest.raises(InvalidKeyParameters, match=message):
+                await manager.create(name="n", workspace="w", scopes=["contacts:read"], **kwargs)
+        assert await manager.list() == []
 
     async def test_if_updated_with_a_mapping_then_the_policies_change(
         self, manager: KeyManager

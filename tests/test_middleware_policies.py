@@ -114,12 +114,15 @@ class TestAllowlist:
             )
         assert_problem(refused, 403, "ip_not_allowed")
 
+    # Refused while the middleware is built, before any store is asked: memory stands for all.
     @pytest.mark.parametrize("bad", [-1, True, "1", 1.5])
-    def test_trusted_proxies_must_be_a_whole_number(self, manager: KeyManager, bad: Any) -> None:
+    def test_trusted_proxies_must_be_a_whole_number(
+        self, memory_manager: KeyManager, bad: Any
+    ) -> None:
         from apikeys import ConfigurationError
 
         with pytest.raises(ConfigurationError):
-            make_app(manager, trusted_proxies=bad)
+            make_app(memory_manager, trusted_proxies=bad)
 
 
 class TestCredits:
@@ -254,9 +257,10 @@ async def test_a_route_can_cost_several_credits(manager: KeyManager) -> None:
         assert ratelimit(cheap)["credits"]["r"] == 0
 
 
+# Refused while the middleware is built, before any store is asked: memory stands for all.
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "3"])
-def test_a_cost_is_a_whole_number_of_credits(manager: KeyManager, bad: Any) -> None:
+def test_a_cost_is_a_whole_number_of_credits(memory_manager: KeyManager, bad: Any) -> None:
     from apikeys import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="whole number of credits"):
-        make_app(manager, costs={"POST /api/items": bad})
+        make_app(memory_manager, costs={"POST /api/items": bad})

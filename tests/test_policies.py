@@ -28,6 +28,24 @@ from apikeys.stores import KeyStore
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# Policies `create` refuses before the store is read or written: once each on memory (the
+# reference), and all of them on every store, which stays empty.
+BAD_POLICIES: list[tuple[dict[str, Any], str]] = [
+    ({"metadata": [1, 2]}, "JSON object"),
+    ({"metadata": "not json"}, "JSON object"),
+    ({"metadata": {"big": "x" * MAX_METADATA_BYTES}}, "at most 4096"),
+    ({"metadata": {"nan": float("nan")}}, "JSON values"),
+    ({"metadata": {"when": datetime.now(UTC)}}, "JSON values"),
+    ({"owner": ""}, "owner"),
+    ({"owner": "a\nb"}, "control"),
+    ({"allowed_ips": ["10.0.0.1/8"]}, "10.0.0.0/8"),
+    ({"allowed_ips": ["not an address"]}, "not an address"),
+    ({"credits": -1}, "credits"),
+    ({"credits": True}, "whole number"),
+    ({"credit_refill": "10/hour"}, "1000/day"),
+]
+
+
 class TestRecordFields:
     async def test_policies_are_kept_returned_and_listed(self, manager: KeyManager) -> None:
         created = await manager.create(
@@ -107,29 +125,19 @@ class TestRecordFields:
         new = (await manager.roll(old.record.id)).record
         assert (new.owner, new.metadata, new.allowed_ips) == ("o", {"k": "v"}, ("::1/128",))
 
-    @pytest.mark.parametrize(
-        ("fields", "message"),
-        [
-            ({"metadata": [1, 2]}, "JSON object"),
-            ({"metadata": "not json"}, "JSON object"),
-            ({"metadata": {"big": "x" * MAX_METADATA_BYTES}}, "at most 4096"),
-            ({"metadata": {"nan": float("nan")}}, "JSON values"),
-            ({"metadata": {"when": datetime.now(UTC)}}, "JSON values"),
-            ({"owner": ""}, "owner"),
-            ({"owner": "a\nb"}, "control"),
-            ({"allowed_ips": ["10.0.0.1/8"]}, "10.0.0.0/8"),
-            ({"allowed_ips": ["not an address"]}, "not an address"),
-            ({"credits": -1}, "credits"),
-            ({"credits": True}, "whole number"),
-            ({"credit_refill": "10/hour"}, "1000/day"),
-        ],
-    )
+    @pytest.mark.parametrize(("fields", "message"), BAD_POLICIES)
     async def test_bad_policies_are_refused_and_nothing_is_created(
-        self, manager: KeyManager, fields: dict[str, Any], message: str
+        self, memory_manager: KeyManager, fields: dict[str, Any], message: str
     ) -> None:
         with pytest.raises(InvalidKeyParameters, match=message):
-            await manager.create(name="bad", workspace="refused", full_access=True, **fields)
-        assert await manager.list("refused") == []
+            await memory_manager.create(name="bad", workspace="refused", full_access=True, **fields)
+        assert await memory_manager.list() == []
+
+    async def test_bad_policies_leave_every_store_empty(self, manager: KeyManager) -> None:
+        for fields, message in BAD_POLICIES:
+            with pytest.raises(InvalidKeyParameters, match=message):
+                await manager.create(name="bad", workspace="refused", full_access=True, **fields)
+        assert await manager.list() == []
 
 
 class TestCredits:

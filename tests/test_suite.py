@@ -84,6 +84,25 @@ def test_every_property_test_runs_without_a_deadline() -> None:
     assert not late, late
 
 
+# -- the table of stores: what runs on every store ----------------------------------------------
+
+
+def test_a_test_that_cannot_reach_the_store_is_not_run_on_every_store() -> None:
+    # `manager` repeats a test on each store of the table. A plain `def` test cannot await
+    # the manager, so no store can change its outcome: it asks for `memory_manager` and runs
+    # once (an argument refused before the store is asked is checked the same way).
+    offending = []
+    for path in TESTS.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name.startswith("test_")
+                and "manager" in {argument.arg for argument in node.args.args}
+            ):
+                offending.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not offending, offending
+
+
 # -- Redis: the suite deletes what it writes ----------------------------------------------------
 
 # Tests that once left keys behind: a store's keys and 24-hour usage-batch markers (a test
