@@ -41,7 +41,14 @@ from tests.webhooks.receiver import Receiver
 
 OLD_PEPPER = "the-pepper-we-used-until-june"
 NEW_PEPPER = "the-pepper-we-use-from-july-on"
-FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10)
+# The receivers here listen on 127.0.0.1: internal targets are allowed explicitly.
+FAST = DeliveryOptions(
+    poll_interval=0.02,
+    retry_delays=(0.05, 0.1),
+    timeout=2,
+    lease=10,
+    allow_private_targets=True,
+)
 
 
 @pytest.fixture
