@@ -124,6 +124,7 @@ async def test_a_receiver_that_never_answers_holds_up_no_other_workspaces_delive
         await manager.create(name=f"slow{number}", full_access=True, workspace="slow")
     for number in range(3):
         await manager.create(name=f"fast{number}", full_access=True, workspace="fast")
+    assert DeliveryOptions().per_endpoint == 4  # the default docs/webhooks.md states
     options = DeliveryOptions(poll_interval=0.02, timeout=300, lease=600, per_endpoint=4)
     deliverer = Deliverer(hooks, options)
     try:
