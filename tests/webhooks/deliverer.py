@@ -12,7 +12,14 @@ import sys
 from apikeys import KeyManager
 from apikeys.webhooks import DeliveryOptions
 
-OPTIONS = DeliveryOptions(poll_interval=0.05, retry_delays=(0.2, 0.4, 0.8), timeout=2, lease=10)
+# The receivers of the tests listen on 127.0.0.1: internal targets are allowed explicitly.
+OPTIONS = DeliveryOptions(
+    poll_interval=0.05,
+    retry_delays=(0.2, 0.4, 0.8),
+    timeout=2,
+    lease=10,
+    allow_private_targets=True,
+)
 
 
 async def main(url: str) -> None:

@@ -19,7 +19,10 @@ from tests.conftest import STORES
 from tests.pgbouncer import free_port
 
 # A second to answer; a lease far longer, as by default (10 s and 60 s).
-OPTIONS = DeliveryOptions(poll_interval=0.02, retry_delays=(60,), timeout=1, lease=30)
+# The receivers here listen on 127.0.0.1: internal targets are allowed explicitly.
+OPTIONS = DeliveryOptions(
+    poll_interval=0.02, retry_delays=(60,), timeout=1, lease=30, allow_private_targets=True
+)
 
 Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
 

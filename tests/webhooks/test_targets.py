@@ -281,3 +281,12 @@ async def test_a_delivery_connects_to_the_address_checked_with_the_name_as_host(
     assert asked == ["hooks.rebind.test"]
     (item,) = receiver.received
     assert item.headers["host"] == f"hooks.rebind.test:{receiver.port}"
+
+
+def test_the_environment_allows_internal_targets_for_delivery_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert DeliveryOptions().allow_private_targets is False
+    monkeypatch.setenv(ALLOW_PRIVATE_ENV, "1")
+    assert DeliveryOptions().allow_private_targets is True
+    assert DeliveryOptions(allow_private_targets=False).allow_private_targets is False

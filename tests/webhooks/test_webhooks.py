@@ -32,7 +32,14 @@ from tests.conftest import SCALE_OUT_STORES, STORES
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
-FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10)
+# Every receiver here listens on 127.0.0.1: internal targets are allowed explicitly.
+FAST = DeliveryOptions(
+    poll_interval=0.02,
+    retry_delays=(0.05, 0.1),
+    timeout=2,
+    lease=10,
+    allow_private_targets=True,
+)
 
 
 _JSON = st.recursive(
@@ -663,7 +670,12 @@ def test_a_manager_moved_to_another_loop_delivers_when_only_the_fast_path_serves
     `Gate.admit_now` (the memory store answers every request without an await): its
     deliverer starts again on the new loop, as the awaited paths start it."""
     receiver = Receiver(free_port())
-    options = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05,), check_interval=3600)
+    options = DeliveryOptions(
+        poll_interval=0.02,
+        retry_delays=(0.05,),
+        check_interval=3600,
+        allow_private_targets=True,
+    )
     manager = KeyManager(
         MemoryStore(),
         hasher=Hasher(pepper=b"L8dw49pa41XlgoBNkvoeuME4lzC2vZHAO-p4QCm4Kiw"),
