@@ -30,6 +30,7 @@ from apikeys.fields import (
     workspace_roll_expiry,
 )
 from apikeys.stores import MemoryStore
+from apikeys.testing import TEST_PEPPER
 from apikeys.types import KeyRecord
 from apikeys.ui import KeysPage, PageUser
 from apikeys.ui.forms import iso
@@ -216,7 +217,7 @@ async def _user(request: Request) -> PageUser | None:
 async def _post_edit(posted: frozenset[str], extra: frozenset[str]) -> tuple[int, bool]:
     """Post the edit form with `posted` fields changed; the status, and whether the key is
     as it was."""
-    async with KeyManager(MemoryStore(), hasher=Hasher(pepper=b"p" * 32), webhooks=False) as m:
+    async with KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False) as m:
         created = await m.create(
             name="trial",
             workspace="acme",

@@ -18,6 +18,7 @@ from apikeys import Hasher, KeyManager, redaction
 from apikeys.errors import AuthenticationError, KeyRevoked
 from apikeys.importing import ForeignKey, read_drf
 from apikeys.stores import KeyStore
+from apikeys.testing import TEST_PEPPER
 from tests.drf_databases import drf_database  # noqa: F401 - the `drf` fixture
 
 # Every logger a store's dependencies log under, besides the root: set to DEBUG explicitly
@@ -72,7 +73,7 @@ async def test_no_log_record_at_debug_shows_a_secret_or_a_hash(
 ) -> None:
     tokens: list[str] = []
     hashes: list[str] = []
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as manager:
+    async with KeyManager(store, hasher=Hasher(pepper=TEST_PEPPER), webhooks=False) as manager:
         created = await manager.create(name="logged", full_access=True)
         tokens.append(created.key)
         for _ in range(3):  # a store read, then the cache's hits

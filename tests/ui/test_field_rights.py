@@ -21,6 +21,7 @@ from starlette.requests import Request
 from apikeys import Hasher, KeyManager
 from apikeys.errors import ConfigurationError
 from apikeys.stores import KeyStore, MemoryStore
+from apikeys.testing import TEST_PEPPER
 from apikeys.types import KeyRecord, utcnow
 from apikeys.ui import KeysPage, PageUser
 from apikeys.ui.forms import KeyForm, iso
@@ -41,7 +42,7 @@ OPERATOR_POSTS = {
 
 @pytest.fixture
 async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
+    async with KeyManager(store, hasher=Hasher(pepper=TEST_PEPPER), webhooks=False) as made:
         yield made
 
 
@@ -265,7 +266,7 @@ async def test_an_operator_may_let_workspace_users_set_more_fields(manager: KeyM
 
 
 def test_a_page_given_a_field_that_does_not_exist_refuses_to_start() -> None:
-    manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=b"p" * 32), webhooks=False)
+    manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False)
     with pytest.raises(ConfigurationError, match="plan"):
         _page(manager, workspace_fields={"plan"})
 

@@ -17,6 +17,7 @@ from starlette.requests import Request
 import apikeys.ui.views.webhooks as webhooks_view
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.stores import KeyStore
+from apikeys.testing import TEST_PEPPER
 from apikeys.types import utcnow
 from apikeys.ui import KeysPage, PageUser
 from apikeys.webhooks import Deliverer, DeliveryOptions
@@ -199,7 +200,7 @@ async def test_a_delivery_refused_as_internal_shows_so_and_nothing_more(
 ) -> None:
     monkeypatch.delenv(ALLOW_PRIVATE_ENV, raising=False)
     async with KeyManager(
-        MemoryStore(), hasher=Hasher(pepper=b"p" * 32), webhooks=False
+        MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False
     ) as manager:
         hooks = manager.store.webhooks()
         assert hooks is not None

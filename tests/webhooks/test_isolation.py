@@ -18,6 +18,7 @@ import pytest
 
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
+from apikeys.testing import TEST_PEPPER
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
@@ -42,7 +43,7 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
-    async with KeyManager(store, hasher=Hasher(pepper=b"p" * 32), webhooks=False) as made:
+    async with KeyManager(store, hasher=Hasher(pepper=TEST_PEPPER), webhooks=False) as made:
         yield made
 
 

@@ -39,13 +39,8 @@ from apikeys.webhooks.signing import (
 from tests import services
 from tests.webhooks.receiver import Receiver
 
-<<<<<<< HEAD
 OLD_PEPPER = "KiW13tlctr3NdBnTqyD5_hHw_XrZApekCtsNL3wOgVA"
 NEW_PEPPER = "rAyss7LGYsJRB0b9HNIDPCh1jr3E8WyDKOi0Oxz284A"
-FAST = DeliveryOptions(poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10)
-=======
-OLD_PEPPER = "the-pepper-we-used-until-june"
-NEW_PEPPER = "the-pepper-we-use-from-july-on"
 # The receivers here listen on 127.0.0.1: internal targets are allowed explicitly.
 FAST = DeliveryOptions(
     poll_interval=0.02,
@@ -54,7 +49,6 @@ FAST = DeliveryOptions(
     lease=10,
     allow_private_targets=True,
 )
->>>>>>> fix/webhooks
 
 
 @pytest.fixture
