@@ -236,7 +236,7 @@ def _cli(store_url: str, *args: str) -> Result:
 def test_cli_metadata_nested_2000_deep_exits_2_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("APIKEYS_PEPPER", "bounded-input-test-pepper-0123456789")
+    monkeypatch.setenv("APIKEYS_PEPPER", "a12lhJ1ZtUxBc1-MiScXH5OOydqusf6GqQcSM1w6H6Q")
     monkeypatch.delenv("APIKEYS_STORE_URL", raising=False)
     store_url = f"sqlite:///{tmp_path / 'k.db'}"
     created = _cli(store_url, "create", "--name", "n", "--full-access", "--json")

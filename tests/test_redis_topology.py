@@ -25,7 +25,7 @@ from tests import redis_servers
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
-PEPPER = "topology-test-pepper-0123456789abc"
+PEPPER = "w7UF-rHPBQTJ4NJyxOdJPAKDr3uLLuSTMeizgDr8-QU"
 _T = TypeVar("_T")
 
 

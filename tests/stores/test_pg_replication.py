@@ -196,7 +196,7 @@ def test_setup_says_nothing_of_replication_without_replicas(
 
 # --- the failover itself ----------------------------------------------------------------------
 
-PEPPER = "replication-test-pepper-0123456789abcdef"
+PEPPER = "xa-hMG99uyGrfed7F5aU8JKDScr9Cj6XyHPl7Pg0ydI"
 
 
 async def _create(url: str) -> tuple[str, str]:

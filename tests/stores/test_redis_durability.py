@@ -35,7 +35,7 @@ from tests import redis_servers
 
 pytestmark = pytest.mark.redis
 
-PEPPER = "durability-test-pepper-0123456789"
+PEPPER = "VPMmumKv-fNB5l2vu9Xlw-1j0wycWBvAdotXvbPuGj0"
 
 
 class Servers:

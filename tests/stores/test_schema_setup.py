@@ -24,7 +24,7 @@ from apikeys.stores.sql import SQLStore
 from apikeys.stores.sql_schema import store_tables
 from tests import services
 
-PEPPER = "schema-setup-pepper-0123456789abcdef"
+PEPPER = "bw0Rec5PM6-_FWsqdJ2KioJA-RSJcPAjE_R1bBsvV8w"
 
 
 @pytest.fixture

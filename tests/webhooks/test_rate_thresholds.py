@@ -29,7 +29,7 @@ from tests.webhooks.test_webhooks import hooks_of
 # The rounds are the test's own: the background task waits an hour before its first.
 # The receivers here listen on 127.0.0.1: internal targets are allowed explicitly.
 IDLE = DeliveryOptions(poll_interval=3600, timeout=2, lease=10, allow_private_targets=True)
-PEPPER = b"p" * 32
+PEPPER = b"rEnq6hZybJkAJ8Ne0W0NSlsCksLb6pnppmz4eiEf5mA"
 
 
 async def ok(request: Any) -> PlainTextResponse:
