@@ -1171,8 +1171,15 @@ class KeyManager:
             ),
             warnings,
         )
-        if old.state == REVOKED:
-            # Revoked elsewhere while the new key was being issued: revocation wins.
+        if old.state == REVOKED or old.replaced_by != new_id:
+            # Revoked elsewhere while the new key was being issued (revocation wins), or
+            # rolled by another call at the same time (the first to link the key wins): the
+            # new key never served and is revoked, so one key never has two live successors.
+            reason = (
+                "the key it replaces was revoked"
+                if old.state == REVOKED
+                else "the key it replaces was rolled by another call at the same time"
+            )
             await self._change(
                 new_id,
                 lambda notice: self.store.set_state(
@@ -1187,11 +1194,14 @@ class KeyManager:
                         workspace=old.workspace,
                         action="revoked",
                         actor=actor,
-                        changes={"state": REVOKED, "reason": "the key it replaces was revoked"},
+                        changes={"state": REVOKED, "reason": reason},
                     ),
                 ),
             )
-            raise InvalidTransition(key_id, REVOKED, "roll")
+            if old.state == REVOKED:
+                raise InvalidTransition(key_id, REVOKED, "roll")
+            why = refusal(old, "roll")
+            raise InvalidTransition(key_id, old.status, "roll", why or "it was rolled already")
         self._announce(rolled)
         record = created.record
         if old.credits is not None or record.credits is not None:

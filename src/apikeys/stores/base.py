@@ -231,7 +231,10 @@ class KeyStore(abc.ABC):
         event: AuditEvent | None = None,
     ) -> KeyRecord:
         """Atomically set `expires_at` to the earlier of its value and `expires_at`, and
-        `replaced_by` when given (`roll` links the old key to the new one).
+        `replaced_by` when given (`roll` links the old key to the new one). With
+        `replaced_by`, a key that another key replaces already is left unchanged: of two
+        rolls at once, the first to link the key wins, and the other sees the winner's id in
+        the record returned.
 
         From the moment `replaced_by` is set, `spend_credits` of this key takes from the
         successor's balance; the record returned holds the old key's last `credits`, which

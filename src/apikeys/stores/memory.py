@@ -206,6 +206,8 @@ class MemoryStore(KeyStore):
         record = stored.record
         if record.state == REVOKED:
             return record
+        if replaced_by is not None and record.replaced_by not in (None, replaced_by):
+            return record  # replaced by another roll already: it won
         if record.expires_at is None or record.expires_at > expires_at:
             record = replace(record, expires_at=expires_at)
         if replaced_by is not None:

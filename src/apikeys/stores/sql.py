@@ -1176,9 +1176,11 @@ class SQLStore(KeyStore):
                 .values(expires_at=expires_at)
             )
         else:
+            # Two rolls at once: the first to link the key wins, the other changes nothing.
+            free = sa.or_(table.c.replaced_by.is_(None), table.c.replaced_by == replaced_by)
             update = (
                 sa.update(table)
-                .where(table.c.id == key_id, table.c.state != REVOKED)
+                .where(table.c.id == key_id, table.c.state != REVOKED, free)
                 .values(
                     expires_at=sa.case((later, expires_at), else_=table.c.expires_at),
                     replaced_by=replaced_by,
