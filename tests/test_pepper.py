@@ -161,6 +161,12 @@ def test_if_a_pepper_is_a_dictionary_phrase_then_the_hasher_is_refused(phrase: s
         "deadbeefcafebabe" * 4,
         "ThisIsMyVerySecretPepperForProductionUseOnly2024",
         bytes(32),
+        # Whitespace and control characters add nothing a guess must find.
+        "acme-production-apikeys-pepper-2026\n",
+        "abcdefghijklmnopqrstuvwxyz0123456789\t",
+        "correct horse battery staple correct horse\r\n",
+        # A phrase in a language zxcvbn's English word lists do not know.
+        "Größenwahn-Passwort-für-Produktion-2026",
     ],
 )
 def test_if_a_pepper_can_be_guessed_then_the_hasher_is_refused(pepper: str | bytes) -> None:
@@ -182,6 +188,14 @@ def test_random_peppers_of_32_bytes_are_accepted() -> None:
         Hasher(secrets.token_hex(32))
         Hasher(base64.b64encode(secrets.token_bytes(32)).decode())
         Hasher(secrets.token_bytes(32))
+        Hasher(secrets.token_urlsafe(32) + "\n")  # read from a file, its newline kept
+
+
+def test_32_random_hex_digits_are_accepted() -> None:
+    # 128 bits (`openssl rand -hex 16`): zxcvbn scores some draws under 2**100, none under
+    # 2**80, where every run or repeat of hex digits scores 2**64 at most.
+    for _ in range(300):
+        Hasher(secrets.token_hex(16))
 
 
 def test_a_retired_pepper_needs_only_16_bytes_so_a_weak_one_can_be_rotated_away() -> None:

@@ -69,6 +69,9 @@ PEPPER_HINT = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 # characters. (Over 1,500 draws of secrets.token_urlsafe(32): at least 135 bits, and at
 # most 0.38 in such matches; dictionary phrases of 32 characters or more: at least 0.65.)
 _MIN_PEPPER_BITS = 100
+# Hex digits alone: 32 random ones (128 bits, `openssl rand -hex 16`) score 89 bits and up
+# (400 draws), any run or repeat of them at most 64.
+_MIN_HEX_PEPPER_BITS = 80
 _MAX_PEPPER_WORDS = 0.5
 _HEX_RE = re.compile(r"[0-9a-fA-F]+")
 UNPEPPERED = "unpeppered"
@@ -147,9 +150,11 @@ def _check_strength(pepper: bytes) -> None:
     pepper fingerprint `KeyManager` records to refuse a wrong pepper at startup, the
     pepper id of sealed webhook secrets): harmless only when guessing is hopeless. So a
     pepper is at least 32 bytes, and as text it must look random: zxcvbn's estimate of the
-    guesses it takes at least 2**100, and words, names, keyboard runs, sequences, repeats
-    and dates no more than half of it. Random bytes (not text) need 32 bytes of at least
-    16 distinct values.
+    guesses it takes at least 2**100 (2**80 for hex digits alone), and words, names,
+    keyboard runs, sequences, repeats and dates no more than half of it. Text is judged
+    without its whitespace and control characters (a trailing newline, a tab), which add
+    nothing a guess must find, and must be ASCII (the word lists are English). Random bytes
+    (not UTF-8 text) need 32 bytes of at least 16 distinct values.
     """
     message = (
         f"the pepper ({PEPPER_ENV}) must be at least {STRONG_PEPPER_LENGTH} bytes of random "
@@ -159,15 +164,21 @@ def _check_strength(pepper: bytes) -> None:
     if len(pepper) < STRONG_PEPPER_LENGTH:
         raise ConfigurationError(message.format(why=f"is {len(pepper)} bytes"))
     try:
-        text = pepper.decode("ascii")
+        text = pepper.decode("utf-8")
     except UnicodeDecodeError:
-        text = None
-    if text is None or not text.isprintable():
         if len(set(pepper)) < STRONG_PEPPER_LENGTH // 2:
-            raise ConfigurationError(message.format(why="repeats its bytes"))
+            raise ConfigurationError(message.format(why="repeats its bytes")) from None
         return
-    bits, words = _guessability(hashlib.sha256(pepper).digest(), text)
-    if bits < _MIN_PEPPER_BITS or words > _MAX_PEPPER_WORDS:
+    visible = "".join(char for char in text if char.isprintable() and not char.isspace())
+    if not visible.isascii():
+        # zxcvbn knows English words only: a phrase in another language would pass it.
+        raise ConfigurationError(message.format(why="is text that is not ASCII"))
+    if len(visible.encode()) < STRONG_PEPPER_LENGTH:
+        why = f"has {len(visible.encode())} bytes besides whitespace and control characters"
+        raise ConfigurationError(message.format(why=why))
+    bits, words = _guessability(hashlib.sha256(pepper).digest(), visible)
+    least = _MIN_HEX_PEPPER_BITS if _HEX_RE.fullmatch(visible[:72]) else _MIN_PEPPER_BITS
+    if bits < least or words > _MAX_PEPPER_WORDS:
         raise ConfigurationError(message.format(why="reads as words, sequences or repeats"))
 
 
