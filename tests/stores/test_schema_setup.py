@@ -98,6 +98,29 @@ def test_a_second_setup_on_postgres_makes_nothing_again_and_waits_for_no_reader(
 
 
 @pytest.mark.postgres
+def test_a_second_manager_start_on_postgres_waits_for_no_reader(impatient_database: str) -> None:
+    # A manager's start also claims its pepper fingerprint among the settings: once it is
+    # recorded, a later start only reads it, as setup() only reads the schema.
+    import psycopg
+
+    from apikeys import Hasher, KeyManager
+
+    table = f"start_keys_{uuid.uuid4().hex[:8]}"
+
+    async def start() -> None:
+        store = SQLStore(impatient_database, table_name=table)
+        async with KeyManager(store, hasher=Hasher(PEPPER), cache=False, webhooks=False):
+            pass
+
+    asyncio.run(start())
+    with psycopg.connect(impatient_database) as reader:
+        quoted = ", ".join(f'"{name}"' for name in _tables(table))
+        reader.execute(f"LOCK TABLE {quoted} IN EXCLUSIVE MODE")
+        asyncio.run(start())
+        reader.rollback()
+
+
+@pytest.mark.postgres
 def test_the_command_line_revokes_while_a_reader_holds_the_keys_table_open(
     impatient_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1027,6 +1027,11 @@ class SQLStore(KeyStore):
             add = sa.insert(settings)
 
         async def work(conn: AsyncConnection) -> str | None:
+            # A value that stands is only read: every process start claims its setting, and
+            # a write there would wait behind any lock on the table (CONTRACT section 15).
+            found = (await conn.execute(sa.select(settings.c.value).where(where))).scalar()
+            if found is not None and str(found) not in replacing:
+                return str(found)
             # Replace a replaceable value, add one where none is, then read what is there:
             # one transaction, and a concurrent first claim loses to the one that committed.
             if replacing:
