@@ -289,6 +289,46 @@ async def test_a_key_cache_keeps_a_hash_only_while_it_has_no_ttl(
     assert await store.get_to_cache("missing") == (None, True)
 
 
+@pytest.mark.parametrize("damage", ["hdel", "garble"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "id",
+        "name",
+        "workspace",
+        "prefix",
+        "access",
+        "scopes",
+        "state",
+        "created_at",
+        "secret_hash",
+        "request_count",
+        "credits",
+        "expires_at",
+    ],
+)
+async def test_a_hash_damaged_by_another_client_fails_closed_as_store_unavailable(
+    make_store: StoreFactory, admin: Redis, field: str, damage: str
+) -> None:
+    # Another client deleted or garbled a field: every read answers 503, never a KeyError.
+    store = make_store()
+    await store.insert(make_key("k"))
+    if damage == "hdel":
+        await admin.hdel(store.key_name("k"), field)
+    else:
+        await admin.hset(store.key_name("k"), field, "[not-a-value")
+    try:
+        stored = await store.get("k")
+    except StoreUnavailable:
+        return
+    # A field read as free text (a name, say) may hold anything, and one that may be absent
+    # (no expiry, no credits, never used) may be deleted: the record reads as such.
+    assert stored is not None
+    free_text = {"id", "name", "workspace", "prefix", "secret_hash", "access", "state"}
+    optional = {"request_count", "credits", "expires_at"}
+    assert field in (free_text if damage == "garble" else optional)
+
+
 async def test_scripts_survive_script_flush(make_store: StoreFactory, admin: Redis) -> None:
     store = make_store()
     await store.setup()

@@ -259,6 +259,17 @@ def _encode(stored: StoredKey) -> list[str]:
 
 
 def _decode(fields: Mapping[str, str]) -> StoredKey:
+    """A key's hash as the store wrote it. A hash that another client damaged (a field
+    deleted or overwritten by hand) fails closed: `StoreUnavailable`, never another error."""
+    try:
+        return _decode_fields(fields)
+    except (KeyError, ValueError, TypeError, AssertionError) as exc:
+        raise StoreUnavailable(
+            exc, hint="a key's hash in Redis is damaged: a field is missing or malformed"
+        ) from None
+
+
+def _decode_fields(fields: Mapping[str, str]) -> StoredKey:
     created_at = _decode_time(fields["created_at"])
     assert created_at is not None
     record = KeyRecord(
