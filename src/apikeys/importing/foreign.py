@@ -165,22 +165,27 @@ def foreign_scheme(hashed: str) -> str | None:
         digest = hashed[len(_DRF_SHA512) :]
         ok = len(digest) == 128 and re.fullmatch(r"[0-9a-f]+", digest)
         return "sha512" if ok else None
-    if _HASH_RE.fullmatch(hashed) is None:
+    scheme = _identify(hashed)
+    if scheme is None:
         return None
-    context = _context()
-    try:
-        scheme = context.identify(hashed)
-    except ValueError:
-        return None
-    if not scheme:
-        return None
-    handler = context.handler(scheme)
+    handler = _context().handler(scheme)
     if hasattr(handler, "has_backend") and not handler.has_backend():
         raise ConfigurationError(
             f"{scheme} hashes need a package that is not installed (argon2-cffi or bcrypt). "
             f"Install it with: {INSTALL_HINT}"
         )
     return str(scheme) if _parsed(handler, hashed) is not None else None
+
+
+def _identify(hashed: str) -> str | None:
+    """The passlib scheme whose hashes start as `hashed` does, or None."""
+    if _HASH_RE.fullmatch(hashed) is None:
+        return None
+    try:
+        scheme = _context().identify(hashed)
+    except ValueError:
+        return None
+    return str(scheme) if scheme else None
 
 
 def _parsed(handler: Any, hashed: str) -> Any:
@@ -205,19 +210,13 @@ def cost_refusal(hashed: str) -> str | None:
     """
     if not needs_prefix(hashed) or hashed.startswith(_DRF_SHA512):
         return None
-    if _HASH_RE.fullmatch(hashed) is None:
+    scheme = _identify(hashed)
+    if scheme is None:
         return None
-    context = _context()
-    try:
-        scheme = context.identify(hashed)
-    except ValueError:
-        return None
-    if not scheme:
-        return None
-    parsed = _parsed(context.handler(scheme), hashed)
+    parsed = _parsed(_context().handler(scheme), hashed)
     if parsed is None:
         return None
-    for parameter, bound in COST_BOUNDS.get(str(scheme), {}).items():
+    for parameter, bound in COST_BOUNDS.get(scheme, {}).items():
         value = getattr(parsed, parameter, None)
         if not isinstance(value, int) or value > bound:
             return (
