@@ -59,7 +59,8 @@ from benchmarks._common import (  # noqa: E402
 
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url  # noqa: E402
 from apikeys.keys import generate_key  # noqa: E402
-from apikeys.stores import KeyStore, sql_schema  # noqa: E402
+from apikeys.stores import KeyStore  # noqa: E402
+from apikeys.stores.sql import schema as sql_schema  # noqa: E402
 from apikeys.types import StoredKey  # noqa: E402
 
 SAMPLE = 1000

@@ -48,8 +48,8 @@ async def whoami(request: Request) -> JSONResponse:
 
 def proxied_channel(store: KeyStore, port: int) -> Channel:
     """The store's own channel, but connecting to 127.0.0.1:`port`."""
-    from apikeys.channels.postgres import PostgresChannel
-    from apikeys.channels.redis import RedisChannel
+    from apikeys.stores.redis.channel import RedisChannel
+    from apikeys.stores.sql.postgres_channel import PostgresChannel
 
     channel = store.channel()
     if isinstance(channel, RedisChannel):

@@ -28,8 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.cache import KeyCache
-from apikeys.channels.base import Channel, ChannelError, parse_notice
 from apikeys.errors import ChangeNotConfirmed, KeyDisabled, KeyExpired, KeyRevoked
+from apikeys.stores.contract import Channel, ChannelError, parse_notice
 from apikeys.types import ACTIVE, DISABLED, REVOKED, StoredKey, utcnow
 from tests.conftest import TEST_PEPPER
 

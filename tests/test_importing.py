@@ -34,7 +34,7 @@ from apikeys.errors import (
 from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, foreign, import_keys, read_csv, read_drf
 from apikeys.keys import parse_key
-from apikeys.stores.base import KeyStore
+from apikeys.stores.contract import KeyStore
 from tests.conftest import TEST_PEPPER
 from tests.drf_databases import drf_database  # noqa: F401 - the `drf` fixture
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
@@ -570,7 +570,7 @@ def test_importing_modules_export_every_public_name_with_a_docstring(name: str) 
 async def test_if_store_keeps_no_settings_then_import_is_refused_and_tokens_stay_malformed(
     tmp_path: Path,
 ) -> None:
-    from apikeys.stores.memory import MemoryStore
+    from apikeys.stores.memory.store import MemoryStore
 
     class NoSettings(MemoryStore):
         async def claim_setting(self, name: str, value: str, **_: Any) -> str | None:

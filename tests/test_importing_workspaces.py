@@ -17,7 +17,7 @@ from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, foreign, import_keys
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
 from apikeys.keys import mask
-from apikeys.stores.base import KeyStore
+from apikeys.stores.contract import KeyStore
 from apikeys.types import ACTIVE, KeyRecord, StoredKey, utcnow
 from tests.conftest import TEST_PEPPER
 

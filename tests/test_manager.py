@@ -32,7 +32,7 @@ from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.hashing import Hasher
 from apikeys.keys import generate_key, parse_key
 from apikeys.stores import KeyStore
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import isoformat
 from tests.conftest import TEST_PEPPER
 
@@ -1005,7 +1005,7 @@ async def test_if_channel_is_a_url_or_a_channel_that_is_not_the_stores_own_then_
 ) -> None:
     # A channel apart from the store's own change log could miss a writer: refused, not
     # ignored, and before the manager makes anything.
-    from apikeys.channels.redis import RedisChannel
+    from apikeys.stores.redis.channel import RedisChannel
 
     store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
     channel: Any = (

@@ -2,7 +2,7 @@
 
 The key cache's channel trusts the master it is subscribed to when a majority of the
 sentinels name it cleanly and no sentinel that sees the master disputes it
-(`apikeys.channels.redis`). The live behaviour is tested on a real Sentinel set in
+(`apikeys.stores.redis.channel`). The live behaviour is tested on a real Sentinel set in
 `tests/test_redis_topology.py` and `tests/test_redis_deployments.py`.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apikeys.channels.redis import _sentinel_verdict
+from apikeys.stores.redis.channel import _sentinel_verdict
 
 SUBSCRIBED = ("10.0.0.1", 6379)
 ELSEWHERE = ("10.0.0.2", 6379)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from apikeys import Hasher, KeyManager, MemoryStore
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 
 PEPPER = "Hz1wRMr3zeK4OoaX3BFQ16fB_P5WLbvX3KPd79CWTnY"
 

@@ -16,7 +16,7 @@ from typing import Literal
 import pytest
 
 from apikeys.errors import StoreUnavailable
-from apikeys.stores.memory import MemoryStore
+from apikeys.stores.memory.store import MemoryStore
 from apikeys.types import KeyRecord, StoredKey, UsageDelta
 from apikeys.usage import UsageBuffer
 

@@ -38,9 +38,9 @@ import pytest
 
 from apikeys import Hasher, KeyManager, store_from_url
 from apikeys.cache import DEFAULT_LEASE
-from apikeys.channels.base import ChannelError
-from apikeys.channels.sqlite import SQLiteChannel
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.contract import ChannelError
+from apikeys.stores.sql.sqlite_channel import SQLiteChannel
+from apikeys.stores.sql.store import SQLStore
 from tests import test_cache_servers
 from tests.test_cache_servers import (
     KINDS,
@@ -221,7 +221,7 @@ async def test_if_revoked_past_triggers_disabled_in_its_transaction_then_refused
     ALWAYS TRIGGER …; COMMIT`: the change is in no log, and the catalogs look as before."""
     import asyncpg
 
-    from apikeys.stores.sql_log import POSTGRES_TRIGGERS
+    from apikeys.stores.sql.log import POSTGRES_TRIGGERS
 
     async with config.manager() as manager:
         created = await manager.create(name="bypass", workspace="mp", scopes=["contacts:read"])

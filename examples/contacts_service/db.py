@@ -19,7 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from apikeys.stores.sql import UTCDateTime, async_url, create_concurrently, create_private_file
+from apikeys.stores.sql import (
+    UTCDateTime,
+    async_url,
+    create_concurrently,
+    create_private_file,
+)
 from apikeys.types import isoformat, utcnow
 
 __all__ = [

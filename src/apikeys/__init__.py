@@ -7,7 +7,6 @@ middleware for Starlette, FastAPI or any ASGI app, on memory, SQLite, PostgreSQL
 from __future__ import annotations
 
 from apikeys.cache import KeyCache
-from apikeys.channels import Channel, ChannelError
 from apikeys.errors import (
     APIKeyError,
     AuthenticationError,
@@ -60,6 +59,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
+from apikeys.stores.contract import Channel, ChannelError
 from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 

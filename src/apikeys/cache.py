@@ -43,9 +43,8 @@ from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from apikeys.bounded import remember_recent
-from apikeys.channels.base import STORE_WRITER, Channel, parse_notice
 from apikeys.errors import ChangeNotConfirmed
-from apikeys.stores.base import KeyStore
+from apikeys.stores.contract import STORE_WRITER, Channel, KeyStore, parse_notice
 from apikeys.types import StoredKey
 
 __all__ = ["DEFAULT_CACHE_SIZE", "DEFAULT_LEASE", "KeyCache", "clock"]

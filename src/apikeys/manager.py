@@ -23,7 +23,6 @@ from typing import Any, ClassVar, Final, Self, TypeVar
 
 from apikeys.bounded import remember
 from apikeys.cache import DEFAULT_CACHE_SIZE, DEFAULT_LEASE, KeyCache
-from apikeys.channels.base import Channel
 from apikeys.errors import (
     AuthenticationError,
     ChangeNotConfirmed,
@@ -68,7 +67,9 @@ from apikeys.policies import check_text, parse_refill, policy_fields
 from apikeys.ratelimit import RateLimiter, format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
-from apikeys.stores.base import ADMITTED, MAX_ROLL_HOPS, KeyStore, days_of, store_from_url
+from apikeys.stores.contract import MAX_ROLL_HOPS, Channel, KeyStore
+from apikeys.stores.registry import store_from_url
+from apikeys.stores.shared import ADMITTED, days_of
 from apikeys.telemetry import EventHook, Telemetry
 from apikeys.types import (
     ACTIVE,

@@ -48,7 +48,7 @@ from typing import Any, Concatenate, Final, Generic, ParamSpec, Self, TypeVar, o
 
 from apikeys.listing import DEFAULT_PAGE_SIZE
 from apikeys.manager import KeyManager as AsyncKeyManager
-from apikeys.stores.base import KeyStore
+from apikeys.stores.contract import KeyStore
 from apikeys.types import KeyRecord, Status
 
 __all__ = ["KeyManager", "LoopThread", "SyncKeyManager"]

@@ -41,7 +41,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from apikeys.stores.base import ADMITTED, KeyStore
+from apikeys.stores.contract import KeyStore
+from apikeys.stores.shared import ADMITTED
 from apikeys.types import KeyRecord, UsageDelta
 
 __all__ = ["UsageBuffer", "write_at_exit"]

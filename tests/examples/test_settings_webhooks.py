@@ -17,7 +17,7 @@ from standardwebhooks import Webhook
 
 from apikeys import parse_key, store_from_url
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import Endpoint
+from apikeys.webhooks.model import Endpoint
 from tests.examples.test_settings_ui import (  # noqa: F401 - fixtures used by name
     KEYS,
     WORKSPACE,

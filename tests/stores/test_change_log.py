@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from apikeys.channels.base import Channel, ChannelError
-from apikeys.stores.sql import SQLStore
-from apikeys.stores.sql_log import POSTGRES_TRIGGERS
+from apikeys.stores.contract import Channel, ChannelError
+from apikeys.stores.sql.log import POSTGRES_TRIGGERS
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import ACTIVE, REVOKED, utcnow
 from tests.stores.test_store_conformance import make_key
 
@@ -268,7 +268,7 @@ async def test_a_sqlite_reader_prunes_a_long_log_a_batch_at_a_time(
 ) -> None:
     # After a bulk load, one DELETE of the whole backlog would hold SQLite's write lock past
     # the other writers' busy timeout: each registration prunes one batch of the oldest.
-    import apikeys.channels.sqlite as sqlite_channel
+    import apikeys.stores.sql.sqlite_channel as sqlite_channel
 
     monkeypatch.setattr(sqlite_channel, "KEEP_CHANGES", 1)
     monkeypatch.setattr(sqlite_channel, "_PRUNE_BATCH", 5)
@@ -400,7 +400,7 @@ async def test_the_postgres_change_log_stays_about_the_size_of_what_it_keeps(
     # grows past a small multiple of a table holding the entries it keeps.
     import asyncpg
 
-    import apikeys.stores.sql_log as sql_log
+    import apikeys.stores.sql.log as sql_log
 
     keep = 1_000
     monkeypatch.setattr(sql_log, "KEEP_CHANGES", keep)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from tests import services
 from tests.test_multiprocess import free_port
 

@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from apikeys.cli import main
-from apikeys.stores.sql import SQLStore
-from apikeys.stores.sql_schema import store_tables
+from apikeys.stores.sql.schema import store_tables
+from apikeys.stores.sql.store import SQLStore
 from tests import services
 
 PEPPER = "bw0Rec5PM6-_FWsqdJ2KioJA-RSJcPAjE_R1bBsvV8w"

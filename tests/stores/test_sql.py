@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.keys import generate_id
 from apikeys.stores import store_from_url
-from apikeys.stores.sql import SQLStore, async_url, create_tables, keys_table, metadata
+from apikeys.stores.sql.store import SQLStore, async_url, create_tables, keys_table, metadata
 from apikeys.types import KeyRecord, StoredKey, UsageDelta
 from tests.tcpproxy import TcpProxy
 
@@ -429,7 +429,7 @@ async def test_if_two_engines_add_usage_at_once_then_counts_are_exact(
 CHILD = """
 import asyncio, sys, uuid
 from datetime import UTC, datetime
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import UsageDelta
 
 async def main(url, action, key_id):
@@ -783,7 +783,7 @@ async def test_store_unavailable_never_shows_the_password(make_store: StoreFacto
 
 RACE = """
 import asyncio, sys
-from apikeys.stores.sql import create_tables
+from apikeys.stores.sql.store import create_tables
 asyncio.run(create_tables(sys.argv[1], table_name=sys.argv[2]))
 """
 

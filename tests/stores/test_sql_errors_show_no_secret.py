@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from apikeys.webhooks.admin import add_endpoint
 
 

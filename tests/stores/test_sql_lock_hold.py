@@ -26,8 +26,8 @@ import pytest
 import sqlalchemy as sa
 
 from apikeys import Hasher, KeyManager, store_from_url
-from apikeys.channels.postgres import PostgresChannel, notice_channel_name
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.postgres_channel import PostgresChannel, notice_channel_name
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import UsageDelta
 from tests.conftest import TEST_PEPPER
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from sqlalchemy import exc as sa_exc
 
 from apikeys import Hasher, KeyManager, store_from_url
 from apikeys.errors import ConfigurationError
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from tests import services
 from tests.conftest import TEST_PEPPER
 from tests.stores import test_store_conformance as conformance

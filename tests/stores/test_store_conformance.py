@@ -20,7 +20,7 @@ from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.keys import generate_id
 from apikeys.listing import KeyFilter, Position, position
 from apikeys.stores import KeyStore, MemoryStore
-from apikeys.stores.base import USAGE_BATCH_RETENTION
+from apikeys.stores.contract import USAGE_BATCH_RETENTION
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
 from tests.conftest import SCALE_OUT_STORES, STORES
 
@@ -809,7 +809,7 @@ class TestUsageBatchRetention:
         else:
             import sqlalchemy as sa
 
-            from apikeys.stores.sql import SQLStore
+            from apikeys.stores.sql.store import SQLStore
 
             assert isinstance(store, SQLStore)
             batches = store.usage_batches

@@ -32,8 +32,8 @@ async def at_rest(store: KeyStore) -> str:
     if type(store).__name__ == "SQLStore":
         import sqlalchemy as sa
 
-        from apikeys.stores.sql import SQLStore
-        from apikeys.stores.sql_schema import store_tables
+        from apikeys.stores.sql.schema import store_tables
+        from apikeys.stores.sql.store import SQLStore
 
         assert isinstance(store, SQLStore)
         rows = []

@@ -17,12 +17,12 @@ from starlette.requests import Request
 import apikeys.ui.views.webhooks as webhooks_view
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.testing import TEST_PEPPER
 from apikeys.types import utcnow
 from apikeys.ui import KeysPage, PageUser
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import WebhookStore
 from apikeys.webhooks.targets import ALLOW_PRIVATE_ENV, REFUSED_INTERNAL
 
 # An operator's endpoint for every workspace: a URL that is itself a credential, as chat

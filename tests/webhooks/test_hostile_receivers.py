@@ -12,9 +12,10 @@ import pytest
 
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import Delivery, WebhookStore
+from apikeys.webhooks.model import Delivery
 from tests.conftest import STORES
 from tests.pgbouncer import free_port
 

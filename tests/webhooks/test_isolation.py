@@ -18,11 +18,11 @@ import pytest
 
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.testing import TEST_PEPPER
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import WebhookStore
 from tests.conftest import STORES
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver

@@ -9,13 +9,13 @@ from tests.public_surface import assert_all_is_complete, assert_exports_are_docu
 MODULES = [
     "apikeys.webhooks",
     "apikeys.webhooks.admin",
-    "apikeys.webhooks.base",
+    "apikeys.webhooks.model",
     "apikeys.webhooks.delivery",
     "apikeys.webhooks.events",
-    "apikeys.webhooks.memory",
-    "apikeys.webhooks.redis",
+    "apikeys.stores.memory.webhooks",
+    "apikeys.stores.redis.webhooks",
     "apikeys.webhooks.signing",
-    "apikeys.webhooks.sql",
+    "apikeys.stores.sql.webhooks",
     "apikeys.webhooks.thresholds",
 ]
 

@@ -20,7 +20,7 @@ from apikeys.stores import KeyStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import Endpoint, Timed, delivery_id
+from apikeys.webhooks.model import Endpoint, Timed, delivery_id
 from tests.conftest import delete_redis_keys_now
 from tests.conftest import redis_prefix as tagged_prefix
 from tests.webhooks.receiver import Receiver

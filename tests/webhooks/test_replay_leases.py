@@ -18,10 +18,11 @@ from click.testing import CliRunner
 from apikeys import DeliveryInProgress, Hasher, KeyManager
 from apikeys.cli import main
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.types import utcnow
 from apikeys.ui import KeysPage, PageUser
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import Delivery, WebhookStore
+from apikeys.webhooks.model import Delivery
 
 PEPPER = "yaNVDK-deq21qfKBkzb_MZganU3GTxnBp4XtjrGqnuE"
 

@@ -23,12 +23,12 @@ from standardwebhooks import Webhook
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.cli import main
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis import RedisStore
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, Endpoint, new_secret
 from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
-from apikeys.webhooks.base import WebhookStore
 from apikeys.webhooks.signing import (
     SEALED_PREFIX,
     UNSEALABLE,

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from apikeys import KeyManager, MemoryStore, WebhookTargetRefused
 from apikeys.cli import main
+from apikeys.stores.contract import WebhookStore
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
-from apikeys.webhooks.base import WebhookStore
 from apikeys.webhooks.targets import (
     ALLOW_PRIVATE_ENV,
     REFUSED_INTERNAL,

@@ -16,18 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from standardwebhooks import Webhook, WebhookVerificationError
 
-import apikeys.channels.sqlite as sqlite_channel
+import apikeys.stores.sql.sqlite_channel as sqlite_channel
 from apikeys import Hasher, KeyManager, MemoryStore, RateLimiter
 from apikeys.gate import Gate
 from apikeys.stores import KeyStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis import RedisStore
-from apikeys.stores.sql import SQLStore
+from apikeys.stores.redis import webhooks as redis_hooks
+from apikeys.stores.sql.store import SQLStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions, new_secret, signed_headers
 from apikeys.webhooks import delivery as delivery_module
-from apikeys.webhooks import redis as redis_hooks
 from apikeys.webhooks.admin import add_endpoint, roll_endpoint_secret
-from apikeys.webhooks.base import DeliveryStatus, WebhookStore
+from apikeys.webhooks.model import DeliveryStatus
 from tests.conftest import SCALE_OUT_STORES, STORES
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver

@@ -37,7 +37,7 @@ from apikeys.policies import check_metadata
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scope
-from apikeys.stores.base import store_from_url
+from apikeys.stores.registry import store_from_url
 from apikeys.types import KeyRecord
 
 __all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]

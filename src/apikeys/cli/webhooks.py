@@ -11,10 +11,11 @@ import click
 from apikeys.cli.common import Refused, _duration, _echo_json, _run, _table, _when, main
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.manager import KeyManager
+from apikeys.stores.contract import WebhookStore
 from apikeys.types import utcnow
 from apikeys.webhooks.admin import DEFAULT_OVERLAP, add_endpoint, roll_endpoint_secret
-from apikeys.webhooks.base import Delivery, Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
+from apikeys.webhooks.model import Delivery, Endpoint
 
 __all__: list[str] = []
 

@@ -26,7 +26,7 @@ from apikeys.types import ACTIVE, REVOKED, AuditEvent, KeyRecord, StoredKey, utc
 
 if TYPE_CHECKING:
     from apikeys.manager import KeyManager
-    from apikeys.stores.base import KeyStore
+    from apikeys.stores.contract import KeyStore
 
 __all__ = ["ImportReport", "import_keys"]
 

@@ -101,7 +101,7 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
         from sqlalchemy.ext.asyncio import create_async_engine
 
         from apikeys.redaction import hide_values_in_driver_logs
-        from apikeys.stores.sql_engine import async_url
+        from apikeys.stores.sql.engine import async_url
     except ImportError as exc:
         raise ConfigurationError(
             f"reading a database needs SQLAlchemy: pip install 'apikeys[import]' ({exc.name})"

@@ -86,7 +86,7 @@ from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.scopes import GrantedScopes
-from apikeys.stores.base import store_from_url
+from apikeys.stores.registry import store_from_url
 from apikeys.sync import KeyManager
 from apikeys.types import KeyRecord, Message, Receive, Scope, Send
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, get_args
 from apikeys.hashing import Hasher
 from apikeys.keys import DEFAULT_PREFIX
 from apikeys.manager import KeyManager
-from apikeys.stores.memory import MemoryStore
+from apikeys.stores.memory.store import MemoryStore
 from apikeys.types import CreatedKey, KeyRecord, Status, utcnow
 
 __all__ = [

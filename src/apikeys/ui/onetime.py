@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from apikeys.stores.base import KeyStore
+from apikeys.stores.contract import KeyStore
 from apikeys.types import KeyRecord
 
 __all__ = ["REVEAL_TTL", "Reveal", "RevealStore"]

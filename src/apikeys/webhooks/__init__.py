@@ -7,9 +7,10 @@ delivers it (see docs/webhooks.md).
 
 from __future__ import annotations
 
-from apikeys.webhooks.base import Claimed, Delivery, DeliveryStatus, Endpoint, WebhookStore
+from apikeys.stores.contract import WebhookStore
 from apikeys.webhooks.delivery import DEFAULT_RETRY_DELAYS, Deliverer, DeliveryOptions
 from apikeys.webhooks.events import EVENT_TYPES, event_body, record_from_snapshot
+from apikeys.webhooks.model import Claimed, Delivery, DeliveryStatus, Endpoint
 from apikeys.webhooks.signing import SECRET_PREFIX, new_secret, sign, signed_headers
 
 __all__ = [

@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 from apikeys.errors import InvalidKeyParameters
 from apikeys.hashing import Hasher
 from apikeys.policies import check_text
+from apikeys.stores.contract import WebhookStore
 from apikeys.types import utcnow
-from apikeys.webhooks.base import Endpoint, WebhookStore
 from apikeys.webhooks.events import EVENT_TYPES
+from apikeys.webhooks.model import Endpoint
 from apikeys.webhooks.signing import seal_new_secret
 from apikeys.webhooks.targets import allow_private_from_env, resolve_target
 

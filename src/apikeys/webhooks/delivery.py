@@ -31,15 +31,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from apikeys.errors import ConfigurationError, WebhookTargetRefused
 from apikeys.hashing import UNPEPPERED, Hasher
+from apikeys.stores.contract import WebhookStore
 from apikeys.types import KeyRecord, utcnow
-from apikeys.webhooks.base import (
-    Claimed,
-    Endpoint,
-    Timed,
-    WebhookStore,
-    rate_threshold_deliveries,
-    wanting,
-)
+from apikeys.webhooks.model import Claimed, Endpoint, Timed, rate_threshold_deliveries, wanting
 from apikeys.webhooks.signing import (
     UNSEALABLE,
     is_sealed,

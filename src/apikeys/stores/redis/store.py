@@ -8,7 +8,7 @@ and every script names keys of that slot only:
 - `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
   server's time in microseconds, a space, and the event's JSON.
 - `apikeys:events:{<id>}`: the key's webhook events not taken yet (a list; see
-  `apikeys.webhooks.redis`), appended by the change scripts.
+  `apikeys.stores.redis.webhooks`), appended by the change scripts.
 - `apikeys:usage:{<id>}:<YYYY-MM-DD>`: the key's requests on one UTC day, by outcome (a hash,
   kept `DAILY_USAGE_RETENTION_DAYS`).
 - `apikeys:usage-batch:<batch_id>` (on a cluster, `apikeys:usage-batch:{<id>}:<batch_id>`,
@@ -25,7 +25,7 @@ and, across keys:
 - `apikeys:once:<token>`: a one-time value (`put_once`), with its TTL; `take_once` reads
   and deletes it in one script.
 - `apikeys:events-pending`: the ids whose outbox may hold events (a sorted set), and
-  `apikeys:{webhooks}:…`, endpoints and deliveries (`apikeys.webhooks.redis`).
+  `apikeys:{webhooks}:…`, endpoints and deliveries (`apikeys.stores.redis.webhooks`).
 
 The audit trail across keys is read from the per-key lists of the ids an index names. This
 is the first layout (0.1.0): no other is read.
@@ -98,7 +98,6 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from apikeys.channels.redis import RedisChannel, RedisClusterChannel, notices_channel
 from apikeys.errors import (
     APIKeyError,
     ChangeNotConfirmed,
@@ -109,13 +108,8 @@ from apikeys.errors import (
 )
 from apikeys.listing import KeyFilter, Position, after
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.base import (
-    MAX_ROLL_HOPS,
-    USAGE_BATCH_RETENTION,
-    KeyStore,
-    days_of,
-    select_events,
-)
+from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.redis.channel import RedisChannel, RedisClusterChannel, notices_channel
 from apikeys.stores.redis.checks import check_servers
 from apikeys.stores.redis.client import (
     CLUSTER_SCHEMES,
@@ -125,6 +119,7 @@ from apikeys.stores.redis.client import (
     parse_redis_url,
     redis_client,
 )
+from apikeys.stores.shared import days_of, select_events
 from apikeys.types import (
     Access,
     AuditEvent,
@@ -137,7 +132,7 @@ from apikeys.types import (
 from apikeys.webhooks.events import EVENT_OF_ACTION
 
 if TYPE_CHECKING:
-    from apikeys.webhooks.redis import RedisWebhooks
+    from apikeys.stores.redis.webhooks import RedisWebhooks
 
 __all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
 
@@ -502,18 +497,18 @@ class RedisStore(KeyStore):
         return f"{self._prefix}usage-batch:{batch_id}"
 
     def outbox_name(self, key_id: str) -> str:
-        """The list of key `key_id`'s webhook events not taken yet (`apikeys.webhooks.redis`)."""
+        """The list of key `key_id`'s webhook events not taken yet (see `webhooks.py`)."""
         return f"{self._prefix}events:{{{key_id}}}"
 
     @property
     def outbox_index_name(self) -> str:
         """The sorted set of the ids whose outbox may hold events, each scored by a count
-        of its changes (`apikeys.webhooks.redis`)."""
+        of its changes (`apikeys.stores.redis.webhooks`)."""
         return f"{self._prefix}events-pending"
 
     def webhooks(self) -> RedisWebhooks:
-        """Endpoints and deliveries on this store's server (`apikeys.webhooks.redis`)."""
-        from apikeys.webhooks.redis import RedisWebhooks
+        """Endpoints and deliveries on this store's server (`apikeys.stores.redis.webhooks`)."""
+        from apikeys.stores.redis.webhooks import RedisWebhooks
 
         return RedisWebhooks(self)
 
@@ -937,7 +932,7 @@ class RedisStore(KeyStore):
 
     def channel(self) -> RedisChannel | RedisClusterChannel:
         """Redis pub/sub and tracking on this store's server and key prefix (see
-        `apikeys.channels.redis`). Through Sentinel, on the current master, found again at
+        `apikeys.stores.redis.channel`). Through Sentinel, on the current master, found again at
         each connection (a failover drops the subscription, and so the cache). On a cluster,
         one subscription per master, probed together (`RedisClusterChannel`)."""
         if self._cluster:

@@ -41,21 +41,21 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from apikeys.errors import DeliveryInProgress
+from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
 from apikeys.types import KeyRecord
-from apikeys.webhooks.base import (
+from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
+from apikeys.webhooks.model import (
     Claimed,
     Delivery,
     DeliveryStatus,
     Endpoint,
     Timed,
-    WebhookStore,
     delivery_id,
     expiring_deliveries,
     usage_threshold_deliveries,
     wanting,
 )
-from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 
 __all__ = ["RedisWebhooks"]
 

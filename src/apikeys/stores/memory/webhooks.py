@@ -15,23 +15,23 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from apikeys.errors import DeliveryInProgress
+from apikeys.stores.contract import WebhookStore
 from apikeys.types import AuditEvent, KeyRecord
-from apikeys.webhooks.base import (
+from apikeys.webhooks.events import EVENT_OF_ACTION, delivered_as, event_body
+from apikeys.webhooks.model import (
     Claimed,
     Delivery,
     DeliveryStatus,
     Endpoint,
     Timed,
-    WebhookStore,
     expiring_deliveries,
     fair_share,
     usage_threshold_deliveries,
     wanting,
 )
-from apikeys.webhooks.events import EVENT_OF_ACTION, delivered_as, event_body
 
 if TYPE_CHECKING:
-    from apikeys.stores.memory import MemoryStore
+    from apikeys.stores.memory.store import MemoryStore
 
 __all__ = ["MemoryWebhooks"]
 

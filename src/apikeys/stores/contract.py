@@ -1,41 +1,60 @@
-"""The `KeyStore` interface every backend implements, and the URL registry.
+"""The contract every backend implements: `KeyStore`, `WebhookStore` and `Channel`.
+
+A backend is one folder (`apikeys.stores.memory`, `.sql`, `.redis`) holding its key store,
+its webhook store, its change channel and its scripts; this module is all they share with
+the rest of apikeys.
 
 A store keeps `StoredKey`s (a `KeyRecord` and the hash of its secret) and answers the one
 question of the hot path, `get(key_id)` (asked as `get_for_verification`), in a single
-round trip. Everything that decides
-validity lives in `KeyManager`; a store only keeps state and changes it atomically.
+round trip. Everything that decides validity lives in `KeyManager`; a store only keeps
+state and changes it atomically.
 
 Every method that talks to a server turns connection failures and timeouts into
 `StoreUnavailable(original)`, so that the middleware can fail closed with 503.
+
+A change channel carries *notices* (short strings naming a changed key) from the process
+that changed a key to every process that may hold it in its cache, and carries
+acknowledgements back. The protocol that makes this safe (leases, proofs of freshness,
+waiting for acknowledgements) lives in `apikeys.cache`; docs/consistency.md explains it. A
+channel promises:
+
+- *Probes read the store.* `probe()` returns only after every change committed to the store
+  before `probe()` was called, by any writer, has reached `on_notice`: it reads a log the
+  store keeps itself (the SQL store's triggers) or the server's own invalidations (Redis
+  client-side caching), not merely the notices apikeys writers published. That is what
+  turns a probe into a proof of freshness; notices only make a change known sooner.
+- *A registry of readers.* `register(ttl)` keeps this process in the list of readers for
+  `ttl` seconds of the server's clock; `delivered()` asks for the acknowledgement of every
+  reader registered at the time it is called, after the notice was published.
+- *Failures are loud.* Any broken connection or timeout raises; the cache then stops
+  trusting itself and reads the store.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import builtins
-import importlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
-from urllib.parse import urlsplit
 
-from apikeys.errors import ConfigurationError
 from apikeys.listing import KeyFilter, Position, after
 from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
-    from apikeys.channels.base import Channel
-    from apikeys.webhooks.base import WebhookStore
+    from apikeys.webhooks.model import Claimed, Delivery, DeliveryStatus, Endpoint, Timed
 
 __all__ = [
-    "ADMITTED",
+    "ALL_KEYS_NOTICE",
     "MAX_ROLL_HOPS",
+    "STORE_WRITER",
     "USAGE_BATCH_RETENTION",
+    "Channel",
+    "ChannelError",
     "KeyStore",
-    "days_of",
-    "register_store",
-    "select_events",
-    "store_from_url",
+    "WebhookStore",
+    "parse_notice",
 ]
 
 USAGE_BATCH_RETENTION: Final = timedelta(hours=24)
@@ -339,87 +358,227 @@ class KeyStore(abc.ABC):
         """Release connections. The store is not used afterwards."""
 
 
-# scheme -> "module:Class", imported on first use so optional extras stay optional.
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "memory": ("apikeys.stores.memory:MemoryStore", ""),
-    "sqlite": ("apikeys.stores.sql:SQLStore", "sql"),
-    "sqlite+aiosqlite": ("apikeys.stores.sql:SQLStore", "sql"),
-    "postgresql": ("apikeys.stores.sql:SQLStore", "postgres"),
-    "postgres": ("apikeys.stores.sql:SQLStore", "postgres"),
-    "postgresql+asyncpg": ("apikeys.stores.sql:SQLStore", "postgres"),
-    "redis": ("apikeys.stores.redis:RedisStore", "redis"),
-    "rediss": ("apikeys.stores.redis:RedisStore", "redis"),
-    "redis+sentinel": ("apikeys.stores.redis:RedisStore", "redis"),
-    "redis+cluster": ("apikeys.stores.redis:RedisStore", "redis"),
-}
+class WebhookStore(abc.ABC):
+    """The webhook side of a store: endpoints, the outbox's hand-over, and leases."""
+
+    @abc.abstractmethod
+    async def add_endpoint(self, endpoint: Endpoint) -> None:
+        """Store `endpoint`; it is sent the events of changes committed after this."""
+
+    @abc.abstractmethod
+    async def endpoints(self) -> list[Endpoint]:
+        """Every endpoint, oldest first."""
+
+    @abc.abstractmethod
+    async def remove_endpoint(self, endpoint_id: str) -> bool:
+        """Remove the endpoint and its deliveries; False when there was none."""
+
+    @abc.abstractmethod
+    async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
+        """Sign with `secret` from now on, and with the current one too until
+        `overlap_until`; False when there is no such endpoint."""
+
+    async def forget_previous_secrets(self, now: datetime) -> int:
+        """Erase the previous secret of each endpoint whose overlap has ended by `now`
+        (`previous_until` at or before it): it signs nothing any more, and one stored in
+        clear by an earlier version must not stay in the store. Atomic per endpoint, so a
+        roll made meanwhile (a new overlap) keeps its previous secret. The number erased.
+        None by default (a store of your own works unchanged, keeping them)."""
+        return 0
+
+    @abc.abstractmethod
+    async def take(self, now: datetime, limit: int = 500) -> int:
+        """Hand the events logged since each endpoint's mark to its deliveries, in one
+        transaction with moving the mark; the number of deliveries made."""
+
+    @abc.abstractmethod
+    async def expiring(self, now: datetime) -> int:
+        """Make a `key.expiring` delivery for each key that expires within a notice of
+        `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made.
+        `expiring_deliveries` gives a key's."""
+
+    async def usage_thresholds(self, now: datetime) -> int:
+        """Make a `key.usage_threshold` delivery for each threshold of `USAGE_THRESHOLDS`
+        a key with a credit refill has reached in its current period (`crossed_thresholds`),
+        once per endpoint, key, threshold and period; the number made
+        (`usage_threshold_deliveries` gives a key's). None by default (a store of your own
+        works unchanged)."""
+        return 0
+
+    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
+        """Store each of `deliveries` as pending from `now`, in line after what its endpoint
+        has been handed, unless a delivery of its `id` is stored already (made again by any
+        process, in any round, a delivery is stored once); the number made. Rate limit
+        thresholds reach the store this way. None by default (a store of your own works
+        unchanged, without them)."""
+        return 0
+
+    @abc.abstractmethod
+    async def claim(
+        self,
+        holder: str,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+        *,
+        room: Mapping[str, int] | None = None,
+    ) -> list[Claimed]:
+        """Lease at most `limit` of the due deliveries that are first in line for their
+        endpoint and key, round robin across endpoints (`fair_share`), in that order. With
+        `room` (endpoint id to how many more deliveries this caller will send to it now),
+        at most that many of each endpoint, and none of an endpoint it does not name: one
+        endpoint's backlog or slow receiver never takes another endpoint's turn."""
+
+    @abc.abstractmethod
+    async def finish(
+        self,
+        delivery_id: str,
+        holder: str,
+        *,
+        now: datetime,
+        status: DeliveryStatus,
+        next_attempt_at: datetime,
+        response: int | None,
+        error: str | None,
+    ) -> None:
+        """Record an attempt of a delivery whose lease `holder` holds."""
+
+    @abc.abstractmethod
+    async def deliveries(
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
+        """The newest deliveries (of `status`, about keys of `workspace`), newest first.
+        The work is about `limit` deliveries of that workspace, however many others there
+        are (more with `status`: those of other statuses are read past)."""
+
+    @abc.abstractmethod
+    async def delivery(self, delivery_id: str) -> Delivery | None:
+        """The delivery of that id, or None."""
+
+    async def prune(self, before: datetime, limit: int = 1000) -> int:
+        """Delete at most `limit` deliveries that were delivered or failed before `before`
+        (their last attempt); never a pending one. The number deleted. Run by every
+        deliverer: deleting what another process deleted already is harmless. None by
+        default (a store of your own keeps its deliveries)."""
+        return 0
+
+    @abc.abstractmethod
+    async def replay(self, delivery_id: str, now: datetime) -> bool:
+        """Send a delivery again (same id and body): pending from `now`, with `give_up_after`
+        of retries anew; False when there is no such delivery.
+
+        Never while a process holds its lease (it is being sent): that raises
+        `DeliveryInProgress` and changes nothing, so the holder records its attempt and no
+        second process sends the delivery at the same time. A lease that ran out (its
+        holder is gone) is cleared."""
 
 
-def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
-    """`DailyUsage` per day from `(day "YYYY-MM-DD", outcome, count)` rows, oldest first."""
-    by_day: dict[str, dict[str, int]] = {}
-    for day, outcome, count in rows:
-        outcomes = by_day.setdefault(day, {})
-        outcomes[outcome] = outcomes.get(outcome, 0) + count
-    return [
-        DailyUsage(
-            day=date.fromisoformat(day),
-            admitted=outcomes.pop(ADMITTED, 0),
-            refused=dict(sorted(outcomes.items())),
-        )
-        for day, outcomes in sorted(by_day.items())
-    ]
+STORE_WRITER = "store"
+"""The writer named by notices the store makes itself (a trigger, a server invalidation):
+they come from no apikeys process, so nobody waits for their acknowledgement."""
+ALL_KEYS_NOTICE = f"{STORE_WRITER}:0:*"
+"""The notice that every key may have changed (a flushed database, a truncated table)."""
 
 
-def select_events(
-    events: Iterable[AuditEvent],
-    *,
-    workspace: str | None,
-    key_id: str | None,
-    since: datetime | None,
-    limit: int,
-) -> list[AuditEvent]:
-    """The newest `limit` of `events` (oldest first) that match: `audit` of a store that
-    keeps its events in order and filters them itself."""
-    found = [
-        event
-        for event in events
-        if (workspace is None or event.workspace == workspace)
-        and (key_id is None or event.key_id == key_id)
-        and (since is None or event.time >= since)
-    ]
-    return found[-limit:] if limit > 0 else []
+class ChannelError(Exception):
+    """The channel cannot be used right now (the cache falls back to the store)."""
 
 
-ADMITTED = "admitted"
-"""The outcome of a request that reached the application."""
+def parse_notice(notice: str) -> tuple[str, str]:
+    """`(writer id, key id)` of a notice `"<writer>:<sequence>:<key id>"`.
 
-
-def register_store(scheme: str, target: str, extra: str = "") -> None:
-    """Make `store_from_url` build `target` (`"package.module:Class"`) for `scheme`."""
-    _REGISTRY[scheme] = (target, extra)
-
-
-def store_from_url(url: str, **options: Any) -> KeyStore:
-    """Build a store from a URL: `memory://`, `sqlite:///path`, `postgresql://…`, `redis://…`.
-
-    Raises `ConfigurationError` for an unknown scheme, or when the extra the scheme needs is
-    not installed (the message gives the exact `pip install` line).
+    The key id `*` stands for every key.
     """
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-    try:
-        target, extra = _REGISTRY[scheme]
-    except KeyError:
-        known = ", ".join(sorted(f"{s}://" for s in _REGISTRY))
-        raise ConfigurationError(
-            f"unknown key store scheme {scheme + '://' if scheme else url!r}; known: {known}"
-        ) from None
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = f" Install it with: pip install 'apikeys[{extra}]'" if extra else ""
-        raise ConfigurationError(
-            f"the {scheme}:// key store needs a package that is not installed ({exc.name}).{hint}"
-        ) from exc
-    store_class: type[KeyStore] = getattr(module, class_name)
-    return store_class.from_url(url, **options)
+    writer, _, rest = notice.partition(":")
+    _, _, key_id = rest.partition(":")
+    return writer, key_id
+
+
+class Channel(abc.ABC):
+    """The transport of invalidation notices between processes that share a store.
+
+    `native` channels are the store's own (the SQL store's change log with NOTIFY, Redis
+    tracking and PUBLISH inside the store's scripts): the store publishes a notice in the same
+    transaction as the change, so a change can never be committed without its notice. A
+    channel that is not native publishes with `publish()` once the change is committed, which
+    can lose a notice: `KeyManager` refuses such a channel (`ConfigurationError`).
+    """
+
+    native: bool = True
+    poll_interval: float | None = None
+    """Seconds between probes when notices only arrive by polling (SQLite); None: lease/4."""
+
+    def __init__(self) -> None:
+        self.ident = ""
+        # notice -> readers that acknowledged it; made by `expect` before the notice is
+        # published, so that an early acknowledgement is not lost.
+        self._acks: dict[str, set[str]] = {}
+        self._ack_event = asyncio.Event()
+
+    @abc.abstractmethod
+    async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
+        """Open the subscription for the process `ident` (notices and its acknowledgements)."""
+
+    @abc.abstractmethod
+    async def probe(self) -> None:
+        """Return once every notice published before this call has reached `on_notice`."""
+
+    @abc.abstractmethod
+    async def register(self, ttl: float) -> None:
+        """List this process as a reader for the next `ttl` seconds."""
+
+    @abc.abstractmethod
+    async def readers(self) -> set[str]:
+        """The ids of the readers registered now (their registration has not run out)."""
+
+    @abc.abstractmethod
+    async def ack(self, notice: str) -> None:
+        """Tell the writer of `notice` that this process has dropped the key it names."""
+
+    async def publish(self, notice: str) -> None:
+        """Publish `notice` (only for channels that are not `native`)."""
+        raise NotImplementedError
+
+    async def disconnect(self) -> None:  # noqa: B027 - nothing to release by default
+        """Close the subscription and leave the registry. The channel may connect again."""
+
+    def bind(self) -> None:
+        """Make the channel's asyncio primitives on the running loop (before `connect`)."""
+        self._ack_event = asyncio.Event()
+
+    # -- acknowledgements, shared by every channel -------------------------------------------
+
+    def expect(self, notice: str) -> None:
+        """Start collecting acknowledgements of `notice` (call before publishing it)."""
+        self._acks[notice] = set()
+
+    def forget(self, notice: str) -> None:
+        self._acks.pop(notice, None)
+
+    def acknowledged(self, notice: str, reader: str) -> None:
+        """Record that `reader` acknowledged `notice` (called by the channel's receiver)."""
+        seen = self._acks.get(notice)
+        if seen is not None:
+            seen.add(reader)
+            self._ack_event.set()
+
+    async def delivered(self, notice: str) -> None:
+        """Return once every registered reader but this process has acknowledged `notice`.
+
+        The caller bounds the wait; a channel that cannot tell raises `ChannelError`.
+        """
+        waiting = await self.readers()
+        waiting.discard(self.ident)
+        seen = self._acks.get(notice)
+        if seen is None:
+            raise ChannelError("acknowledgements of this notice were not expected")
+        while True:
+            # Cleared before the check, so an acknowledgement between the two still wakes us.
+            self._ack_event.clear()
+            if waiting <= seen:
+                return
+            await self._ack_event.wait()

@@ -1,8 +1,8 @@
 """The SQL store: SQLite and PostgreSQL through SQLAlchemy 2's async Core (no ORM).
 
-Its schema (tables, safe creation) is in `apikeys.stores.sql_schema`, its URLs, engines and
-error classification in `apikeys.stores.sql_engine`; this module re-exports their public
-names, so `from apikeys.stores.sql import metadata, keys_table, create_tables` keeps working.
+Its schema (tables, safe creation) is in `apikeys.stores.sql.schema`, its URLs, engines and
+error classification in `apikeys.stores.sql.engine`; this module re-exports their public
+names, so `from apikeys.stores.sql.store import metadata, keys_table, create_tables` keeps working.
 
 One table holds the keys (`apikeys_keys` by default); a second one, named after it
 (`apikeys_keys_usage_batches`), holds the ids of the usage batches applied in the last
@@ -11,7 +11,7 @@ One table holds the keys (`apikeys_keys` by default); a second one, named after 
 `meta`), so an application that manages its schema with Alembic adds it to its own target
 metadata::
 
-    from apikeys.stores.sql import metadata as apikeys_metadata
+    from apikeys.stores.sql.store import metadata as apikeys_metadata
 
     target_metadata = [app_metadata, apikeys_metadata]
 
@@ -77,16 +77,13 @@ from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from apikeys.bounded import remember
-from apikeys.channels.base import Channel
-from apikeys.channels.postgres import PostgresChannel, notice_channel_name
-from apikeys.channels.sqlite import SQLiteChannel
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
 from apikeys.listing import KeyFilter, Position
 from apikeys.policies import load_metadata
-from apikeys.stores import sql_once
-from apikeys.stores.base import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
-from apikeys.stores.base import days_of as _days
-from apikeys.stores.sql_engine import (
+from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, Channel, KeyStore
+from apikeys.stores.shared import days_of as _days
+from apikeys.stores.sql import once as sql_once
+from apikeys.stores.sql.engine import (
     MissingTable,
     PoolOptions,
     async_url,
@@ -100,9 +97,10 @@ from apikeys.stores.sql_engine import (
     split_url_options,
     unavailable_hint,
 )
-from apikeys.stores.sql_listing import page_statement
-from apikeys.stores.sql_log import install_change_log, table_schema, trigger_names
-from apikeys.stores.sql_schema import (
+from apikeys.stores.sql.listing import page_statement
+from apikeys.stores.sql.log import install_change_log, table_schema, trigger_names
+from apikeys.stores.sql.postgres_channel import PostgresChannel, notice_channel_name
+from apikeys.stores.sql.schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
     audit_table,
@@ -117,6 +115,7 @@ from apikeys.stores.sql_schema import (
     store_tables,
     usage_batches_table,
 )
+from apikeys.stores.sql.sqlite_channel import SQLiteChannel
 from apikeys.types import (
     REVOKED,
     AuditEvent,
@@ -131,7 +130,7 @@ if TYPE_CHECKING:
     import aiosqlite
     import asyncpg
 
-    from apikeys.webhooks.base import WebhookStore
+    from apikeys.stores.contract import WebhookStore
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
@@ -928,7 +927,7 @@ class SQLStore(KeyStore):
     # --- KeyStore ---------------------------------------------------------------------------
 
     def channel(self) -> Channel | None:
-        """The change log on SQLite, LISTEN/NOTIFY on PostgreSQL (see `apikeys.channels`).
+        """The change log on SQLite, LISTEN/NOTIFY on PostgreSQL (see `apikeys.stores.contract`).
 
         None for an in-memory SQLite database, which no other process can share.
         """
@@ -964,10 +963,10 @@ class SQLStore(KeyStore):
         )
 
     def webhooks(self) -> WebhookStore | None:
-        """The webhook tables (`apikeys.webhooks.sql`); None for an in-memory database."""
+        """The webhook tables (`apikeys.stores.sql.webhooks`); None for an in-memory database."""
         if self._sqlite and self._memory:
             return None
-        from apikeys.webhooks.sql import SQLWebhooks
+        from apikeys.stores.sql.webhooks import SQLWebhooks
 
         return SQLWebhooks(self._run, self._engine.dialect.name, self._table.name)
 

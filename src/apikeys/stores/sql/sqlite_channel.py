@@ -1,7 +1,7 @@
 """Invalidation on one host through the SQLite database itself: the SQL store's channel.
 
 - Triggers on the keys table append a row to `<table>_changes` (an autoincrement `seq`) for
-  every change, inside the change's transaction, whoever makes it (`apikeys.stores.sql_log`);
+  every change, inside the change's transaction, whoever makes it (`apikeys.stores.sql.log`);
   the store appends its writer's notice too, so that the writer can wait for it.
 - A probe asks `PRAGMA data_version`, which changes whenever another connection has committed
   to the file; only then does it read the changes after the last one seen. Every commit that
@@ -28,8 +28,8 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 
 from apikeys.cache import clock
-from apikeys.channels.base import Channel, ChannelError
-from apikeys.stores.sql_log import KEEP_CHANGES, check_change_log_sql
+from apikeys.stores.contract import Channel, ChannelError
+from apikeys.stores.sql.log import KEEP_CHANGES, check_change_log_sql
 
 __all__ = ["SQLiteChannel"]
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -20,7 +19,6 @@ __all__ = [
     "DeliveryStatus",
     "Endpoint",
     "Timed",
-    "WebhookStore",
     "delivery_id",
     "expiring_deliveries",
     "fair_share",
@@ -267,122 +265,3 @@ def rate_threshold_deliveries(
         for endpoint in endpoints
         if endpoint.wants("key.usage_threshold", record.workspace)
     ]
-
-
-class WebhookStore(abc.ABC):
-    """The webhook side of a store: endpoints, the outbox's hand-over, and leases."""
-
-    @abc.abstractmethod
-    async def add_endpoint(self, endpoint: Endpoint) -> None:
-        """Store `endpoint`; it is sent the events of changes committed after this."""
-
-    @abc.abstractmethod
-    async def endpoints(self) -> list[Endpoint]:
-        """Every endpoint, oldest first."""
-
-    @abc.abstractmethod
-    async def remove_endpoint(self, endpoint_id: str) -> bool:
-        """Remove the endpoint and its deliveries; False when there was none."""
-
-    @abc.abstractmethod
-    async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
-        """Sign with `secret` from now on, and with the current one too until
-        `overlap_until`; False when there is no such endpoint."""
-
-    async def forget_previous_secrets(self, now: datetime) -> int:
-        """Erase the previous secret of each endpoint whose overlap has ended by `now`
-        (`previous_until` at or before it): it signs nothing any more, and one stored in
-        clear by an earlier version must not stay in the store. Atomic per endpoint, so a
-        roll made meanwhile (a new overlap) keeps its previous secret. The number erased.
-        None by default (a store of your own works unchanged, keeping them)."""
-        return 0
-
-    @abc.abstractmethod
-    async def take(self, now: datetime, limit: int = 500) -> int:
-        """Hand the events logged since each endpoint's mark to its deliveries, in one
-        transaction with moving the mark; the number of deliveries made."""
-
-    @abc.abstractmethod
-    async def expiring(self, now: datetime) -> int:
-        """Make a `key.expiring` delivery for each key that expires within a notice of
-        `EXPIRING_NOTICES`, once per endpoint, key, notice and expiry; the number made.
-        `expiring_deliveries` gives a key's."""
-
-    async def usage_thresholds(self, now: datetime) -> int:
-        """Make a `key.usage_threshold` delivery for each threshold of `USAGE_THRESHOLDS`
-        a key with a credit refill has reached in its current period (`crossed_thresholds`),
-        once per endpoint, key, threshold and period; the number made
-        (`usage_threshold_deliveries` gives a key's). None by default (a store of your own
-        works unchanged)."""
-        return 0
-
-    async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
-        """Store each of `deliveries` as pending from `now`, in line after what its endpoint
-        has been handed, unless a delivery of its `id` is stored already (made again by any
-        process, in any round, a delivery is stored once); the number made. Rate limit
-        thresholds reach the store this way. None by default (a store of your own works
-        unchanged, without them)."""
-        return 0
-
-    @abc.abstractmethod
-    async def claim(
-        self,
-        holder: str,
-        now: datetime,
-        lease_until: datetime,
-        limit: int,
-        *,
-        room: Mapping[str, int] | None = None,
-    ) -> list[Claimed]:
-        """Lease at most `limit` of the due deliveries that are first in line for their
-        endpoint and key, round robin across endpoints (`fair_share`), in that order. With
-        `room` (endpoint id to how many more deliveries this caller will send to it now),
-        at most that many of each endpoint, and none of an endpoint it does not name: one
-        endpoint's backlog or slow receiver never takes another endpoint's turn."""
-
-    @abc.abstractmethod
-    async def finish(
-        self,
-        delivery_id: str,
-        holder: str,
-        *,
-        now: datetime,
-        status: DeliveryStatus,
-        next_attempt_at: datetime,
-        response: int | None,
-        error: str | None,
-    ) -> None:
-        """Record an attempt of a delivery whose lease `holder` holds."""
-
-    @abc.abstractmethod
-    async def deliveries(
-        self,
-        *,
-        status: DeliveryStatus | None = None,
-        workspace: str | None = None,
-        limit: int = 100,
-    ) -> list[Delivery]:
-        """The newest deliveries (of `status`, about keys of `workspace`), newest first.
-        The work is about `limit` deliveries of that workspace, however many others there
-        are (more with `status`: those of other statuses are read past)."""
-
-    @abc.abstractmethod
-    async def delivery(self, delivery_id: str) -> Delivery | None:
-        """The delivery of that id, or None."""
-
-    async def prune(self, before: datetime, limit: int = 1000) -> int:
-        """Delete at most `limit` deliveries that were delivered or failed before `before`
-        (their last attempt); never a pending one. The number deleted. Run by every
-        deliverer: deleting what another process deleted already is harmless. None by
-        default (a store of your own keeps its deliveries)."""
-        return 0
-
-    @abc.abstractmethod
-    async def replay(self, delivery_id: str, now: datetime) -> bool:
-        """Send a delivery again (same id and body): pending from `now`, with `give_up_after`
-        of retries anew; False when there is no such delivery.
-
-        Never while a process holds its lease (it is being sent): that raises
-        `DeliveryInProgress` and changes nothing, so the holder records its attempt and no
-        second process sends the delivery at the same time. A lease that ran out (its
-        holder is gone) is cleared."""

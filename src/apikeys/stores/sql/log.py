@@ -3,7 +3,7 @@
 Triggers on the keys table append a row to `<table>_changes` for every key inserted, deleted
 or updated, in the writer's own transaction, whatever the writer is: this release, an older
 one, a `cache=False` job, `psql` or `sqlite3` by hand. The cache's readers read that log at
-every probe round (`apikeys.channels`), so a change nobody announced is still seen.
+every probe round (`apikeys.stores.contract`), so a change nobody announced is still seen.
 
 - Updates that only count usage (`request_count`, `last_used_at`, a spend of credits) are not
   logged: they change no decision a cache makes (credits are spent in the store itself; only
@@ -32,7 +32,7 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
   for an insert; `key.disabled`, `key.enabled` or `key.revoked` for a change of state;
   `key.rolled` when `replaced_by` is set; `key.updated` for any other change a reader sees,
   not for a re-hash alone; none for a delete or a truncate) and the key's record after it
-  as JSON, without its hash, with the time (`apikeys.webhooks.sql`). The log is never
+  as JSON, without its hash, with the time (`apikeys.stores.sql.webhooks`). The log is never
   pruned past the lowest mark of the webhooks' endpoints (`<table>_webhooks.taken`). The
   version-2 triggers replace PostgreSQL's version 1; on SQLite they join an older
   release's, whose entries carry no event.
@@ -41,7 +41,7 @@ every probe round (`apikeys.channels`), so a change nobody announced is still se
   tool, triggers disabled by hand): a change nobody logs cannot be trusted to be heard.
   On PostgreSQL every probe also compares the triggers' seal (`trigger_seal_sql`), which
   a change made while they were disabled or replaced and put back in its own transaction
-  alters; on SQLite, `PRAGMA schema_version` (`apikeys.channels.sqlite`).
+  alters; on SQLite, `PRAGMA schema_version` (`apikeys.stores.sql.sqlite_channel`).
 - `setup()` reads the catalogs and changes only what differs from what this release makes
   (the function's source and settings, each trigger's shape and enabled state, the change
   log's storage parameters): on a schema that is right it writes nothing and takes no lock
@@ -61,7 +61,7 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from apikeys.channels.base import STORE_WRITER
+from apikeys.stores.contract import STORE_WRITER
 
 __all__ = [
     "CHANGES_STORAGE",
@@ -328,7 +328,7 @@ def _postgres_function_body(
     keys: sa.Table, log_name: str, changes_name: str, hooks_name: str
 ) -> str:
     """The source of the log's trigger function (`pg_proc.prosrc` once it is made)."""
-    from apikeys.channels.postgres import notice_channel_name
+    from apikeys.stores.sql.postgres_channel import notice_channel_name
 
     hidden = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
     secret = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))

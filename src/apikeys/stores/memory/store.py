@@ -10,13 +10,9 @@ from datetime import date, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
-from apikeys.stores.base import (
-    MAX_ROLL_HOPS,
-    USAGE_BATCH_RETENTION,
-    KeyStore,
-    days_of,
-    select_events,
-)
+from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.memory.webhooks import MemoryWebhooks
+from apikeys.stores.shared import days_of, select_events
 from apikeys.types import (
     REVOKED,
     AuditEvent,
@@ -26,7 +22,6 @@ from apikeys.types import (
     StoredState,
     UsageDelta,
 )
-from apikeys.webhooks.memory import MemoryWebhooks
 
 __all__ = ["MemoryStore"]
 
@@ -128,7 +123,7 @@ class MemoryStore(KeyStore):
         self._record(event, stored.record)
 
     def webhooks(self) -> MemoryWebhooks:
-        """Webhooks kept in the process (`apikeys.webhooks.memory`): for a single-process
+        """Webhooks kept in the process (`apikeys.stores.memory.webhooks`): for a single-process
         app and for tests."""
         return self._webhooks
 

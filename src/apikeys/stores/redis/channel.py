@@ -51,7 +51,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from apikeys.channels.base import (
+from apikeys.stores.contract import (
     ALL_KEYS_NOTICE,
     STORE_WRITER,
     Channel,

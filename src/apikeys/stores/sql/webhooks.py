@@ -1,7 +1,7 @@
 """Webhooks on the SQL store: the change log is the outbox.
 
 The keys table's triggers write each change's event and the key's record (without its
-hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql_log`).
+hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql.log`).
 `take` hands the entries after each endpoint's mark (`taken`) to `<table>_deliveries` and
 moves the mark in one transaction, so an entry becomes exactly one delivery per endpoint;
 the log is never pruned past the lowest mark. Deliveries are leased (`lease_until`,
@@ -23,7 +23,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from apikeys.errors import DeliveryInProgress
-from apikeys.stores.sql_schema import (
+from apikeys.stores.contract import WebhookStore
+from apikeys.stores.sql.schema import (
     audit_table,
     changes_table,
     keys_table,
@@ -31,23 +32,22 @@ from apikeys.stores.sql_schema import (
     webhooks_table,
 )
 from apikeys.types import KeyRecord
-from apikeys.webhooks.base import (
-    Claimed,
-    Delivery,
-    DeliveryStatus,
-    Endpoint,
-    Timed,
-    WebhookStore,
-    expiring_deliveries,
-    fair_share,
-    usage_threshold_deliveries,
-    wanting,
-)
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
     delivered_as,
     event_body,
     record_from_snapshot,
+)
+from apikeys.webhooks.model import (
+    Claimed,
+    Delivery,
+    DeliveryStatus,
+    Endpoint,
+    Timed,
+    expiring_deliveries,
+    fair_share,
+    usage_threshold_deliveries,
+    wanting,
 )
 
 __all__ = ["SQLWebhooks"]
@@ -187,7 +187,7 @@ class SQLWebhooks(WebhookStore):
                 return 0
             lowest = min(row.taken for row in rows)
             # The log's end first: every entry up to it has committed (the log has no
-            # holes, see sql_log), so the entries read next are all there are up to it.
+            # holes, see log.py), so the entries read next are all there are up to it.
             newest = (await conn.execute(sa.select(sa.func.max(changes.c.seq)))).scalar()
             if newest is None:
                 return 0

@@ -2,7 +2,7 @@
 
 - Triggers on the keys table log every change in `<table>_changes`, in the change's own
   transaction, whoever makes it, with a sequence that follows commit order and has no holes
-  (`apikeys.stores.sql_log`); they also `pg_notify` the change. The store sends the notice
+  (`apikeys.stores.sql.log`); they also `pg_notify` the change. The store sends the notice
   of the apikeys process that made a change with `pg_notify` too, so that readers can
   acknowledge it to that process.
 - Each process keeps one connection that listens on the store's notice channel and on an
@@ -27,8 +27,8 @@ import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from apikeys.channels.base import Channel, ChannelError, parse_notice
-from apikeys.stores.sql_log import POSTGRES_TRIGGERS, check_change_log_sql, trigger_seal_sql
+from apikeys.stores.contract import Channel, ChannelError, parse_notice
+from apikeys.stores.sql.log import POSTGRES_TRIGGERS, check_change_log_sql, trigger_seal_sql
 
 __all__ = ["PostgresChannel", "notice_channel_name"]
 

@@ -234,9 +234,9 @@ def changes_table(
     """The change log of the keys table `keys_table_name`: `<name>_changes`.
 
     Triggers on the keys table append a row for every change to a key, in the change's own
-    transaction, whoever makes it (`apikeys.stores.sql_log`); on SQLite the store also
+    transaction, whoever makes it (`apikeys.stores.sql.log`); on SQLite the store also
     appends the notice of the apikeys process that made it. Processes that cache keys read
-    it at every probe to drop what changed (`apikeys.channels`). The newest 10,000 rows are
+    it at every probe to drop what changed (`apikeys.stores.contract`). The newest 10,000 rows are
     kept.
     """
     return _companion(
