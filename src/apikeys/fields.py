@@ -16,21 +16,21 @@ Disabling, enabling, rolling and revoking a key are not field changes: workspace
 do all four with their workspace's keys, but a workspace user's roll makes a key that
 expires when the old one does (`workspace_roll_expiry`), never later.
 
-The table is plain data (frozen entries keyed by field name), so what else is written per
-field (schemas, codecs, forms) can be derived from it.
+The table is `apikeys.types.RECORD_FIELDS`, declared on `KeyRecord`'s fields: each field's
+name, type, default, who may change it and how it is stored, once. The stores' schemas
+and codecs, `to_dict`, the events' snapshots, the CLI's options, the page's fields and
+`KeyManager.update` derive theirs from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 from types import MappingProxyType
 
 from apikeys.errors import ConfigurationError, ForbiddenField
 from apikeys.scopes import GrantedScopes
-from apikeys.types import KeyRecord
+from apikeys.types import RECORD_FIELDS, KeyField, KeyRecord, Role
 
 __all__ = [
     "KEY_FIELDS",
@@ -43,51 +43,11 @@ __all__ = [
 ]
 
 
-class Role(StrEnum):
-    """Who asks for a change."""
-
-    OPERATOR = "operator"
-    """The Python API, the CLI, management calls with `apikeys:admin`: may change any field."""
-    WORKSPACE = "workspace"
-    """The settings page, management calls with `apikeys:write`: the workspace's fields."""
-
-
-@dataclass(frozen=True, slots=True)
-class KeyField:
-    """One editable field of a key: its `KeyRecord` attribute, who may change it, and what
-    it is (as the docs' table says it)."""
-
-    name: str
-    changed_by: Role
-    description: str
-
-
 KEY_FIELDS: Mapping[str, KeyField] = MappingProxyType(
-    {
-        field.name: field
-        for field in (
-            KeyField("name", Role.WORKSPACE, "the key's label"),
-            KeyField("access", Role.WORKSPACE, "full access, or restricted to its scopes"),
-            KeyField(
-                "scopes",
-                Role.WORKSPACE,
-                "what a restricted key may do; never beyond the caller's own key's",
-            ),
-            KeyField(
-                "expires_at",
-                Role.WORKSPACE,
-                "when the key stops working; never later than it is now",
-            ),
-            KeyField("rate_limit", Role.OPERATOR, "requests per period, one or more policies"),
-            KeyField("credits", Role.OPERATOR, "uses left"),
-            KeyField("credit_refill", Role.OPERATOR, "the credits set back each day or month"),
-            KeyField("allowed_ips", Role.OPERATOR, "the addresses the key may be used from"),
-            KeyField("owner", Role.OPERATOR, "who the key is for"),
-            KeyField("metadata", Role.OPERATOR, "the application's data about the key"),
-        )
-    }
+    {field.name: field for field in RECORD_FIELDS if field.changed_by is not None}
 )
-"""Every field a key's create or update may set, in the order the docs list them."""
+"""Every field a key's create or update may set, in `KeyRecord`'s order: the entries of
+`RECORD_FIELDS` that name who may change them."""
 
 
 def check_workspace_fields(names: Iterable[str]) -> frozenset[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from datetime import UTC, date, datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 __all__ = [
@@ -13,13 +14,17 @@ __all__ = [
     "AUDIT_ACTIONS",
     "DISABLED",
     "EXPIRED",
+    "RECORD_FIELDS",
     "REVOKED",
     "Access",
     "AuditAction",
     "AuditEvent",
     "CreatedKey",
     "DailyUsage",
+    "KeyField",
     "KeyRecord",
+    "Kind",
+    "Role",
     "Status",
     "StoredKey",
     "UsageDelta",
@@ -56,43 +61,219 @@ def isoformat(moment: datetime | None) -> str | None:
     return moment.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
 
 
+class Role(StrEnum):
+    """Who asks for a change of a key's field."""
+
+    OPERATOR = "operator"
+    """The Python API, the CLI, management calls with `apikeys:admin`: may change any field."""
+    WORKSPACE = "workspace"
+    """The settings page, management calls with `apikeys:write`: the workspace's fields."""
+
+
+class Kind(StrEnum):
+    """What a field's value is, which decides how every store and the JSON form write it.
+
+    Each store has one codec per kind (`stores/sql/schema.py`, `stores/redis/`), so a new
+    field of a known kind needs no code in any store.
+    """
+
+    TEXT = "text"
+    """`str`: SQL `VARCHAR(size)`, a Redis hash field as it is, a JSON string."""
+    NAMES = "names"
+    """`tuple[str, ...]`: a JSON list as text in SQL and Redis, a JSON list."""
+    TIME = "time"
+    """`datetime` in UTC: SQL `UTCDateTime`, Redis integer microseconds since the epoch,
+    JSON ISO 8601 ending in `Z`."""
+    COUNT = "count"
+    """`int`: SQL `BIGINT`, Redis decimal text, a JSON number."""
+    OBJECT = "object"
+    """A JSON object: canonical JSON text in SQL and Redis (`dump_metadata`), a JSON object."""
+
+
+class _NoDefault:
+    def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+
+_MISSING: Any = _NoDefault()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyField:
+    """One field of `KeyRecord` as `RECORD_FIELDS` declares it.
+
+    `changed_by` says who may set it through `create`/`update` (None: nobody, apikeys
+    keeps it); `kind`, `required` and `size` say how it is stored (`required`: always
+    stored, NOT NULL, and a stored key without it is damaged); `shared` values are interned
+    when read (many keys hold the same one); `shown_as` names what `to_dict` shows for it,
+    in order (the field itself unless it says otherwise).
+    """
+
+    name: str
+    changed_by: Role | None
+    description: str
+    kind: Kind = Kind.TEXT
+    required: bool = False
+    size: int | None = None
+    shared: bool = False
+    shown_as: tuple[str, ...] = ()
+    default: Any = field(default=_MISSING, repr=False, compare=False)
+    default_factory: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _MISSING or self.default_factory is not None
+
+    def empty(self) -> Any:
+        """The value of a key that has none stored: the default, else None (`KeyError` for
+        a required field)."""
+        if self.default_factory is not None:
+            return self.default_factory()
+        if self.default is not _MISSING:
+            return self.default
+        if self.required:
+            raise KeyError(self.name)
+        return None
+
+
+def _declare(
+    kind: Kind,
+    description: str,
+    changed_by: Role | None = None,
+    *,
+    required: bool = False,
+    size: int | None = None,
+    shared: bool = False,
+    shown_as: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """A field's entry of `RECORD_FIELDS`, as the `metadata` of its dataclass field."""
+    return {
+        "apikeys": {
+            "kind": kind,
+            "description": description,
+            "changed_by": changed_by,
+            "required": required,
+            "size": size,
+            "shared": shared,
+            "shown_as": shown_as,
+        }
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     """What apikeys knows about a key, never its secret.
 
     `state` is what the store holds (`active`, `disabled` or `revoked`); `status` adds the
     derived `expired` for a key whose `expires_at` has passed.
+
+    Each field's metadata declares it for `RECORD_FIELDS`: its kind (how stores keep it),
+    who may change it, and what `to_dict` shows. A new field of a known kind is one line
+    here: stores, events, `to_dict` and `update` derive from it.
     """
 
-    id: str
-    name: str
-    workspace: str
-    prefix: str
+    id: str = field(metadata=_declare(Kind.TEXT, "the key's id", required=True, size=12))
+    name: str = field(
+        metadata=_declare(Kind.TEXT, "the key's label", Role.WORKSPACE, required=True)
+    )
+    workspace: str = field(
+        metadata=_declare(Kind.TEXT, "the workspace it belongs to", required=True, shared=True)
+    )
+    prefix: str = field(
+        metadata=_declare(Kind.TEXT, "the masked display form, `ak_<id>_…`", required=True)
+    )
     """The masked display form, `ak_<id>_…`."""
-    access: Access
-    scopes: tuple[str, ...]
-    state: StoredState
-    rate_limit: str | None
-    created_at: datetime
-    expires_at: datetime | None = None
-    last_used_at: datetime | None = None
-    request_count: int = 0
-    revoked_at: datetime | None = None
-    replaces: str | None = None
+    access: Access = field(
+        metadata=_declare(
+            Kind.TEXT,
+            "full access, or restricted to its scopes",
+            Role.WORKSPACE,
+            required=True,
+            size=16,
+            shared=True,
+        )
+    )
+    scopes: tuple[str, ...] = field(
+        metadata=_declare(
+            Kind.NAMES,
+            "what a restricted key may do; never beyond the caller's own key's",
+            Role.WORKSPACE,
+            required=True,
+        )
+    )
+    state: StoredState = field(
+        metadata=_declare(
+            Kind.TEXT,
+            "active, disabled or revoked",
+            required=True,
+            size=16,
+            shared=True,
+            shown_as=("status",),
+        )
+    )
+    rate_limit: str | None = field(
+        metadata=_declare(
+            Kind.TEXT,
+            "requests per period, one or more policies",
+            Role.OPERATOR,
+            shared=True,
+            shown_as=("rate_limit", "rate_limits"),
+        )
+    )
+    created_at: datetime = field(metadata=_declare(Kind.TIME, "when it was made", required=True))
+    expires_at: datetime | None = field(
+        default=None,
+        metadata=_declare(
+            Kind.TIME, "when the key stops working; never later than it is now", Role.WORKSPACE
+        ),
+    )
+    last_used_at: datetime | None = field(
+        default=None, metadata=_declare(Kind.TIME, "its latest request")
+    )
+    request_count: int = field(
+        default=0, metadata=_declare(Kind.COUNT, "requests it authenticated", required=True)
+    )
+    revoked_at: datetime | None = field(
+        default=None, metadata=_declare(Kind.TIME, "when it was revoked")
+    )
+    replaces: str | None = field(
+        default=None, metadata=_declare(Kind.TEXT, "the key it replaces", size=12)
+    )
     """For a key made by `roll`: the id of the key it replaces."""
-    replaced_by: str | None = None
+    replaced_by: str | None = field(
+        default=None, metadata=_declare(Kind.TEXT, "the key that replaces it", size=12)
+    )
     """For a rolled key: the id of the key that replaces it."""
-    owner: str | None = None
+    owner: str | None = field(
+        default=None, metadata=_declare(Kind.TEXT, "who the key is for", Role.OPERATOR)
+    )
     """Who the key is for (a user id, an e-mail address): the application's to set."""
-    metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    metadata: Mapping[str, Any] = field(
+        default_factory=dict,
+        hash=False,
+        metadata=_declare(Kind.OBJECT, "the application's data about the key", Role.OPERATOR),
+    )
     """A JSON object of the application's (at most 4 KiB). Not secret: never put one here."""
-    allowed_ips: tuple[str, ...] = ()
+    allowed_ips: tuple[str, ...] = field(
+        default=(),
+        metadata=_declare(Kind.NAMES, "the addresses the key may be used from", Role.OPERATOR),
+    )
     """CIDR ranges the key may be used from; empty: any address."""
-    credits: int | None = None
+    credits: int | None = field(
+        default=None, metadata=_declare(Kind.COUNT, "uses left", Role.OPERATOR)
+    )
     """Uses left (spent one per admitted request); None: unlimited."""
-    credit_refill: str | None = None
+    credit_refill: str | None = field(
+        default=None,
+        metadata=_declare(
+            Kind.TEXT, "the credits set back each day or month", Role.OPERATOR, size=32, shared=True
+        ),
+    )
     """`"1000/day"` or `"5000/month"`: credits are set back to that amount each UTC period."""
-    credits_refilled_at: datetime | None = None
+    credits_refilled_at: datetime | None = field(
+        default=None,
+        metadata=_declare(Kind.TIME, "the start of the period last refilled for", shown_as=()),
+    )
     """The start of the period the credits were last refilled for."""
 
     @property
@@ -143,29 +324,7 @@ class KeyRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready data, with the field names of the contract."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "workspace": self.workspace,
-            "prefix": self.prefix,
-            "access": self.access,
-            "scopes": list(self.scopes),
-            "status": self.status,
-            "rate_limit": self.rate_limit,
-            "rate_limits": list(self.rate_limits),
-            "created_at": isoformat(self.created_at),
-            "expires_at": isoformat(self.expires_at),
-            "last_used_at": isoformat(self.last_used_at),
-            "request_count": self.request_count,
-            "revoked_at": isoformat(self.revoked_at),
-            "replaces": self.replaces,
-            "replaced_by": self.replaced_by,
-            "owner": self.owner,
-            "metadata": dict(self.metadata),
-            "allowed_ips": list(self.allowed_ips),
-            "credits": self.credits,
-            "credit_refill": self.credit_refill,
-        }
+        return {name: _json_value(getattr(self, name)) for name in _SHOWN}
 
     def with_usage(self, count: int, last_used_at: datetime | None) -> KeyRecord:
         """This record with `count` more requests and a later `last_used_at`, if any."""
@@ -183,6 +342,36 @@ class StoredKey:
 
     record: KeyRecord
     secret_hash: str = field(repr=False)
+
+
+def _key_field(declared: Field[Any]) -> KeyField:
+    spec = dict(declared.metadata["apikeys"])
+    if spec["shown_as"] is None:
+        spec["shown_as"] = (declared.name,)
+    factory = declared.default_factory
+    return KeyField(
+        declared.name,
+        default=_MISSING if declared.default is MISSING else declared.default,
+        default_factory=None if factory is MISSING else factory,
+        **spec,
+    )
+
+
+RECORD_FIELDS: tuple[KeyField, ...] = tuple(_key_field(one) for one in fields(KeyRecord))
+"""Every field of `KeyRecord`, in its order: the one declaration stores, events, `to_dict`,
+the CLI, the page and `update` derive theirs from."""
+
+_SHOWN: tuple[str, ...] = tuple(name for one in RECORD_FIELDS for name in one.shown_as)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return isoformat(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 AuditAction = Literal[

@@ -7,13 +7,13 @@ as `KeyRecord.to_dict()` gives it, never a secret or a hash.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from apikeys.policies import load_metadata, parse_refill
 from apikeys.ratelimit import THRESHOLDS
-from apikeys.types import KeyRecord, StoredState, isoformat
+from apikeys.types import RECORD_FIELDS, KeyRecord, Kind, isoformat
 
 __all__ = [
     "EVENT_OF_ACTION",
@@ -58,8 +58,6 @@ USAGE_THRESHOLDS: Final = THRESHOLDS
 """The percentages at which `key.usage_threshold` is sent: of a key's credits per refill
 period (once each, per period), and of a rate limit's window (once each, per window)."""
 
-_TIMES: Final = ("created_at", "expires_at", "last_used_at", "revoked_at", "credits_refilled_at")
-
 
 def _time(value: Any) -> datetime | None:
     if value is None:
@@ -76,32 +74,32 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(item) for item in value)
 
 
+def _object(value: Any) -> dict[str, Any]:
+    return load_metadata(value) if isinstance(value, str) else dict(value or {})
+
+
+# How a row of the keys table as JSON holds each kind of field (`Kind`): the value itself
+# for text and counts; lists and objects as JSON text (SQLite) or JSON (PostgreSQL).
+_FROM_JSON: Final[Mapping[Kind, Callable[[Any], Any]]] = {
+    Kind.TEXT: str,
+    Kind.NAMES: _names,
+    Kind.TIME: _time,
+    Kind.COUNT: int,
+    Kind.OBJECT: _object,
+}
+_SNAPSHOT: Final = tuple((field, _FROM_JSON[field.kind]) for field in RECORD_FIELDS)
+
+
 def record_from_snapshot(row: Mapping[str, Any]) -> KeyRecord:
-    """The record of a key from a row of the keys table as JSON (the change log's copy)."""
-    metadata = row.get("metadata")
-    return KeyRecord(
-        id=str(row["id"]),
-        name=str(row["name"]),
-        workspace=str(row["workspace"]),
-        prefix=str(row["prefix"]),
-        access=row["access"],
-        scopes=_names(row.get("scopes")),
-        state=cast(StoredState, row["state"]),
-        rate_limit=row.get("rate_limit"),
-        created_at=cast(datetime, _time(row["created_at"])),
-        expires_at=_time(row.get("expires_at")),
-        last_used_at=_time(row.get("last_used_at")),
-        request_count=int(row.get("request_count") or 0),
-        revoked_at=_time(row.get("revoked_at")),
-        replaces=row.get("replaces"),
-        replaced_by=row.get("replaced_by"),
-        owner=row.get("owner"),
-        metadata=load_metadata(metadata) if isinstance(metadata, str) else dict(metadata or {}),
-        allowed_ips=_names(row.get("allowed_ips")),
-        credits=row.get("credits"),
-        credit_refill=row.get("credit_refill"),
-        credits_refilled_at=_time(row.get("credits_refilled_at")),
-    )
+    """The record of a key from a row of the keys table as JSON (the change log's copy).
+
+    A field the row lacks or holds as null has its `KeyRecord` default (`KeyError` for one a
+    key must have)."""
+    values: dict[str, Any] = {}
+    for field, decode in _SNAPSHOT:
+        value = row.get(field.name)
+        values[field.name] = field.empty() if value is None else decode(value)
+    return KeyRecord(**values)
 
 
 def event_body(event: str, at: datetime, record: KeyRecord, **extra: Any) -> bytes:

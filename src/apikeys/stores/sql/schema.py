@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apikeys.errors import ConfigurationError
 from apikeys.policies import dump_metadata, load_metadata
+from apikeys.types import RECORD_FIELDS, KeyField, Kind
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
@@ -39,6 +40,7 @@ __all__ = [
     "metadata",
     "one_time_table",
     "readers_table",
+    "record_columns",
     "settings_table",
     "store_tables",
     "usage_batches_table",
@@ -123,6 +125,49 @@ def load_scopes(value: str | None) -> tuple[str, ...]:
     return tuple(json.loads(value))
 
 
+def _column_type(field: KeyField) -> sa.types.TypeEngine[Any]:
+    if field.kind is Kind.TEXT:
+        return sa.String(field.size)
+    return _COLUMN_TYPES[field.kind]()
+
+
+_COLUMN_TYPES: Final[Mapping[Kind, Callable[[], sa.types.TypeEngine[Any]]]] = {
+    Kind.NAMES: _Scopes,
+    Kind.TIME: UTCDateTime,
+    Kind.COUNT: sa.BigInteger,
+    Kind.OBJECT: _Metadata,
+}
+
+
+def _column(field: KeyField) -> sa.Column[Any]:
+    if field.name == "id":
+        # Ids sort by code point everywhere (as in the memory store), whatever the
+        # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
+        return sa.Column(
+            "id",
+            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
+            primary_key=True,
+        )
+    # A field always stored that has a default (a count) has it in the database too.
+    server_default = str(field.default) if field.required and field.has_default else None
+    return sa.Column(
+        field.name,
+        _column_type(field),
+        nullable=not field.required,
+        server_default=server_default,
+    )
+
+
+def record_columns() -> list[sa.Column[Any]]:
+    """The keys table's columns, one per field of `RECORD_FIELDS` in its order, and the
+    secret's hash after `revoked_at`, where it has always been (a field added later is a
+    column added at the end, as `ALTER TABLE … ADD COLUMN` puts it)."""
+    columns = [_column(field) for field in RECORD_FIELDS]
+    at = next(i for i, column in enumerate(columns) if column.name == "revoked_at") + 1
+    columns.insert(at, sa.Column("secret_hash", sa.Text(), nullable=False))
+    return columns
+
+
 def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) -> sa.Table:
     """The keys table called `name` on `meta` (the module's `metadata` by default).
 
@@ -147,34 +192,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     return sa.Table(
         name,
         meta,
-        # Ids sort by code point everywhere (as in the memory store), whatever the
-        # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
-        sa.Column(
-            "id",
-            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
-            primary_key=True,
-        ),
-        sa.Column("name", sa.String(), nullable=False),
-        sa.Column("workspace", sa.String(), nullable=False),
-        sa.Column("prefix", sa.String(), nullable=False),
-        sa.Column("access", sa.String(16), nullable=False),
-        sa.Column("scopes", _Scopes(), nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("rate_limit", sa.String(), nullable=True),
-        sa.Column("created_at", UTCDateTime(), nullable=False),
-        sa.Column("expires_at", UTCDateTime(), nullable=True),
-        sa.Column("last_used_at", UTCDateTime(), nullable=True),
-        sa.Column("request_count", sa.BigInteger(), nullable=False, server_default="0"),
-        sa.Column("revoked_at", UTCDateTime(), nullable=True),
-        sa.Column("secret_hash", sa.Text(), nullable=False),
-        sa.Column("replaces", sa.String(12), nullable=True),
-        sa.Column("replaced_by", sa.String(12), nullable=True),
-        sa.Column("owner", sa.String(), nullable=True),
-        sa.Column("metadata", _Metadata(), nullable=True),
-        sa.Column("allowed_ips", _Scopes(), nullable=True),
-        sa.Column("credits", sa.BigInteger(), nullable=True),
-        sa.Column("credit_refill", sa.String(32), nullable=True),
-        sa.Column("credits_refilled_at", UTCDateTime(), nullable=True),
+        *record_columns(),
         # Listing a workspace, oldest first, reads this index in order.
         sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
         # The webhooks' minute look: keys expiring within a week, and keys with a refill.
