@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
 from apikeys.addresses import parse_allowlist
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_OWNER_LENGTH",
     "MAX_REFILL_LENGTH",
     "MAX_TEXT_LENGTH",
+    "POLICY_PARSERS",
     "Refill",
     "check_credits",
     "check_metadata",
@@ -190,25 +192,33 @@ def parse_refill(text: str | None) -> Refill | None:
     return Refill(int(match[1]), match[2].lower())
 
 
-def policy_fields(
-    *,
-    owner: object = None,
-    metadata: object = None,
-    allowed_ips: Iterable[str] | None = None,
-    credits: object = None,
-    credit_refill: str | None = None,
-) -> dict[str, Any]:
-    """The record fields for the policies given (those left None are not in the result)."""
-    fields: dict[str, Any] = {}
-    if owner is not None:
-        fields["owner"] = check_owner(owner)
-    if metadata is not None:
-        fields["metadata"] = check_metadata(metadata)
-    if allowed_ips is not None:
-        fields["allowed_ips"] = parse_allowlist(allowed_ips)
-    if credits is not None:
-        fields["credits"] = check_credits(credits)
-    if credit_refill is not None:
-        refill = parse_refill(credit_refill)
-        fields["credit_refill"] = None if refill is None else str(refill)
-    return fields
+def _refill_text(text: Any) -> str | None:
+    refill = parse_refill(text)
+    return None if refill is None else str(refill)
+
+
+POLICY_PARSERS: Final[Mapping[str, Callable[[Any], Any]]] = MappingProxyType(
+    {
+        "owner": check_owner,
+        "metadata": check_metadata,
+        "allowed_ips": parse_allowlist,
+        "credits": check_credits,
+        "credit_refill": _refill_text,
+    }
+)
+"""The policy fields of `KeyRecord` (`apikeys.types.RECORD_FIELDS`) with the parser each
+value given to `create`/`update`, the CLI or the page goes through: it returns the value
+stored, or raises `InvalidKeyParameters`. A new per-key policy is one entry here."""
+
+
+def policy_fields(**given: object) -> dict[str, Any]:
+    """The record fields for the policies given, parsed (those left None are not in the
+    result); `TypeError` for a name that is not a policy of `POLICY_PARSERS`."""
+    unknown = given.keys() - POLICY_PARSERS.keys()
+    if unknown:
+        raise TypeError(f"not a policy field: {', '.join(sorted(unknown))}")
+    return {
+        name: parse(given[name])
+        for name, parse in POLICY_PARSERS.items()
+        if given.get(name) is not None
+    }

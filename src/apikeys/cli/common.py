@@ -8,10 +8,10 @@ import getpass
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -25,6 +25,7 @@ from apikeys.errors import (
     MalformedAPIKey,
     StoreUnavailable,
 )
+from apikeys.fields import KEY_FIELDS
 from apikeys.hashing import Hasher
 from apikeys.keys import (
     BASE62,
@@ -33,12 +34,12 @@ from apikeys.keys import (
     validate_prefix,
 )
 from apikeys.manager import STORE_URL_ENV, KeyManager
-from apikeys.policies import check_metadata
+from apikeys.policies import POLICY_PARSERS
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scope
 from apikeys.stores.registry import store_from_url
-from apikeys.types import KeyRecord
+from apikeys.types import KeyRecord, Kind
 
 __all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]
 
@@ -84,49 +85,102 @@ def actor_of(actor: str | None) -> str:
     return f"cli:{_os_user()}"
 
 
+@dataclass(frozen=True, slots=True)
+class _PolicyOption:
+    """How the command line spells one policy field of `POLICY_PARSERS`: its option, and
+    (`update`) the flag that clears it."""
+
+    flag: str
+    help: str
+    metavar: str | None = None
+    clear: str | None = None
+    clear_help: str = ""
+
+
+# The spellings the CLI has always had; any other policy field is spelled after its name
+# (`--allowed-origins`, cleared by `--no-allowed-origins`) with its description as help.
+_SPELLED: Final[Mapping[str, _PolicyOption]] = {
+    "owner": _PolicyOption(
+        "--owner",
+        "Who the key is for (a user id, an e-mail).",
+        clear="--no-owner",
+        clear_help="Clear the owner.",
+    ),
+    "metadata": _PolicyOption(
+        "--metadata",
+        "A JSON object for your application (at most 4 KiB). Never a secret.",
+        metavar="JSON",
+        clear="--no-metadata",
+        clear_help="Clear the metadata.",
+    ),
+    "allowed_ips": _PolicyOption(
+        "--allow-ip",
+        "Accept the key only from these addresses (IPv4 or IPv6 CIDR); repeat it.",
+        metavar="CIDR",
+        clear="--any-ip",
+        clear_help="Accept the key from any address.",
+    ),
+    "credits": _PolicyOption(
+        "--credits",
+        "Uses left: one is spent per admitted request (default: unlimited).",
+        clear="--unlimited",
+        clear_help="No credits: the key is not counted down.",
+    ),
+    "credit_refill": _PolicyOption(
+        "--credit-refill",
+        "Set credits back to N every UTC day or month: 1000/day, 5000/month.",
+        metavar="N/PERIOD",
+    ),
+}
+# What clearing a field clears with it: a key without credits has no refill.
+_CLEARED_WITH: Final[Mapping[str, tuple[str, ...]]] = {"credits": ("credit_refill",)}
+
+
+def _spelling(name: str) -> _PolicyOption:
+    spelled = _SPELLED.get(name)
+    if spelled is not None:
+        return spelled
+    field = KEY_FIELDS[name]
+    flag = "--" + name.replace("_", "-")
+    return _PolicyOption(
+        flag,
+        field.description[:1].upper() + field.description[1:] + ".",
+        metavar={Kind.OBJECT: "JSON", Kind.TIME: "TIME"}.get(field.kind),
+        clear="--no-" + name.replace("_", "-"),
+        clear_help=f"Clear the {name.replace('_', ' ')}.",
+    )
+
+
+def _option(name: str, spelled: _PolicyOption) -> Callable[[_F], _F]:
+    kind = KEY_FIELDS[name].kind
+    if kind is Kind.NAMES:
+        return click.option(
+            spelled.flag, name, multiple=True, metavar=spelled.metavar, help=spelled.help
+        )
+    return click.option(
+        spelled.flag,
+        name,
+        type=click.IntRange(min=0) if kind is Kind.COUNT else None,
+        default=None,
+        metavar=spelled.metavar,
+        help=spelled.help,
+    )
+
+
 def policy_options(*, editing: bool) -> Callable[[_F], _F]:
-    """`--owner`, `--metadata`, `--allow-ip`, `--credits` and `--credit-refill`, as `create`
-    and `update` take them (`update` also takes `--no-…` to clear each)."""
+    """An option per policy field (`apikeys.policies.POLICY_PARSERS`), as `create` and
+    `update` take them: `--owner`, `--metadata`, `--allow-ip`, `--credits`,
+    `--credit-refill`; `update` also takes the flag that clears each (`--no-owner`,
+    `--no-metadata`, `--any-ip`, `--unlimited`)."""
 
     def decorate(command: _F) -> _F:
-        options = [
-            click.option(
-                "--owner", default=None, help="Who the key is for (a user id, an e-mail)."
-            ),
-            click.option(
-                "--metadata",
-                default=None,
-                metavar="JSON",
-                help="A JSON object for your application (at most 4 KiB). Never a secret.",
-            ),
-            click.option(
-                "--allow-ip",
-                "allowed_ips",
-                multiple=True,
-                metavar="CIDR",
-                help="Accept the key only from these addresses (IPv4 or IPv6 CIDR); repeat it.",
-            ),
-            click.option(
-                "--credits",
-                type=click.IntRange(min=0),
-                default=None,
-                help="Uses left: one is spent per admitted request (default: unlimited).",
-            ),
-            click.option(
-                "--credit-refill",
-                default=None,
-                metavar="N/PERIOD",
-                help="Set credits back to N every UTC day or month: 1000/day, 5000/month.",
-            ),
-        ]
+        spellings = {name: _spelling(name) for name in POLICY_PARSERS}
+        options = [_option(name, spelled) for name, spelled in spellings.items()]
         if editing:
             options += [
-                click.option("--no-owner", is_flag=True, help="Clear the owner."),
-                click.option("--no-metadata", is_flag=True, help="Clear the metadata."),
-                click.option("--any-ip", is_flag=True, help="Accept the key from any address."),
-                click.option(
-                    "--unlimited", is_flag=True, help="No credits: the key is not counted down."
-                ),
+                click.option(spelled.clear, f"clear_{name}", is_flag=True, help=spelled.clear_help)
+                for name, spelled in spellings.items()
+                if spelled.clear is not None
             ]
         for option in reversed(options):
             command = option(command)
@@ -138,35 +192,33 @@ def policy_options(*, editing: bool) -> Callable[[_F], _F]:
 def policy_changes(ctx: click.Context, values: dict[str, Any], *, editing: bool) -> dict[str, Any]:
     """The `KeyManager.create`/`update` arguments the policy options ask for."""
     changes: dict[str, Any] = {}
-    if values.get("owner") is not None:
-        changes["owner"] = values["owner"]
-    if values.get("metadata") is not None:
-        # Measured and parsed by check_metadata, bounded before json.loads sees it.
-        try:
-            changes["metadata"] = check_metadata(values["metadata"])
-        except InvalidKeyParameters as exc:
-            raise click.BadParameter(str(exc), ctx, param_hint="'--metadata'") from None
-    if values.get("allowed_ips"):
-        changes["allowed_ips"] = list(values["allowed_ips"])
-    if values.get("credits") is not None:
-        changes["credits"] = values["credits"]
-    if values.get("credit_refill") is not None:
-        changes["credit_refill"] = values["credit_refill"]
+    for name in POLICY_PARSERS:
+        value = values.get(name)
+        if value is None or value == ():
+            continue
+        if KEY_FIELDS[name].kind is Kind.OBJECT:
+            # Measured and parsed by its parser (check_metadata), bounded before json.loads.
+            try:
+                value = POLICY_PARSERS[name](value)
+            except InvalidKeyParameters as exc:
+                flag = _spelling(name).flag
+                raise click.BadParameter(str(exc), ctx, param_hint=f"'{flag}'") from None
+        changes[name] = list(value) if isinstance(value, tuple) else value
     if editing:
-        for flag, field, given in (
-            ("no_owner", "owner", "--owner"),
-            ("no_metadata", "metadata", "--metadata"),
-            ("any_ip", "allowed_ips", "--allow-ip"),
-            ("unlimited", "credits", "--credits"),
-        ):
-            if values.get(flag):
-                if field in changes:
-                    option = "--" + flag.replace("_", "-")
-                    raise click.UsageError(f"{given} and {option} exclude each other", ctx)
-                changes[field] = None
-        if values.get("unlimited"):
-            changes["credit_refill"] = None
+        _clear(ctx, values, changes)
     return changes
+
+
+def _clear(ctx: click.Context, values: dict[str, Any], changes: dict[str, Any]) -> None:
+    for name in POLICY_PARSERS:
+        if not values.get(f"clear_{name}"):
+            continue
+        spelled = _spelling(name)
+        if name in changes:
+            raise click.UsageError(f"{spelled.flag} and {spelled.clear} exclude each other", ctx)
+        changes[name] = None
+        for other in _CLEARED_WITH.get(name, ()):
+            changes[other] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,37 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import ImmutableMultiDict
 from starlette.requests import Request
 
-from apikeys.addresses import parse_allowlist
 from apikeys.durations import MAX_DURATION, parse_duration
 from apikeys.errors import InvalidKeyParameters
-from apikeys.policies import (
-    check_credits,
-    check_metadata,
-    check_owner,
-    dump_metadata,
-    parse_refill,
-)
+from apikeys.fields import KEY_FIELDS
+from apikeys.policies import POLICY_PARSERS, dump_metadata
 from apikeys.ratelimit import parse_policies
-from apikeys.types import KeyRecord, utcnow
+from apikeys.types import KeyField, KeyRecord, Kind, utcnow
 
 __all__ = [
     "MAX_FORM_BYTES",
     "MAX_LABEL",
+    "OPERATOR_FIELDS",
     "POLICY_FIELDS",
+    "POLICY_INPUTS",
     "UNCHANGED",
     "Form",
     "FormRefused",
     "KeyForm",
+    "PolicyInput",
     "exact",
     "iso",
     "parse_expiry",
@@ -169,21 +167,104 @@ def parse_expiry(text: str, now: datetime) -> datetime | None:
     return moment
 
 
+class PolicyInput(NamedTuple):
+    """How the page shows one policy field (`apikeys.policies.POLICY_PARSERS`)."""
+
+    field: str
+    label: str
+    hint: str
+    kind: str
+    """`input` (one line) or `textarea` (lists and JSON)."""
+
+
+# The page's words for the policy fields it has always had, in the order it shows them; any
+# other policy field is shown after them, labelled after its name with its description.
+_SPELLED: Final = (
+    PolicyInput("owner", "Owner", "Who the key is for: a user id or an e-mail address.", "input"),
+    PolicyInput("credits", "Credits", "Uses left, one per request. Empty: unlimited.", "input"),
+    PolicyInput(
+        "credit_refill",
+        "Credit refill",
+        "Set the credits back every UTC day or month: 1000/day, 5000/month.",
+        "input",
+    ),
+    PolicyInput(
+        "allowed_ips",
+        "Allowed addresses",
+        "IPv4 or IPv6 ranges, one per line (10.0.0.0/8). Empty: any address.",
+        "textarea",
+    ),
+    PolicyInput(
+        "metadata",
+        "Metadata",
+        "A JSON object for the application, at most 4 KiB. Never put a secret here.",
+        "textarea",
+    ),
+)
+
+
+def _derived_input(name: str) -> PolicyInput:
+    field = KEY_FIELDS[name]
+    wide = field.kind in (Kind.NAMES, Kind.OBJECT)
+    hint = field.description[:1].upper() + field.description[1:] + "."
+    if field.kind is Kind.NAMES:
+        hint += " One per line."
+    label = name.replace("_", " ").capitalize()
+    return PolicyInput(name, label, hint, "textarea" if wide else "input")
+
+
+POLICY_INPUTS: Final = (
+    *_SPELLED,
+    *(_derived_input(name) for name in POLICY_PARSERS if name not in {i.field for i in _SPELLED}),
+)
+"""Each policy field as the page shows it (the templates' `POLICY_INPUTS`)."""
+
+POLICY_FIELDS: Final = tuple(POLICY_PARSERS)
+
+_NAMED_ORDER: Final = ("rate_limit", "credits", "credit_refill", "allowed_ips", "owner", "metadata")
+OPERATOR_FIELDS: Final = tuple(
+    sorted(
+        (("rate_limit", "rate limit"), *((i.field, i.label.lower()) for i in POLICY_INPUTS)),
+        key=lambda pair: _NAMED_ORDER.index(pair[0]) if pair[0] in _NAMED_ORDER else 99,
+    )
+)
+"""The fields the create form names as the operator's (unless the page gives them to its
+users), with the words it uses: `(field, words)`."""
+
+
+def _form_text(field: KeyField, value: Any) -> str:
+    """A policy field's value as its form shows it (empty: not set)."""
+    if value is None:
+        return ""
+    if field.kind is Kind.NAMES:
+        return "\n".join(value)
+    if field.kind is Kind.OBJECT:
+        return dump_metadata(value) if value else ""
+    return str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class KeyForm:
-    """What the create and edit forms hold, as typed (shown again when refused)."""
+    """What the create and edit forms hold, as typed (shown again when refused).
+
+    The policy fields' texts are in `policies`, and read as attributes too (`form.owner`);
+    a list (`allowed_ips`) is one item per line, or separated by commas or spaces.
+    """
 
     name: str = ""
     access: str = "restricted"
     scopes: tuple[str, ...] = ()
     rate_limit: str = ""
     expires: str = ""
-    owner: str = ""
-    metadata: str = ""
-    allowed_ips: str = ""
-    """One CIDR range per line (or separated by commas or spaces)."""
-    credits: str = ""
-    credit_refill: str = ""
+    policies: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> str:
+        if name in POLICY_PARSERS:
+            return self.policies.get(name, "")
+        raise AttributeError(name)
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
 
     @classmethod
     def of(cls, record: KeyRecord) -> KeyForm:
@@ -194,17 +275,15 @@ class KeyForm:
             scopes=record.scopes,
             rate_limit=record.rate_limit or "",
             expires=iso(record.expires_at) if record.expires_at else "",
-            owner=record.owner or "",
-            metadata=dump_metadata(record.metadata) if record.metadata else "",
-            allowed_ips="\n".join(record.allowed_ips),
-            credits="" if record.credits is None else str(record.credits),
-            credit_refill=record.credit_refill or "",
+            policies={
+                name: _form_text(KEY_FIELDS[name], getattr(record, name)) for name in POLICY_FIELDS
+            },
         )
 
     @property
     def has_policies(self) -> bool:
         """Whether any policy field is filled in (the form then shows them unfolded)."""
-        return any((self.owner, self.metadata, self.allowed_ips, self.credits, self.credit_refill))
+        return any(self.policies.values())
 
 
 UNCHANGED: Final = object()
@@ -226,11 +305,7 @@ def read_key_form(
         scopes=tuple(dict.fromkeys(form.getlist("scopes"))),
         rate_limit=form.get("rate_limit", "").strip(),
         expires=form.get("expires", "").strip(),
-        owner=form.get("owner", "").strip(),
-        metadata=form.get("metadata", "").strip(),
-        allowed_ips=form.get("allowed_ips", "").strip(),
-        credits=form.get("credits", "").strip(),
-        credit_refill=form.get("credit_refill", "").strip(),
+        policies={name: form.get(name, "").strip() for name in POLICY_FIELDS},
     )
     errors: dict[str, str] = {}
     if not values.name:
@@ -268,33 +343,34 @@ def read_key_form(
     return values, errors, expires_at
 
 
-POLICY_FIELDS: Final = ("owner", "metadata", "allowed_ips", "credits", "credit_refill")
-
-
 def read_policies(form: Form, values: KeyForm, errors: dict[str, str]) -> dict[str, Any]:
     """The `KeyManager.create`/`update` policy arguments of the fields the form sent
     (empty: None, cleared), adding an error per field that cannot be read. A field the
     form did not send is left out: unchanged by an edit, the default of a new key."""
-    policy: dict[str, Any] = {field: None for field in POLICY_FIELDS if field in form}
-    checks: list[tuple[str, str, Callable[[], Any]]] = [
-        ("owner", values.owner, lambda: check_owner(values.owner)),
-        ("metadata", values.metadata, lambda: check_metadata(values.metadata)),
-        (
-            "allowed_ips",
-            values.allowed_ips,
-            lambda: parse_allowlist(_RANGES.split(values.allowed_ips)),
-        ),
-        ("credits", values.credits, lambda: _credits(values.credits)),
-        ("credit_refill", values.credit_refill, lambda: str(parse_refill(values.credit_refill))),
-    ]
-    for field, text, check in checks:
-        if not text or field not in policy:
+    policy: dict[str, Any] = {name: None for name in POLICY_FIELDS if name in form}
+    for name in policy:
+        text = values.policies.get(name, "")
+        if not text:
             continue
         try:
-            policy[field] = check()
+            policy[name] = _parse_text(KEY_FIELDS[name], text)
         except InvalidKeyParameters as exc:
-            errors[field] = _sentence(str(exc))
+            errors[name] = _sentence(str(exc))
     return policy
+
+
+def _parse_text(field: KeyField, text: str) -> Any:
+    """A policy field's form text through its parser (`POLICY_PARSERS`)."""
+    parse = POLICY_PARSERS[field.name]
+    if field.kind is Kind.NAMES:
+        return parse(_RANGES.split(text))
+    if field.kind is Kind.COUNT:
+        # int() of 4,301 digits raises: a count is refused before it is that long.
+        if not text.isascii() or not text.isdigit() or len(text) > 20:
+            words = field.name.replace("_", " ")
+            raise InvalidKeyParameters(f"{words} must be a whole number, like 1000")
+        return parse(int(text))
+    return parse(text)
 
 
 _RANGES = re.compile(r"[\s,]+")
@@ -319,14 +395,6 @@ def requested_changes(
         requested["expires_at"] = expires_at
     requested.update(policy)
     return requested
-
-
-def _credits(text: str) -> int:
-    if not text.isascii() or not text.isdigit() or len(text) > 20:  # int() of 4,301 digits raises
-        raise InvalidKeyParameters("credits must be a whole number, like 1000")
-    value = check_credits(int(text))
-    assert value is not None
-    return value
 
 
 def _sentence(message: str) -> str:

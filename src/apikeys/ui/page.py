@@ -49,7 +49,7 @@ from apikeys.manager import KeyManager
 from apikeys.ratelimit import DEFAULT_RATE_LIMIT
 from apikeys.types import ACTIVE, DISABLED, REVOKED, Receive, Scope, Send
 from apikeys.ui.errorpages import EXCEPTION_HANDLERS
-from apikeys.ui.forms import exact, iso, relative
+from apikeys.ui.forms import OPERATOR_FIELDS, POLICY_INPUTS, exact, iso, relative
 from apikeys.ui.onetime import RevealStore
 from apikeys.ui.request import (
     CSRF_FIELD,
@@ -191,6 +191,8 @@ class KeysPage:
         env.filters.update(relative=relative, exact=exact, iso=iso)
         env.globals.update(
             CSRF_FIELD=CSRF_FIELD,
+            POLICY_INPUTS=POLICY_INPUTS,
+            OPERATOR_FIELDS=OPERATOR_FIELDS,
             SCOPE_LABELS=self.scope_labels,
             ACTIVE=ACTIVE,
             DISABLED=DISABLED,
