@@ -201,7 +201,7 @@ return n
 async def fill_redis(store: Any, keys: Keys, size: int) -> None:
     """Each batch of filler keys is one short script (a few ms of the server's time), built
     from the store's own encoding of a benchmark key, so the layout is the store's."""
-    from apikeys.stores.redis.store import _encode
+    from apikeys.stores.redis.codec import encode as _encode
 
     await store.setup()
     verified, filler = keys.for_size(size)

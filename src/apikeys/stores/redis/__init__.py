@@ -1,16 +1,20 @@
-"""The Redis store, on a single node, Sentinel or a Redis Cluster.
+"""The Redis backend, on a single node, Sentinel or a Redis Cluster.
 
-- `client`: the one client factory (URL forms, connection defaults) that the store and the
-  rate limiter share.
+- `client`: the one client factory (URL forms, connection defaults) that the store, the
+  channel and the rate limiter share.
 - `checks`: what the store needs of its servers (`maxmemory-policy`, persistence), checked
   at `setup()`.
-- `store`: `RedisStore`, its key layout and its change scripts (`scripts/*.lua`).
+- `store`: `RedisStore`, its changes as Lua scripts (`scripts/*.lua`); `codec`: its key
+  layout and hash fields; `usage`: usage batches applied exactly once.
+- `webhooks`: `RedisWebhooks`, endpoints and deliveries; `channel`: the change channel
+  (pub/sub and client tracking).
 """
 
 from __future__ import annotations
 
 from apikeys.stores.redis.client import RedisTarget, connection_defaults, parse_redis_url
-from apikeys.stores.redis.store import DAILY_USAGE_RETENTION_DAYS, DEFAULT_KEY_PREFIX, RedisStore
+from apikeys.stores.redis.store import DEFAULT_KEY_PREFIX, RedisStore
+from apikeys.stores.redis.usage import DAILY_USAGE_RETENTION_DAYS
 
 __all__ = [
     "DAILY_USAGE_RETENTION_DAYS",

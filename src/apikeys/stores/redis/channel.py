@@ -58,8 +58,9 @@ from apikeys.stores.contract import (
     ChannelError,
     parse_notice,
 )
+from apikeys.stores.redis.client import RedisTarget
 
-__all__ = ["RedisChannel", "RedisClusterChannel"]
+__all__ = ["RedisChannel", "RedisClusterChannel", "channel_for"]
 
 # Where Redis sends the invalidations of CLIENT TRACKING to a RESP2 connection.
 _INVALIDATE = "__redis__:invalidate"
@@ -591,3 +592,47 @@ class RedisClusterChannel(Channel):
             await client.zrem(self._registry, self.ident)
         with contextlib.suppress(Exception):
             await client.aclose()
+
+
+def channel_for(
+    client: Any,
+    *,
+    key_prefix: str,
+    cluster: bool,
+    target: RedisTarget | None,
+    sentinel: Sentinel | None,
+    on_master: Callable[[tuple[str, int] | None], Awaitable[None]],
+) -> RedisChannel | RedisClusterChannel:
+    """The channel of a `RedisStore` on `client`: pub/sub and tracking on its server and key
+    prefix. Through Sentinel, on the current master, found again at each connection (a
+    failover drops the subscription, and so the cache; `on_master` hears of it). On a
+    cluster, one subscription per master, probed together (`RedisClusterChannel`)."""
+    if cluster:
+        if target is not None:
+            nodes = list(target.hosts)
+            kwargs = {
+                name: value
+                for name, value in target.options.items()
+                if name in ("username", "password")
+            }
+        else:
+            nodes = [(node.host, int(node.port)) for node in client.get_nodes()]
+            given = client.get_connection_kwargs()
+            kwargs = {name: given[name] for name in ("username", "password") if given.get(name)}
+        return RedisClusterChannel(nodes, connection_kwargs=kwargs, key_prefix=key_prefix)
+    if sentinel is not None and target is not None:
+        kwargs = dict(sentinel.connection_kwargs)
+        kwargs["db"] = target.db
+        return RedisChannel(
+            connection_kwargs=kwargs,
+            key_prefix=key_prefix,
+            sentinel=sentinel,
+            service_name=target.service_name,
+            on_master=on_master,
+        )
+    pool = client.connection_pool
+    return RedisChannel(
+        connection_kwargs=pool.connection_kwargs,
+        connection_class=pool.connection_class,
+        key_prefix=key_prefix,
+    )

@@ -1,54 +1,12 @@
 """The Redis store: one hash per key, sorted-set indexes, Lua scripts for every change.
 
-Layout, for the default `key_prefix` of `apikeys:`. Every Redis key that belongs to one API
-key carries its id as a hash tag, `{<id>}`, so all of them live in one Redis Cluster slot
-and every script names keys of that slot only:
-
-- `apikeys:key:{<id>}`: a hash per key.
-- `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
-  server's time in microseconds, a space, and the event's JSON.
-- `apikeys:events:{<id>}`: the key's webhook events not taken yet (a list; see
-  `apikeys.stores.redis.webhooks`), appended by the change scripts.
-- `apikeys:usage:{<id>}:<YYYY-MM-DD>`: the key's requests on one UTC day, by outcome (a hash,
-  kept `DAILY_USAGE_RETENTION_DAYS`).
-- `apikeys:usage-batch:<batch_id>` (on a cluster, `apikeys:usage-batch:{<id>}:<batch_id>`,
-  one per key of the batch): a string per usage batch applied in the last
-  `USAGE_BATCH_RETENTION` (24 hours, its TTL), so that a batch sent again is skipped.
-
-and, across keys:
-
-- `apikeys:ws:<workspace>`: a sorted set of the workspace's ids, scored by `created_at` (in
-  microseconds; `list_page` reads it by rank from the cursor's id on).
-- `apikeys:all`: a sorted set of every id, scored by `created_at` (for `list(None)`).
-- `apikeys:setting:<name>`: a string per setting (`claim_setting`), such as the pepper's
-  fingerprint.
-- `apikeys:once:<token>`: a one-time value (`put_once`), with its TTL; `take_once` reads
-  and deletes it in one script.
-- `apikeys:events-pending`: the ids whose outbox may hold events (a sorted set), and
-  `apikeys:{webhooks}:…`, endpoints and deliveries (`apikeys.stores.redis.webhooks`).
-
-The audit trail across keys is read from the per-key lists of the ids an index names. This
-is the first layout (0.1.0): no other is read.
-
-Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
-integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
-timezone-aware UTC datetimes. `scopes` is a JSON array; absent fields (`rate_limit`,
-`expires_at`, `last_used_at`, `revoked_at`) mean None.
+The layout of its keys and fields is in `codec.py`; how usage batches apply exactly once, in
+`usage.py`.
 
 Atomicity: every change of a key is one Lua script (in `scripts/`) on its hash and its audit
 list, and returns the hash as it is afterwards, in one round trip. `add_usage` sends one
 script per key; on a single node (or through Sentinel) they go in one MULTI/EXEC, so a
 batch applies whole or not at all; on a cluster each key's script stands alone.
-
-Usage batches apply exactly once. Each send of a batch draws a random nonce, and each script
-of it first looks at the batch's marker key: absent, it sets it to the nonce (with the
-retention TTL) and applies; equal to the nonce (set by an earlier script of the same send),
-it applies; anything else means an earlier send of this batch was applied, and it changes
-nothing. On a single node the marker is one per batch and the scripts of a send run in one
-MULTI/EXEC, back to back: a batch sent again after a lost EXEC reply, even at the same time
-as the first send, is counted once, and a batch id once applied is skipped whatever it
-carries. On a cluster the marker is one per batch and key, in the key's slot: each key's
-usage of a batch is counted once, also when only some of the nodes applied a send.
 
 `insert` first adds the id to both indexes (`ZADD NX`), then creates the hash with a
 create-if-absent script. The indexes live in other slots than the hash, so these are two
@@ -76,16 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import functools
-import json
-import sys
-import uuid
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
-from datetime import UTC, date, datetime, timedelta
-from functools import cache
-from importlib import resources
-from typing import TYPE_CHECKING, Any, Final, cast
+from datetime import date, datetime, timedelta
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import Redis
@@ -107,9 +59,14 @@ from apikeys.errors import (
     StoreUnavailable,
 )
 from apikeys.listing import KeyFilter, Position, after
-from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
-from apikeys.stores.redis.channel import RedisChannel, RedisClusterChannel, notices_channel
+from apikeys.policies import dump_metadata
+from apikeys.stores.contract import MAX_ROLL_HOPS, KeyStore
+from apikeys.stores.redis.channel import (
+    RedisChannel,
+    RedisClusterChannel,
+    channel_for,
+    notices_channel,
+)
 from apikeys.stores.redis.checks import check_servers
 from apikeys.stores.redis.client import (
     CLUSTER_SCHEMES,
@@ -119,9 +76,19 @@ from apikeys.stores.redis.client import (
     parse_redis_url,
     redis_client,
 )
-from apikeys.stores.shared import days_of, select_events
+from apikeys.stores.redis.codec import (
+    audit_line,
+    decode,
+    encode,
+    encode_list,
+    encode_time,
+    event_text,
+    pairs,
+    script,
+)
+from apikeys.stores.redis.usage import RedisUsage
+from apikeys.stores.shared import select_events
 from apikeys.types import (
-    Access,
     AuditEvent,
     DailyUsage,
     KeyRecord,
@@ -134,26 +101,10 @@ from apikeys.webhooks.events import EVENT_OF_ACTION
 if TYPE_CHECKING:
     from apikeys.stores.redis.webhooks import RedisWebhooks
 
-__all__ = ["DAILY_USAGE_RETENTION_DAYS", "DEFAULT_KEY_PREFIX", "RedisStore"]
+__all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
 
 
 DEFAULT_KEY_PREFIX = "apikeys:"
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-# How long a key's daily usage is kept on Redis.
-DAILY_USAGE_RETENTION_DAYS: Final = 400
-
-
-@cache
-def _lua(name: str) -> str:
-    """A script of `scripts/`; change scripts start with `common.lua`."""
-    folder = resources.files("apikeys.stores.redis") / "scripts"
-    text = (folder / f"{name}.lua").read_text(encoding="utf-8")
-    if name in ("insert", "set_state", "shorten_expiry", "update", "replace_hash"):
-        text = (folder / "common.lua").read_text(encoding="utf-8") + text
-    return text
 
 
 @contextmanager
@@ -174,125 +125,6 @@ def _unavailable_as_store_error() -> Iterator[None]:
         raise StoreUnavailable(exc) from exc
 
 
-def _encode_time(moment: datetime) -> str:
-    """Integer microseconds since the epoch; a naive datetime is taken as UTC."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return str((moment - _EPOCH) // _MICROSECOND)
-
-
-def _decode_time(value: str | None) -> datetime | None:
-    if value is None or value == "":
-        return None
-    return _EPOCH + timedelta(microseconds=int(value))
-
-
-def _shared(text: str | None) -> str | None:
-    """`text` interned: the values many keys hold alike (workspace, access, state, limits)
-    are kept once, not once per cached key, as Redis returns them."""
-    return text if text is None else sys.intern(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_scopes(value: str) -> tuple[str, ...]:
-    """Kept for the 4,096 texts read last: keys with the same scopes share one tuple."""
-    if value.startswith("["):
-        return tuple(str(scope) for scope in json.loads(value))
-    return tuple(scope for scope in value.split(",") if scope)
-
-
-def _audit_line(line: str) -> tuple[int, AuditEvent]:
-    """An audit list entry, `<server µs> <event>`: the time it was stored, and the event."""
-    stamp, _, text = line.partition(" ")
-    return int(stamp), AuditEvent.decode(text)
-
-
-def _event(event: AuditEvent | None) -> str:
-    return "" if event is None else event.encode()
-
-
-def _encode_list(values: tuple[str, ...]) -> str:
-    return json.dumps(list(values), separators=(",", ":"))
-
-
-def _encode(stored: StoredKey) -> list[str]:
-    """The hash fields of a key, as a flat field/value list."""
-    record = stored.record
-    fields: dict[str, str] = {
-        "id": record.id,
-        "name": record.name,
-        "workspace": record.workspace,
-        "prefix": record.prefix,
-        "access": record.access,
-        "scopes": _encode_list(record.scopes),
-        "state": record.state,
-        "created_at": _encode_time(record.created_at),
-        "request_count": str(record.request_count),
-        "secret_hash": stored.secret_hash,
-    }
-    for name, text in (
-        ("rate_limit", record.rate_limit),
-        ("replaces", record.replaces),
-        ("replaced_by", record.replaced_by),
-        ("owner", record.owner),
-        ("credit_refill", record.credit_refill),
-        ("metadata", dump_metadata(record.metadata) if record.metadata else None),
-        ("allowed_ips", _encode_list(record.allowed_ips) if record.allowed_ips else None),
-        ("credits", None if record.credits is None else str(record.credits)),
-    ):
-        if text is not None:
-            fields[name] = text
-    for name, moment in (
-        ("expires_at", record.expires_at),
-        ("last_used_at", record.last_used_at),
-        ("revoked_at", record.revoked_at),
-        ("credits_refilled_at", record.credits_refilled_at),
-    ):
-        if moment is not None:
-            fields[name] = _encode_time(moment)
-    return [item for pair in fields.items() for item in pair]
-
-
-def _decode(fields: Mapping[str, str]) -> StoredKey:
-    """A key's hash as the store wrote it. A hash that another client damaged (a field
-    deleted or overwritten by hand) fails closed: `StoreUnavailable`, never another error."""
-    try:
-        return _decode_fields(fields)
-    except (KeyError, ValueError, TypeError, AssertionError) as exc:
-        raise StoreUnavailable(
-            exc, hint="a key's hash in Redis is damaged: a field is missing or malformed"
-        ) from None
-
-
-def _decode_fields(fields: Mapping[str, str]) -> StoredKey:
-    created_at = _decode_time(fields["created_at"])
-    assert created_at is not None
-    record = KeyRecord(
-        id=fields["id"],
-        name=fields["name"],
-        workspace=sys.intern(fields["workspace"]),
-        prefix=fields["prefix"],
-        access=cast(Access, sys.intern(fields["access"])),
-        scopes=_decode_scopes(fields["scopes"]),
-        state=cast(StoredState, sys.intern(fields["state"])),
-        rate_limit=_shared(fields.get("rate_limit")),
-        created_at=created_at,
-        expires_at=_decode_time(fields.get("expires_at")),
-        last_used_at=_decode_time(fields.get("last_used_at")),
-        request_count=int(fields.get("request_count") or 0),
-        revoked_at=_decode_time(fields.get("revoked_at")),
-        replaces=fields.get("replaces"),
-        replaced_by=fields.get("replaced_by"),
-        owner=fields.get("owner"),
-        metadata=load_metadata(fields.get("metadata")),
-        allowed_ips=_decode_scopes(fields.get("allowed_ips") or "[]"),
-        credits=None if fields.get("credits") is None else int(fields["credits"]),
-        credit_refill=_shared(fields.get("credit_refill")),
-        credits_refilled_at=_decode_time(fields.get("credits_refilled_at")),
-    )
-    return StoredKey(record=record, secret_hash=fields["secret_hash"])
-
-
 def _check_key_prefix(key_prefix: str) -> str:
     if "{" in key_prefix or "}" in key_prefix:
         raise ConfigurationError(
@@ -300,11 +132,6 @@ def _check_key_prefix(key_prefix: str) -> str:
             "id in a {hash tag} of its own"
         )
     return key_prefix
-
-
-def _pairs(flat: Sequence[str]) -> dict[str, str]:
-    """A flat `[field, value, ...]` script reply as a dict."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 class RedisStore(KeyStore):
@@ -350,16 +177,16 @@ class RedisStore(KeyStore):
         self._all_index = f"{key_prefix}all"
         self._wait_replicas = wait_replicas
         self._wait_timeout = wait_timeout
-        self._insert = client.register_script(_lua("insert"))
-        self._set_state = client.register_script(_lua("set_state"))
-        self._shorten_expiry = client.register_script(_lua("shorten_expiry"))
-        self._spend_credits = client.register_script(_lua("spend_credits"))
-        self._replace_hash = client.register_script(_lua("replace_hash"))
-        self._update = client.register_script(_lua("update"))
-        self._add_usage = client.register_script(_lua("add_usage"))
-        self._claim_setting = client.register_script(_lua("claim_setting"))
-        self._take_once = client.register_script(_lua("take_once"))
-        self._get_to_cache = client.register_script(_lua("get_to_cache"))
+        self._insert = client.register_script(script("insert"))
+        self._set_state = client.register_script(script("set_state"))
+        self._shorten_expiry = client.register_script(script("shorten_expiry"))
+        self._spend_credits = client.register_script(script("spend_credits"))
+        self._replace_hash = client.register_script(script("replace_hash"))
+        self._update = client.register_script(script("update"))
+        self._claim_setting = client.register_script(script("claim_setting"))
+        self._take_once = client.register_script(script("take_once"))
+        self._get_to_cache = client.register_script(script("get_to_cache"))
+        self._usage = RedisUsage(self, client.register_script(script("add_usage")))
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -442,7 +269,7 @@ class RedisStore(KeyStore):
         return client
 
     @asynccontextmanager
-    async def _calls(self) -> AsyncIterator[None]:
+    async def calls(self) -> AsyncIterator[None]:
         """Around every call to Redis: this loop's connections, and failures as
         `StoreUnavailable` (the scripts reach the client without the property).
 
@@ -517,28 +344,13 @@ class RedisStore(KeyStore):
         """The Redis key of the sorted set that indexes every key."""
         return self._all_index
 
-    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
-        today = datetime.now(UTC).date()
-        days = [since + timedelta(days=n) for n in range(max(0, (today - since).days) + 1)]
-        if not days:
-            return []
-        async with self._calls(), self._client.pipeline(transaction=False) as pipe:
-            for day in days:
-                pipe.hgetall(self.daily_usage_name(key_id, day.isoformat()))
-            replies: list[dict[str, str]] = await pipe.execute()
-        return days_of(
-            (day.isoformat(), outcome, int(count))
-            for day, reply in zip(days, replies, strict=True)
-            for outcome, count in reply.items()
-        )
-
     async def setup(self) -> None:
         """Check the servers and load the scripts into their cache (every master's, on a
         cluster). Raises `ConfigurationError` on a server whose `maxmemory-policy` may evict
         keys without a TTL, and logs a warning for one without persistence (see
         `apikeys.stores.redis.checks`). Idempotent: a script the server has lost (restart,
         `SCRIPT FLUSH`, a failover) is loaded again on first use."""
-        async with self._calls():
+        async with self.calls():
             await check_servers(self._client, cluster=self._cluster, where=self._where())
             for script in self._scripts():
                 script.sha = str(await self._client.script_load(script.script))
@@ -551,7 +363,7 @@ class RedisStore(KeyStore):
             self._spend_credits,
             self._replace_hash,
             self._update,
-            self._add_usage,
+            self._usage.script,
             self._claim_setting,
             self._get_to_cache,
         )
@@ -646,7 +458,7 @@ class RedisStore(KeyStore):
     async def claim_setting(
         self, name: str, value: str, *, replacing: Collection[str] = ()
     ) -> str | None:
-        async with self._calls():
+        async with self.calls():
             recorded = await self._claim_setting(
                 keys=[f"{self._prefix}setting:{name}"], args=[value, *replacing]
             )
@@ -656,36 +468,36 @@ class RedisStore(KeyStore):
         milliseconds = int(ttl.total_seconds() * 1000)
         if milliseconds <= 0:  # expired already: nothing to keep
             return
-        async with self._calls():
+        async with self.calls():
             await self._client.set(f"{self._prefix}once:{token}", value, px=milliseconds)
 
     async def take_once(self, token: str) -> str | None:
-        async with self._calls():
+        async with self.calls():
             value = await self._take_once(keys=[f"{self._prefix}once:{token}"])
         return None if value is None else str(value)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
-        score = int(_encode_time(record.created_at))
-        async with self._calls():
+        score = int(encode_time(record.created_at))
+        async with self.calls():
             # Indexes first, so that a stored key is always listed (see the module docstring).
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
                 pipe.zadd(self._all_index, {record.id: score}, nx=True)
                 await pipe.execute()
             created = await self._change(
-                self._insert, self._keys(record.id), [*_encode(stored), *self._tail(event, None)]
+                self._insert, self._keys(record.id), [*encode(stored), *self._tail(event, None)]
             )
         if not created:
             raise DuplicateKeyId(record.id)
 
     async def get(self, key_id: str) -> StoredKey | None:
-        async with self._calls():
+        async with self.calls():
             # The hot path: one HGETALL, one round trip.
             fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
         if not fields:
             return None
-        return _decode(fields)
+        return decode(fields)
 
     async def get_to_cache(self, key_id: str) -> tuple[StoredKey | None, bool]:
         """`get`, and whether a key cache may keep what it read: not a hash with a TTL.
@@ -697,19 +509,19 @@ class RedisStore(KeyStore):
         at every request instead. Setting or removing a TTL is a write, which Redis does
         announce: a cached record drops at once, and is read again with its TTL.
         """
-        async with self._calls():
+        async with self.calls():
             fields, ttl = await self._get_to_cache(keys=[self.key_name(key_id)])
         if not fields:
             return None, True
         it = iter(cast("builtins.list[str]", fields))
-        return _decode(dict(zip(it, it, strict=True))), int(ttl) == -1
+        return decode(dict(zip(it, it, strict=True))), int(ttl) == -1
 
     async def _ids(self, workspace: str | None) -> builtins.list[str]:
         index = self._all_index if workspace is None else self.workspace_index_name(workspace)
         return cast("builtins.list[str]", await self._client.zrange(index, 0, -1))
 
     async def list(self, workspace: str | None = None) -> builtins.list[KeyRecord]:
-        async with self._calls():
+        async with self.calls():
             ids = await self._ids(workspace)
             if not ids:
                 return []
@@ -722,7 +534,7 @@ class RedisStore(KeyStore):
             # Skip index entries left by a failed insert or a refused duplicate.
             if not fields or (workspace is not None and fields.get("workspace") != workspace):
                 continue
-            records.append(_decode(fields).record)
+            records.append(decode(fields).record)
         records.sort(key=lambda record: (record.created_at, record.id))
         return records
 
@@ -744,7 +556,7 @@ class RedisStore(KeyStore):
         narrowed = where.owner is not None or where.status is not None
         batch = min(max(limit * 2, 64), 1000) if narrowed else limit + 1
         records: builtins.list[KeyRecord] = []
-        async with self._calls():
+        async with self.calls():
             rank = 0 if start is None else await self._rank_after(index, start)
             while len(records) < limit:
                 ids = cast(
@@ -762,7 +574,7 @@ class RedisStore(KeyStore):
                         where.workspace is not None and fields.get("workspace") != where.workspace
                     ):
                         continue  # an index entry left by a failed insert (see above)
-                    record = _decode(fields).record
+                    record = decode(fields).record
                     if after(record, start) and where.matches(record, now):
                         records.append(record)
                         if len(records) == limit:
@@ -774,7 +586,7 @@ class RedisStore(KeyStore):
     async def _rank_after(self, index: str, start: Position) -> int:
         """The rank in `index` of the first entry after `start`, or close before it."""
         created_at, key_id = start
-        score = int(_encode_time(created_at))
+        score = int(encode_time(created_at))
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.zscore(index, key_id)
             pipe.zrank(index, key_id)
@@ -789,7 +601,7 @@ class RedisStore(KeyStore):
     def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
         if not reply:
             raise KeyNotFound(key_id)
-        return _decode(_pairs(cast("list[str]", reply))).record
+        return decode(pairs(cast("list[str]", reply))).record
 
     def _keys(self, key_id: str) -> builtins.list[str]:
         """KEYS of a change script: the key's hash, audit list and webhook outbox (one
@@ -807,11 +619,11 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> KeyRecord:
-        async with self._calls():
+        async with self.calls():
             reply = await self._change(
                 self._set_state,
                 self._keys(key_id),
-                [state, _encode_time(at), *allowed_from, *self._tail(event, notice)],
+                [state, encode_time(at), *allowed_from, *self._tail(event, notice)],
             )
         return self._record_from_reply(key_id, reply)
 
@@ -824,11 +636,11 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> KeyRecord:
-        async with self._calls():
+        async with self.calls():
             reply = await self._change(
                 self._shorten_expiry,
                 self._keys(key_id),
-                [_encode_time(expires_at), replaced_by or "", *self._tail(event, notice)],
+                [encode_time(expires_at), replaced_by or "", *self._tail(event, notice)],
             )
         return self._record_from_reply(key_id, reply)
 
@@ -836,9 +648,9 @@ class RedisStore(KeyStore):
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
     ) -> int | None:
         # On the request path: not followed by WAIT (see docs/stores.md).
-        amount, start = ("", "0") if refill is None else (str(refill[0]), _encode_time(refill[1]))
+        amount, start = ("", "0") if refill is None else (str(refill[0]), encode_time(refill[1]))
         target, followed = key_id, ""
-        async with self._calls():
+        async with self.calls():
             for _ in range(MAX_ROLL_HOPS):
                 left = await self._spend_credits(
                     keys=[self.key_name(target)], args=[cost, amount, start, followed]
@@ -858,7 +670,7 @@ class RedisStore(KeyStore):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> bool:
-        async with self._calls():
+        async with self.calls():
             swapped = await self._change(
                 self._replace_hash,
                 self._keys(key_id),
@@ -874,14 +686,14 @@ class RedisStore(KeyStore):
         since: datetime | None = None,
         limit: int = 1000,
     ) -> builtins.list[AuditEvent]:
-        async with self._calls():
+        async with self.calls():
             ids = [key_id] if key_id is not None else await self._ids(workspace)
             async with self._client.pipeline(transaction=False) as pipe:
                 for one in ids:
                     pipe.lrange(self.audit_list_name(one), 0, -1)
                 replies: list[list[str]] = await pipe.execute()
         stamped = sorted(
-            (_audit_line(line) for lines in replies for line in lines),
+            (audit_line(line) for lines in replies for line in lines),
             key=lambda pair: pair[0],  # stable: each list is in order already
         )
         return select_events(
@@ -906,17 +718,17 @@ class RedisStore(KeyStore):
             if value is None:
                 deletes.append(name)
             elif name in ("scopes", "allowed_ips"):
-                sets += [name, _encode_list(value)]
+                sets += [name, encode_list(value)]
             elif name == "metadata":
                 if value:
                     sets += [name, dump_metadata(value)]
                 else:
                     deletes.append(name)
             elif name in ("expires_at", "credits_refilled_at"):
-                sets += [name, _encode_time(value)]
+                sets += [name, encode_time(value)]
             else:
                 sets += [name, str(value)]
-        async with self._calls():
+        async with self.calls():
             reply = await self._change(
                 self._update,
                 self._keys(key_id),
@@ -928,42 +740,20 @@ class RedisStore(KeyStore):
         """The last ARGV of every change script: the webhook event, the audit event, the
         notice channel, the notice."""
         hook = "" if event is None else EVENT_OF_ACTION.get(event.action, "")
-        return hook, _event(event), notices_channel(self._prefix), notice or ""
+        return hook, event_text(event), notices_channel(self._prefix), notice or ""
 
     def channel(self) -> RedisChannel | RedisClusterChannel:
         """Redis pub/sub and tracking on this store's server and key prefix (see
         `apikeys.stores.redis.channel`). Through Sentinel, on the current master, found again at
         each connection (a failover drops the subscription, and so the cache). On a cluster,
         one subscription per master, probed together (`RedisClusterChannel`)."""
-        if self._cluster:
-            client = cast(RedisCluster, self._client)
-            if self._target is not None:
-                nodes = list(self._target.hosts)
-                kwargs = {
-                    name: value
-                    for name, value in self._target.options.items()
-                    if name in ("username", "password")
-                }
-            else:
-                nodes = [(node.host, int(node.port)) for node in client.get_nodes()]
-                given = client.get_connection_kwargs()
-                kwargs = {name: given[name] for name in ("username", "password") if given.get(name)}
-            return RedisClusterChannel(nodes, connection_kwargs=kwargs, key_prefix=self._prefix)
-        if self._sentinel is not None and self._target is not None:
-            kwargs = dict(self._sentinel.connection_kwargs)
-            kwargs["db"] = self._target.db
-            return RedisChannel(
-                connection_kwargs=kwargs,
-                key_prefix=self._prefix,
-                sentinel=self._sentinel,
-                service_name=self._target.service_name,
-                on_master=self._follow_master,
-            )
-        pool = cast(Redis, self._client).connection_pool
-        return RedisChannel(
-            connection_kwargs=pool.connection_kwargs,
-            connection_class=pool.connection_class,
+        return channel_for(
+            self._client,
             key_prefix=self._prefix,
+            cluster=self._cluster,
+            target=self._target,
+            sentinel=self._sentinel,
+            on_master=self._follow_master,
         )
 
     async def _follow_master(self, address: tuple[str, int] | None) -> None:
@@ -995,49 +785,7 @@ class RedisStore(KeyStore):
         return self._cluster
 
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
-        # A zero count changes nothing, not even last_used_at (as `KeyRecord.with_usage`).
-        batch = [(key_id, delta) for key_id, delta in usage.items() if delta.count or delta.daily]
-        if not batch:
-            return
-        async with self._calls():
-            try:
-                await self._add_usage_batch(batch, batch_id, uuid.uuid4().hex)
-            except NoScriptError:
-                # A server lost the script: every script of its share failed, nothing of it
-                # applied, not even the marker. Load it and send the batch again, with a
-                # new nonce: on a cluster, the markers another node set skip what it applied.
-                self._add_usage.sha = str(await self._client.script_load(self._add_usage.script))
-                await self._add_usage_batch(batch, batch_id, uuid.uuid4().hex)
+        await self._usage.add(usage, batch_id)
 
-    async def _add_usage_batch(
-        self, batch: Sequence[tuple[str, UsageDelta]], batch_id: str, nonce: str
-    ) -> None:
-        # EVALSHA directly rather than through the Script object: inside a pipeline that would
-        # cost a SCRIPT EXISTS round trip before every batch.
-        sha = self._add_usage.sha
-        ttl = str(int(USAGE_BATCH_RETENTION.total_seconds()))
-        # One MULTI/EXEC on one server; a cluster has no transaction across slots.
-        async with self._client.pipeline(transaction=not self._cluster) as pipe:
-            for key_id, delta in batch:
-                days = sorted({day for day, _ in delta.daily})
-                slots = {day: index for index, day in enumerate(days, start=3)}
-                triples = [
-                    item
-                    for (day, outcome), count in sorted(delta.daily.items())
-                    for item in (str(slots[day]), outcome, str(count))
-                ]
-                pipe.execute_command(
-                    "EVALSHA",
-                    sha,
-                    2 + len(days),
-                    self.key_name(key_id),
-                    self.usage_batch_name(batch_id, key_id),
-                    *(self.daily_usage_name(key_id, day) for day in days),
-                    str(delta.count),
-                    _encode_time(delta.last_used_at),
-                    nonce,
-                    ttl,
-                    str(DAILY_USAGE_RETENTION_DAYS * 86400),
-                    *triples,
-                )
-            await pipe.execute()
+    async def usage_history(self, key_id: str, since: date) -> builtins.list[DailyUsage]:
+        return await self._usage.history(key_id, since)

@@ -42,7 +42,8 @@ from typing import Any, cast
 
 from apikeys.errors import DeliveryInProgress
 from apikeys.stores.contract import WebhookStore
-from apikeys.stores.redis.store import RedisStore, _decode, _decode_time, _encode_time, _lua
+from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
+from apikeys.stores.redis.store import RedisStore
 from apikeys.types import KeyRecord
 from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 from apikeys.webhooks.model import (
@@ -86,11 +87,11 @@ def _next_look(expires_at: datetime, now: datetime) -> datetime:
 
 
 def _micros(moment: datetime) -> int:
-    return int(_encode_time(moment))
+    return int(encode_time(moment))
 
 
 def _time(value: str | None) -> datetime | None:
-    return _decode_time(value)
+    return decode_time(value)
 
 
 def _delivery(delivery_id: str, fields: dict[str, str]) -> Delivery:
@@ -118,9 +119,9 @@ class RedisWebhooks(WebhookStore):
         self._store = store
         self._w = f"{store.key_prefix}{{webhooks}}:"
         self._index = f"{self._w}endpoints"
-        client = store._client_object
+        client = store.client
         self._scripts = {
-            name: client.register_script(_lua(f"webhook_{name}"))
+            name: client.register_script(script(f"webhook_{name}"))
             for name in (
                 "add_endpoint",
                 "roll",
@@ -134,12 +135,12 @@ class RedisWebhooks(WebhookStore):
                 "reschedule",
             )
         }
-        self._taken = client.register_script(_lua("webhook_taken"))
-        self._forget = client.register_script(_lua("webhook_forget"))
+        self._taken = client.register_script(script("webhook_taken"))
+        self._forget = client.register_script(script("webhook_forget"))
 
     async def _script(self, name: str, *args: Any) -> Any:
         script = self._scripts[name]
-        async with self._store._calls():
+        async with self._store.calls():
             return await script(keys=[self._index], args=[self._w, *args])
 
     async def add_endpoint(self, endpoint: Endpoint) -> None:
@@ -159,8 +160,8 @@ class RedisWebhooks(WebhookStore):
 
     async def _endpoint_rows(self) -> list[tuple[Endpoint, int]]:
         store = self._store
-        async with store._calls():
-            client = store._client
+        async with store.calls():
+            client = store.client
             ids = cast("list[str]", await client.zrange(self._index, 0, -1))
             if not ids:
                 return []
@@ -197,7 +198,7 @@ class RedisWebhooks(WebhookStore):
         return bool(await self._script("roll", endpoint_id, secret, _micros(overlap_until)))
 
     async def forget_previous_secrets(self, now: datetime) -> int:
-        async with self._store._calls():
+        async with self._store.calls():
             return int(await self._forget(keys=[self._index], args=[self._w, _micros(now)]))
 
     async def _make(self, now: datetime, values: list[str]) -> int:
@@ -229,8 +230,8 @@ class RedisWebhooks(WebhookStore):
     async def take(self, now: datetime, limit: int = 500) -> int:
         store = self._store
         rows = await self._endpoint_rows()
-        async with store._calls():
-            client = store._client
+        async with store.calls():
+            client = store.client
             pending = cast(
                 "list[tuple[str, float]]",
                 await client.zrange(store.outbox_index_name, 0, limit - 1, withscores=True),
@@ -245,7 +246,7 @@ class RedisWebhooks(WebhookStore):
         for entries in outboxes:
             for entry in entries:
                 stamp, event, fields = json.loads(entry)
-                record = _decode({**fields, "secret_hash": ""}).record
+                record = decode({**fields, "secret_hash": ""}).record
                 at = _time(stamp)
                 assert at is not None
                 for endpoint, since in rows:
@@ -273,7 +274,7 @@ class RedisWebhooks(WebhookStore):
                 if entries
             ],
         )
-        async with store._calls():
+        async with store.calls():
             async with client.pipeline(transaction=False) as pipe:
                 for (key_id, _), entries in zip(pending, outboxes, strict=True):
                     if entries:
@@ -293,8 +294,8 @@ class RedisWebhooks(WebhookStore):
         # An endpoint no look was made for yet: every key that may be in a notice's window
         # is read once, so that it gets the notices due now as well (as on SQL).
         wanted = {endpoint.id for endpoint in endpoints}
-        async with self._store._calls():
-            known = await self._store._client.smembers(f"{self._w}expiring-endpoints")
+        async with self._store.calls():
+            known = await self._store.client.smembers(f"{self._w}expiring-endpoints")
         whole = not wanted <= set(known)
         upto = now + max(EXPIRING_NOTICES) if whole else now
         made: list[Timed] = []
@@ -316,8 +317,8 @@ class RedisWebhooks(WebhookStore):
         count = await self.make_deliveries(made, now)
         await self._reschedule("expiring", moves)
         if whole:
-            async with self._store._calls():
-                await self._store._client.sadd(f"{self._w}expiring-endpoints", *wanted)
+            async with self._store.calls():
+                await self._store.client.sadd(f"{self._w}expiring-endpoints", *wanted)
         return count
 
     async def usage_thresholds(self, now: datetime) -> int:
@@ -348,8 +349,8 @@ class RedisWebhooks(WebhookStore):
         store = self._store
         chunks = []
         start = 0
-        async with store._calls():
-            client = store._client
+        async with store.calls():
+            client = store.client
             while True:
                 entries = cast(
                     "list[tuple[str, float]]",
@@ -372,7 +373,7 @@ class RedisWebhooks(WebhookStore):
                     (
                         [key_id for key_id, _ in entries],
                         [score for _, score in entries],
-                        [_decode(fields).record if fields else None for fields in hashes],
+                        [decode(fields).record if fields else None for fields in hashes],
                     )
                 )
                 if not whole or len(entries) < LOOK_LIMIT:
@@ -413,8 +414,8 @@ class RedisWebhooks(WebhookStore):
         to take."""
         store = self._store
         cluster = store.deployment == "cluster"
-        async with store._calls():
-            client = store._client
+        async with store.calls():
+            client = store.client
             size = SWEEP_SLICE if await client.exists(f"{self._w}swept") else FIRST_SWEEP_SLICE
             end = int(await client.incrby(f"{self._w}sweep", size))
             ids = cast("list[str]", await client.zrange(store.all_index_name, end - size, end - 1))
@@ -519,8 +520,8 @@ class RedisWebhooks(WebhookStore):
         store = self._store
         listed: list[Delivery] = []
         start, step = 0, limit if status is None else max(limit, 200)
-        async with store._calls():
-            client = store._client
+        async with store.calls():
+            client = store.client
             while len(listed) < limit:
                 ids = cast("list[str]", await client.zrevrange(index, start, start + step - 1))
                 async with client.pipeline(transaction=False) as pipe:
@@ -537,8 +538,8 @@ class RedisWebhooks(WebhookStore):
 
     async def delivery(self, delivery_id: str) -> Delivery | None:
         store = self._store
-        async with store._calls():
-            fields = await store._client.hgetall(f"{self._w}delivery:{delivery_id}")
+        async with store.calls():
+            fields = await store.client.hgetall(f"{self._w}delivery:{delivery_id}")
         return _delivery(delivery_id, fields) if fields else None
 
     async def prune(self, before: datetime, limit: int = 1000) -> int:

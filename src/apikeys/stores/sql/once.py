@@ -10,12 +10,14 @@ removed it gets the value.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = ["put_once", "take_once"]
+__all__ = ["claim_setting", "put_once", "take_once"]
 
 
 async def put_once(
@@ -49,3 +51,37 @@ async def take_once(
     if row is None or row.expires_at <= now:
         return None
     return str(row.value)
+
+
+async def claim_setting(
+    conn: AsyncConnection,
+    settings: sa.Table,
+    dialect: str,
+    name: str,
+    value: str,
+    replacing: Collection[str],
+) -> str | None:
+    """`KeyStore.claim_setting` in the transaction of `conn`: the value that stands."""
+    where = settings.c.name == name
+    if dialect == "sqlite":
+        add: sa.Insert = sqlite.insert(settings).on_conflict_do_nothing()
+    elif dialect == "postgresql":
+        add = postgresql.insert(settings).on_conflict_do_nothing()
+    else:  # pragma: no cover - other dialects: a concurrent first claim may fail once
+        add = sa.insert(settings)
+    # A value that stands is only read: every process start claims its setting, and a write
+    # there would wait behind any lock on the table (CONTRACT section 15).
+    found = (await conn.execute(sa.select(settings.c.value).where(where))).scalar()
+    if found is not None and str(found) not in replacing:
+        return str(found)
+    # Replace a replaceable value, add one where none is, then read what is there: one
+    # transaction, and a concurrent first claim loses to the one that committed.
+    if replacing:
+        await conn.execute(
+            sa.update(settings)
+            .where(where, settings.c.value.in_(list(replacing)))
+            .values(value=value)
+        )
+    await conn.execute(add.values(name=name, value=value))
+    recorded = (await conn.execute(sa.select(settings.c.value).where(where))).scalar()
+    return None if recorded is None else str(recorded)
