@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import types
 import typing
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -17,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from apikeys.fields import KEY_FIELDS
-from apikeys.types import RECORD_FIELDS, KeyRecord, Kind, Role
+from apikeys.types import RECORD_FIELDS, KeyRecord, Kind, Role, StoredKey
 from apikeys.webhooks.events import record_from_snapshot
 
 # The keys table as `CREATE TABLE` wrote it before the columns were derived from the table.
@@ -230,3 +232,116 @@ def _as_row(record: KeyRecord) -> dict[str, object]:
             value = json.dumps(dict(value)) if value else None
         row[entry.name] = value
     return row
+
+
+# A key's hash as the Redis store wrote it before its codec was derived from the table.
+REDIS_HASH = {
+    "id": "abcdefABCDEF",
+    "name": "billing",
+    "workspace": "acme",
+    "prefix": "ak_abcdefABCDEF_…",
+    "access": "restricted",
+    "scopes": '["items:read","items:write"]',
+    "state": "disabled",
+    "rate_limit": "burst=10/second, daily=1000/day",
+    "created_at": "1767268800123456",
+    "expires_at": "1798761600000000",
+    "last_used_at": "1769904000000000",
+    "request_count": "42",
+    "replaces": "zyxwvuZYXWVU",
+    "owner": "user@example.com",
+    "metadata": '{"plan":"pro","seats":[1,2],"ü":null}',
+    "allowed_ips": '["10.0.0.0/8","2001:db8::/32"]',
+    "credits": "0",
+    "credit_refill": "1000/day",
+    "credits_refilled_at": "1769904000000000",
+    "secret_hash": "sha256$hash",
+}
+# A key with nothing but what a key must have: every other field is left out of its hash.
+REDIS_BARE_HASH = {
+    "id": "abcdefABCDEF",
+    "name": "billing",
+    "workspace": "acme",
+    "prefix": "ak_abcdefABCDEF_…",
+    "access": "full",
+    "scopes": "[]",
+    "state": "active",
+    "created_at": "1767268800123456",
+    "request_count": "0",
+    "secret_hash": "sha256$hash",
+}
+BARE = {
+    "access": "full",
+    "scopes": (),
+    "state": "active",
+    "rate_limit": None,
+    "expires_at": None,
+    "last_used_at": None,
+    "request_count": 0,
+    "replaces": None,
+    "owner": None,
+    "metadata": {},
+    "allowed_ips": (),
+    "credits": None,
+    "credit_refill": None,
+    "credits_refilled_at": None,
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [({}, REDIS_HASH), (BARE, REDIS_BARE_HASH)],
+    ids=["every field", "bare"],
+)
+def test_the_redis_hash_of_a_key_is_the_layout_of_before_and_reads_back(
+    changes: dict[str, object], expected: dict[str, str]
+) -> None:
+    from apikeys.stores.redis.codec import decode, encode
+
+    stored = StoredKey(_record(**changes), "sha256$hash")
+    flat = encode(stored)
+    written = dict(zip(flat[::2], flat[1::2], strict=True))
+    assert written == expected
+    assert decode(written) == stored
+
+
+async def test_a_key_round_trips_through_a_redis_hash(
+    redis_url: str, redis_key_prefix: str
+) -> None:
+    from redis.asyncio import Redis
+
+    from apikeys.stores.redis import RedisStore
+
+    store = RedisStore.from_url(redis_url, key_prefix=redis_key_prefix)
+    admin = Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for changes, expected in ((BARE, REDIS_BARE_HASH), ({}, REDIS_HASH)):
+            record = _record(**changes)
+            await store.insert(StoredKey(record, "sha256$hash"))
+            assert await admin.hgetall(store.key_name(record.id)) == expected
+            assert await store.get(record.id) == StoredKey(record, "sha256$hash")
+            await admin.delete(store.key_name(record.id))
+    finally:
+        await admin.aclose()
+        await store.aclose()
+
+
+@pytest.mark.parametrize("record", [_record(), _record(**BARE)], ids=["every field", "bare"])
+async def test_a_key_round_trips_through_a_sql_row(tmp_path: Path, record: KeyRecord) -> None:
+    from apikeys.stores.sql.rows import FIELDS, row_values, stored_from_raw
+    from apikeys.stores.sql.store import SQLStore
+
+    stored = StoredKey(record, "sha256$hash")
+    assert list(row_values(stored)) == list(FIELDS)
+    store = SQLStore(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
+    try:
+        await store.setup()
+        await store.insert(stored)
+        assert await store.get(record.id) == stored
+        assert await store.list(record.workspace) == [record]
+    finally:
+        await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as db:
+        columns = ", ".join(FIELDS)  # names of the table, not input
+        row = db.execute(f"SELECT {columns} FROM apikeys_keys").fetchone()  # noqa: S608
+    assert stored_from_raw(row, sqlite=True) == stored

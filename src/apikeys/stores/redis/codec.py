@@ -32,10 +32,11 @@ and, across keys:
 The audit trail across keys is read from the per-key lists of the ids an index names. This
 is the first layout (0.1.0): no other is read.
 
-Hash fields carry the `KeyRecord` field names plus `secret_hash`. Datetimes are stored as
-integer microseconds since the Unix epoch (exact, and comparable inside Lua); they decode to
-timezone-aware UTC datetimes. `scopes` is a JSON array; absent fields (`rate_limit`,
-`expires_at`, `last_used_at`, `revoked_at`) mean None.
+Hash fields carry the `KeyRecord` field names plus `secret_hash`, each written as its kind
+in `apikeys.types.RECORD_FIELDS` says: datetimes as integer microseconds since the Unix
+epoch (exact, and comparable inside Lua), decoded to timezone-aware UTC datetimes; lists
+(`scopes`, `allowed_ips`) as JSON arrays; metadata as canonical JSON; counts as decimal
+text. An absent field (`rate_limit`, `expires_at`, `owner`, …) has its default.
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from importlib import resources
-from typing import cast
+from typing import Any, Final
 
 from apikeys.errors import StoreUnavailable
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.types import Access, AuditEvent, KeyRecord, StoredKey, StoredState
+from apikeys.types import RECORD_FIELDS, AuditEvent, KeyRecord, Kind, StoredKey
 
 __all__ = [
     "audit_line",
@@ -59,6 +60,7 @@ __all__ = [
     "decode_scopes",
     "decode_time",
     "encode",
+    "encode_field",
     "encode_list",
     "encode_time",
     "event_text",
@@ -122,42 +124,51 @@ def encode_list(values: tuple[str, ...]) -> str:
     return json.dumps(list(values), separators=(",", ":"))
 
 
+# How each kind of field (`Kind`) is written in a key's hash, and read back.
+_ENCODERS: Final[Mapping[Kind, Callable[[Any], str]]] = {
+    Kind.TEXT: str,
+    Kind.NAMES: encode_list,
+    Kind.TIME: encode_time,
+    Kind.COUNT: str,
+    Kind.OBJECT: dump_metadata,
+}
+_DECODERS: Final[Mapping[Kind, Callable[[str], Any]]] = {
+    Kind.TEXT: str,
+    Kind.NAMES: decode_scopes,
+    Kind.TIME: decode_time,
+    Kind.COUNT: int,
+    Kind.OBJECT: load_metadata,
+}
+_EMPTY_IS_DEFAULT: Final = frozenset({Kind.NAMES, Kind.TIME, Kind.OBJECT})
+_FIELDS: Final = {field.name: field for field in RECORD_FIELDS}
+_READ: Final = tuple(
+    (field, interned if field.shared else _DECODERS[field.kind]) for field in RECORD_FIELDS
+)
+
+
+def encode_field(name: str, value: Any) -> str | None:
+    """A field of `KeyRecord` as its key's hash holds it; None: the field is deleted (a
+    None, or empty metadata)."""
+    field = _FIELDS[name]
+    if value is None or (field.kind is Kind.OBJECT and not value):
+        return None
+    return _ENCODERS[field.kind](value)
+
+
 def encode(stored: StoredKey) -> list[str]:
-    """The hash fields of a key, as a flat field/value list."""
+    """The hash fields of a key, as a flat field/value list: every field of
+    `RECORD_FIELDS` a key must have, the others unless they hold their default (no
+    expiry, no owner, no allowlist …), and `secret_hash`."""
     record = stored.record
-    fields: dict[str, str] = {
-        "id": record.id,
-        "name": record.name,
-        "workspace": record.workspace,
-        "prefix": record.prefix,
-        "access": record.access,
-        "scopes": encode_list(record.scopes),
-        "state": record.state,
-        "created_at": encode_time(record.created_at),
-        "request_count": str(record.request_count),
-        "secret_hash": stored.secret_hash,
-    }
-    for name, text in (
-        ("rate_limit", record.rate_limit),
-        ("replaces", record.replaces),
-        ("replaced_by", record.replaced_by),
-        ("owner", record.owner),
-        ("credit_refill", record.credit_refill),
-        ("metadata", dump_metadata(record.metadata) if record.metadata else None),
-        ("allowed_ips", encode_list(record.allowed_ips) if record.allowed_ips else None),
-        ("credits", None if record.credits is None else str(record.credits)),
-    ):
+    flat: list[str] = []
+    for field in RECORD_FIELDS:
+        value = getattr(record, field.name)
+        if not field.required and (value is None or value == field.empty()):
+            continue
+        text = encode_field(field.name, value)
         if text is not None:
-            fields[name] = text
-    for name, moment in (
-        ("expires_at", record.expires_at),
-        ("last_used_at", record.last_used_at),
-        ("revoked_at", record.revoked_at),
-        ("credits_refilled_at", record.credits_refilled_at),
-    ):
-        if moment is not None:
-            fields[name] = encode_time(moment)
-    return [item for pair in fields.items() for item in pair]
+            flat += [field.name, text]
+    return [*flat, "secret_hash", stored.secret_hash]
 
 
 def decode(fields: Mapping[str, str]) -> StoredKey:
@@ -172,32 +183,19 @@ def decode(fields: Mapping[str, str]) -> StoredKey:
 
 
 def _decode_fields(fields: Mapping[str, str]) -> StoredKey:
-    created_at = decode_time(fields["created_at"])
-    assert created_at is not None
-    record = KeyRecord(
-        id=fields["id"],
-        name=fields["name"],
-        workspace=sys.intern(fields["workspace"]),
-        prefix=fields["prefix"],
-        access=cast(Access, sys.intern(fields["access"])),
-        scopes=decode_scopes(fields["scopes"]),
-        state=cast(StoredState, sys.intern(fields["state"])),
-        rate_limit=interned(fields.get("rate_limit")),
-        created_at=created_at,
-        expires_at=decode_time(fields.get("expires_at")),
-        last_used_at=decode_time(fields.get("last_used_at")),
-        request_count=int(fields.get("request_count") or 0),
-        revoked_at=decode_time(fields.get("revoked_at")),
-        replaces=fields.get("replaces"),
-        replaced_by=fields.get("replaced_by"),
-        owner=fields.get("owner"),
-        metadata=load_metadata(fields.get("metadata")),
-        allowed_ips=decode_scopes(fields.get("allowed_ips") or "[]"),
-        credits=None if fields.get("credits") is None else int(fields["credits"]),
-        credit_refill=interned(fields.get("credit_refill")),
-        credits_refilled_at=decode_time(fields.get("credits_refilled_at")),
-    )
-    return StoredKey(record=record, secret_hash=fields["secret_hash"])
+    values: list[Any] = []
+    for field, decode_value in _READ:
+        text = fields.get(field.name)
+        # A field left out (or a list, time or object written empty) has its default; an
+        # empty count is damage, never "unlimited".
+        if text is None or (text == "" and field.kind in _EMPTY_IS_DEFAULT):
+            value = field.empty()
+        else:
+            value = decode_value(text)
+        if value is None and field.required:
+            raise ValueError(f"{field.name} is empty")
+        values.append(value)
+    return StoredKey(record=KeyRecord(*values), secret_hash=fields["secret_hash"])
 
 
 def pairs(flat: Sequence[str]) -> dict[str, str]:

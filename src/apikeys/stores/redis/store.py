@@ -59,7 +59,6 @@ from apikeys.errors import (
     StoreUnavailable,
 )
 from apikeys.listing import KeyFilter, Position, after
-from apikeys.policies import dump_metadata
 from apikeys.stores.contract import MAX_ROLL_HOPS, KeyStore
 from apikeys.stores.redis.channel import (
     RedisChannel,
@@ -80,7 +79,7 @@ from apikeys.stores.redis.codec import (
     audit_line,
     decode,
     encode,
-    encode_list,
+    encode_field,
     encode_time,
     event_text,
     pairs,
@@ -715,19 +714,11 @@ class RedisStore(KeyStore):
         sets: list[str] = []
         deletes: list[str] = []
         for name, value in changes.items():
-            if value is None:
+            text = encode_field(name, value)
+            if text is None:
                 deletes.append(name)
-            elif name in ("scopes", "allowed_ips"):
-                sets += [name, encode_list(value)]
-            elif name == "metadata":
-                if value:
-                    sets += [name, dump_metadata(value)]
-                else:
-                    deletes.append(name)
-            elif name in ("expires_at", "credits_refilled_at"):
-                sets += [name, encode_time(value)]
             else:
-                sets += [name, str(value)]
+                sets += [name, text]
         async with self.calls():
             reply = await self._change(
                 self._update,

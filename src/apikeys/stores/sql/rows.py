@@ -1,47 +1,39 @@
-"""How a row of the keys table becomes a `KeyRecord`: the column order of every SELECT and
-RETURNING, and the row decoders (through SQLAlchemy's types, or straight from a driver)."""
+"""How a row of the keys table becomes a `KeyRecord` and back: the column order of every
+SELECT and RETURNING, the row decoders (through SQLAlchemy's types, or straight from a
+driver) and the values an INSERT writes. All of them derive from the field table
+(`apikeys.types.RECORD_FIELDS`) through the keys table's columns (`record_columns`); rows
+are decoded on a miss of the key cache only, never per request."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 from apikeys.policies import load_metadata
-from apikeys.stores.sql.schema import load_scopes
-from apikeys.types import KeyRecord, StoredKey
+from apikeys.stores.sql.schema import load_scopes, record_columns
+from apikeys.types import RECORD_FIELDS, KeyRecord, Kind, StoredKey
 
-__all__ = ["FIELDS", "SECRET_HASH", "interned", "record_from_row", "stored_from_raw", "utc"]
+__all__ = [
+    "FIELDS",
+    "SECRET_HASH",
+    "interned",
+    "record_from_row",
+    "row_values",
+    "stored_from_raw",
+    "utc",
+]
 
-# Column order of every SELECT and RETURNING: the fields of KeyRecord, then the hash.
-FIELDS: Final = (
-    "id",
-    "name",
-    "workspace",
-    "prefix",
-    "access",
-    "scopes",
-    "state",
-    "rate_limit",
-    "created_at",
-    "expires_at",
-    "last_used_at",
-    "request_count",
-    "revoked_at",
-    "secret_hash",
-    "replaces",
-    "replaced_by",
-    "owner",
-    "metadata",
-    "allowed_ips",
-    "credits",
-    "credit_refill",
-    "credits_refilled_at",
-)
+FIELDS: Final = tuple(column.name for column in record_columns())
+"""Column order of every SELECT and RETURNING: the keys table's, the fields of `KeyRecord`
+in order with the hash of the secret among them."""
 
 SECRET_HASH: Final = FIELDS.index("secret_hash")
 """Where the hash of the secret is in a row of `FIELDS`."""
+
+# Where each field of `RECORD_FIELDS` is in a row of `FIELDS`.
+_AT: Final = tuple(FIELDS.index(field.name) for field in RECORD_FIELDS)
 
 
 def interned(text: Any) -> Any:
@@ -50,30 +42,8 @@ def interned(text: Any) -> Any:
     return text if text is None else sys.intern(text)
 
 
-def record_from_row(row: Sequence[Any]) -> KeyRecord:
-    return KeyRecord(
-        id=row[0],
-        name=row[1],
-        workspace=interned(row[2]),
-        prefix=row[3],
-        access=interned(row[4]),
-        scopes=row[5],
-        state=interned(row[6]),
-        rate_limit=interned(row[7]),
-        created_at=row[8],
-        expires_at=row[9],
-        last_used_at=row[10],
-        request_count=row[11],
-        revoked_at=row[12],
-        replaces=row[14],
-        replaced_by=row[15],
-        owner=row[16],
-        metadata=row[17],
-        allowed_ips=row[18],
-        credits=row[19],
-        credit_refill=interned(row[20]),
-        credits_refilled_at=row[21],
-    )
+def _as_is(value: Any) -> Any:
+    return value
 
 
 def sqlite_time(value: Any) -> datetime | None:
@@ -82,40 +52,45 @@ def sqlite_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
-def stored_from_raw(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
-    """A `StoredKey` from a row read with the bare driver, without SQLAlchemy's types.
-
-    asyncpg already returns `timestamptz` as aware UTC datetimes; sqlite3 returns the text
-    `UTCDateTime` stored.
-    """
-    time = sqlite_time if sqlite else utc
-    record = KeyRecord(
-        id=row[0],
-        name=row[1],
-        workspace=interned(row[2]),
-        prefix=row[3],
-        access=interned(row[4]),
-        scopes=load_scopes(row[5]),
-        state=interned(row[6]),
-        rate_limit=interned(row[7]),
-        created_at=cast(datetime, time(row[8])),
-        expires_at=time(row[9]),
-        last_used_at=time(row[10]),
-        request_count=row[11],
-        revoked_at=time(row[12]),
-        replaces=row[14],
-        replaced_by=row[15],
-        owner=row[16],
-        metadata=load_metadata(row[17]),
-        allowed_ips=load_scopes(row[18]),
-        credits=row[19],
-        credit_refill=interned(row[20]),
-        credits_refilled_at=time(row[21]),
-    )
-    return StoredKey(record=record, secret_hash=row[13])
-
-
 def utc(value: Any) -> datetime | None:
     if value is None or value.tzinfo is UTC:
         return cast(datetime | None, value)
     return cast(datetime, value.astimezone(UTC))
+
+
+def _decoders(raw: Mapping[Kind, Callable[[Any], Any]]) -> tuple[Callable[[Any], Any], ...]:
+    """Per field of `RECORD_FIELDS`: how its column's value becomes the record's."""
+    return tuple(
+        interned if field.shared else raw.get(field.kind, _as_is) for field in RECORD_FIELDS
+    )
+
+
+_TYPED: Final = _decoders({})
+# The bare drivers' values: lists and objects are the JSON text stored; asyncpg returns
+# `timestamptz` as aware UTC datetimes, sqlite3 the text `UTCDateTime` stored.
+_RAW: Final[Mapping[Kind, Callable[[Any], Any]]] = {
+    Kind.NAMES: load_scopes,
+    Kind.OBJECT: load_metadata,
+}
+_POSTGRES: Final = _decoders({**_RAW, Kind.TIME: utc})
+_SQLITE: Final = _decoders({**_RAW, Kind.TIME: sqlite_time})
+
+
+def record_from_row(row: Sequence[Any]) -> KeyRecord:
+    """A record from a row of `FIELDS` read through SQLAlchemy's column types."""
+    return KeyRecord(*[decode(row[at]) for at, decode in zip(_AT, _TYPED, strict=True)])
+
+
+def stored_from_raw(row: Sequence[Any], *, sqlite: bool) -> StoredKey:
+    """A `StoredKey` from a row of `FIELDS` read with the bare driver, without
+    SQLAlchemy's types."""
+    decoders = _SQLITE if sqlite else _POSTGRES
+    record = KeyRecord(*[decode(row[at]) for at, decode in zip(_AT, decoders, strict=True)])
+    return StoredKey(record=record, secret_hash=row[SECRET_HASH])
+
+
+def row_values(stored: StoredKey) -> dict[str, Any]:
+    """The keys table's row of `stored`, by column, as an INSERT writes it."""
+    record = stored.record
+    values = {field.name: getattr(record, field.name) for field in RECORD_FIELDS}
+    return {name: stored.secret_hash if name == "secret_hash" else values[name] for name in FIELDS}

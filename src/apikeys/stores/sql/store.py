@@ -83,7 +83,7 @@ from apikeys.stores.sql.listing import page_statement
 from apikeys.stores.sql.log import install_change_log, table_schema, trigger_names
 from apikeys.stores.sql.postgres_channel import PostgresChannel, notice_channel_name
 from apikeys.stores.sql.reads import DirectReads, direct_mode, open_engine
-from apikeys.stores.sql.rows import FIELDS, SECRET_HASH, record_from_row
+from apikeys.stores.sql.rows import FIELDS, SECRET_HASH, record_from_row, row_values
 from apikeys.stores.sql.schema import (
     DEFAULT_TABLE_NAME,
     UTCDateTime,
@@ -583,30 +583,7 @@ class SQLStore(KeyStore):
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
-        values = {
-            "id": record.id,
-            "name": record.name,
-            "workspace": record.workspace,
-            "prefix": record.prefix,
-            "access": record.access,
-            "scopes": record.scopes,
-            "state": record.state,
-            "rate_limit": record.rate_limit,
-            "created_at": record.created_at,
-            "expires_at": record.expires_at,
-            "last_used_at": record.last_used_at,
-            "request_count": record.request_count,
-            "revoked_at": record.revoked_at,
-            "secret_hash": stored.secret_hash,
-            "replaces": record.replaces,
-            "replaced_by": record.replaced_by,
-            "owner": record.owner,
-            "metadata": record.metadata,
-            "allowed_ips": record.allowed_ips,
-            "credits": record.credits,
-            "credit_refill": record.credit_refill,
-            "credits_refilled_at": record.credits_refilled_at,
-        }
+        values = row_values(stored)
         statement = sa.insert(self._table).values(values)
 
         async def work(conn: AsyncConnection) -> None:
