@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import apikeys
 from apikeys import Hasher, KeyManager, MemoryStore
 from apikeys.bounded import remember, remember_recent
-from apikeys.manager import _PLAIN_LIMIT
+from apikeys.manager.verification import _PLAIN_LIMIT
 from tests.conftest import TEST_PEPPER
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 

@@ -613,7 +613,7 @@ async def test_host_b_losing_postgres_notifications_admits_no_revoked_key(
     `notices`: only those on the store's notice channel (the readers' acknowledgements to
     the writer still arrive); `every notification`: all of them. The connections stay up.
     """
-    from apikeys.stores.sql.postgres_channel import notice_channel_name
+    from apikeys.stores.sql.log import notice_channel_name
 
     assert deployment.writer is not None
     b = deployment.b

@@ -44,8 +44,9 @@ from apikeys.errors import (
 )
 from apikeys.hashing import Hasher, slow_context
 from apikeys.keys import ParsedKey, generate_key, parse_key
+from apikeys.lifecycle import check_usable
 from apikeys.listing import KeyFilter, KeyPage
-from apikeys.manager import KeyManager, check_usable
+from apikeys.manager import KeyManager
 from apikeys.middleware import APIKeyAuth, APIKeyMiddleware, APIKeyUser, ScopeTable
 from apikeys.ratelimit import (
     Policy,

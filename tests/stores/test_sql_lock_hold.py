@@ -26,7 +26,8 @@ import pytest
 import sqlalchemy as sa
 
 from apikeys import Hasher, KeyManager, store_from_url
-from apikeys.stores.sql.postgres_channel import PostgresChannel, notice_channel_name
+from apikeys.stores.sql.log import notice_channel_name
+from apikeys.stores.sql.postgres_channel import PostgresChannel
 from apikeys.stores.sql.store import SQLStore
 from apikeys.types import UsageDelta
 from tests.conftest import TEST_PEPPER

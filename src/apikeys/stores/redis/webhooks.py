@@ -38,12 +38,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from apikeys.errors import DeliveryInProgress
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
-from apikeys.stores.redis.store import RedisStore
 from apikeys.types import KeyRecord
 from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
 from apikeys.webhooks.model import (
@@ -57,6 +56,9 @@ from apikeys.webhooks.model import (
     usage_threshold_deliveries,
     wanting,
 )
+
+if TYPE_CHECKING:
+    from apikeys.stores.redis.store import RedisStore
 
 __all__ = ["RedisWebhooks"]
 

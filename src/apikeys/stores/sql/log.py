@@ -69,8 +69,10 @@ __all__ = [
     "POSTGRES_TRIGGERS",
     "SECRET_COLUMNS",
     "USAGE_COLUMNS",
+    "channel_base_name",
     "check_change_log_sql",
     "install_change_log",
+    "notice_channel_name",
     "table_schema",
     "trigger_names",
     "trigger_seal_sql",
@@ -324,12 +326,21 @@ def _ensure_storage(connection: sa.Connection, changes_name: str) -> None:
     connection.execute(sa.text(f"ALTER TABLE {changes_name} SET ({', '.join(CHANGES_STORAGE)})"))
 
 
+def channel_base_name(table_name: str) -> str:
+    """The start of the PostgreSQL channel names of the keys table `table_name`: channel
+    names are identifiers (at most 63 bytes), so a short digest of the table's name."""
+    return "apikeys_" + hashlib.sha256(table_name.encode()).hexdigest()[:12]
+
+
+def notice_channel_name(table_name: str) -> str:
+    """The NOTIFY channel the notices of the keys table `table_name` travel on."""
+    return channel_base_name(table_name) + "_n"
+
+
 def _postgres_function_body(
     keys: sa.Table, log_name: str, changes_name: str, hooks_name: str
 ) -> str:
     """The source of the log's trigger function (`pg_proc.prosrc` once it is made)."""
-    from apikeys.stores.sql.postgres_channel import notice_channel_name
-
     hidden = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
     secret = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))
     channel = notice_channel_name(keys.name)

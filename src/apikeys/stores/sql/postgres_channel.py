@@ -23,14 +23,18 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apikeys.stores.contract import Channel, ChannelError, parse_notice
-from apikeys.stores.sql.log import POSTGRES_TRIGGERS, check_change_log_sql, trigger_seal_sql
+from apikeys.stores.sql.log import (
+    POSTGRES_TRIGGERS,
+    channel_base_name,
+    check_change_log_sql,
+    trigger_seal_sql,
+)
 
-__all__ = ["PostgresChannel", "notice_channel_name"]
+__all__ = ["PostgresChannel"]
 
 _BYPASSED = (
     "the keys table's change log triggers or their function were altered (disabled, replaced "
@@ -45,16 +49,6 @@ _UNLOGGED = (
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _base(table_name: str) -> str:
-    # Channel names are identifiers (at most 63 bytes): a short digest of the table's name.
-    return "apikeys_" + hashlib.sha256(table_name.encode()).hexdigest()[:12]
-
-
-def notice_channel_name(table_name: str) -> str:
-    """The NOTIFY channel the notices of the keys table `table_name` travel on."""
-    return _base(table_name) + "_n"
 
 
 class PostgresChannel(Channel):
@@ -88,7 +82,7 @@ class PostgresChannel(Channel):
         self._schema: str | None = None
         self._args = connect_args
         self._kwargs = connect_kwargs
-        base = _base(table_name)
+        base = channel_base_name(table_name)
         self._notices = base + "_n"
         self._base = base
         self._table_name = table_name

@@ -80,8 +80,13 @@ from apikeys.stores.sql.engine import (
     unavailable_hint,
 )
 from apikeys.stores.sql.listing import page_statement
-from apikeys.stores.sql.log import install_change_log, table_schema, trigger_names
-from apikeys.stores.sql.postgres_channel import PostgresChannel, notice_channel_name
+from apikeys.stores.sql.log import (
+    install_change_log,
+    notice_channel_name,
+    table_schema,
+    trigger_names,
+)
+from apikeys.stores.sql.postgres_channel import PostgresChannel
 from apikeys.stores.sql.reads import DirectReads, direct_mode, open_engine
 from apikeys.stores.sql.rows import FIELDS, SECRET_HASH, record_from_row, row_values
 from apikeys.stores.sql.schema import (

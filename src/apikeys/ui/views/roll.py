@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters, InvalidTransition
 from apikeys.fields import workspace_roll_expiry
-from apikeys.manager import refusal
+from apikeys.lifecycle import refusal
 from apikeys.types import KeyRecord, utcnow
 from apikeys.ui.forms import Form
 from apikeys.ui.onetime import Reveal

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.errors import InvalidTransition
-from apikeys.manager import refusal
+from apikeys.lifecycle import refusal
 from apikeys.types import ACTIVE, DISABLED, REVOKED
 from apikeys.ui.forms import Form
 from apikeys.ui.request import (

@@ -1,0 +1,176 @@
+"""Reading keys: one record, a list, pages of records, a key's usage and the audit trail."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from apikeys.errors import (
+    InvalidKeyParameters,
+    KeyNotFound,
+)
+from apikeys.listing import (
+    DEFAULT_PAGE_SIZE,
+    KeyFilter,
+    KeyPage,
+    check_page_size,
+    decode_cursor,
+    encode_cursor,
+    position,
+)
+from apikeys.manager.construction import ManagerBase
+from apikeys.stores.contract import MAX_ROLL_HOPS
+from apikeys.stores.shared import ADMITTED, days_of
+from apikeys.types import (
+    AuditEvent,
+    DailyUsage,
+    KeyRecord,
+    Status,
+    utcnow,
+)
+
+__all__ = ["KeyReading"]
+
+
+class KeyReading(ManagerBase):
+    """The reads of a `KeyManager`: records as the store has them, with this process's
+    unflushed usage and the balance a rolled key spends from."""
+
+    async def get(self, key_id: str) -> KeyRecord:
+        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`."""
+        self._use()
+        stored = await self.store.get(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        return self.usage_buffer.apply(await self._shared_credits(stored.record, {}))
+
+    async def list(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+    ) -> list[KeyRecord]:
+        """Every record of `workspace` (or of all workspaces), oldest first, in one read;
+        `owner` and `status` keep only the keys with that owner and status.
+
+        For many keys, read them a page at a time: `list_page`, or `iter_keys`.
+        """
+        self._use()
+        where = KeyFilter(workspace, owner, status)
+        now = utcnow()
+        records = await self.store.list(workspace)
+        by_id = {record.id: record for record in records}
+        return [
+            self.usage_buffer.apply(await self._shared_credits(record, by_id))
+            for record in records
+            if where.matches(record, now)
+        ]
+
+    async def list_page(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> KeyPage:
+        """One page of the records that match, oldest first (by `created_at`, then id).
+
+        `limit` is the page size, 1 to `MAX_PAGE_SIZE` (1000). The page's `next_cursor`,
+        passed as `cursor`, gives the next page; it is None on the last one. A cursor is
+        opaque (it names a position, never a secret); one that was not made here raises
+        `InvalidKeyParameters`, as does a bad `limit` or `status`. What a walk through the
+        pages guarantees while keys change is in `apikeys.listing`.
+        """
+        self._use()
+        where = KeyFilter(workspace, owner, status)
+        size = check_page_size(limit)
+        start = None if cursor is None else decode_cursor(cursor)
+        found = await self.store.list_page(where, start=start, limit=size + 1, now=utcnow())
+        by_id = {record.id: record for record in found}
+        records = [
+            self.usage_buffer.apply(await self._shared_credits(record, by_id))
+            for record in found[:size]
+        ]
+        more = len(found) > size
+        return KeyPage(records, encode_cursor(position(records[-1])) if more else None)
+
+    async def iter_keys(
+        self,
+        workspace: str | None = None,
+        *,
+        owner: str | None = None,
+        status: Status | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> AsyncIterator[KeyRecord]:
+        """Every record that matches, oldest first, read `page_size` at a time
+        (`list_page` without the cursors)."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_page(
+                workspace, owner=owner, status=status, limit=page_size, cursor=cursor
+            )
+            for record in page.records:
+                yield record
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def _shared_credits(self, record: KeyRecord, known: Mapping[str, KeyRecord]) -> KeyRecord:
+        """`record`, showing the balance it spends from: a rolled key's is its successor's
+        (followed to the newest key; `known` holds records already read)."""
+        holder = record
+        for _ in range(MAX_ROLL_HOPS):
+            if holder.replaced_by is None:
+                break
+            successor = known.get(holder.replaced_by)
+            if successor is None:
+                stored = await self.store.get(holder.replaced_by)
+                if stored is None:
+                    break
+                successor = stored.record
+            holder = successor
+        if holder is record:
+            return record
+        return replace(
+            record, credits=holder.credits, credits_refilled_at=holder.credits_refilled_at
+        )
+
+    # -- state changes ---------------------------------------------------------------------
+
+    async def usage(self, key_id: str, days: int = 30) -> builtins.list[DailyUsage]:
+        """The key's requests per UTC day over the last `days` days (today included),
+        oldest first, one entry per day (zero on days without requests): admitted, and
+        refused by code. Includes this process's counts not yet written."""
+        if not 1 <= days <= 3660:
+            raise InvalidKeyParameters("days must be from 1 to 3660")
+        await self.get(key_id)  # KeyNotFound for an unknown id
+        today = utcnow().date()
+        first = today - timedelta(days=days - 1)
+        counts: dict[tuple[str, str], int] = {}
+        for day in await self.store.usage_history(key_id, first):
+            counts[(day.day.isoformat(), ADMITTED)] = day.admitted
+            for code, count in day.refused.items():
+                counts[(day.day.isoformat(), code)] = count
+        for slot, count in self.usage_buffer.pending_daily(key_id).items():
+            counts[slot] = counts.get(slot, 0) + count
+        history = {day.day: day for day in days_of((d, o, n) for (d, o), n in counts.items())}
+        return [
+            history.get(first + timedelta(days=n), DailyUsage(first + timedelta(days=n)))
+            for n in range(days)
+        ]
+
+    async def audit(
+        self,
+        *,
+        workspace: str | None = None,
+        key_id: str | None = None,
+        since: datetime | None = None,
+        limit: int = 1000,
+    ) -> builtins.list[AuditEvent]:
+        """The audit trail: the newest `limit` changes that match, oldest first."""
+        return await self.store.audit(workspace=workspace, key_id=key_id, since=since, limit=limit)

@@ -1,0 +1,392 @@
+"""Verifying keys: `verify_now` from the key cache (no await), `verify` from the store, the
+old strings of imported keys, and moving a key's hash to the current scheme."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import ClassVar, Final
+
+from apikeys.bounded import remember
+from apikeys.errors import (
+    AuthenticationError,
+    InvalidAPIKey,
+    KeyDisabled,
+    KeyExpired,
+    KeyRevoked,
+    MalformedAPIKey,
+)
+from apikeys.importing.foreign import (
+    LOOKUP_SETTING,
+    foreign_handles,
+    is_foreign_token,
+    lookup_ids,
+)
+from apikeys.keys import (
+    CHECKSUM_LENGTH,
+    ID_LENGTH,
+    generate_key,
+)
+from apikeys.lifecycle import check_usable
+from apikeys.manager.construction import ManagerBase, logger
+from apikeys.types import (
+    ACTIVE,
+    KeyRecord,
+    StoredKey,
+    utcnow,
+)
+
+__all__ = ["KeyVerification"]
+
+# Where a record's masked prefix ("{key_prefix}_{id}_…") ends its key prefix.
+_PREFIX_END = -ID_LENGTH - 3
+
+# Versions of keys whose plain check `verify_now` keeps (see `KeyManager._plain_version`).
+_PLAIN_LIMIT: Final = 10_000
+_IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
+
+
+class KeyVerification(ManagerBase):
+    """The verification of a `KeyManager`: a token in, the record of a usable key out."""
+
+    # False in a subclass that overrides `verify` but not `verify_now`: `verify_now` then
+    # leaves every request to its `verify`.
+    _verifies_now: ClassVar[bool] = True
+    # True in a subclass that overrides `verify_now`: `verify` then asks it first.
+    _own_verify_now: ClassVar[bool] = False
+
+    async def _decoy_hash(self) -> str:
+        """A hash of a random secret, made as keys' hashes are: checked against when the
+        key id is unknown."""
+        decoy = self._decoy
+        if decoy is None:
+            decoy = self._decoy = await self.hasher.ahash(generate_key().secret)
+        return decoy
+
+    async def verify(self, token: str, *, record_usage: bool = True) -> KeyRecord:
+        """The record of the key `token` names, if it may be used now; else raise.
+
+        Raises `MalformedAPIKey` (before any store access), `InvalidAPIKey`, `KeyDisabled`,
+        `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
+        Counts the request in the key's usage unless `record_usage` is false.
+        """
+        if not self.telemetry.active:
+            # The token is split once, here, for both the held key's check and the store's.
+            try:
+                key_id, secret = self._split(token)
+            except MalformedAPIKey:
+                return await self._verify_foreign(token, record_usage)
+            if record_usage:
+                if self._own_verify_now:
+                    record = self.verify_now(token)
+                else:
+                    record = self._verify_held(key_id, secret, True)
+                if record is not None:
+                    return record
+            return await self._verify_key(key_id, secret, record_usage)
+        started = time.perf_counter()
+        try:
+            record = await self._verify(token, record_usage)
+        except AuthenticationError as exc:
+            self.telemetry.verification(None, exc.code, time.perf_counter() - started)
+            raise
+        self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
+        return record
+
+    def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:
+        """`verify` when it need not wait: from the key cache, or an in-process store.
+
+        Returns the record of the key `token` names, its request counted, when the key is
+        there and its hash is a fast one; raises what `verify` raises for such a key (and
+        `MalformedAPIKey` for a malformed token that cannot be an imported key's). Returns
+        None when the store must be read, the key is not found (an unknown id is checked
+        against the decoy there), its hash moves to another scheme, or telemetry is on:
+        then `await verify(token)` decides. The request path calls this first, to spare
+        the awaits of a cached key.
+        `count=False` leaves the request uncounted: the caller counts it with
+        `usage_buffer.record(record.id)` once it has decided to go on without `verify`.
+        """
+        if self.telemetry.active or not self._verifies_now:
+            return None
+        if (
+            token.__class__ is str
+            and len(token) == self._length
+            and token[self._id_end] == "_"
+            and token.startswith(self._head)
+            and token.isascii()
+        ):
+            # Split by position. The token's alphabet and checksum are checked by the full
+            # split (`_split`), unless its secret matches the held key's hash and its
+            # checksum is the one of the token that matched before: then it is that token.
+            end = self._id_end
+            return self._verify_held(
+                token[len(self._head) : end], token[end + 1 : self._secret_end], count, token
+            )
+        try:
+            key_id, secret = self._split(token)
+        except MalformedAPIKey:
+            if is_foreign_token(token, self.prefix):
+                return None  # perhaps an imported key's old string: `verify` looks it up
+            raise
+        return self._verify_held(key_id, secret, count)
+
+    def _verify_held(
+        self, key_id: str, secret: str, count: bool, unchecked: str | None = None
+    ) -> KeyRecord | None:
+        """`verify_now` of a token of this manager's prefix already split: its checksum
+        checked, or the token itself given as `unchecked` (split by position only), which
+        is checked in full before any answer but a match with a checksum seen before."""
+        if not self._in_use:
+            self._use()
+        cache = self.cache
+        if cache is not None:
+            stored = cache.hit(key_id)
+        else:
+            found = self.store.get_for_verification_now(key_id)
+            stored = None if found is False else found
+        if stored is None:
+            if unchecked is not None:
+                self._well_formed(unchecked)  # a malformed token is refused as such
+            return None
+        # What this version of the key allows is worked out at its first request (see
+        # `_plain`): then a request costs its hash and its expiry, nothing else.
+        try:
+            version, matches, checked = self._plain[key_id]
+        except KeyError:
+            version = None
+        if version is not stored:
+            matches, checked = self._plain_version(key_id, stored), None
+        if matches is None:
+            if unchecked is not None and not self._well_formed(unchecked):
+                return None
+            return self._verify_unusual(key_id, secret, stored, count)
+        if not matches(secret):
+            if unchecked is not None and not self._well_formed(unchecked):
+                return None
+            raise InvalidAPIKey()
+        if unchecked is not None and unchecked[-CHECKSUM_LENGTH:] != checked:
+            # The secret matched (so nothing here is a secret an answer's time could tell):
+            # the first time for this version, the whole token's format and checksum.
+            if not self._well_formed(unchecked):
+                return None
+            self._plain[key_id] = (stored, matches, unchecked[-CHECKSUM_LENGTH:])
+        record = stored.record
+        if record.expires_at is not None and record.expires_at <= utcnow():
+            raise KeyExpired()
+        if count:
+            self.usage_buffer.record(key_id)
+        return record
+
+    def _well_formed(self, token: str) -> bool:
+        """The full split's verdict on a token `verify_now` split by position: True when
+        well formed; False when it is not but may be an imported key's old string (then
+        `verify` looks it up); else `MalformedAPIKey`, as `verify_now` raises it."""
+        try:
+            self._split(token)
+        except MalformedAPIKey:
+            if is_foreign_token(token, self.prefix):
+                return False
+            raise
+        return True
+
+    def _plain_version(self, key_id: str, stored: StoredKey) -> Callable[[str], bool] | None:
+        """The prepared check of `stored`'s hash, when nothing but the hash and the expiry is
+        left to decide at each request: an active key of this manager's prefix (a token's
+        prefix is the manager's, which its split checked) whose hash is the hasher's
+        current one. None otherwise: `_verify_unusual` decides its every request.
+        Remembered for the key's next requests, until the key (its `StoredKey`) changes."""
+        record = stored.record
+        matches = None
+        if record.state == ACTIVE and record.prefix[:_PREFIX_END] == self.prefix:
+            matches = self.hasher.matcher(stored.secret_hash)
+        remember(self._plain, key_id, (stored, matches, None), _PLAIN_LIMIT)
+        return matches
+
+    def _verify_unusual(
+        self, key_id: str, secret: str, stored: StoredKey, count: bool
+    ) -> KeyRecord | None:
+        """`_verify_held` of a key that is not active, not of this manager's prefix, or
+        whose hash is another scheme's or another pepper's."""
+        # The prefix is part of the key (see _verify_key): `prefix` is "{key_prefix}_{id}_…"
+        # and an id is ID_LENGTH long, so the slice is KeyRecord.key_prefix.
+        if stored.record.prefix[:_PREFIX_END] != self.prefix:
+            return None
+        verdict = self.hasher.verify_fast(secret, stored.secret_hash)
+        if verdict is None:
+            return None
+        if not verdict.ok:
+            raise InvalidAPIKey()
+        record = stored.record
+        check_usable(record)
+        if verdict.new_hash is not None or verdict.stale:
+            return None
+        if count:
+            self.usage_buffer.record(key_id)
+        return record
+
+    async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
+        try:
+            key_id, secret = self._split(token)
+        except MalformedAPIKey:
+            return await self._verify_foreign(token, record_usage)
+        return await self._verify_key(key_id, secret, record_usage)
+
+    async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
+        """`verify` of a token not in this manager's key format: an imported key's old
+        string, or else `MalformedAPIKey`.
+
+        Keys of one old prefix (or digest) in several workspaces are all candidates: each
+        is checked, the fast hashes (keys already re-hashed) first, so that the usual
+        request of one workspace spends nothing on another's slow hash. A match whose key
+        is usable wins; else the first refusal of a matching key (revoked, expired, …)."""
+        imported = await self._find_imported(token)
+        if imported is None:
+            raise MalformedAPIKey()
+        unknown_id, candidates = imported
+        if not candidates:
+            return await self._check(unknown_id, None, token, record_usage)
+        fast = self.hasher.is_fast
+        ordered = sorted(candidates, key=lambda found: not fast(found[1].secret_hash))
+        refusal: KeyRevoked | KeyDisabled | KeyExpired | None = None
+        for key_id, stored in ordered:
+            try:
+                return await self._check(key_id, stored, token, record_usage)
+            except InvalidAPIKey:
+                continue  # not this candidate's secret
+            except (KeyRevoked, KeyDisabled, KeyExpired) as exc:  # its secret, not usable
+                refusal = refusal or exc
+        raise refusal or InvalidAPIKey()
+
+    async def _verify_key(self, key_id: str, secret: str, record_usage: bool) -> KeyRecord:
+        """`verify` of a token of this manager's prefix already split (and its checksum
+        checked), from the store."""
+        if not self._in_use:
+            self._use()
+        if self._deliverer is not None:
+            self._deliverer.start()  # (again, when the manager moved to another loop)
+        stored = await self._load(key_id)
+        # The prefix is part of the key: a test key re-prefixed as live is another key.
+        # (`prefix[:_PREFIX_END]` is KeyRecord.key_prefix, as in _verify_unusual.)
+        if stored is not None and stored.record.prefix[:_PREFIX_END] != self.prefix:
+            stored = None
+        return await self._check(key_id, stored, secret, record_usage)
+
+    async def _load(self, key_id: str) -> StoredKey | None:
+        cache = self.cache
+        if cache is None:
+            return await self.store.get_for_verification(key_id)
+        stored = cache.get(key_id)
+        if self.telemetry.active:
+            self.telemetry.cache_lookup(stored is not None)
+        if stored is None and not cache.missing(key_id):
+            stored = await cache.load(key_id)
+        return stored
+
+    async def _check(
+        self,
+        key_id: str,
+        stored: StoredKey | None,
+        secret: str,
+        record_usage: bool,
+    ) -> KeyRecord:
+        hasher = self.hasher
+        if stored is None:
+            # Checked against a decoy: the same hash work as a wrong secret for a key that
+            # exists, so that the time of a refusal does not tell whether an id exists. An
+            # unknown old key string too: an imported key in use has a hash of this kind.
+            secret_hash = self._decoy or await self._decoy_hash()
+        else:
+            secret_hash = stored.secret_hash
+        verdict = hasher.verify_fast(secret, secret_hash)
+        if verdict is None:
+            verdict = await hasher.averify(secret, secret_hash)
+        if stored is None or not verdict.ok:
+            raise InvalidAPIKey()
+        record = stored.record
+        check_usable(record)
+        if verdict.new_hash is not None or verdict.stale:
+            new_hash = verdict.new_hash or await hasher.ahash(secret)
+            await self._rehash(key_id, secret_hash, new_hash)
+        if record_usage:
+            self.usage_buffer.record(key_id)
+        return record
+
+    # -- imported keys (apikeys.importing) -------------------------------------------------
+
+    async def _find_imported(
+        self, token: str
+    ) -> tuple[str, tuple[tuple[str, StoredKey], ...]] | None:
+        """The keys an old system's key string may name (one per workspace holding a key of
+        its old prefix or digest), with the id that stands for it when there are none, when
+        this store holds imported keys and `token` could be one (None: it is simply
+        malformed).
+
+        Every id of every lookup handle the token could have is looked up, found or not,
+        so the work done does not tell which old prefixes exist
+        (`apikeys.importing.foreign`).
+        """
+        if not is_foreign_token(token, self.prefix):
+            return None
+        secret = await self._lookup_secret()
+        if secret is None:
+            return None
+        if not self._in_use:
+            self._use()
+        unknown_id: str | None = None
+        candidates: tuple[tuple[str, StoredKey], ...] = ()
+        for handle in foreign_handles(token):
+            for key_id in lookup_ids(secret, handle):
+                stored = await self._load(key_id)
+                if stored is not None:
+                    candidates += ((key_id, stored),)
+                elif unknown_id is None:
+                    unknown_id = key_id
+        return unknown_id or candidates[0][0], candidates
+
+    async def _lookup_secret(self) -> str | None:
+        """`import_lookup_secret(create=False)`, asked again at most once a second while
+        the store has none, so that keys imported while the service runs work at once and
+        garbage tokens cost the store almost nothing."""
+        if self._import_secret is not None:
+            return self._import_secret
+        now = time.monotonic()
+        if now - self._import_checked < _IMPORT_RECHECK:
+            return None
+        self._import_checked = now
+        return await self.import_lookup_secret(create=False)
+
+    async def import_lookup_secret(self, *, create: bool = True) -> str | None:
+        """The store's secret for imported keys' ids (`apikeys.importing.foreign`), chosen
+        now if it has none and `create` is true. None: the store holds no imported keys (or,
+        with `create`, keeps no settings, so it cannot hold any)."""
+        if create:
+            recorded = await self.store.claim_setting(
+                LOOKUP_SETTING, secrets.token_hex(32), replacing=("",)
+            )
+        else:
+            # Claiming "" reads the setting without choosing a secret: importing replaces it.
+            recorded = await self.store.claim_setting(LOOKUP_SETTING, "")
+        if recorded:
+            self._import_secret = recorded
+        return recorded or None
+
+    async def _rehash(self, key_id: str, old_hash: str, new_hash: str) -> None:
+        try:
+            # Announced, not waited for: either hash verifies the same secret.
+            # The scheme's name only ("hmac-sha256", "argon2"): never the hash.
+            parts = new_hash.split("$")
+            scheme = parts[1] if new_hash.startswith("$") and len(parts) > 1 else parts[0]
+            event = await self._event("rehashed", key_id, "apikeys", {"scheme": scheme})
+            swapped = await self._change(
+                key_id,
+                lambda notice: self.store.replace_hash(
+                    key_id, old_hash, new_hash, notice=notice, event=event
+                ),
+                wait=False,
+            )
+            if swapped:
+                self._announce(event)
+        except Exception as exc:
+            # The request was verified; migration simply happens on a later one.
+            logger.warning("apikeys: could not re-hash key %s: %s", key_id, type(exc).__name__)
