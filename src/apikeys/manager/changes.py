@@ -16,13 +16,14 @@ from apikeys.errors import (
     InvalidTransition,
     KeyNotFound,
 )
+from apikeys.fields import KEY_FIELDS
 from apikeys.keys import (
     generate_key,
 )
 from apikeys.lifecycle import refusal
 from apikeys.manager.construction import logger
 from apikeys.manager.reading import KeyReading
-from apikeys.policies import check_text, parse_refill, policy_fields
+from apikeys.policies import POLICY_PARSERS, check_text, parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
 from apikeys.scopes import validate_scopes
 from apikeys.stores.contract import MAX_ROLL_HOPS
@@ -66,6 +67,56 @@ def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -
     if rate_limit is not None:
         parse_policies(rate_limit)
     return rate_limit
+
+
+def _access_change(scopes: Iterable[str] | None, full_access: bool | None) -> dict[str, object]:
+    """`update`'s access and scopes: full access, or restricted to at least one scope."""
+    if full_access is None and scopes is None:
+        return {}
+    scope_tuple = validate_scopes(scopes or ())
+    if full_access and scope_tuple:
+        raise InvalidKeyParameters("a full-access key takes no scopes")
+    if full_access:
+        return {"access": "full", "scopes": ()}
+    if not scope_tuple:
+        raise InvalidKeyParameters(
+            "a restricted key needs at least one scope (or pass full_access=True)"
+        )
+    return {"access": "restricted", "scopes": scope_tuple}
+
+
+def _rate_limit_change(
+    rate_limit: str | _Unset | None, rate_limits: Mapping[str, str] | None
+) -> dict[str, object]:
+    if rate_limits is not None:
+        if not isinstance(rate_limit, _Unset):
+            raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
+        return {"rate_limit": _rate_limit(None, rate_limits)}
+    if isinstance(rate_limit, _Unset):
+        return {}
+    return {"rate_limit": _rate_limit(rate_limit, None)}
+
+
+def _policy_changes(given: Mapping[str, object]) -> dict[str, object]:
+    """The policy fields `update` was given (`UNSET`: not given), each through its parser
+    (`POLICY_PARSERS`); None clears one (its default in `RECORD_FIELDS`: no owner, no
+    metadata, any address, unlimited credits, no refill)."""
+    return {
+        field: KEY_FIELDS[field].empty() if value is None else POLICY_PARSERS[field](value)
+        for field, value in given.items()
+        if not isinstance(value, _Unset)
+    }
+
+
+def _start_refill(changes: dict[str, object], now: datetime) -> None:
+    """A refill set by `changes` starts now: full, unless `credits` says otherwise."""
+    if changes.get("credit_refill") is None:
+        return
+    refill = parse_refill(str(changes["credit_refill"]))
+    if refill is not None:
+        if changes.get("credits") is None:
+            changes["credits"] = refill.amount
+        changes["credits_refilled_at"] = refill.period_start(now)
 
 
 # The fields of a key's balance: a rolled key has none of its own (see `roll`).
@@ -125,12 +176,9 @@ class KeyChanges(KeyReading):
         rate_limit = _rate_limit(rate_limit, rate_limits)
         now = utcnow()
         expiry = self._expiry(now, expires_at, expires_in)
+        # The policy arguments, by field: each field of `POLICY_PARSERS` is one.
         policy = policy_fields(
-            owner=owner,
-            metadata=metadata,
-            allowed_ips=allowed_ips,
-            credits=credits,
-            credit_refill=credit_refill,
+            **{field: value for field, value in locals().items() if field in POLICY_PARSERS}
         )
         refill = parse_refill(policy.get("credit_refill"))
         if refill is not None:
@@ -164,6 +212,18 @@ class KeyChanges(KeyReading):
             if expires_at <= now:
                 raise InvalidKeyParameters("expires_at must be in the future")
         return expires_at
+
+    @classmethod
+    def _expiry_change(
+        cls, expires_at: datetime | _Unset | None, expires_in: timedelta | None
+    ) -> dict[str, object]:
+        """`update`'s expiry: None never expires; `expires_in` counts from now."""
+        if expires_in is None and isinstance(expires_at, _Unset):
+            return {}
+        given = None if isinstance(expires_at, _Unset) else expires_at
+        if given is None and expires_in is None:
+            return {"expires_at": None}
+        return {"expires_at": cls._expiry(utcnow(), given, expires_in)}
 
     async def _issue(
         self,
@@ -327,60 +387,16 @@ class KeyChanges(KeyReading):
         `revoke`, it returns once every process that caches keys has dropped the old
         record: a narrowed key is narrowed on its very next request.
         """
-        changes: dict[str, object] = {}
-        if name is not None:
-            changes["name"] = check_text(name, "name")
-        if full_access is not None or scopes is not None:
-            scope_tuple = validate_scopes(scopes or ())
-            if full_access and scope_tuple:
-                raise InvalidKeyParameters("a full-access key takes no scopes")
-            if full_access:
-                changes.update(access="full", scopes=())
-            elif scope_tuple:
-                changes.update(access="restricted", scopes=scope_tuple)
-            else:
-                raise InvalidKeyParameters(
-                    "a restricted key needs at least one scope (or pass full_access=True)"
-                )
-        if rate_limits is not None:
-            if not isinstance(rate_limit, _Unset):
-                raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
-            changes["rate_limit"] = _rate_limit(None, rate_limits)
-        elif not isinstance(rate_limit, _Unset):
-            changes["rate_limit"] = _rate_limit(rate_limit, None)
-        if expires_in is not None or not isinstance(expires_at, _Unset):
-            given = None if isinstance(expires_at, _Unset) else expires_at
-            if given is None and expires_in is None:
-                changes["expires_at"] = None
-            else:
-                changes["expires_at"] = self._expiry(utcnow(), given, expires_in)
-        changes.update(
-            policy_fields(
-                owner=None if isinstance(owner, _Unset) else owner,
-                metadata=None if isinstance(metadata, _Unset) else metadata,
-                allowed_ips=None if isinstance(allowed_ips, _Unset) else allowed_ips,
-                credits=None if isinstance(credits, _Unset) else credits,
-                credit_refill=None if isinstance(credit_refill, _Unset) else credit_refill,
-            )
-        )
-        for field, value, cleared in (
-            ("owner", owner, None),
-            ("metadata", metadata, {}),
-            ("allowed_ips", allowed_ips, ()),
-            ("credits", credits, None),
-            ("credit_refill", credit_refill, None),
-        ):
-            if value is None:
-                changes[field] = cleared
+        # The policy arguments, by field: each field of `POLICY_PARSERS` is one.
+        policies = {field: value for field, value in locals().items() if field in POLICY_PARSERS}
+        changes: dict[str, object] = {} if name is None else {"name": check_text(name, "name")}
+        changes.update(_access_change(scopes, full_access))
+        changes.update(_rate_limit_change(rate_limit, rate_limits))
+        changes.update(self._expiry_change(expires_at, expires_in))
+        changes.update(_policy_changes(policies))
         if _BALANCE_FIELDS & changes.keys():
             await self._check_own_balance(key_id, changes)
-        if changes.get("credit_refill") is not None:
-            refill = parse_refill(str(changes["credit_refill"]))
-            if refill is not None:
-                # The new refill starts now: full unless `credits` says otherwise.
-                if changes.get("credits") is None:
-                    changes["credits"] = refill.amount
-                changes["credits_refilled_at"] = refill.period_start(utcnow())
+        _start_refill(changes, utcnow())
         event = await self._event("updated", key_id, actor, changes)
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
@@ -493,13 +509,10 @@ class KeyChanges(KeyReading):
             expires_at=self._expiry(now, expires_at, expires_in),
             replaces=key_id,
             policy={
-                "owner": old.owner,
-                "metadata": old.metadata,
-                "allowed_ips": old.allowed_ips,
+                **{field: getattr(old, field) for field in POLICY_PARSERS},
                 # One balance for the pair: the new key starts empty and is given the old
                 # key's credits once the old key spends from it (below).
                 "credits": None if old.credits is None else 0,
-                "credit_refill": old.credit_refill,
                 "credits_refilled_at": old.credits_refilled_at,
             },
             actor=actor,
