@@ -315,6 +315,9 @@ class LocalCluster:
             ),
             "every node to know the new master",
         )
+        # The new nodes too say `cluster_state:ok` (until they do, the new master answers
+        # CLUSTERDOWN, to a MIGRATE as to any command).
+        self.wait_healthy()
         return master
 
     def close(self) -> None:
