@@ -132,6 +132,10 @@ class Node:
         ]
         if not self.sentinel:
             command += ["--save", "", "--appendonly", "no"]
+            # A replica's full sync starts at once: by default a master waits 5 seconds for
+            # more replicas to share one diskless transfer, which every deployment start, every
+            # restored node and every new replica here would wait out.
+            command += ["--repl-diskless-sync-delay", "0"]
         self.process = subprocess.Popen(
             command + self.args,
             stdout=subprocess.DEVNULL,
@@ -311,6 +315,9 @@ class LocalCluster:
             ),
             "every node to know the new master",
         )
+        # The new nodes too say `cluster_state:ok` (until they do, the new master answers
+        # CLUSTERDOWN, to a MIGRATE as to any command).
+        self.wait_healthy()
         return master
 
     def close(self) -> None:

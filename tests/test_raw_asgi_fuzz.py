@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,17 +144,42 @@ async def example_app() -> AsyncIterator[Any]:
         yield app
 
 
+@dataclass
+class RunningApp:
+    """The example service after its startup, and the event loop it runs on."""
+
+    loop: asyncio.AbstractEventLoop
+    app: Any
+
+    def call(self, drawn: dict[str, Any]) -> int:
+        return self.loop.run_until_complete(call(self.app, drawn))
+
+
+@pytest.fixture(scope="module")
+def example_service(example_env: Path) -> Iterator[RunningApp]:
+    """One started service for every example, as a server runs one app for every request:
+    its startup (tables, the admin user's password hash) is paid once, not per example, and
+    it is shut down at the end of the module."""
+    loop = asyncio.new_event_loop()
+    entered = example_app()
+    try:
+        app = loop.run_until_complete(entered.__aenter__())
+        try:
+            yield RunningApp(loop, app)
+        finally:
+            loop.run_until_complete(entered.__aexit__(None, None, None))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
 @pytest.mark.sqlite
 @given(drawn=scopes)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_if_the_example_service_gets_any_bytes_then_never_a_500(
-    example_env: Path, drawn: dict[str, Any]
+    example_service: RunningApp, drawn: dict[str, Any]
 ) -> None:
-    async def scenario() -> int:
-        async with example_app() as app:
-            return await call(app, drawn)
-
-    status = asyncio.run(scenario())
+    status = example_service.call(drawn)
     assert status < 500, drawn
 
 

@@ -85,9 +85,10 @@ def migrate_keys(source: redis_servers.Node, target: redis_servers.Node, tag: st
         if name
     ]
     assert names
-    redis_servers.cli(
+    moved = redis_servers.cli(
         source.port, "MIGRATE", "127.0.0.1", str(target.port), "", "0", "5000", "KEYS", *names
     )
+    assert moved.strip() == "OK", moved  # redis-cli exits 0 on an error reply too
 
 
 def finish_migration(
