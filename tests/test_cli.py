@@ -30,6 +30,7 @@ from apikeys.errors import InvalidAPIKey, KeyDisabled, KeyExpired, KeyRevoked
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.leaks.files import ScanStats, read_text_file, walk
 from apikeys.types import KeyRecord, UsageDelta
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 pytestmark = pytest.mark.sqlite
 
@@ -1183,3 +1184,9 @@ def test_a_rolled_pair_shows_and_spends_one_balance(store_url: str) -> None:
     assert rolled["id"] in refused_with_one_line(refused)
     ok(store_url, "update", rolled["id"], "--credits", "7")
     assert show(store_url, old["id"])["credits"] == 7
+
+
+def test_the_helpers_the_commands_share_are_exported_and_documented() -> None:
+    # The command modules import these from cli/common.py, so they are its public names.
+    assert_all_is_complete("apikeys.cli.common")
+    assert_exports_are_documented("apikeys.cli.common")

@@ -46,10 +46,13 @@ from apikeys.integrations.django import (
     APIKeyAuthentication,
     APIKeyMiddleware,
     HasScopes,
+    check_request,
+    current_realm,
     get_manager,
 )
 from apikeys.sync import KeyManager
 from tests.conftest import TEST_PEPPER, delete_redis_prefix
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 
 def contacts(request: HttpRequest) -> JsonResponse:
@@ -59,6 +62,17 @@ def contacts(request: HttpRequest) -> JsonResponse:
 
 async def async_contacts(request: HttpRequest) -> JsonResponse:
     return contacts(request)
+
+
+def checked(request: HttpRequest) -> HttpResponse:
+    """A plain view (not under PROTECT) that checks the key itself, for one scope."""
+    outcome = check_request(request, ("notes:read",))
+    if outcome is None:
+        return JsonResponse({"anonymous": True})
+    if not outcome.passed:
+        return outcome.refusal().response()
+    assert outcome.record is not None
+    return JsonResponse({"key": outcome.record.id})
 
 
 def health(request: HttpRequest) -> JsonResponse:
@@ -99,6 +113,7 @@ urlpatterns = [
     path("api/v1/async", async_contacts),
     path("api/v1/drf", DRFContacts.as_view()),
     path("health", health),
+    path("checked", checked),
     path("drf/contacts", DRFContacts.as_view()),
     path("drf/any", DRFAnyKey.as_view()),
     path("drf/undeclared", DRFUndeclared.as_view()),
@@ -405,6 +420,32 @@ def test_a_view_without_required_scopes_is_a_configuration_error(
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {created.key}")
     with pytest.raises(ImproperlyConfigured, match="required_scopes"):
         client.get("/drf/undeclared")
+
+
+def test_a_plain_view_checks_a_key_for_its_scopes_with_check_request(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["notes:read"], credits=2)
+    other = manager.create(name="o", scopes=["contacts:read"], credits=2)
+    client = Client()
+
+    assert client.get("/checked").json() == {"anonymous": True}
+    assert client.get("/checked", **bearer(reader.key)).json() == {"key": reader.record.id}
+    assert manager.get(reader.record.id).credits == 1
+    refused = client.get("/checked", **bearer(other.key))
+    assert refused.status_code == 403
+    assert problem(refused)["required_scopes"] == ["notes:read"]
+    assert manager.get(other.record.id).credits == 2  # scopes are checked before credits
+    assert problem(client.get("/checked", **bearer("nonsense")))["code"] == "malformed_api_key"
+    assert current_realm() == "api"
+
+
+def test_the_django_module_exports_and_documents_what_it_defines() -> None:
+    # The DRF classes (apikeys/integrations/_drf.py) import check_request, current_realm and
+    # Outcome from here: they are public names of this module, not private ones.
+    assert_all_is_complete("apikeys.integrations.django")
+    assert_exports_are_documented("apikeys.integrations.django")
 
 
 # -- settings --------------------------------------------------------------------------------

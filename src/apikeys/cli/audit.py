@@ -6,7 +6,15 @@ from datetime import timedelta
 
 import click
 
-from apikeys.cli.common import _duration, _echo_json, _key_id, _run, _table, _when, main
+from apikeys.cli.common import (
+    duration_callback,
+    echo_json,
+    format_time,
+    key_id_of,
+    main,
+    run_with_manager,
+    table_lines,
+)
 from apikeys.manager import KeyManager
 from apikeys.types import AuditEvent, utcnow
 
@@ -23,7 +31,7 @@ def _changes_text(event: AuditEvent, limit: int = 60) -> str:
 @click.option("--key", "key_id", default=None, metavar="ID", help="Only this key's events.")
 @click.option(
     "--since",
-    callback=_duration(),
+    callback=duration_callback(),
     metavar="DURATION",
     help="Only events of the last DURATION: 24h, 7d, 2w (default: all).",
 )
@@ -49,22 +57,22 @@ def audit(
     Events are created, updated, disabled, enabled, rolled, revoked, rehashed and
     leak_revoked. They never hold a secret or a hash.
     """
-    wanted = _key_id(key_id) if key_id is not None else None
+    wanted = key_id_of(key_id) if key_id is not None else None
     start = utcnow() - since if since is not None else None
 
     async def work(manager: KeyManager) -> list[AuditEvent]:
         return await manager.audit(workspace=workspace, key_id=wanted, since=start, limit=limit)
 
-    events = _run(ctx, work)
+    events = run_with_manager(ctx, work)
     if as_json:
-        _echo_json([event.to_dict() for event in events])
+        echo_json([event.to_dict() for event in events])
         return
     if not events:
         click.echo("No events.", err=True)
         return
     rows = [
-        (_when(e.time), e.key_id, e.workspace, e.action, e.actor or "-", _changes_text(e))
+        (format_time(e.time), e.key_id, e.workspace, e.action, e.actor or "-", _changes_text(e))
         for e in events
     ]
-    for line in _table(("time", "key", "workspace", "action", "actor", "changes"), rows):
+    for line in table_lines(("time", "key", "workspace", "action", "actor", "changes"), rows):
         click.echo(line)

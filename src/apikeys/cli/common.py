@@ -41,7 +41,27 @@ from apikeys.scopes import validate_scope
 from apikeys.stores.registry import store_from_url
 from apikeys.types import KeyRecord, Kind
 
-__all__ = ["Refused", "actor_of", "actor_option", "main", "policy_changes", "policy_options"]
+__all__ = [
+    "Refused",
+    "access_options",
+    "actor_of",
+    "actor_option",
+    "check_new_access",
+    "duration_callback",
+    "echo_json",
+    "format_time",
+    "key_id_of",
+    "main",
+    "policy_changes",
+    "policy_options",
+    "prefixes_callback",
+    "rate_limit_callback",
+    "run_with_manager",
+    "scopes_text",
+    "shorten",
+    "summary_lines",
+    "table_lines",
+]
 
 
 STORE_ENV = STORE_URL_ENV
@@ -231,7 +251,7 @@ class _Settings:
 # click releases, and these keep to what every click >= 8.1 offers.
 
 
-def _duration(allow_zero: bool = False) -> Callable[..., timedelta | None]:
+def duration_callback(allow_zero: bool = False) -> Callable[..., timedelta | None]:
     """A callback reading a duration such as `90s`, `15m`, `24h`, `30d`, `2w` or `1d12h`."""
 
     def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
@@ -247,7 +267,9 @@ def _duration(allow_zero: bool = False) -> Callable[..., timedelta | None]:
     return convert
 
 
-def _rate_limit(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> str | None:
+def rate_limit_callback(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> str | None:
     """The key's limits as one text: `--rate-limit 100/minute`, or named and repeated,
     `--rate-limit burst=10/second --rate-limit daily=10000/day` (or one comma-separated)."""
     if not values:
@@ -259,7 +281,9 @@ def _rate_limit(ctx: click.Context, param: click.Parameter, values: Sequence[str
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-def _prefixes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> tuple[str, ...]:
+def prefixes_callback(
+    ctx: click.Context, param: click.Parameter, values: Sequence[str]
+) -> tuple[str, ...]:
     """Check key prefixes: lowercase letters, digits and `_`, starting with a letter."""
     try:
         return tuple(validate_prefix(value) for value in values)
@@ -320,7 +344,7 @@ def _make_hasher(*, quiet: bool) -> Hasher:
         logger.removeFilter(mute)
 
 
-def _run(
+def run_with_manager(
     ctx: click.Context,
     work: Callable[[KeyManager], Awaitable[_T]],
     *,
@@ -375,7 +399,7 @@ def _run(
         raise Refused(f"key store error: {_safe_url(url)}: {reason}") from None
 
 
-def _key_id(value: str) -> str:
+def key_id_of(value: str) -> str:
     """The key id named by an argument: an id, or a full key (whose id is used).
 
     Anything else is refused as an unknown id, and only echoed when it cannot be a key.
@@ -392,22 +416,24 @@ def _key_id(value: str) -> str:
     raise Refused(f"no API key with that id: key ids are {ID_LENGTH} letters and digits")
 
 
-def _when(moment: datetime | None, never: str = "never") -> str:
+def format_time(moment: datetime | None, never: str = "never") -> str:
     """A time as UTC ISO 8601 to the second, ending in `Z`."""
     if moment is None:
         return never
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _echo_json(data: Any) -> None:
+def echo_json(data: Any) -> None:
+    """Print `data` to stdout as indented JSON (what `--json` prints)."""
     click.echo(json.dumps(data, indent=2))
 
 
-def _scopes_text(record: KeyRecord) -> str:
+def scopes_text(record: KeyRecord) -> str:
+    """A key's scopes for a person: comma-separated, or `(all)` for a full-access key."""
     return "(all)" if record.access == "full" else ", ".join(record.scopes)
 
 
-def _summary(record: KeyRecord) -> list[str]:
+def summary_lines(record: KeyRecord) -> list[str]:
     """The human description of a record, one `label: value` per line."""
     rows = [
         ("id", record.id),
@@ -415,16 +441,16 @@ def _summary(record: KeyRecord) -> list[str]:
         ("workspace", record.workspace),
         ("key", record.prefix),
         ("access", record.access),
-        ("scopes", _scopes_text(record)),
+        ("scopes", scopes_text(record)),
         ("status", record.status),
         ("rate limit", record.rate_limit or "default"),
-        ("created", _when(record.created_at)),
-        ("expires", _when(record.expires_at)),
-        ("last used", _when(record.last_used_at)),
+        ("created", format_time(record.created_at)),
+        ("expires", format_time(record.expires_at)),
+        ("last used", format_time(record.last_used_at)),
         ("requests", str(record.request_count)),
     ]
     if record.revoked_at is not None:
-        rows.append(("revoked", _when(record.revoked_at)))
+        rows.append(("revoked", format_time(record.revoked_at)))
     if record.replaces is not None:
         rows.append(("replaces", record.replaces))
     if record.replaced_by is not None:
@@ -442,7 +468,8 @@ def _summary(record: KeyRecord) -> list[str]:
     return [f"{label + ':':<{width}}{value}" for label, value in rows]
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+def table_lines(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """`rows` under `headers` as lines of left-aligned columns, two spaces apart."""
     body = [list(row) for row in rows]
     widths = [max(len(cell) for cell in column) for column in zip(headers, *body, strict=False)]
     lines = []
@@ -452,7 +479,8 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines
 
 
-def _short(text: str, limit: int = 32) -> str:
+def shorten(text: str, limit: int = 32) -> str:
+    """`text` cut to `limit` characters, ending in `…` when it was cut (for table cells)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -484,7 +512,7 @@ def main(ctx: click.Context, store_url: str) -> None:
     ctx.obj = _Settings(store_url)
 
 
-def _access_options(scope_help: str) -> Callable[[_F], _F]:
+def access_options(scope_help: str) -> Callable[[_F], _F]:
     """`--full-access` and `--scope`, as `create` and `update` take them."""
 
     def decorate(command: _F) -> _F:
@@ -503,7 +531,7 @@ def _access_options(scope_help: str) -> Callable[[_F], _F]:
     return decorate
 
 
-def _check_new_access(ctx: click.Context, full_access: bool, scopes: Sequence[str]) -> None:
+def check_new_access(ctx: click.Context, full_access: bool, scopes: Sequence[str]) -> None:
     """The access of a key being made (`create`, `import`): full, or at least one scope."""
     if full_access and scopes:
         raise click.UsageError(

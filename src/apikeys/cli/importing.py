@@ -8,13 +8,13 @@ from collections.abc import Callable
 import click
 
 from apikeys.cli.common import (
-    _access_options,
-    _check_new_access,
-    _echo_json,
-    _run,
+    access_options,
     actor_of,
     actor_option,
+    check_new_access,
+    echo_json,
     main,
+    run_with_manager,
 )
 from apikeys.importing import ImportReport, import_keys, read_csv, read_drf
 from apikeys.importing.sources import ForeignKey, Refusal
@@ -37,7 +37,7 @@ _PROGRESS_FROM = 50
 )
 @click.argument("location", metavar="SOURCE")
 @click.option("--workspace", default="default", show_default=True, help="The keys' workspace.")
-@_access_options("Grant the imported keys a scope. Repeat it, or separate with commas.")
+@access_options("Grant the imported keys a scope. Repeat it, or separate with commas.")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the report.")
@@ -60,7 +60,7 @@ def import_(
     harmless: keys imported before are skipped, and revoked when their source now says they
     are. Prints how many keys were imported, skipped and refused (with why).
     """
-    _check_new_access(ctx, full_access, scopes)
+    check_new_access(ctx, full_access, scopes)
 
     async def work(manager: KeyManager) -> ImportReport:
         rows: list[ForeignKey | Refusal] = list(
@@ -83,9 +83,9 @@ def import_(
                 progress=update,
             )
 
-    report = _run(ctx, work, uses_secrets=True)
+    report = run_with_manager(ctx, work, uses_secrets=True)
     if as_json:
-        _echo_json(report.to_dict())
+        echo_json(report.to_dict())
         return
     would = "Would import" if dry_run else "Imported"
     click.echo(

@@ -11,23 +11,23 @@ from typing import Any
 import click
 
 from apikeys.cli.common import (
-    _access_options,
-    _check_new_access,
-    _duration,
-    _echo_json,
-    _key_id,
-    _rate_limit,
-    _run,
-    _scopes_text,
-    _short,
-    _summary,
-    _table,
-    _when,
+    access_options,
     actor_of,
     actor_option,
+    check_new_access,
+    duration_callback,
+    echo_json,
+    format_time,
+    key_id_of,
     main,
     policy_changes,
     policy_options,
+    rate_limit_callback,
+    run_with_manager,
+    scopes_text,
+    shorten,
+    summary_lines,
+    table_lines,
 )
 from apikeys.durations import format_duration
 from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
@@ -43,12 +43,12 @@ __all__: list[str] = []
 @main.command()
 @click.option("--name", required=True, help="A label for the key, e.g. the integration using it.")
 @click.option("--workspace", default="default", show_default=True, help="The key's workspace.")
-@_access_options(
+@access_options(
     "Grant a scope (resource:action or resource:*). Repeat it, or separate with commas."
 )
 @click.option(
     "--rate-limit",
-    callback=_rate_limit,
+    callback=rate_limit_callback,
     multiple=True,
     metavar="LIMIT",
     help="The key's own rate limit, e.g. '10/second' (default: the service's); several, "
@@ -56,7 +56,7 @@ __all__: list[str] = []
 )
 @click.option(
     "--expires-in",
-    callback=_duration(),
+    callback=duration_callback(),
     metavar="DURATION",
     help="Expire the key after this long: 90s, 15m, 24h, 30d, 2w (default: never).",
 )
@@ -81,7 +81,7 @@ def create(
 
     The key goes alone to stdout (KEY=$(apikeys create …) works); a summary goes to stderr.
     """
-    _check_new_access(ctx, full_access, scopes)
+    check_new_access(ctx, full_access, scopes)
 
     policy = policy_changes(ctx, policies, editing=False)
 
@@ -97,17 +97,17 @@ def create(
             **policy,
         )
 
-    created = _run(ctx, work, uses_secrets=True)
+    created = run_with_manager(ctx, work, uses_secrets=True)
     if as_json:
-        _echo_json(created.to_dict())
+        echo_json(created.to_dict())
         _warn_if_unconfirmed(created)
         return
     record = created.record
     click.echo(created.key)
     click.echo(
         f"Created API key {record.id} ({record.name!r}, workspace {record.workspace!r}): "
-        f"{'full access' if record.access == 'full' else 'scopes ' + _scopes_text(record)}, "
-        f"rate limit {record.rate_limit or 'default'}, expires {_when(record.expires_at)}.",
+        f"{'full access' if record.access == 'full' else 'scopes ' + scopes_text(record)}, "
+        f"rate limit {record.rate_limit or 'default'}, expires {format_time(record.expires_at)}.",
         err=True,
     )
     click.echo(
@@ -133,12 +133,12 @@ def _warn_if_unconfirmed(created: CreatedKey) -> None:
 @main.command()
 @click.argument("key_id", metavar="ID")
 @click.option("--name", default=None, help="A new label for the key.")
-@_access_options(
+@access_options(
     "Restrict the key to these scopes (replacing its grants). Repeat it, or use commas."
 )
 @click.option(
     "--rate-limit",
-    callback=_rate_limit,
+    callback=rate_limit_callback,
     multiple=True,
     metavar="LIMIT",
     help="The key's own rate limit, e.g. '10/second'; repeat for several named limits.",
@@ -150,7 +150,7 @@ def _warn_if_unconfirmed(created: CreatedKey) -> None:
 )
 @click.option(
     "--expires-in",
-    callback=_duration(),
+    callback=duration_callback(),
     metavar="DURATION",
     help="Expire the key this long from now: 90s, 15m, 24h, 30d, 2w.",
 )
@@ -180,7 +180,7 @@ def update(
     Only what is given changes. Narrowing a key (fewer scopes, a sooner expiry) holds for
     its very next request, in every process. A revoked key cannot be edited.
     """
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
     for first, second, a, b in (
         (full_access, scopes, "--full-access", "--scope"),
         (rate_limit, default_rate_limit, "--rate-limit", "--default-rate-limit"),
@@ -208,12 +208,12 @@ def update(
     async def work(manager: KeyManager) -> KeyRecord:
         return await manager.update(key_id, actor=actor_of(actor), **options)
 
-    record = _run(ctx, work)
+    record = run_with_manager(ctx, work)
     if as_json:
-        _echo_json(record.to_dict())
+        echo_json(record.to_dict())
         return
     click.echo(f"Updated API key {record.id} ({record.name!r}).")
-    for line in _summary(record):
+    for line in summary_lines(record):
         click.echo(line)
 
 
@@ -270,11 +270,11 @@ def list_keys(
             )
         return KeyPage(await manager.list(workspace, owner=owner, status=status), None)
 
-    page = _run(ctx, work)
+    page = run_with_manager(ctx, work)
     records = page.records
     if as_json:
         items = [record.to_dict() for record in records]
-        _echo_json({"data": items, "next_cursor": page.next_cursor} if paged else items)
+        echo_json({"data": items, "next_cursor": page.next_cursor} if paged else items)
         return
     if not records:
         where = f" in workspace {workspace!r}" if workspace is not None else ""
@@ -304,19 +304,19 @@ def _print_records(records: Sequence[KeyRecord]) -> None:
     rows = (
         (
             record.id,
-            _short(record.name),
-            _short(record.workspace),
+            shorten(record.name),
+            shorten(record.workspace),
             record.prefix,
             record.access,
-            _scopes_text(record),
+            scopes_text(record),
             record.status,
-            _when(record.created_at),
-            _when(record.last_used_at),
+            format_time(record.created_at),
+            format_time(record.last_used_at),
             str(record.request_count),
         )
         for record in records
     )
-    for line in _table(headers, rows):
+    for line in table_lines(headers, rows):
         click.echo(line)
 
 
@@ -326,16 +326,16 @@ def _print_records(records: Sequence[KeyRecord]) -> None:
 @click.pass_context
 def show(ctx: click.Context, key_id: str, as_json: bool) -> None:
     """Show one key's record (never its secret)."""
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
 
     async def work(manager: KeyManager) -> KeyRecord:
         return await manager.get(key_id)
 
-    record = _run(ctx, work)
+    record = run_with_manager(ctx, work)
     if as_json:
-        _echo_json(record.to_dict())
+        echo_json(record.to_dict())
         return
-    for line in _summary(record):
+    for line in summary_lines(record):
         click.echo(line)
 
 
@@ -347,16 +347,16 @@ def _state_change(
     target: str,
     actor: str | None,
 ) -> None:
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
     who = actor_of(actor)
 
     async def work(manager: KeyManager) -> tuple[KeyRecord, KeyRecord]:
         before = await manager.get(key_id)
         return before, await change(manager, key_id, actor=who)
 
-    before, record = _run(ctx, work)
+    before, record = run_with_manager(ctx, work)
     status = record.status
-    note = f" (it expired at {_when(record.expires_at)})" if status == "expired" else ""
+    note = f" (it expired at {format_time(record.expires_at)})" if status == "expired" else ""
     if before.state == target:
         # Nothing changed: say so, as `revoke` does for a key revoked before.
         shown = "disabled" if target == "disabled" else "enabled"
@@ -405,12 +405,12 @@ def revoke(ctx: click.Context, key_id: str, yes: bool, actor: str | None) -> Non
             "revoking a key cannot be undone: pass --yes to confirm (no terminal to ask on)",
             ctx,
         )
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
 
     async def lookup(manager: KeyManager) -> KeyRecord:
         return await manager.get(key_id)
 
-    record = _run(ctx, lookup)
+    record = run_with_manager(ctx, lookup)
     if record.state == REVOKED:
         click.echo(f"API key {record.id} ({record.name!r}) was already revoked.")
         return
@@ -427,9 +427,9 @@ def revoke(ctx: click.Context, key_id: str, yes: bool, actor: str | None) -> Non
     async def work(manager: KeyManager) -> KeyRecord:
         return await manager.revoke(key_id, actor=who)
 
-    record = _run(ctx, work)
+    record = run_with_manager(ctx, work)
     click.echo(
-        f"Revoked API key {record.id} ({record.name!r}) at {_when(record.revoked_at, 'now')}."
+        f"Revoked API key {record.id} ({record.name!r}) at {format_time(record.revoked_at, 'now')}."
     )
 
 
@@ -437,7 +437,7 @@ def revoke(ctx: click.Context, key_id: str, yes: bool, actor: str | None) -> Non
 @click.argument("key_id", metavar="ID")
 @click.option(
     "--grace",
-    callback=_duration(allow_zero=True),
+    callback=duration_callback(allow_zero=True),
     default="24h",
     show_default=True,
     metavar="DURATION",
@@ -445,7 +445,7 @@ def revoke(ctx: click.Context, key_id: str, yes: bool, actor: str | None) -> Non
 )
 @click.option(
     "--expires-in",
-    callback=_duration(),
+    callback=duration_callback(),
     metavar="DURATION",
     help="Expire the new key after this long (default: the old key's lifetime, from now).",
 )
@@ -467,16 +467,16 @@ def roll(
     key, from now), unless --expires-in says otherwise. With --json, `replaces` is the
     old key's id and `replaced` its record.
     """
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
     who = actor_of(actor)
 
     async def work(manager: KeyManager) -> tuple[CreatedKey, KeyRecord]:
         created = await manager.roll(key_id, grace, expires_in=expires_in, actor=who)
         return created, await manager.get(key_id)
 
-    created, old = _run(ctx, work, uses_secrets=True)
+    created, old = run_with_manager(ctx, work, uses_secrets=True)
     if as_json:
-        _echo_json({**created.to_dict(), "replaced": old.to_dict()})
+        echo_json({**created.to_dict(), "replaced": old.to_dict()})
         _warn_if_unconfirmed(created)
         return
     record = created.record
@@ -490,10 +490,10 @@ def roll(
         lifetime = "The new key does not expire."
     elif expires_in is not None:
         given = ctx.meta.get("apikeys.text.expires_in") or format_duration(expires_in)
-        lifetime = f"The new key expires at {_when(record.expires_at)} (in {given})."
+        lifetime = f"The new key expires at {format_time(record.expires_at)} (in {given})."
     else:
         lifetime = (
-            f"The new key expires at {_when(record.expires_at)}: the same lifetime as the "
+            f"The new key expires at {format_time(record.expires_at)}: the same lifetime as the "
             "key it replaces."
         )
     click.echo(lifetime, err=True)
@@ -501,7 +501,7 @@ def roll(
     if status == "active":
         grace_text = ctx.meta.get("apikeys.text.grace") or format_duration(grace)
         click.echo(
-            f"The old key {old.prefix} keeps working until {_when(old.expires_at)} "
+            f"The old key {old.prefix} keeps working until {format_time(old.expires_at)} "
             f"(grace {grace_text}), then expires.",
             err=True,
         )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from apikeys.cli.common import (
-    _prefixes,
-    _run,
     actor_of,
     actor_option,
     main,
+    prefixes_callback,
+    run_with_manager,
 )
 from apikeys.keys import (
     DEFAULT_PREFIX,
@@ -40,7 +40,7 @@ __all__: list[str] = []
 @click.option(
     "--prefix",
     "prefixes",
-    callback=_prefixes,
+    callback=prefixes_callback,
     multiple=True,
     default=(DEFAULT_PREFIX,),
     show_default=True,
@@ -96,7 +96,7 @@ def scan(
         async def work(manager: KeyManager) -> dict[str, str]:
             return await revoke_found(manager, unique, actor=who)
 
-        outcomes = _run(ctx, work, uses_secrets=True)
+        outcomes = run_with_manager(ctx, work, uses_secrets=True)
         # One verdict per finding, with its place: two findings of one id may be two keys.
         for finding in findings:
             click.echo(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from apikeys.cli.common import _echo_json, _key_id, _run, _table, main
+from apikeys.cli.common import echo_json, key_id_of, main, run_with_manager, table_lines
 from apikeys.manager import KeyManager
 from apikeys.types import DailyUsage, KeyRecord
 
@@ -28,15 +28,15 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
     Refusals are counted by code: insufficient_scope, rate_limited, credits_exhausted,
     ip_not_allowed. Requests with a wrong secret are not the key's and are not counted.
     """
-    key_id = _key_id(key_id)
+    key_id = key_id_of(key_id)
 
     async def work(manager: KeyManager) -> tuple[KeyRecord, list[DailyUsage]]:
         record = await manager.get(key_id)
         return record, await manager.usage(key_id, days=days)
 
-    record, history = _run(ctx, work)
+    record, history = run_with_manager(ctx, work)
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 "key_id": record.id,
                 "days": [day.to_dict() for day in history],
@@ -55,7 +55,7 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
         for day in history
     ]
     click.echo(f"API key {record.id} ({record.name!r}), the last {days} UTC days:")
-    for line in _table(("day", "admitted", *codes), rows):
+    for line in table_lines(("day", "admitted", *codes), rows):
         click.echo(line)
     admitted = sum(day.admitted for day in history)
     refused = sum(day.total - day.admitted for day in history)

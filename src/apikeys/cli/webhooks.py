@@ -8,7 +8,15 @@ from typing import TypeVar
 
 import click
 
-from apikeys.cli.common import Refused, _duration, _echo_json, _run, _table, _when, main
+from apikeys.cli.common import (
+    Refused,
+    duration_callback,
+    echo_json,
+    format_time,
+    main,
+    run_with_manager,
+    table_lines,
+)
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.manager import KeyManager
 from apikeys.stores.contract import WebhookStore
@@ -33,7 +41,7 @@ def _with_hooks(ctx: click.Context, work: Callable[[WebhookStore], Awaitable[_T]
     async def run(manager: KeyManager) -> _T:
         return await work(_hooks(manager))
 
-    return _run(ctx, run)
+    return run_with_manager(ctx, run)
 
 
 def _sealing(ctx: click.Context, work: Callable[[WebhookStore, Hasher], Awaitable[_T]]) -> _T:
@@ -51,7 +59,7 @@ def _sealing(ctx: click.Context, work: Callable[[WebhookStore, Hasher], Awaitabl
             await manager.setup()
         return await work(hooks, manager.hasher)
 
-    return _run(ctx, run)
+    return run_with_manager(ctx, run)
 
 
 @main.group()
@@ -81,7 +89,7 @@ def add(
 
     endpoint = _sealing(ctx, work)
     if as_json:
-        _echo_json({**endpoint.to_dict(), "secret": endpoint.secret})
+        echo_json({**endpoint.to_dict(), "secret": endpoint.secret})
         return
     click.echo(f"Added {endpoint.id} for {endpoint.url}")
     click.echo(f"Signing secret (shown once): {endpoint.secret}")
@@ -94,16 +102,16 @@ def list_endpoints(ctx: click.Context, as_json: bool) -> None:
     """List the endpoints (never their secrets)."""
     endpoints = _with_hooks(ctx, lambda hooks: hooks.endpoints())
     if as_json:
-        _echo_json([endpoint.to_dict() for endpoint in endpoints])
+        echo_json([endpoint.to_dict() for endpoint in endpoints])
         return
     if not endpoints:
         click.echo("No webhooks.", err=True)
         return
     rows = [
-        (e.id, e.url, ",".join(e.events) or "all", e.workspace or "all", _when(e.created_at))
+        (e.id, e.url, ",".join(e.events) or "all", e.workspace or "all", format_time(e.created_at))
         for e in endpoints
     ]
-    for line in _table(("id", "url", "events", "workspace", "created"), rows):
+    for line in table_lines(("id", "url", "events", "workspace", "created"), rows):
         click.echo(line)
 
 
@@ -121,7 +129,7 @@ def remove(ctx: click.Context, endpoint_id: str) -> None:
 @click.argument("endpoint_id", metavar="ID")
 @click.option(
     "--overlap",
-    callback=_duration(allow_zero=True),
+    callback=duration_callback(allow_zero=True),
     metavar="DURATION",
     help="How long the old secret still signs beside the new one (default 24h).",
 )
@@ -142,7 +150,7 @@ def roll(ctx: click.Context, endpoint_id: str, overlap: timedelta | None, as_jso
     if secret is None:
         raise Refused(f"no webhook {endpoint_id!r}")
     if as_json:
-        _echo_json({"id": endpoint_id, "secret": secret})
+        echo_json({"id": endpoint_id, "secret": secret})
         return
     click.echo(f"New signing secret of {endpoint_id} (shown once): {secret}")
 
@@ -173,7 +181,7 @@ def deliveries(
 
     found = _with_hooks(ctx, work)
     if as_json:
-        _echo_json([delivery.to_dict() for delivery in found])
+        echo_json([delivery.to_dict() for delivery in found])
         return
     if not found:
         click.echo("No deliveries.", err=True)
@@ -187,12 +195,12 @@ def deliveries(
             d.status,
             str(d.attempts),
             str(d.last_status or d.last_error or "-"),
-            _when(d.last_attempt_at),
+            format_time(d.last_attempt_at),
         )
         for d in found
     ]
     headers = ("id", "webhook", "event", "key", "status", "attempts", "last", "last attempt")
-    for line in _table(headers, rows):
+    for line in table_lines(headers, rows):
         click.echo(line)
 
 

@@ -21,10 +21,10 @@ from django.http import HttpResponse
 
 from apikeys.errors import MissingAPIKey
 from apikeys.integrations.django import (
+    Outcome,
     Refusal,
-    _authenticate,
-    _Outcome,
-    _runtime,
+    check_request,
+    current_realm,
     required_scopes,
 )
 from apikeys.middleware import APIKeyAuth, APIKeyUser
@@ -68,7 +68,7 @@ class APIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
     def authenticate(self, request: Any) -> tuple[APIKeyUser, APIKeyAuth] | None:
         view = (getattr(request, "parser_context", None) or {}).get("view")
         required = _view_scopes(request, view) or ()
-        outcome = _authenticate(request._request, required)
+        outcome = check_request(request._request, required)
         if outcome is None:
             return None
         if not outcome.passed:
@@ -77,13 +77,13 @@ class APIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
 
     def authenticate_header(self, request: Any) -> str:
         """The challenge of a 401: `Bearer realm="api"`."""
-        realm = _runtime().realm.replace("\\", "\\\\").replace('"', '\\"')
+        realm = current_realm().replace("\\", "\\\\").replace('"', '\\"')
         return f'Bearer realm="{realm}"'
 
 
-def _principal(outcome: _Outcome) -> tuple[APIKeyUser, APIKeyAuth]:
+def _principal(outcome: Outcome) -> tuple[APIKeyUser, APIKeyAuth]:
     if outcome.record is None or outcome.auth is None:  # pragma: no cover - a passed key
-        raise APIKeyRefused(Refusal.of(MissingAPIKey(), _runtime().realm))
+        raise APIKeyRefused(Refusal.of(MissingAPIKey(), current_realm()))
     return APIKeyUser(outcome.record), outcome.auth
 
 
@@ -102,11 +102,11 @@ class HasScopes(BasePermission):  # type: ignore[misc]
             )
         auth = request.auth
         if not isinstance(auth, APIKeyAuth):
-            raise APIKeyRefused(Refusal.of(MissingAPIKey(), _runtime().realm))
+            raise APIKeyRefused(Refusal.of(MissingAPIKey(), current_realm()))
         if required and not cast("GrantedScopes", auth.scopes).covers(required):
             # Checked already when the key was authenticated here; this is for keys the
             # middleware admitted or another authentication class let through.
-            outcome = _authenticate(request._request, required)
+            outcome = check_request(request._request, required)
             if outcome is not None and not outcome.passed:
                 raise APIKeyRefused(outcome.refusal())
         return True

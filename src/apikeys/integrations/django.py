@@ -104,7 +104,10 @@ __all__ = [
     "APIKeyMiddleware",
     "APIKeyRefused",
     "HasScopes",
+    "Outcome",
     "Refusal",
+    "check_request",
+    "current_realm",
     "exception_handler",
     "get_manager",
     "required_scopes",
@@ -178,7 +181,7 @@ class Refusal:
 
 
 @dataclass
-class _Outcome:
+class Outcome:
     """What the ASGI middleware made of a request: passed on (with a key, or on a path it
     does not protect), or refused."""
 
@@ -190,6 +193,7 @@ class _Outcome:
     body: bytearray = field(default_factory=bytearray)
 
     def refusal(self) -> Refusal:
+        """The response the middleware refused the request with."""
         return Refusal(self.status, self.headers, bytes(self.body))
 
 
@@ -283,9 +287,9 @@ async def _limiter(rate_limit: str | None, url: str) -> RateLimiter:
     return RateLimiter(rate_limit, url)
 
 
-async def _check(middleware: ASGIMiddleware, scope: Scope) -> _Outcome:
+async def _check(middleware: ASGIMiddleware, scope: Scope) -> Outcome:
     """Run `middleware` on the request `scope`; what it decided."""
-    outcome = _Outcome()
+    outcome = Outcome()
 
     async def send(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -316,6 +320,11 @@ def _runtime() -> _Runtime:
             if runtime is None or runtime.pid != os.getpid():
                 runtime = _current = _Runtime(_config())
     return runtime
+
+
+def current_realm() -> str:
+    """The realm of the `REALM` setting, which refusals and challenges name."""
+    return _runtime().realm
 
 
 def get_manager() -> KeyManager:
@@ -415,7 +424,7 @@ class APIKeyMiddleware:
         return _add_headers(request, response)
 
     @staticmethod
-    def _admitted(request: HttpRequest, outcome: _Outcome) -> None:
+    def _admitted(request: HttpRequest, outcome: Outcome) -> None:
         if outcome.record is not None:
             setattr(request, _RECORD, outcome.record)
             setattr(request, _AUTH, outcome.auth)
@@ -440,10 +449,11 @@ def required_scopes(view: Any, method: str) -> tuple[str, ...] | None:
     return tuple(declared)
 
 
-def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome | None:
-    """For DRF: the outcome of the key of `request`, checked for `required`; None when the
-    request carries no key (anonymous). A request the middleware admitted is not charged
-    again: only its scopes are checked."""
+def check_request(request: HttpRequest, required: tuple[str, ...]) -> Outcome | None:
+    """The outcome of the key of `request`, checked for the scopes `required` (what the DRF
+    classes do for a view's `required_scopes`); None when the request carries no key
+    (anonymous). A request the middleware admitted is not charged again: only its scopes
+    are checked."""
     record = getattr(request, _RECORD, None)
     runtime = _runtime()
     if record is not None:
@@ -453,10 +463,10 @@ def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome |
                 _refused, runtime.middleware.gate, record, InsufficientScope(required)
             )
             refusal = Refusal.of(error, runtime.realm)
-            return _Outcome(
+            return Outcome(
                 False, record, auth, refusal.status, refusal.headers, bytearray(refusal.body)
             )
-        return _Outcome(True, record, auth)
+        return Outcome(True, record, auth)
     scope = _scope_of(request)
     wanted = runtime.middleware.gate.header_name
     if not any(name == wanted for name, _ in scope["headers"]):

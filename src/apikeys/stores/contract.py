@@ -78,11 +78,15 @@ class KeyStore(abc.ABC):
     - *Read your writes, everywhere.* Once a write method returns, every later `get` in any
       process sharing the store sees it. A store may not serve `get` from a cache that a
       write elsewhere could leave stale.
-    - *Atomic changes.* `set_state`, `shorten_expiry`, `replace_hash` and `add_usage` are
-      each atomic: concurrent callers, in any process, never lose or interleave updates.
+    - *Atomic changes.* `insert`, `set_state`, `shorten_expiry`, `update`, `spend_credits`,
+      `replace_hash` and `add_usage` are each atomic: concurrent callers, in any process,
+      never lose or interleave updates.
     - *Idempotent usage batches.* `add_usage` applies each `batch_id` at most once (for
       `USAGE_BATCH_RETENTION`), so a batch whose outcome is unknown can be retried safely.
-    - *Fail closed.* Connection errors and timeouts raise `StoreUnavailable`.
+    - *Fail closed.* Connection errors and timeouts raise `StoreUnavailable`. A change
+      committed whose replication was not confirmed in time raises `ChangeNotConfirmed`
+      (a `StoreUnavailable`; the Redis store's `WAIT`): the change holds on the primary,
+      and a failover before the replicas catch up could lose it.
     - *Notices with changes.* A store with an invalidation channel (`channel()`) publishes
       the `notice` its change methods are given in the same transaction as the change, so
       that processes caching keys hear of every change that commits (see `apikeys.cache`).
@@ -164,7 +168,13 @@ class KeyStore(abc.ABC):
 
     @abc.abstractmethod
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
-        """Add a new key. Raise `DuplicateKeyId` if the id exists (the caller retries).
+        """Add a new key, its record as given. Raise `DuplicateKeyId` if the id exists.
+
+        `KeyManager` inserts the active keys `create` and `roll` make, under a random id (on
+        `DuplicateKeyId` it draws another); `apikeys.importing` inserts imported keys, under
+        an id derived from the old key (on `DuplicateKeyId` it counts the key as imported by
+        a concurrent run), with their source's `created_at` and `expires_at`, revoked when
+        the source revoked them, and their source's hash behind `IMPORTED`.
 
         Every method that changes a key takes an `event`, appended to the audit trail in
         the same transaction (or script) as the change, and only if the change happened:
@@ -233,10 +243,15 @@ class KeyStore(abc.ABC):
     ) -> KeyRecord:
         """Atomically move a key to `state` if its current state is in `allowed_from`.
 
-        A key already in `state` is left as it is. Moving to `revoked` sets `revoked_at` to
-        `at`. Returns the record as it is afterwards: the caller compares its `state` with
-        the one it asked for to learn whether the change was allowed. Raises `KeyNotFound`.
-        A `notice` is published with the change (also when nothing changed).
+        `KeyManager` sends `disabled` from `active` (disable), `active` from `disabled`
+        (enable), and `revoked` from `active` or `disabled` (revoke, and a roll's new key
+        when the roll lost a race), with `at` the time of the change's event.
+
+        A key already in `state` is left as it is (and its `event` not recorded). Moving to
+        `revoked` sets `revoked_at` to `at`. Returns the record as it is afterwards: the
+        caller compares its `state` with the one it asked for to learn whether the change
+        was allowed. Raises `KeyNotFound`. A `notice` is published with the change (also
+        when nothing changed).
         """
 
     @abc.abstractmethod
@@ -274,9 +289,18 @@ class KeyStore(abc.ABC):
     ) -> KeyRecord:
         """Atomically set the record's fields in `changes`, unless the key is revoked.
 
-        `changes` maps some of `name`, `access`, `scopes`, `rate_limit` and `expires_at` to
-        new values (None clears `rate_limit` or `expires_at`). A revoked key is left as it
-        is. Returns the record afterwards (the caller checks its state); raises
+        `changes` maps some of these fields to their new values, as `KeyRecord` holds them:
+        `name`; `access` with `scopes` (always together; a full-access key's scopes are
+        `()`); `rate_limit` (None: the middleware's default); `expires_at` (None: never);
+        `owner` (None clears it); `metadata` (`{}` clears it); `allowed_ips` (`()`: any
+        address); `credits` (None: unlimited); `credit_refill` (None clears it); and
+        `credits_refilled_at`. `KeyManager.update` sends any of the eleven (with
+        `credit_refill`, also `credits` and `credits_refilled_at`: the new refill starts
+        now); a roll sends the new key `credits` and `credits_refilled_at`, and a rolled
+        key's predecessors `credits` and `credit_refill` (they spend the same balance).
+
+        `credits` is the balance `spend_credits` counts down from then on. A revoked key is
+        left as it is. Returns the record afterwards (the caller checks its state); raises
         `KeyNotFound`. A `notice` is published with the change.
         """
 
@@ -328,17 +352,26 @@ class KeyStore(abc.ABC):
         notice: str | None = None,
         event: AuditEvent | None = None,
     ) -> bool:
-        """Swap the stored hash if it still equals `old_hash` (compare and set).
+        """Swap the stored hash for `new_hash` if it still equals `old_hash` (compare and
+        set); True when swapped, False when the key is gone or its hash changed meanwhile.
 
-        A `notice` is published with the change.
+        `KeyManager` calls it after a request verified a secret against a hash it replaces
+        (made with a retired pepper, without a pepper, with a deprecated scheme, or an
+        imported key's foreign hash): `new_hash` is the hash of the same secret as the
+        `Hasher` makes it now. The `event` (`rehashed`) is recorded, and the `notice`
+        published, with the swap.
         """
 
     @abc.abstractmethod
     async def add_usage(self, usage: Mapping[str, UsageDelta], *, batch_id: str) -> None:
-        """Add request counts and raise `last_used_at`, atomically for the whole batch.
+        """Add each key's counts, atomically for the whole batch (for each key's share
+        where `usage_per_key`).
 
-        Counts are added with atomic increments (never read-modify-write), `last_used_at`
-        only moves forward, and unknown ids are ignored.
+        `usage` maps key ids to what `UsageBuffer` counted since its last flush: `count` is
+        added to `request_count`, `last_used_at` raises the record's (it only moves
+        forward), and `daily` (`{(UTC day, outcome): requests}`) is added to the per-day
+        history that `usage_history` reads. Counts are added with atomic increments (never
+        read-modify-write), and unknown ids are ignored.
 
         Exactly once: `batch_id` (a random id the caller draws once per batch, e.g. a uuid4
         hex) names the batch. Applying a batch is idempotent: once a batch with this id has
@@ -363,7 +396,8 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def add_endpoint(self, endpoint: Endpoint) -> None:
-        """Store `endpoint`; it is sent the events of changes committed after this."""
+        """Store `endpoint`; it is sent the events of changes committed after this. Its
+        `secret` arrives sealed (`apikeys.webhooks.admin`) and is kept as given."""
 
     @abc.abstractmethod
     async def endpoints(self) -> list[Endpoint]:
@@ -375,8 +409,8 @@ class WebhookStore(abc.ABC):
 
     @abc.abstractmethod
     async def roll_secret(self, endpoint_id: str, secret: str, overlap_until: datetime) -> bool:
-        """Sign with `secret` from now on, and with the current one too until
-        `overlap_until`; False when there is no such endpoint."""
+        """Sign with `secret` (sealed, as `add_endpoint`'s) from now on, and with the
+        current one too until `overlap_until`; False when there is no such endpoint."""
 
     async def forget_previous_secrets(self, now: datetime) -> int:
         """Erase the previous secret of each endpoint whose overlap has ended by `now`
@@ -441,7 +475,13 @@ class WebhookStore(abc.ABC):
         response: int | None,
         error: str | None,
     ) -> None:
-        """Record an attempt of a delivery whose lease `holder` holds."""
+        """Record an attempt of a delivery whose lease `holder` holds, and release the lease.
+
+        `status` is `delivered` (a 2xx `response`), `pending` (to be tried again at
+        `next_attempt_at`) or `failed` (given up); `error` says why an attempt failed (kept
+        to its first 200 characters). Nothing is recorded when `holder` no longer holds the
+        lease: it ran out, and another process may be sending the delivery.
+        """
 
     @abc.abstractmethod
     async def deliveries(
@@ -525,7 +565,8 @@ class Channel(abc.ABC):
 
     @abc.abstractmethod
     async def probe(self) -> None:
-        """Return once every notice published before this call has reached `on_notice`."""
+        """Return once every change committed to the store before this call, by any writer
+        (not only the notices apikeys processes published), has reached `on_notice`."""
 
     @abc.abstractmethod
     async def register(self, ttl: float) -> None:

@@ -130,6 +130,53 @@ def _check_body(
     return body
 
 
+def _expected_status(code: str, status: int | None) -> int:
+    __tracebackhide__ = True
+    expected = CONTRACT_STATUS.get(code)
+    if expected is None and status is None:
+        raise ValueError(f"{code!r} is not a code of the contract: pass its status as well")
+    if expected is not None and status is not None and status != expected:
+        raise ValueError(f"the contract answers {code!r} with {expected}, not {status}")
+    result = status if status is not None else expected
+    assert result is not None
+    return result
+
+
+def _check_content(
+    content: bytes, code: str, status_code: int, problems: list[str]
+) -> dict[str, Any] | None:
+    body: dict[str, Any] | None = None
+    try:
+        parsed = json.loads(content)
+    except ValueError:
+        problems.append("the body is not JSON")
+    else:
+        body = _check_body(parsed, code, status_code, problems)
+    if b"Traceback (most recent call last)" in content:
+        problems.append("the body shows a stack trace")
+    return body
+
+
+def _check_content_type(headers: Mapping[str, str], problems: list[str]) -> None:
+    content_type = _header(headers, "content-type") or ""
+    if content_type.split(";", 1)[0].strip().lower() != PROBLEM_CONTENT_TYPE:
+        problems.append(f"Content-Type is {content_type!r}, expected {PROBLEM_CONTENT_TYPE!r}")
+
+
+def _check_challenge_and_wait(
+    headers: Mapping[str, str], code: str, status_code: int, problems: list[str]
+) -> None:
+    if status_code == 401 or code == "insufficient_scope":
+        _check_challenge(code, _header(headers, "www-authenticate"), problems)
+    # `credits_exhausted` without a refill has no time to wait for: no Retry-After.
+    retry_after = _header(headers, "retry-after")
+    waits = status_code in (429, 503) and (code != "credits_exhausted" or retry_after is not None)
+    if waits and (
+        retry_after is None or not _SECONDS.fullmatch(retry_after) or int(retry_after) < 1
+    ):
+        problems.append(f"Retry-After is {retry_after!r}, expected whole seconds, at least 1")
+
+
 def assert_problem(response: ResponseLike, code: str, status: int | None = None) -> dict[str, Any]:
     """Assert that `response` is the contract's problem response for `code`; return its body.
 
@@ -147,41 +194,15 @@ def assert_problem(response: ResponseLike, code: str, status: int | None = None)
     ```
     """
     __tracebackhide__ = True
-    expected = CONTRACT_STATUS.get(code)
-    if expected is None and status is None:
-        raise ValueError(f"{code!r} is not a code of the contract: pass its status as well")
-    if expected is not None and status is not None and status != expected:
-        raise ValueError(f"the contract answers {code!r} with {expected}, not {status}")
-    expected = status if status is not None else expected
-    assert expected is not None
-
+    expected = _expected_status(code, status)
     problems: list[str] = []
     status_code = response.status_code
     if status_code != expected:
         problems.append(f"status is {status_code}, expected {expected}")
-    headers = response.headers
-    content_type = _header(headers, "content-type") or ""
-    if content_type.split(";", 1)[0].strip().lower() != PROBLEM_CONTENT_TYPE:
-        problems.append(f"Content-Type is {content_type!r}, expected {PROBLEM_CONTENT_TYPE!r}")
+    _check_content_type(response.headers, problems)
     content = response.content
-    body: dict[str, Any] | None = None
-    try:
-        parsed = json.loads(content)
-    except ValueError:
-        problems.append("the body is not JSON")
-    else:
-        body = _check_body(parsed, code, status_code, problems)
-    if b"Traceback (most recent call last)" in content:
-        problems.append("the body shows a stack trace")
-    if status_code == 401 or code == "insufficient_scope":
-        _check_challenge(code, _header(headers, "www-authenticate"), problems)
-    # `credits_exhausted` without a refill has no time to wait for: no Retry-After.
-    retry_after = _header(headers, "retry-after")
-    waits = status_code in (429, 503) and (code != "credits_exhausted" or retry_after is not None)
-    if waits and (
-        retry_after is None or not _SECONDS.fullmatch(retry_after) or int(retry_after) < 1
-    ):
-        problems.append(f"Retry-After is {retry_after!r}, expected whole seconds, at least 1")
+    body = _check_content(content, code, status_code, problems)
+    _check_challenge_and_wait(response.headers, code, status_code, problems)
     if problems:
         raise AssertionError(
             f"not a {code!r} problem response:\n  - "

@@ -18,9 +18,9 @@ keyword arguments override `connection_defaults()`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -146,13 +146,8 @@ def _hosts(netloc: str, scheme: str) -> tuple[tuple[str, int], ...]:
     return tuple(hosts)
 
 
-def parse_redis_url(url: str) -> RedisTarget:
-    """Read a Redis URL of any of the three forms (see the module doc)."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    query = dict(parse_qsl(parts.query))
-    wait_replicas = _wait_replicas(query.pop("wait_replicas", None))
-    wait_timeout = _wait_timeout(query.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+def _connection_options(parts: SplitResult, query: dict[str, str]) -> dict[str, Any]:
+    """The query string's connection options, converted, with the URL's credentials."""
     options: dict[str, Any] = {}
     for name, value in query.items():
         convert = _NUMBERS.get(name)
@@ -165,52 +160,57 @@ def parse_redis_url(url: str) -> RedisTarget:
             options["username"] = unquote(parts.username)
         if parts.password:
             options["password"] = unquote(parts.password)
+    return options
+
+
+def _cluster_target(parts: SplitResult, options: dict[str, Any]) -> RedisTarget:
+    if parts.path.strip("/"):
+        raise ConfigurationError("a Redis Cluster has only db 0: redis+cluster://host:port")
+    return RedisTarget("cluster", _hosts(parts.netloc, "redis+cluster"), options=options)
+
+
+def _sentinel_target(parts: SplitResult, options: dict[str, Any]) -> RedisTarget:
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigurationError("redis+sentinel:// takes host:port[,host:port…]/service_name[/db]")
+    db = int(path[1]) if len(path) == 2 else int(options.pop("db", 0))
+    hosts = _hosts(parts.netloc, "redis+sentinel")
+    return RedisTarget("sentinel", hosts, service_name=path[0], db=db, options=options)
+
+
+def _single_target(parts: SplitResult, options: dict[str, Any]) -> RedisTarget:
+    # redis-py reads the connection options from the URL itself; only the store's own go.
+    rest = urlencode([(k, v) for k, v in parse_qsl(parts.query) if not k.startswith("wait_")])
+    plain = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
+    db_text = parts.path.strip("/") or str(options.get("db", 0))
+    host = (parts.hostname or "localhost", parts.port or 6379)
+    if parts.scheme.lower() == "unix":
+        host = (parts.path, 0)
+        db_text = str(options.get("db", 0))
+    db = int(db_text) if db_text.isdigit() else 0
+    return RedisTarget("single", (host,), db=db, url=plain)
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """Read a Redis URL of any of the three forms (see the module doc)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    wait_replicas = _wait_replicas(query.pop("wait_replicas", None))
+    wait_timeout = _wait_timeout(query.pop("wait_timeout", DEFAULT_WAIT_TIMEOUT))
+    options = _connection_options(parts, query)
     if scheme in CLUSTER_SCHEMES:
-        if parts.path.strip("/"):
-            raise ConfigurationError("a Redis Cluster has only db 0: redis+cluster://host:port")
-        return RedisTarget(
-            "cluster",
-            _hosts(parts.netloc, scheme),
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
-            options=options,
+        target = _cluster_target(parts, options)
+    elif scheme in SENTINEL_SCHEMES:
+        target = _sentinel_target(parts, options)
+    elif scheme in SINGLE_SCHEMES:
+        target = _single_target(parts, options)
+    else:
+        raise ConfigurationError(
+            f"not a Redis URL: {scheme + '://' if scheme else url!r}; use redis://, rediss://, "
+            "redis+sentinel:// or redis+cluster://"
         )
-    if scheme in SENTINEL_SCHEMES:
-        path = [segment for segment in parts.path.split("/") if segment]
-        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-            raise ConfigurationError(
-                "redis+sentinel:// takes host:port[,host:port…]/service_name[/db]"
-            )
-        db = int(path[1]) if len(path) == 2 else int(options.pop("db", 0))
-        return RedisTarget(
-            "sentinel",
-            _hosts(parts.netloc, scheme),
-            service_name=path[0],
-            db=db,
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
-            options=options,
-        )
-    if scheme in SINGLE_SCHEMES:
-        rest = urlencode([(k, v) for k, v in parse_qsl(parts.query) if not k.startswith("wait_")])
-        plain = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
-        db_text = parts.path.strip("/") or str(options.get("db", 0))
-        host = (parts.hostname or "localhost", parts.port or 6379)
-        if scheme == "unix":
-            host = (parts.path, 0)
-            db_text = str(options.get("db", 0))
-        return RedisTarget(
-            "single",
-            (host,),
-            db=int(db_text) if db_text.isdigit() else 0,
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
-            url=plain,
-        )
-    raise ConfigurationError(
-        f"not a Redis URL: {scheme + '://' if scheme else url!r}; use redis://, rediss://, "
-        "redis+sentinel:// or redis+cluster://"
-    )
+    return replace(target, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
 
 
 class _FollowingCluster(RedisCluster):
