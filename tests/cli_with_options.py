@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import apikeys.cli.common as cli
-from apikeys.stores.registry import store_from_url
+from apikeys.stores import store_from_url  # the same name in every release
 
 OPTIONS: dict[str, Any] = json.loads(os.environ.get("APIKEYS_TEST_STORE_OPTIONS") or "{}")
 

@@ -29,13 +29,11 @@ MAX_COMPLEXITY = 20
 # manager.py split by job, one admission in gate.py, one charge in ratelimit.py. Remove an
 # entry when its module is back within the limit.
 LONG_MODULES: dict[str, int] = {
-    "manager.py": 1625,
     "ratelimit.py": 1163,
 }
 
 # Known offenders, as `path:qualified name`, with radon's complexity today.
 COMPLEX_FUNCTIONS: dict[str, int] = {
-    "manager.py:KeyManager.update": 32,
     "gate.py:Gate.admit_now": 35,
     "gate.py:Gate.admit_general": 25,
     "ratelimit.py:RateLimiter._hit_leased_many": 21,

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from apikeys import Hasher, KeyManager
 from apikeys.stores import KeyStore
+from apikeys.stores.sql.schema import webhooks_table
 from apikeys.stores.sql.store import SQLStore
 from apikeys.webhooks.admin import add_endpoint
 
@@ -71,7 +72,7 @@ async def test_a_failed_insert_of_a_webhook_endpoint_shows_no_secret(store: KeyS
     assert isinstance(store, SQLStore)
     hooks = store.webhooks()
     assert hooks is not None
-    await _refuse_inserts(store, store._webhooks.name)
+    await _refuse_inserts(store, webhooks_table(store.table.name).name)
     with pytest.raises(sa.exc.DBAPIError, match="refused by a test trigger") as raised:
         await add_endpoint(hooks, "https://hooks.example.com/")
     text = _text(raised.value)
