@@ -19,7 +19,7 @@ from apikeys.errors import (
 from apikeys.keys import (
     generate_key,
 )
-from apikeys.lifecycle import refusal
+from apikeys.lifecycle import TRANSITIONS, refusal
 from apikeys.manager.construction import logger
 from apikeys.manager.reading import KeyReading
 from apikeys.policies import check_text, parse_refill, policy_fields
@@ -28,14 +28,12 @@ from apikeys.scopes import validate_scopes
 from apikeys.stores.base import MAX_ROLL_HOPS
 from apikeys.types import (
     ACTIVE,
-    DISABLED,
     REVOKED,
     AuditAction,
     AuditEvent,
     CreatedKey,
     KeyRecord,
     StoredKey,
-    StoredState,
     jsonable,
     utcnow,
 )
@@ -243,13 +241,11 @@ class KeyChanges(KeyReading):
         Every change takes an `actor` (who made it) for the audit trail; `reason` is noted
         in the event's changes (the leak responder says `"leaked"`).
         """
-        return await self._transition(
-            key_id, DISABLED, (ACTIVE,), "disable", "disabled", actor, reason
-        )
+        return await self._transition(key_id, "disable", "disabled", actor, reason)
 
     async def enable(self, key_id: str, *, actor: str | None = None) -> KeyRecord:
         """Let a disabled key authenticate again. Refused for a revoked key."""
-        return await self._transition(key_id, ACTIVE, (DISABLED,), "enable", "enabled", actor)
+        return await self._transition(key_id, "enable", "enabled", actor)
 
     async def revoke(
         self, key_id: str, *, actor: str | None = None, leaked: bool = False
@@ -259,26 +255,28 @@ class KeyChanges(KeyReading):
         `leaked=True` records the revocation as `leak_revoked` in the audit trail.
         """
         action: AuditAction = "leak_revoked" if leaked else "revoked"
-        return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke", action, actor)
+        return await self._transition(key_id, "revoke", action, actor)
 
     async def _transition(
         self,
         key_id: str,
-        target: StoredState,
-        allowed_from: tuple[StoredState, ...],
         verb: str,
         action: AuditAction,
         actor: str | None,
         reason: str | None = None,
     ) -> KeyRecord:
+        """Take the state change `verb` of `TRANSITIONS` (`disable`, `enable`, `revoke`)."""
+        allowed_from, target = TRANSITIONS[verb]
+        if target is None:
+            raise ValueError(f"{verb} is not a change of state")
         changes: dict[str, Any] = {"state": target}
         if reason is not None:
             changes["reason"] = reason
         before = await self.store.get(key_id)
         if before is None:
             raise KeyNotFound(key_id)
-        why = refusal(before.record, verb)
-        if why is not None and before.record.state != target:
+        why = refusal(before.record, verb)  # None for a key in `target` already
+        if why is not None:
             raise InvalidTransition(key_id, before.record.status, verb, why)
         event = await self._event(action, key_id, actor, changes, before.record.workspace)
         record = await self._change(
@@ -540,7 +538,7 @@ class KeyChanges(KeyReading):
                 lambda notice: self.store.set_state(
                     new_id,
                     REVOKED,
-                    allowed_from=(ACTIVE, DISABLED),
+                    allowed_from=TRANSITIONS["revoke"].sources,
                     at=utcnow(),
                     notice=notice,
                     event=AuditEvent(
