@@ -233,6 +233,41 @@ class KeyChanges(KeyReading):
             return CreatedKey(parsed.token, record, warning)
         raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
 
+    async def add_imported(
+        self,
+        record: KeyRecord,
+        secret_hash: str,
+        *,
+        source: str,
+        scheme: str,
+        actor: str | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        """Add a key another system issued, as `apikeys.importing.import_keys` does: its
+        `record`, and the hash it is checked with (`secret_hash`, its old hash as the store
+        keeps it). Written with its `created` audit event, which names the old system
+        (`source`) and its hash's `scheme`, never the hash, and announced like `create`'s.
+        Raises `DuplicateKeyId` when the id is taken.
+        """
+        self._use()
+        event = AuditEvent(
+            time=at or utcnow(),
+            key_id=record.id,
+            workspace=record.workspace,
+            action="created",
+            actor=actor,
+            changes={
+                "name": record.name,
+                "access": record.access,
+                "scopes": list(record.scopes),
+                "state": record.state,
+                "imported_from": source,
+                "scheme": scheme,
+            },
+        )
+        await self.store.insert(StoredKey(record, secret_hash), event=event)
+        self._announce(event)
+
     async def disable(
         self, key_id: str, *, actor: str | None = None, reason: str | None = None
     ) -> KeyRecord:
