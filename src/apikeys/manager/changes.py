@@ -70,6 +70,102 @@ def _rate_limit(rate_limit: str | None, rate_limits: Mapping[str, str] | None) -
 _BALANCE_FIELDS: Final = frozenset({"credits", "credit_refill", "credits_refilled_at"})
 
 
+def _expiry(
+    now: datetime, expires_at: datetime | None, expires_in: timedelta | None
+) -> datetime | None:
+    if expires_at is not None and expires_in is not None:
+        raise InvalidKeyParameters("pass expires_at or expires_in, not both")
+    if expires_in is not None:
+        if expires_in <= timedelta(0):
+            raise InvalidKeyParameters("expires_in must be positive")
+        return now + expires_in
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            raise InvalidKeyParameters("expires_at must be timezone-aware")
+        if expires_at <= now:
+            raise InvalidKeyParameters("expires_at must be in the future")
+    return expires_at
+
+
+# `update`'s checks, one per kind of change it is given.
+
+
+def _access_change(scopes: Iterable[str] | None, full_access: bool | None) -> dict[str, object]:
+    """The access and scopes `update` sets: every scope, or the restricted key's scopes."""
+    scope_tuple = validate_scopes(scopes or ())
+    if full_access and scope_tuple:
+        raise InvalidKeyParameters("a full-access key takes no scopes")
+    if full_access:
+        return {"access": "full", "scopes": ()}
+    if not scope_tuple:
+        raise InvalidKeyParameters(
+            "a restricted key needs at least one scope (or pass full_access=True)"
+        )
+    return {"access": "restricted", "scopes": scope_tuple}
+
+
+def _limit_change(
+    rate_limit: str | _Unset | None, rate_limits: Mapping[str, str] | None
+) -> str | None:
+    """The `rate_limit` text `update` stores (None: the middleware's default)."""
+    if rate_limits is not None:
+        if not isinstance(rate_limit, _Unset):
+            raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
+        return _rate_limit(None, rate_limits)
+    return _rate_limit(None if isinstance(rate_limit, _Unset) else rate_limit, None)
+
+
+def _expiry_change(
+    expires_at: datetime | _Unset | None, expires_in: timedelta | None
+) -> datetime | None:
+    """The expiry `update` sets (None: never)."""
+    given = None if isinstance(expires_at, _Unset) else expires_at
+    if given is None and expires_in is None:
+        return None
+    return _expiry(utcnow(), given, expires_in)
+
+
+def _policy_changes(
+    owner: str | _Unset | None,
+    metadata: Mapping[str, Any] | _Unset | None,
+    allowed_ips: Iterable[str] | _Unset | None,
+    credits: int | _Unset | None,
+    credit_refill: str | _Unset | None,
+) -> dict[str, object]:
+    """The policies `update` sets (`apikeys.policies`): those given checked, and those
+    given as None cleared."""
+    changes: dict[str, object] = dict(
+        policy_fields(
+            owner=None if isinstance(owner, _Unset) else owner,
+            metadata=None if isinstance(metadata, _Unset) else metadata,
+            allowed_ips=None if isinstance(allowed_ips, _Unset) else allowed_ips,
+            credits=None if isinstance(credits, _Unset) else credits,
+            credit_refill=None if isinstance(credit_refill, _Unset) else credit_refill,
+        )
+    )
+    for field, value, cleared in (
+        ("owner", owner, None),
+        ("metadata", metadata, {}),
+        ("allowed_ips", allowed_ips, ()),
+        ("credits", credits, None),
+        ("credit_refill", credit_refill, None),
+    ):
+        if value is None:
+            changes[field] = cleared
+    return changes
+
+
+def _start_refill(changes: dict[str, object]) -> None:
+    """A new `credit_refill` starts now: full, unless `credits` says otherwise."""
+    if changes.get("credit_refill") is None:
+        return
+    refill = parse_refill(str(changes["credit_refill"]))
+    if refill is not None:
+        if changes.get("credits") is None:
+            changes["credits"] = refill.amount
+        changes["credits_refilled_at"] = refill.period_start(utcnow())
+
+
 class KeyChanges(KeyReading):
     """The changes a `KeyManager` makes: each one written with its audit event, announced,
     and seen by every process on its next request."""
@@ -122,7 +218,7 @@ class KeyChanges(KeyReading):
             )
         rate_limit = _rate_limit(rate_limit, rate_limits)
         now = utcnow()
-        expiry = self._expiry(now, expires_at, expires_in)
+        expiry = _expiry(now, expires_at, expires_in)
         policy = policy_fields(
             owner=owner,
             metadata=metadata,
@@ -145,23 +241,6 @@ class KeyChanges(KeyReading):
             policy=policy,
             actor=actor,
         )
-
-    @staticmethod
-    def _expiry(
-        now: datetime, expires_at: datetime | None, expires_in: timedelta | None
-    ) -> datetime | None:
-        if expires_at is not None and expires_in is not None:
-            raise InvalidKeyParameters("pass expires_at or expires_in, not both")
-        if expires_in is not None:
-            if expires_in <= timedelta(0):
-                raise InvalidKeyParameters("expires_in must be positive")
-            return now + expires_in
-        if expires_at is not None:
-            if expires_at.tzinfo is None:
-                raise InvalidKeyParameters("expires_at must be timezone-aware")
-            if expires_at <= now:
-                raise InvalidKeyParameters("expires_at must be in the future")
-        return expires_at
 
     async def _issue(
         self,
@@ -364,56 +443,15 @@ class KeyChanges(KeyReading):
         if name is not None:
             changes["name"] = check_text(name, "name")
         if full_access is not None or scopes is not None:
-            scope_tuple = validate_scopes(scopes or ())
-            if full_access and scope_tuple:
-                raise InvalidKeyParameters("a full-access key takes no scopes")
-            if full_access:
-                changes.update(access="full", scopes=())
-            elif scope_tuple:
-                changes.update(access="restricted", scopes=scope_tuple)
-            else:
-                raise InvalidKeyParameters(
-                    "a restricted key needs at least one scope (or pass full_access=True)"
-                )
-        if rate_limits is not None:
-            if not isinstance(rate_limit, _Unset):
-                raise InvalidKeyParameters("pass rate_limit or rate_limits, not both")
-            changes["rate_limit"] = _rate_limit(None, rate_limits)
-        elif not isinstance(rate_limit, _Unset):
-            changes["rate_limit"] = _rate_limit(rate_limit, None)
+            changes.update(_access_change(scopes, full_access))
+        if rate_limits is not None or not isinstance(rate_limit, _Unset):
+            changes["rate_limit"] = _limit_change(rate_limit, rate_limits)
         if expires_in is not None or not isinstance(expires_at, _Unset):
-            given = None if isinstance(expires_at, _Unset) else expires_at
-            if given is None and expires_in is None:
-                changes["expires_at"] = None
-            else:
-                changes["expires_at"] = self._expiry(utcnow(), given, expires_in)
-        changes.update(
-            policy_fields(
-                owner=None if isinstance(owner, _Unset) else owner,
-                metadata=None if isinstance(metadata, _Unset) else metadata,
-                allowed_ips=None if isinstance(allowed_ips, _Unset) else allowed_ips,
-                credits=None if isinstance(credits, _Unset) else credits,
-                credit_refill=None if isinstance(credit_refill, _Unset) else credit_refill,
-            )
-        )
-        for field, value, cleared in (
-            ("owner", owner, None),
-            ("metadata", metadata, {}),
-            ("allowed_ips", allowed_ips, ()),
-            ("credits", credits, None),
-            ("credit_refill", credit_refill, None),
-        ):
-            if value is None:
-                changes[field] = cleared
+            changes["expires_at"] = _expiry_change(expires_at, expires_in)
+        changes.update(_policy_changes(owner, metadata, allowed_ips, credits, credit_refill))
         if _BALANCE_FIELDS & changes.keys():
             await self._check_own_balance(key_id, changes)
-        if changes.get("credit_refill") is not None:
-            refill = parse_refill(str(changes["credit_refill"]))
-            if refill is not None:
-                # The new refill starts now: full unless `credits` says otherwise.
-                if changes.get("credits") is None:
-                    changes["credits"] = refill.amount
-                changes["credits_refilled_at"] = refill.period_start(utcnow())
+        _start_refill(changes)
         event = await self._event("updated", key_id, actor, changes)
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
@@ -523,7 +561,7 @@ class KeyChanges(KeyReading):
             scopes=old.scopes,
             rate_limit=old.rate_limit,
             created_at=now,
-            expires_at=self._expiry(now, expires_at, expires_in),
+            expires_at=_expiry(now, expires_at, expires_in),
             replaces=key_id,
             policy={
                 "owner": old.owner,
