@@ -55,6 +55,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = MappingProxyType(
         "update": Transition((ACTIVE, DISABLED), None),
     }
 )
+"""Each action's `Transition`: the table in this module's docstring."""
 
 # Why an action is refused for a key in a state it may not take it from.
 _STATE_REFUSALS: Final[Mapping[StoredState, str]] = MappingProxyType(
