@@ -36,7 +36,7 @@ def test_the_table_says_where_each_state_change_goes() -> None:
     assert TRANSITIONS["disable"] == ((ACTIVE,), DISABLED)
     assert TRANSITIONS["enable"] == ((DISABLED,), ACTIVE)
     assert TRANSITIONS["revoke"] == ((ACTIVE, DISABLED), REVOKED)
-    assert TRANSITIONS["roll"] == ((ACTIVE,), ACTIVE)
+    assert TRANSITIONS["roll"] == ((ACTIVE,), None)
     assert TRANSITIONS["update"] == ((ACTIVE, DISABLED), None)
 
 

@@ -7,7 +7,7 @@
 | `disable` | active             | disabled                       |
 | `enable`  | disabled           | active                         |
 | `revoke`  | active, disabled   | revoked                        |
-| `roll`    | active             | active (a successor linked)    |
+| `roll`    | active             | the same state (a successor)   |
 | `update`  | active, disabled   | the same state (fields edited) |
 
 An action on a key already in its target state changes nothing and is not refused. The
@@ -51,7 +51,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = MappingProxyType(
         "disable": Transition((ACTIVE,), DISABLED),
         "enable": Transition((DISABLED,), ACTIVE),
         "revoke": Transition((ACTIVE, DISABLED), REVOKED),
-        "roll": Transition((ACTIVE,), ACTIVE),
+        "roll": Transition((ACTIVE,), None),
         "update": Transition((ACTIVE, DISABLED), None),
     }
 )
@@ -113,10 +113,11 @@ def refusal(record: KeyRecord, action: str) -> str | None:
 
 def offered(record: KeyRecord, action: str, now: datetime) -> bool:
     """True when `action` is allowed on `record` and changes it: what the settings page
-    offers. An expired key is only revoked or edited: rolling or disabling it would not
-    make it work again (and a roll would give it a new lifetime)."""
+    offers. An expired key is not offered Roll or Disable: its expiry is the operator's to
+    move, and a roll would move it; disabled, it would still refuse every request as it
+    does."""
     target = TRANSITIONS[action].target
-    if target is not None and record.state == target and action != "roll":
+    if target is not None and record.state == target:
         return False
     if action in ("roll", "disable") and record.status_at(now) == EXPIRED:
         return False
