@@ -408,7 +408,7 @@ async def test_if_address_outside_allowlist_then_403_charged_to_nothing(serve: S
 
 
 class BrokenStore(MemoryStore):
-    async def get(self, key_id: str) -> None:
+    def get_for_verification_now(self, key_id: str) -> None:
         raise RuntimeError("the store broke in a way nobody foresaw")
 
 

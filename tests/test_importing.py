@@ -584,3 +584,31 @@ async def test_if_store_keeps_no_settings_then_import_is_refused_and_tokens_stay
         assert await manager.list() == []
         with pytest.raises(MalformedAPIKey):
             await manager.verify(keys["unkey"])
+
+
+async def test_an_import_adds_and_revokes_keys_through_the_manager(tmp_path: Path) -> None:
+    """Each imported key is announced as `create` announces a key (`on_event`), and a key
+    revoked at its source since is revoked by `KeyManager.revoke`."""
+    events: list[Any] = []
+    manager = KeyManager("memory://", hasher=Hasher(pepper=TEST_PEPPER), on_event=events.append)
+    try:
+        token = "Pk4wQe7R.abcdEFGHijklMNOPqrstUVWX"
+        row = {"name": "one", "hash": pbkdf2_sha256.hash(token), "prefix": "Pk4wQe7R"}
+        rows = read_csv(_csv(tmp_path / "a.csv", [row]))
+        report = await import_keys(manager, rows, source="csv", full_access=True)
+        (record,) = report.imported
+        changed = [event.audit for event in events if event.kind == "key_changed"]
+        assert [(event.key_id, event.action) for event in changed] == [(record.id, "created")]
+        assert changed[0].changes["imported_from"] == "csv"
+        assert changed[0].changes["scheme"] == "pbkdf2_sha256"
+        events.clear()
+        revoked = [
+            ForeignKey(row=1, name="one", hashed=row["hash"], prefix="Pk4wQe7R", revoked=True)
+        ]
+        again = await import_keys(manager, revoked, source="csv", full_access=True)
+        assert again.revoked == [record.id]
+        assert [event.audit.action for event in events if event.kind == "key_changed"] == [
+            "revoked"
+        ]
+    finally:
+        await manager.aclose()

@@ -830,14 +830,17 @@ async def test_if_closed_right_after_its_first_verification_then_aclose_returns(
             await manager.aclose()
 
 
-async def test_a_memory_store_subclass_that_overrides_get_is_verified_through_it(
+async def test_a_memory_store_subclass_that_overrides_its_reads_is_verified_through_them(
     hasher: Hasher,
 ) -> None:
     class DownStore(MemoryStore):
-        async def get(self, key_id: str) -> Any:
+        def get_for_verification_now(self, key_id: str) -> Any:
             raise ConnectionError("down")
 
     class DownForVerification(DownStore):
+        def get_for_verification_now(self, key_id: str) -> Any:
+            return False  # to be awaited
+
         async def get_for_verification(self, key_id: str) -> Any:
             return self._keys.get(key_id)
 

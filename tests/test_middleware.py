@@ -7,7 +7,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import http_sf
 import httpx
@@ -426,6 +426,14 @@ class CountingStore(MemoryStore):
     async def get(self, key_id: str) -> StoredKey | None:
         self.gets += 1
         return await super().get(key_id)
+
+    def get_for_verification_now(self, key_id: str) -> StoredKey | Literal[False] | None:
+        self.gets += 1
+        return super().get_for_verification_now(key_id)
+
+    async def get_for_verification(self, key_id: str) -> StoredKey | None:
+        self.gets += 1
+        return await super().get_for_verification(key_id)
 
 
 header_bytes = st.one_of(

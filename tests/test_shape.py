@@ -37,8 +37,6 @@ COMPLEX_FUNCTIONS: dict[str, int] = {
     "gate.py:Gate.admit_now": 35,
     "gate.py:Gate.admit_general": 25,
     "ratelimit.py:RateLimiter._hit_leased_many": 21,
-    # importing/run.py goes through the manager's public lifecycle once manager.py is split.
-    "importing/run.py:import_keys": 23,
 }
 
 # Known offenders, as `importer -> module:name` (none today).

@@ -290,6 +290,7 @@ class KeyManager:
     spend_credits = _Blocking(AsyncKeyManager.spend_credits)
     flush = _Blocking(AsyncKeyManager.flush)
     import_lookup_secret = _Blocking(AsyncKeyManager.import_lookup_secret)
+    add_imported = _Blocking(AsyncKeyManager.add_imported)
 
     def iter_keys(
         self,

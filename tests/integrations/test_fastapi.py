@@ -157,7 +157,7 @@ async def test_if_realm_given_then_challenge_names_it(memory_manager: KeyManager
 
 async def test_if_store_fails_unexpectedly_then_503_not_500(hasher: Hasher) -> None:
     class BrokenStore(MemoryStore):
-        async def get(self, key_id: str) -> None:
+        def get_for_verification_now(self, key_id: str) -> None:
             raise RuntimeError("the store broke in a way nobody foresaw")
 
     async with KeyManager(BrokenStore(), hasher=hasher) as manager:

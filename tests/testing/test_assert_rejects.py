@@ -105,7 +105,7 @@ class TestPasses:
 
     def test_when_the_store_is_down_503_auth_unavailable_is_failing_closed(self) -> None:
         class DownStore(MemoryStore):
-            async def get(self, key_id: str) -> StoredKey | None:
+            def get_for_verification_now(self, key_id: str) -> StoredKey | None:
                 raise ConnectionError("down")
 
         manager = KeyManager(DownStore())

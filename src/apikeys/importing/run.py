@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from apikeys.errors import ConfigurationError, DuplicateKeyId, InvalidKeyParameters
@@ -22,7 +23,7 @@ from apikeys.importing.sources import ForeignKey, Refusal
 from apikeys.keys import mask
 from apikeys.policies import check_text
 from apikeys.scopes import validate_scopes
-from apikeys.types import ACTIVE, REVOKED, AuditEvent, KeyRecord, StoredKey, utcnow
+from apikeys.types import ACTIVE, REVOKED, KeyRecord, StoredKey, utcnow
 
 if TYPE_CHECKING:
     from apikeys.manager import KeyManager
@@ -133,6 +134,21 @@ def _name(name: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+@dataclass(frozen=True, slots=True)
+class _Import:
+    """What every row of one import shares."""
+
+    manager: KeyManager
+    secret: str | None
+    source: str
+    workspace: str
+    scopes: tuple[str, ...]
+    full_access: bool
+    dry_run: bool
+    actor: str | None
+    now: datetime
+
+
 async def import_keys(
     manager: KeyManager,
     keys: Iterable[ForeignKey | Refusal],
@@ -158,92 +174,86 @@ async def import_keys(
     most). A hash that costs more than its scheme's bound (`foreign.COST_BOUNDS`) is
     refused; `dry_run` changes nothing and reports what would happen.
     `source` names the old system in the audit trail (`drf-api-key`, `csv`); `progress(1)`
-    is called after each row.
+    is called after each row. Keys are added and revoked through the manager
+    (`KeyManager.add_imported`, `KeyManager.revoke`).
     """
     check_text(workspace, "workspace")
     scope_tuple = validate_scopes(scopes)
     if full_access == bool(scope_tuple):
         raise ConfigurationError("imported keys take full access or at least one scope")
-    store = manager.store
     # A dry run chooses no secret: without one, nothing was imported before.
     secret = await manager.import_lookup_secret(create=not dry_run)
     if secret is None and not dry_run:
         raise ConfigurationError("this key store keeps no settings: it cannot hold imports")
+    run = _Import(
+        manager, secret, source, workspace, scope_tuple, full_access, dry_run, actor, utcnow()
+    )
     report = ImportReport(dry_run=dry_run)
     seen: set[str] = set()
-    now = utcnow()
     for key in keys:
         if progress is not None:
             progress(1)
         if isinstance(key, Refusal):
             report.refused.append(key)
-            continue
-        try:
-            name, scheme, handle = _checked(key, manager.prefix)
-        except ValueError as exc:
-            report.refused.append(Refusal(key.row, key.name or None, str(exc)))
-            continue
+        else:
+            await _import_row(run, key, seen, report)
+    return report
+
+
+async def _import_row(run: _Import, key: ForeignKey, seen: set[str], report: ImportReport) -> None:
+    """Import one row (or refuse it, skip it, or revoke the key it imported before)."""
+    manager = run.manager
+    try:
+        name, scheme, handle = _checked(key, manager.prefix)
+    except ValueError as exc:
+        report.refused.append(Refusal(key.row, key.name or None, str(exc)))
+        return
+    try:
         if handle in seen:
-            report.refused.append(
-                Refusal(key.row, name, "an earlier row has the same prefix or the same hash")
-            )
-            continue
+            raise ValueError("an earlier row has the same prefix or the same hash")
         seen.add(handle)
+        key_id, before = await _slot(manager.store, run.secret, handle, run.workspace)
+    except ValueError as exc:
+        report.refused.append(Refusal(key.row, name, str(exc)))
+        return
+    if before is not None:
+        if key.revoked and before.record.state != REVOKED:
+            if not run.dry_run:
+                await manager.revoke(key_id, actor=run.actor)
+            report.revoked.append(key_id)
+        else:
+            report.skipped.append(key_id)
+        return
+    now = run.now
+    record = KeyRecord(
+        id=key_id,
+        name=name,
+        workspace=run.workspace,
+        prefix=mask(manager.prefix, key_id),
+        access="full" if run.full_access else "restricted",
+        scopes=run.scopes,
+        state=REVOKED if key.revoked else ACTIVE,
+        rate_limit=None,
+        created_at=key.created_at or now,
+        expires_at=key.expires_at,
+        revoked_at=now if key.revoked else None,
+    )
+    if not run.dry_run:
         try:
-            key_id, before = await _slot(store, secret, handle, workspace)
-        except ValueError as exc:
-            report.refused.append(Refusal(key.row, name, str(exc)))
-            continue
-        if before is not None:
-            if key.revoked and before.record.state != REVOKED:
-                if not dry_run:
-                    await manager.revoke(key_id, actor=actor)
-                report.revoked.append(key_id)
-            else:
-                report.skipped.append(key_id)
-            continue
-        record = KeyRecord(
-            id=key_id,
-            name=name,
-            workspace=workspace,
-            prefix=mask(manager.prefix, key_id),
-            access="full" if full_access else "restricted",
-            scopes=scope_tuple,
-            state=REVOKED if key.revoked else ACTIVE,
-            rate_limit=None,
-            created_at=key.created_at or now,
-            expires_at=key.expires_at,
-            revoked_at=now if key.revoked else None,
-        )
-        if dry_run:
-            report.imported.append(record)
-            continue
-        event = AuditEvent(
-            time=now,
-            key_id=key_id,
-            workspace=workspace,
-            action="created",
-            actor=actor,
-            # Where it came from and its old scheme's name: never the hash.
-            changes={
-                "name": name,
-                "access": record.access,
-                "scopes": list(scope_tuple),
-                "state": record.state,
-                "imported_from": source,
-                "scheme": scheme,
-            },
-        )
-        try:
-            await store.insert(StoredKey(record, IMPORTED + key.hashed), event=event)
+            await manager.add_imported(
+                record,
+                IMPORTED + key.hashed,
+                source=run.source,
+                scheme=scheme,
+                actor=run.actor,
+                at=now,
+            )
         except DuplicateKeyId:  # imported by a concurrent run
-            holder = await store.get(key_id)
-            if holder is not None and holder.record.workspace != workspace:
+            holder = await manager.store.get(key_id)
+            if holder is not None and holder.record.workspace != run.workspace:
                 reason = "another workspace's import took its id meanwhile: import it again"
                 report.refused.append(Refusal(key.row, name, reason))
             else:
                 report.skipped.append(key_id)
-            continue
-        manager._announce(event)
-        report.imported.append(record)
-    return report
+            return
+    report.imported.append(record)

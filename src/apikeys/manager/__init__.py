@@ -8,8 +8,6 @@ transitions) and `verification`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from apikeys.lifecycle import check_usable, refusal
 from apikeys.manager.changes import UNSET, KeyChanges
 from apikeys.manager.construction import LIMITER_URL_ENV, STORE_URL_ENV
@@ -51,6 +49,12 @@ class KeyManager(KeyChanges, KeyVerification):
     it to route the channel through a proxy); anything else (a URL, a channel that is not
     the store's own kind) raises `ConfigurationError`.
 
+    Every verification reads the key the same way: from the key cache, else the store's
+    `get_for_verification_now` (the memory store answers it; other stores answer False)
+    and then `get_for_verification`; a store test double that fails or counts reads
+    overrides those. `verify` asks `verify_now` first, and the request path calls
+    `verify_now` itself, so a subclass sees every verification in `verify_now`.
+
     From its first use until it is closed, a manager also delivers the store's webhooks
     that are due (docs/webhooks.md); `webhooks=False` stops that, and a `DeliveryOptions`
     tunes it.
@@ -63,8 +67,3 @@ class KeyManager(KeyChanges, KeyVerification):
     few seconds, and a logged warning says how many were lost if not. A manager that has
     done nothing holds nothing, and is never warned about.
     """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._own_verify_now = cls.verify_now is not KeyManager.verify_now
-        cls._verifies_now = cls.verify is KeyManager.verify or cls._own_verify_now

@@ -20,7 +20,7 @@ from apikeys.fields import KEY_FIELDS
 from apikeys.keys import (
     generate_key,
 )
-from apikeys.lifecycle import refusal
+from apikeys.lifecycle import TRANSITIONS, refusal
 from apikeys.manager.construction import logger
 from apikeys.manager.reading import KeyReading
 from apikeys.policies import POLICY_PARSERS, check_text, parse_refill, policy_fields
@@ -29,14 +29,12 @@ from apikeys.scopes import validate_scopes
 from apikeys.stores.contract import MAX_ROLL_HOPS
 from apikeys.types import (
     ACTIVE,
-    DISABLED,
     REVOKED,
     AuditAction,
     AuditEvent,
     CreatedKey,
     KeyRecord,
     StoredKey,
-    StoredState,
     jsonable,
     utcnow,
 )
@@ -123,6 +121,23 @@ def _start_refill(changes: dict[str, object], now: datetime) -> None:
 _BALANCE_FIELDS: Final = frozenset({"credits", "credit_refill", "credits_refilled_at"})
 
 
+def _expiry(
+    now: datetime, expires_at: datetime | None, expires_in: timedelta | None
+) -> datetime | None:
+    if expires_at is not None and expires_in is not None:
+        raise InvalidKeyParameters("pass expires_at or expires_in, not both")
+    if expires_in is not None:
+        if expires_in <= timedelta(0):
+            raise InvalidKeyParameters("expires_in must be positive")
+        return now + expires_in
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            raise InvalidKeyParameters("expires_at must be timezone-aware")
+        if expires_at <= now:
+            raise InvalidKeyParameters("expires_at must be in the future")
+    return expires_at
+
+
 class KeyChanges(KeyReading):
     """The changes a `KeyManager` makes: each one written with its audit event, announced,
     and seen by every process on its next request."""
@@ -175,7 +190,7 @@ class KeyChanges(KeyReading):
             )
         rate_limit = _rate_limit(rate_limit, rate_limits)
         now = utcnow()
-        expiry = self._expiry(now, expires_at, expires_in)
+        expiry = _expiry(now, expires_at, expires_in)
         # The policy arguments, by field: each field of `POLICY_PARSERS` is one.
         policy = policy_fields(
             **{field: value for field, value in locals().items() if field in POLICY_PARSERS}
@@ -197,25 +212,8 @@ class KeyChanges(KeyReading):
         )
 
     @staticmethod
-    def _expiry(
-        now: datetime, expires_at: datetime | None, expires_in: timedelta | None
-    ) -> datetime | None:
-        if expires_at is not None and expires_in is not None:
-            raise InvalidKeyParameters("pass expires_at or expires_in, not both")
-        if expires_in is not None:
-            if expires_in <= timedelta(0):
-                raise InvalidKeyParameters("expires_in must be positive")
-            return now + expires_in
-        if expires_at is not None:
-            if expires_at.tzinfo is None:
-                raise InvalidKeyParameters("expires_at must be timezone-aware")
-            if expires_at <= now:
-                raise InvalidKeyParameters("expires_at must be in the future")
-        return expires_at
-
-    @classmethod
     def _expiry_change(
-        cls, expires_at: datetime | _Unset | None, expires_in: timedelta | None
+        expires_at: datetime | _Unset | None, expires_in: timedelta | None
     ) -> dict[str, object]:
         """`update`'s expiry: None never expires; `expires_in` counts from now."""
         if expires_in is None and isinstance(expires_at, _Unset):
@@ -223,7 +221,7 @@ class KeyChanges(KeyReading):
         given = None if isinstance(expires_at, _Unset) else expires_at
         if given is None and expires_in is None:
             return {"expires_at": None}
-        return {"expires_at": cls._expiry(utcnow(), given, expires_in)}
+        return {"expires_at": _expiry(utcnow(), given, expires_in)}
 
     async def _issue(
         self,
@@ -295,6 +293,41 @@ class KeyChanges(KeyReading):
             return CreatedKey(parsed.token, record, warning)
         raise DuplicateKeyId("could not find a free key id")  # pragma: no cover
 
+    async def add_imported(
+        self,
+        record: KeyRecord,
+        secret_hash: str,
+        *,
+        source: str,
+        scheme: str,
+        actor: str | None = None,
+        at: datetime | None = None,
+    ) -> None:
+        """Add a key another system issued, as `apikeys.importing.import_keys` does: its
+        `record`, and the hash it is checked with (`secret_hash`, its old hash as the store
+        keeps it). Written with its `created` audit event, which names the old system
+        (`source`) and its hash's `scheme`, never the hash, and announced like `create`'s.
+        Raises `DuplicateKeyId` when the id is taken.
+        """
+        self._use()
+        event = AuditEvent(
+            time=at or utcnow(),
+            key_id=record.id,
+            workspace=record.workspace,
+            action="created",
+            actor=actor,
+            changes={
+                "name": record.name,
+                "access": record.access,
+                "scopes": list(record.scopes),
+                "state": record.state,
+                "imported_from": source,
+                "scheme": scheme,
+            },
+        )
+        await self.store.insert(StoredKey(record, secret_hash), event=event)
+        self._announce(event)
+
     async def disable(
         self, key_id: str, *, actor: str | None = None, reason: str | None = None
     ) -> KeyRecord:
@@ -303,13 +336,11 @@ class KeyChanges(KeyReading):
         Every change takes an `actor` (who made it) for the audit trail; `reason` is noted
         in the event's changes (the leak responder says `"leaked"`).
         """
-        return await self._transition(
-            key_id, DISABLED, (ACTIVE,), "disable", "disabled", actor, reason
-        )
+        return await self._transition(key_id, "disable", "disabled", actor, reason)
 
     async def enable(self, key_id: str, *, actor: str | None = None) -> KeyRecord:
         """Let a disabled key authenticate again. Refused for a revoked key."""
-        return await self._transition(key_id, ACTIVE, (DISABLED,), "enable", "enabled", actor)
+        return await self._transition(key_id, "enable", "enabled", actor)
 
     async def revoke(
         self, key_id: str, *, actor: str | None = None, leaked: bool = False
@@ -319,26 +350,28 @@ class KeyChanges(KeyReading):
         `leaked=True` records the revocation as `leak_revoked` in the audit trail.
         """
         action: AuditAction = "leak_revoked" if leaked else "revoked"
-        return await self._transition(key_id, REVOKED, (ACTIVE, DISABLED), "revoke", action, actor)
+        return await self._transition(key_id, "revoke", action, actor)
 
     async def _transition(
         self,
         key_id: str,
-        target: StoredState,
-        allowed_from: tuple[StoredState, ...],
         verb: str,
         action: AuditAction,
         actor: str | None,
         reason: str | None = None,
     ) -> KeyRecord:
+        """Take the state change `verb` of `TRANSITIONS` (`disable`, `enable`, `revoke`)."""
+        allowed_from, target = TRANSITIONS[verb]
+        if target is None:
+            raise ValueError(f"{verb} is not a change of state")
         changes: dict[str, Any] = {"state": target}
         if reason is not None:
             changes["reason"] = reason
         before = await self.store.get(key_id)
         if before is None:
             raise KeyNotFound(key_id)
-        why = refusal(before.record, verb)
-        if why is not None and before.record.state != target:
+        why = refusal(before.record, verb)  # None for a key in `target` already
+        if why is not None:
             raise InvalidTransition(key_id, before.record.status, verb, why)
         event = await self._event(action, key_id, actor, changes, before.record.workspace)
         record = await self._change(
@@ -506,7 +539,7 @@ class KeyChanges(KeyReading):
             scopes=old.scopes,
             rate_limit=old.rate_limit,
             created_at=now,
-            expires_at=self._expiry(now, expires_at, expires_in),
+            expires_at=_expiry(now, expires_at, expires_in),
             replaces=key_id,
             policy={
                 **{field: getattr(old, field) for field in POLICY_PARSERS},
@@ -553,7 +586,7 @@ class KeyChanges(KeyReading):
                 lambda notice: self.store.set_state(
                     new_id,
                     REVOKED,
-                    allowed_from=(ACTIVE, DISABLED),
+                    allowed_from=TRANSITIONS["revoke"].sources,
                     at=utcnow(),
                     notice=notice,
                     event=AuditEvent(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from typing import ClassVar, Final
+from typing import Final, NamedTuple
 
 from apikeys.bounded import remember
 from apikeys.errors import (
@@ -17,6 +17,7 @@ from apikeys.errors import (
     KeyRevoked,
     MalformedAPIKey,
 )
+from apikeys.hashing import Verification
 from apikeys.importing.foreign import (
     LOOKUP_SETTING,
     foreign_handles,
@@ -47,14 +48,32 @@ _PLAIN_LIMIT: Final = 10_000
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
 
 
-class KeyVerification(ManagerBase):
-    """The verification of a `KeyManager`: a token in, the record of a usable key out."""
+class _SlowCheck(NamedTuple):
+    """`_decide` cannot check the secret without blocking: check it against `secret_hash`
+    off the event loop (`Hasher.averify`), and ask again with the verification."""
 
-    # False in a subclass that overrides `verify` but not `verify_now`: `verify_now` then
-    # leaves every request to its `verify`.
-    _verifies_now: ClassVar[bool] = True
-    # True in a subclass that overrides `verify_now`: `verify` then asks it first.
-    _own_verify_now: ClassVar[bool] = False
+    secret_hash: str
+
+
+class _Rehash(NamedTuple):
+    """`_decide`'s answer for a usable key whose hash moves to another scheme or pepper:
+    the hash is replaced (`new_hash`, or one made with `Hasher.ahash` when None), then the
+    request is counted and `record` returned."""
+
+    record: KeyRecord
+    old_hash: str
+    new_hash: str | None
+
+
+class KeyVerification(ManagerBase):
+    """The verification of a `KeyManager`: a token in, the record of a usable key out.
+
+    One decision (`_decide`, which does no I/O) takes the token's parts and the stored key
+    and answers: the record, a refusal raised, or what it needs first (a slow hash checked
+    off the event loop, a hash moved). Two shells feed it: `verify_now` with the key held
+    in process (the key cache, or the memory store), and `verify` with the key loaded from
+    the store (`_load`), which does what the decision asks and asks again.
+    """
 
     async def _decoy_hash(self) -> str:
         """A hash of a random secret, made as keys' hashes are: checked against when the
@@ -64,27 +83,21 @@ class KeyVerification(ManagerBase):
             decoy = self._decoy = await self.hasher.ahash(generate_key().secret)
         return decoy
 
+    # -- the shells ------------------------------------------------------------------------
+
     async def verify(self, token: str, *, record_usage: bool = True) -> KeyRecord:
         """The record of the key `token` names, if it may be used now; else raise.
 
         Raises `MalformedAPIKey` (before any store access), `InvalidAPIKey`, `KeyDisabled`,
         `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
-        Counts the request in the key's usage unless `record_usage` is false.
+        Counts the request in the key's usage unless `record_usage` is false. Asks
+        `verify_now` first: a key held in process is decided without an await.
         """
         if not self.telemetry.active:
-            # The token is split once, here, for both the held key's check and the store's.
-            try:
-                key_id, secret = self._split(token)
-            except MalformedAPIKey:
-                return await self._verify_foreign(token, record_usage)
-            if record_usage:
-                if self._own_verify_now:
-                    record = self.verify_now(token)
-                else:
-                    record = self._verify_held(key_id, secret, True)
-                if record is not None:
-                    return record
-            return await self._verify_key(key_id, secret, record_usage)
+            record = self.verify_now(token, count=record_usage)
+            if record is not None:
+                return record
+            return await self._verify(token, record_usage)
         started = time.perf_counter()
         try:
             record = await self._verify(token, record_usage)
@@ -107,8 +120,9 @@ class KeyVerification(ManagerBase):
         `count=False` leaves the request uncounted: the caller counts it with
         `usage_buffer.record(record.id)` once it has decided to go on without `verify`.
         """
-        if self.telemetry.active or not self._verifies_now:
+        if self.telemetry.active:
             return None
+        unchecked: str | None
         if (
             token.__class__ is str
             and len(token) == self._length
@@ -120,25 +134,20 @@ class KeyVerification(ManagerBase):
             # split (`_split`), unless its secret matches the held key's hash and its
             # checksum is the one of the token that matched before: then it is that token.
             end = self._id_end
-            return self._verify_held(
-                token[len(self._head) : end], token[end + 1 : self._secret_end], count, token
-            )
-        try:
-            key_id, secret = self._split(token)
-        except MalformedAPIKey:
-            if is_foreign_token(token, self.prefix):
-                return None  # perhaps an imported key's old string: `verify` looks it up
-            raise
-        return self._verify_held(key_id, secret, count)
-
-    def _verify_held(
-        self, key_id: str, secret: str, count: bool, unchecked: str | None = None
-    ) -> KeyRecord | None:
-        """`verify_now` of a token of this manager's prefix already split: its checksum
-        checked, or the token itself given as `unchecked` (split by position only), which
-        is checked in full before any answer but a match with a checksum seen before."""
+            key_id = token[len(self._head) : end]
+            secret = token[end + 1 : self._secret_end]
+            unchecked = token
+        else:
+            try:
+                key_id, secret = self._split(token)
+            except MalformedAPIKey:
+                if is_foreign_token(token, self.prefix):
+                    return None  # perhaps an imported key's old string: `verify` looks it up
+                raise
+            unchecked = None
         if not self._in_use:
             self._use()
+        # The key as this process holds it, without awaiting.
         cache = self.cache
         if cache is not None:
             stored = cache.hit(key_id)
@@ -149,8 +158,95 @@ class KeyVerification(ManagerBase):
             if unchecked is not None:
                 self._well_formed(unchecked)  # a malformed token is refused as such
             return None
-        # What this version of the key allows is worked out at its first request (see
-        # `_plain`): then a request costs its hash and its expiry, nothing else.
+        # With `now`, the decision is a record or None (left to `verify`).
+        return self._decide(key_id, secret, stored, count, unchecked, True)  # type: ignore[return-value]
+
+    async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
+        """`verify` from the store: the token split (its checksum checked), the key loaded,
+        and decided."""
+        try:
+            key_id, secret = self._split(token)
+        except MalformedAPIKey:
+            return await self._verify_foreign(token, record_usage)
+        if not self._in_use:
+            self._use()
+        if self._deliverer is not None:
+            self._deliverer.start()  # (again, when the manager moved to another loop)
+        stored = await self._load(key_id)
+        return await self._settle(key_id, secret, stored, record_usage)
+
+    async def _load(self, key_id: str) -> StoredKey | None:
+        """The key to verify, from the key cache, or read from the store (a store that
+        holds its keys in process answers `get_for_verification_now`)."""
+        cache = self.cache
+        if cache is None:
+            found = self.store.get_for_verification_now(key_id)
+            if found is False:
+                return await self.store.get_for_verification(key_id)
+            return found
+        stored = cache.get(key_id)
+        if self.telemetry.active:
+            self.telemetry.cache_lookup(stored is not None)
+        if stored is None and not cache.missing(key_id):
+            stored = await cache.load(key_id)
+        return stored
+
+    async def _settle(
+        self,
+        key_id: str,
+        secret: str,
+        stored: StoredKey | None,
+        count: bool,
+        imported: bool = False,
+    ) -> KeyRecord:
+        """`_decide` with the awaits it asks for: the decoy hash made, a slow hash checked
+        off the event loop, a hash moved to the current scheme."""
+        if stored is not None:
+            decided = self._decide(key_id, secret, stored, count, None, False, imported)
+        else:
+            decided = self._decide_unusual(key_id, secret, None, count, None, False, imported)
+        if decided is None:
+            # An unknown id (or a key of another prefix) before the decoy hash was made.
+            await self._decoy_hash()
+            decided = self._decide_unusual(key_id, secret, None, count, None, False, imported)
+        if isinstance(decided, _SlowCheck):
+            verified = await self.hasher.averify(secret, decided.secret_hash)
+            decided = self._decide_unusual(
+                key_id, secret, stored, count, None, False, imported, verified
+            )
+        if isinstance(decided, _Rehash):
+            new_hash = decided.new_hash or await self.hasher.ahash(secret)
+            await self._rehash(key_id, decided.old_hash, new_hash)
+            if count:
+                self.usage_buffer.record(key_id)
+            return decided.record
+        if decided is None or isinstance(decided, _SlowCheck):  # pragma: no cover
+            raise AssertionError("a verification with the hash checked is decided")
+        return decided
+
+    # -- the decision ----------------------------------------------------------------------
+
+    def _decide(
+        self,
+        key_id: str,
+        secret: str,
+        stored: StoredKey,
+        count: bool,
+        unchecked: str | None,
+        now: bool,
+        imported: bool = False,
+    ) -> KeyRecord | _SlowCheck | _Rehash | None:
+        """Whether `secret` opens `stored`, the key of `key_id`, and the key may be used:
+        its record (the request counted when `count`), or a refusal raised. No I/O.
+
+        `unchecked` is the whole token when it was split by position only: its format and
+        checksum are checked before any answer but a match with a checksum seen before.
+        `now`: for `verify_now`, which answers None where an await is needed. Otherwise
+        the answer may be what must be done first (`_SlowCheck`, `_Rehash`).
+
+        What this version of the key allows is worked out at its first request (see
+        `_plain`): then a request costs its hash and its expiry, nothing else.
+        """
         try:
             version, matches, checked = self._plain[key_id]
         except KeyError:
@@ -158,9 +254,7 @@ class KeyVerification(ManagerBase):
         if version is not stored:
             matches, checked = self._plain_version(key_id, stored), None
         if matches is None:
-            if unchecked is not None and not self._well_formed(unchecked):
-                return None
-            return self._verify_unusual(key_id, secret, stored, count)
+            return self._decide_unusual(key_id, secret, stored, count, unchecked, now, imported)
         if not matches(secret):
             if unchecked is not None and not self._well_formed(unchecked):
                 return None
@@ -171,9 +265,58 @@ class KeyVerification(ManagerBase):
             if not self._well_formed(unchecked):
                 return None
             self._plain[key_id] = (stored, matches, unchecked[-CHECKSUM_LENGTH:])
+        # `check_usable` of a key known active (`_plain_version`): its expiry is left.
         record = stored.record
         if record.expires_at is not None and record.expires_at <= utcnow():
             raise KeyExpired()
+        if count:
+            self.usage_buffer.record(key_id)
+        return record
+
+    def _decide_unusual(
+        self,
+        key_id: str,
+        secret: str,
+        stored: StoredKey | None,
+        count: bool,
+        unchecked: str | None,
+        now: bool,
+        imported: bool = False,
+        verified: Verification | None = None,
+    ) -> KeyRecord | _SlowCheck | _Rehash | None:
+        """`_decide` of an unknown id (`stored` None), or of a key that is not active, not
+        of this manager's prefix, or whose hash is another scheme's or another pepper's.
+        `verified`: the slow check `_SlowCheck` asked for."""
+        if unchecked is not None and not self._well_formed(unchecked):
+            return None
+        # The prefix is part of the key: a test key re-prefixed as live is another key.
+        # `prefix` is "{key_prefix}_{id}_…" and an id is ID_LENGTH long, so the slice is
+        # KeyRecord.key_prefix. (An imported key's old string has no prefix of ours.)
+        if (
+            stored is not None
+            and not imported
+            and stored.record.prefix[:_PREFIX_END] != self.prefix
+        ):
+            stored = None
+        if stored is not None:
+            secret_hash = stored.secret_hash
+        elif self._decoy is not None:
+            # Checked against a decoy: the same hash work as a wrong secret for a key that
+            # exists, so that the time of a refusal does not tell whether an id exists. An
+            # unknown old key string too: an imported key in use has a hash of this kind.
+            secret_hash = self._decoy
+        else:
+            return None  # no decoy made yet: `_settle` makes it and asks again
+        if verified is None:
+            verified = self.hasher.verify_fast(secret, secret_hash)
+            if verified is None:
+                return None if now else _SlowCheck(secret_hash)
+        if stored is None or not verified.ok:
+            raise InvalidAPIKey()
+        record = stored.record
+        check_usable(record)
+        if verified.new_hash is not None or verified.stale:
+            return None if now else _Rehash(record, secret_hash, verified.new_hash)
         if count:
             self.usage_buffer.record(key_id)
         return record
@@ -194,7 +337,7 @@ class KeyVerification(ManagerBase):
         """The prepared check of `stored`'s hash, when nothing but the hash and the expiry is
         left to decide at each request: an active key of this manager's prefix (a token's
         prefix is the manager's, which its split checked) whose hash is the hasher's
-        current one. None otherwise: `_verify_unusual` decides its every request.
+        current one. None otherwise: `_decide_unusual` decides its every request.
         Remembered for the key's next requests, until the key (its `StoredKey`) changes."""
         record = stored.record
         matches = None
@@ -202,35 +345,6 @@ class KeyVerification(ManagerBase):
             matches = self.hasher.matcher(stored.secret_hash)
         remember(self._plain, key_id, (stored, matches, None), _PLAIN_LIMIT)
         return matches
-
-    def _verify_unusual(
-        self, key_id: str, secret: str, stored: StoredKey, count: bool
-    ) -> KeyRecord | None:
-        """`_verify_held` of a key that is not active, not of this manager's prefix, or
-        whose hash is another scheme's or another pepper's."""
-        # The prefix is part of the key (see _verify_key): `prefix` is "{key_prefix}_{id}_…"
-        # and an id is ID_LENGTH long, so the slice is KeyRecord.key_prefix.
-        if stored.record.prefix[:_PREFIX_END] != self.prefix:
-            return None
-        verdict = self.hasher.verify_fast(secret, stored.secret_hash)
-        if verdict is None:
-            return None
-        if not verdict.ok:
-            raise InvalidAPIKey()
-        record = stored.record
-        check_usable(record)
-        if verdict.new_hash is not None or verdict.stale:
-            return None
-        if count:
-            self.usage_buffer.record(key_id)
-        return record
-
-    async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
-        try:
-            key_id, secret = self._split(token)
-        except MalformedAPIKey:
-            return await self._verify_foreign(token, record_usage)
-        return await self._verify_key(key_id, secret, record_usage)
 
     async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` of a token not in this manager's key format: an imported key's old
@@ -245,72 +359,18 @@ class KeyVerification(ManagerBase):
             raise MalformedAPIKey()
         unknown_id, candidates = imported
         if not candidates:
-            return await self._check(unknown_id, None, token, record_usage)
+            return await self._settle(unknown_id, token, None, record_usage, True)
         fast = self.hasher.is_fast
         ordered = sorted(candidates, key=lambda found: not fast(found[1].secret_hash))
         refusal: KeyRevoked | KeyDisabled | KeyExpired | None = None
         for key_id, stored in ordered:
             try:
-                return await self._check(key_id, stored, token, record_usage)
+                return await self._settle(key_id, token, stored, record_usage, True)
             except InvalidAPIKey:
                 continue  # not this candidate's secret
             except (KeyRevoked, KeyDisabled, KeyExpired) as exc:  # its secret, not usable
                 refusal = refusal or exc
         raise refusal or InvalidAPIKey()
-
-    async def _verify_key(self, key_id: str, secret: str, record_usage: bool) -> KeyRecord:
-        """`verify` of a token of this manager's prefix already split (and its checksum
-        checked), from the store."""
-        if not self._in_use:
-            self._use()
-        if self._deliverer is not None:
-            self._deliverer.start()  # (again, when the manager moved to another loop)
-        stored = await self._load(key_id)
-        # The prefix is part of the key: a test key re-prefixed as live is another key.
-        # (`prefix[:_PREFIX_END]` is KeyRecord.key_prefix, as in _verify_unusual.)
-        if stored is not None and stored.record.prefix[:_PREFIX_END] != self.prefix:
-            stored = None
-        return await self._check(key_id, stored, secret, record_usage)
-
-    async def _load(self, key_id: str) -> StoredKey | None:
-        cache = self.cache
-        if cache is None:
-            return await self.store.get_for_verification(key_id)
-        stored = cache.get(key_id)
-        if self.telemetry.active:
-            self.telemetry.cache_lookup(stored is not None)
-        if stored is None and not cache.missing(key_id):
-            stored = await cache.load(key_id)
-        return stored
-
-    async def _check(
-        self,
-        key_id: str,
-        stored: StoredKey | None,
-        secret: str,
-        record_usage: bool,
-    ) -> KeyRecord:
-        hasher = self.hasher
-        if stored is None:
-            # Checked against a decoy: the same hash work as a wrong secret for a key that
-            # exists, so that the time of a refusal does not tell whether an id exists. An
-            # unknown old key string too: an imported key in use has a hash of this kind.
-            secret_hash = self._decoy or await self._decoy_hash()
-        else:
-            secret_hash = stored.secret_hash
-        verdict = hasher.verify_fast(secret, secret_hash)
-        if verdict is None:
-            verdict = await hasher.averify(secret, secret_hash)
-        if stored is None or not verdict.ok:
-            raise InvalidAPIKey()
-        record = stored.record
-        check_usable(record)
-        if verdict.new_hash is not None or verdict.stale:
-            new_hash = verdict.new_hash or await hasher.ahash(secret)
-            await self._rehash(key_id, secret_hash, new_hash)
-        if record_usage:
-            self.usage_buffer.record(key_id)
-        return record
 
     # -- imported keys (apikeys.importing) -------------------------------------------------
 

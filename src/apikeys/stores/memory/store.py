@@ -7,7 +7,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from datetime import date, datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
@@ -39,27 +39,13 @@ class MemoryStore(KeyStore):
     credits spends on every request, and copying its record each time would cost more than
     the rest of the spend. `get` and every other read fold the count back into the record;
     `get_for_verification` leaves it out (see `KeyStore.get_for_verification`).
+
+    Verification reads keys through `get_for_verification_now` alone, without awaiting: a
+    test double overrides it to fail or count those reads (or answers False there, and is
+    then awaited through `get_for_verification`).
     """
 
     schemes = ("memory",)
-    # True in a subclass that overrides `get` but not `get_for_verification`.
-    _verify_through_get: ClassVar[bool] = False
-    # False in a subclass that overrides either: it is then awaited, as it always was.
-    _verify_now: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # A test double that overrides `get` (to fail, count or wait) is verified through
-        # it, as it always was, unless it also says how keys are read for verification.
-        cls._verify_through_get = (
-            cls.get is not MemoryStore.get
-            and cls.get_for_verification is MemoryStore.get_for_verification
-        )
-        cls._verify_now = (
-            cls.get is MemoryStore.get
-            and cls.get_for_verification is MemoryStore.get_for_verification
-            and cls.get_for_verification_now is MemoryStore.get_for_verification_now
-        )
 
     def __init__(self) -> None:
         self._keys: dict[str, StoredKey] = {}
@@ -131,11 +117,9 @@ class MemoryStore(KeyStore):
         return self._current(key_id)
 
     def get_for_verification_now(self, key_id: str) -> StoredKey | Literal[False] | None:
-        return self._keys.get(key_id) if self._verify_now else False
+        return self._keys.get(key_id)
 
     async def get_for_verification(self, key_id: str) -> StoredKey | None:
-        if self._verify_through_get:
-            return await self.get(key_id)
         return self._keys.get(key_id)
 
     def _current(self, key_id: str) -> StoredKey | None:

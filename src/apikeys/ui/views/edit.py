@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters, InvalidTransition
 from apikeys.fields import Role, check_change
+from apikeys.lifecycle import refusal
 from apikeys.manager import UNSET
 from apikeys.types import REVOKED, KeyRecord
 from apikeys.ui.forms import (
@@ -62,7 +63,7 @@ def _show_edit(
 @view
 async def edit_page(request: Request, user: PageUser) -> Response:
     record = await own_key(request, user)
-    if record.state == REVOKED:
+    if refusal(record, "update") is not None:
         raise refused(record, "edited")
     return _show_edit(request, record, KeyForm.of(record), {})
 
@@ -70,7 +71,7 @@ async def edit_page(request: Request, user: PageUser) -> Response:
 @action
 async def edit(request: Request, user: PageUser, form: Form) -> Response:
     record = await own_key(request, user)
-    if record.state == REVOKED:
+    if refusal(record, "update") is not None:
         raise refused(record, "edited")
     page = page_of(request)
     values, errors, expires_at = read_key_form(form, page.scope_labels, current=record)

@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from apikeys.errors import InvalidKeyParameters
 from apikeys.fields import Role, check_change
-from apikeys.types import ACTIVE, DISABLED, EXPIRED, REVOKED, KeyRecord, utcnow
+from apikeys.lifecycle import offered
+from apikeys.types import REVOKED, KeyRecord, utcnow
 from apikeys.ui.forms import Form, KeyForm, read_key_form, read_policies, requested_changes
 from apikeys.ui.onetime import Reveal
 from apikeys.ui.request import PageUser, action, base_path, page_of, redirect, render, view
@@ -35,32 +36,33 @@ class KeyRow:
     status: str
     replaced_by: KeyRecord | None
     replaces: KeyRecord | None
+    now: datetime
 
     @property
     def being_replaced(self) -> bool:
         """Rolled: its successor takes over, so it offers no Roll or Disable."""
         return self.record.replaced_by is not None
 
+    # What the list offers is what the key's rules allow (`apikeys.lifecycle.offered`).
     @property
     def can_disable(self) -> bool:
-        return self.status == ACTIVE and not self.being_replaced
+        return offered(self.record, "disable", self.now)
 
     @property
     def can_enable(self) -> bool:
-        return self.status == DISABLED
+        return offered(self.record, "enable", self.now)
 
     @property
     def can_roll(self) -> bool:
-        # An expired key's expiry is the operator's to move: a roll would move it.
-        return self.status not in (REVOKED, EXPIRED) and not self.being_replaced
+        return offered(self.record, "roll", self.now)
 
     @property
     def can_edit(self) -> bool:
-        return self.status != REVOKED
+        return offered(self.record, "update", self.now)
 
     @property
     def can_revoke(self) -> bool:
-        return self.status != REVOKED
+        return offered(self.record, "revoke", self.now)
 
     @property
     def has_actions(self) -> bool:
@@ -75,6 +77,7 @@ def _rows(records: list[KeyRecord], now: datetime) -> list[KeyRow]:
             status=record.status_at(now),
             replaced_by=by_id.get(record.replaced_by or ""),
             replaces=by_id.get(record.replaces or ""),
+            now=now,
         )
         for record in reversed(records)  # newest first
     ]

@@ -31,8 +31,8 @@ async def _change_state(
 ) -> Response:
     record = await own_key(request, user)
     manager = page_of(request).manager
-    why = refusal(record, method)
-    if why is not None and record.state != target:
+    why = refusal(record, method)  # None for a key in `target` already
+    if why is not None:
         raise PageError(
             409,
             f"This key cannot be {verb}",
