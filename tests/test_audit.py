@@ -77,6 +77,13 @@ async def test_a_change_that_does_not_happen_leaves_no_event(manager: KeyManager
     assert [e.action for e in await manager.audit(key_id=key_id)] == ["created", "revoked"]
 
 
+async def test_an_update_that_changes_nothing_leaves_no_event(manager: KeyManager) -> None:
+    key_id = (await manager.create(name="n", workspace="w", full_access=True)).record.id
+    record = await manager.update(key_id)  # no field given: the key is as it was
+    assert record.name == "n"
+    assert [e.action for e in await manager.audit(key_id=key_id)] == ["created"]
+
+
 async def test_concurrent_revokes_leave_exactly_one_event(manager: KeyManager) -> None:
     key_id = (await manager.create(name="n", workspace="w", full_access=True)).record.id
     await asyncio.gather(*(manager.revoke(key_id, actor=f"a{i}") for i in range(10)))

@@ -430,13 +430,14 @@ class KeyChanges(KeyReading):
         if _BALANCE_FIELDS & changes.keys():
             await self._check_own_balance(key_id, changes)
         _start_refill(changes, utcnow())
-        event = await self._event("updated", key_id, actor, changes)
+        # An update that changes nothing is no event on any store (nor a webhook).
+        event = await self._event("updated", key_id, actor, changes) if changes else None
         record = await self._change(
             key_id, lambda notice: self.store.update(key_id, changes, notice=notice, event=event)
         )
         if record.state == REVOKED:
             raise InvalidTransition(key_id, REVOKED, "update")
-        if changes:
+        if event is not None:
             self._announce(event)
         if _BALANCE_FIELDS & changes.keys() and record.replaces is not None:
             await self._share_with_predecessors(record, actor)
