@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
+from apikeys.lifecycle import may_take
 from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.memory.webhooks import MemoryWebhooks
 from apikeys.stores.shared import days_of, select_events
@@ -183,7 +184,7 @@ class MemoryStore(KeyStore):
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
-        if record.state == REVOKED:
+        if not may_take(record.state, "update"):
             return record
         if replaced_by is not None and record.replaced_by not in (None, replaced_by):
             return record  # replaced by another roll already: it won
@@ -207,7 +208,7 @@ class MemoryStore(KeyStore):
     ) -> KeyRecord:
         stored = self._require(key_id)
         record = stored.record
-        if record.state == REVOKED or not changes:
+        if not may_take(record.state, "update") or not changes:
             return record
         record = self._put_record(stored, replace(record, **changes))
         self._record(event, record)

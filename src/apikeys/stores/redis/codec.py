@@ -51,6 +51,7 @@ from importlib import resources
 from typing import Any, Final
 
 from apikeys.errors import StoreUnavailable
+from apikeys.lifecycle import TRANSITIONS
 from apikeys.policies import dump_metadata, load_metadata
 from apikeys.types import RECORD_FIELDS, AuditEvent, KeyRecord, Kind, StoredKey
 
@@ -75,12 +76,19 @@ _MICROSECOND = timedelta(microseconds=1)
 
 @cache
 def script(name: str) -> str:
-    """A script of `scripts/`; change scripts start with `common.lua`."""
+    """A script of `scripts/`; change scripts start with `EDITABLE` and `common.lua`."""
     folder = resources.files("apikeys.stores.redis") / "scripts"
     text = (folder / f"{name}.lua").read_text(encoding="utf-8")
     if name in ("insert", "set_state", "shorten_expiry", "update", "replace_hash"):
-        text = (folder / "common.lua").read_text(encoding="utf-8") + text
+        text = _editable() + (folder / "common.lua").read_text(encoding="utf-8") + text
     return text
+
+
+def _editable() -> str:
+    """The states whose keys may have fields edited (`update`, a roll's link and expiry), as
+    a Lua set made from `apikeys.lifecycle.TRANSITIONS`: the scripts read the one table."""
+    states = ", ".join(f"{state} = true" for state in TRANSITIONS["update"].sources)
+    return f"local EDITABLE = {{{states}}}\n"
 
 
 def encode_time(moment: datetime) -> str:

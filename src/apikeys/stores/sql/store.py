@@ -63,6 +63,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound, StoreUnavailable
+from apikeys.lifecycle import TRANSITIONS
 from apikeys.listing import KeyFilter, Position
 from apikeys.stores.contract import Channel, KeyStore
 from apikeys.stores.sql import once as sql_once
@@ -676,11 +677,12 @@ class SQLStore(KeyStore):
         event: AuditEvent | None = None,
     ) -> KeyRecord:
         table = self._table
+        editable = table.c.state.in_(TRANSITIONS["update"].sources)
         later = sa.or_(table.c.expires_at.is_(None), table.c.expires_at > expires_at)
         if replaced_by is None:
             update = (
                 sa.update(table)
-                .where(table.c.id == key_id, table.c.state != REVOKED, later)
+                .where(table.c.id == key_id, editable, later)
                 .values(expires_at=expires_at)
             )
         else:
@@ -688,7 +690,7 @@ class SQLStore(KeyStore):
             free = sa.or_(table.c.replaced_by.is_(None), table.c.replaced_by == replaced_by)
             update = (
                 sa.update(table)
-                .where(table.c.id == key_id, table.c.state != REVOKED, free)
+                .where(table.c.id == key_id, editable, free)
                 .values(
                     expires_at=sa.case((later, expires_at), else_=table.c.expires_at),
                     replaced_by=replaced_by,
@@ -705,10 +707,9 @@ class SQLStore(KeyStore):
         event: AuditEvent | None = None,
     ) -> KeyRecord:
         table = self._table
+        editable = table.c.state.in_(TRANSITIONS["update"].sources)
         update = (
-            sa.update(table)
-            .where(table.c.id == key_id, table.c.state != REVOKED)
-            .values(dict(changes))
+            sa.update(table).where(table.c.id == key_id, editable).values(dict(changes))
             if changes
             else None
         )
