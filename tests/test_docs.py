@@ -222,8 +222,10 @@ def test_file_samples_are_used_by_a_later_sample() -> None:
                 continue
             assert block.argument is not None
             module = block.argument.removesuffix(".py")
-            later = "".join(b.code for b in page_blocks[position + 1 :] if b.directive is None)
-            assert f"from {module} import" in later or f"import {module}" in later, (
+            later = "".join(b.code for b in page_blocks[position + 1 :])
+            # Imported by a later sample or file, or run by name (`pytest test_app.py`).
+            used = (f"from {module} import", f"import {module}", f'"{block.argument}"')
+            assert any(use in later for use in used), (
                 f"{block.where}: nothing on the page runs {block.argument}"
             )
 
@@ -502,6 +504,21 @@ def test_install_commands_install_apikeys_from_where_it_is() -> None:
         for word in shlex.split(match.group(1), comments=True)
         if re.match(r"^apikeys(\[|$)", word)
     ]
+    assert not wrong, wrong
+
+
+def test_install_commands_install_the_clone_whatever_its_directory_is_named() -> None:
+    # Run in the clone, whatever its name: `./apikeys[sql]` needed a clone named `apikeys`
+    # and its parent as the working directory. Inline `pip install` lines too.
+    wrong = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), start=1):
+            for match in re.finditer(r"pip install\s+([^`#\n]*)", line):
+                for word in shlex.split(match.group(1)):
+                    path = word.split("[", 1)[0]
+                    local = "[" in word and not path.startswith("apikeys")
+                    if local and (ROOT / path).resolve() != ROOT:
+                        wrong.append(f"{page.relative_to(ROOT)}:{number}: {word}")
     assert not wrong, wrong
 
 

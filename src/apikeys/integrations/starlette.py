@@ -25,10 +25,10 @@ The first time the backend sees a request, it holds its `scopes` and `costs` rul
 the app's routes (`apikeys.routes.check_routes`): a rule that matches no route, or differs
 from one by a trailing slash, is logged and warned about (`RouteRuleWarning`), once.
 
-A CORS preflight never carries a key: put Starlette's `CORSMiddleware` outside
-`AuthenticationMiddleware` (before it in `middleware=[…]`), and it answers preflights
-itself. Inside, a preflight without a key is anonymous here and reaches `CORSMiddleware`
-all the same; nothing lets a request that sends a key skip its check.
+A CORS preflight passes without a key wherever Starlette's `CORSMiddleware` sits: outside
+`AuthenticationMiddleware` (before it in `middleware=[…]`) it answers preflights before the
+backend sees them; inside, a preflight without a key is anonymous here and reaches it.
+Either way no endpoint runs for a preflight.
 """
 
 from __future__ import annotations
