@@ -10,6 +10,11 @@ expression's `(?P<pk>…)`), with the spelling to use instead (`{pk:int}`).
 FastAPI app, at start: a rule that matches no route, or matches one only once a trailing
 slash is added or taken away, is logged and warned about (`RouteRuleWarning`), once per
 rule; nothing is refused, since an app may add routes later or serve some outside its router.
+
+`serves_cors(app)` says whether Starlette's `CORSMiddleware` runs inside `app`, and
+`is_preflight(scope)` whether a request is a CORS preflight: such a request, sent without a
+key to an app that serves CORS, may pass without one, since `CORSMiddleware` answers every
+preflight itself and never runs an endpoint for it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from typing import Any, cast
 from apikeys.errors import ConfigurationError
 from apikeys.scopes import validate_scope
 
-__all__ = ["CostTable", "RouteRuleWarning", "ScopeTable", "check_routes", "routes_of"]
+__all__ = [
+    "CostTable",
+    "RouteRuleWarning",
+    "ScopeTable",
+    "check_routes",
+    "is_preflight",
+    "routes_of",
+    "serves_cors",
+]
 
 logger = logging.getLogger("apikeys")
 
@@ -355,3 +368,39 @@ def _misfit(kind: str, rule: str, routes: list[tuple[frozenset[str] | None, str]
         f"{kind} rule {rule!r} matches no route of the app: check its method and path "
         "against the app's routes (a rule written for another app, or a route renamed?)"
     )
+
+
+# -- CORS preflights ------------------------------------------------------------------------------
+
+
+def serves_cors(app: Any) -> bool:
+    """Whether Starlette's `CORSMiddleware` (or a subclass) runs inside `app`: `app` is one,
+    or wraps one (`.app`), or is a Starlette or FastAPI app that lists one in its middleware.
+
+    Such an app answers every CORS preflight in `CORSMiddleware`, which never calls the
+    endpoint for one: a preflight may reach it without a key.
+    """
+    from starlette.middleware.cors import CORSMiddleware
+
+    for _ in range(32):
+        if app is None:
+            return False
+        if isinstance(app, CORSMiddleware):
+            return True
+        listed = getattr(app, "user_middleware", None) or ()
+        if any(
+            isinstance(entry.cls, type) and issubclass(entry.cls, CORSMiddleware)
+            for entry in listed
+        ):
+            return True
+        app = getattr(app, "app", None)
+    return False
+
+
+def is_preflight(scope: Mapping[str, Any]) -> bool:
+    """Whether the HTTP request `scope` is a CORS preflight: `OPTIONS` with an `Origin` and
+    an `Access-Control-Request-Method` header (what `CORSMiddleware` answers itself)."""
+    if scope.get("method") != "OPTIONS":
+        return False
+    names = {name for name, _ in scope.get("headers", ())}
+    return b"origin" in names and b"access-control-request-method" in names

@@ -681,3 +681,21 @@ def test_if_a_cost_rule_names_a_route_of_an_included_router_then_no_warning(
     app.include_router(router, prefix="/api")
     with TestClient(app):
         pass  # filterwarnings = error: a RouteRuleWarning would fail the test
+
+
+async def test_if_no_lifespan_checks_the_cost_rules_then_the_first_request_does(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager, costs={"GET /contact": 2})
+    app = FastAPI()
+
+    @app.get("/contacts")
+    async def contacts(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {}
+
+    created = await memory_manager.create(name="n", full_access=True)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        with pytest.warns(RouteRuleWarning, match="'GET /contact' matches no route"):
+            await http.get("/contacts", headers=bearer(created.key))
+        await http.get("/contacts", headers=bearer(created.key))  # said once

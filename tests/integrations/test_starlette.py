@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from apikeys import Hasher, KeyManager, MemoryStore, RateLimiter, generate_key
+from apikeys import APIKeyMiddleware, Hasher, KeyManager, MemoryStore, RateLimiter, generate_key
 from apikeys.errors import ConfigurationError
 from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
-from apikeys.routes import RouteRuleWarning
+from apikeys.routes import RouteRuleWarning, is_preflight, serves_cors
 
 
 @requires("contacts:read")
@@ -364,3 +364,28 @@ async def test_if_the_app_serves_cors_then_a_preflight_passes_without_a_key(
     assert refused.status_code == 403  # requires(): anonymous is not enough
     # A request that sends a key is checked, preflight or not.
     assert bad_key.status_code == (200 if cors_outside else 401)
+
+
+def test_serves_cors_finds_cors_middleware_inside_an_app() -> None:
+    cors = Middleware(CORSMiddleware, allow_origins=["https://app.example"])
+    with_cors = Starlette(routes=[Route("/contacts", contacts)], middleware=[cors])
+    without = Starlette(routes=[Route("/contacts", contacts)])
+    assert serves_cors(with_cors)
+    assert serves_cors(CORSMiddleware(without, allow_origins=["*"]))
+    assert serves_cors(APIKeyMiddleware(with_cors, manager=KeyManager(MemoryStore())))
+    assert not serves_cors(without)
+    assert not serves_cors(APIKeyMiddleware(without, manager=KeyManager(MemoryStore())))
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "preflight"),
+    [
+        ("OPTIONS", [(b"origin", b"https://a"), (b"access-control-request-method", b"GET")], True),
+        ("OPTIONS", [(b"origin", b"https://a")], False),  # a plain OPTIONS, DRF's metadata
+        ("GET", [(b"origin", b"https://a"), (b"access-control-request-method", b"GET")], False),
+    ],
+)
+def test_is_preflight_is_an_options_with_origin_and_requested_method(
+    method: str, headers: list[tuple[bytes, bytes]], preflight: bool
+) -> None:
+    assert is_preflight({"type": "http", "method": method, "headers": headers}) is preflight

@@ -36,7 +36,8 @@ right status as FastAPI's usual `{"detail": …}` body.
 a lifespan of your own) opens the manager of the dependency in effect: the one a test put
 in `app.dependency_overrides[api_key]` (`APIKeySecurity(test_manager)`) rather than the
 module's, so a test's `TestClient` never opens the module's store. It also checks the
-`costs` rules against the app's routes (`apikeys.routes.check_routes`).
+`costs` rules against the app's routes (`apikeys.routes.check_routes`); without it, the
+first request does.
 
 With `APIKeySecurity(manager, header="X-API-Key")` the key is read bare from that one header
 instead, never from Authorization, and OpenAPI shows an apiKey scheme in that header.
@@ -120,6 +121,7 @@ class APIKeySecurity(HTTPBearer):
         self.realm = realm
         self.optional = optional
         self.costs = dict(costs or {})
+        self._unchecked = bool(self.costs)  # the costs rules, held against the app's routes
         self.gate = Gate(
             manager,
             limiter=limiter,
@@ -139,6 +141,9 @@ class APIKeySecurity(HTTPBearer):
         self, request: Request, response: Response, security_scopes: SecurityScopes
     ) -> KeyRecord | None:
         scope = request.scope
+        if self._unchecked:  # no api_key.lifespan did it at start: the first request does
+            self._unchecked = False
+            check_routes(scope.get("app"), costs=self.costs)
         required = security_scopes.scopes
         record: KeyRecord | None = scope.get("apikey")
         if record is not None:
@@ -182,7 +187,9 @@ class APIKeySecurity(HTTPBearer):
         if effective is None:
             yield
             return
-        check_routes(app, costs=effective.costs)
+        if effective._unchecked:
+            effective._unchecked = False
+            check_routes(app, costs=effective.costs)
         async with effective.manager:
             yield
 
