@@ -443,3 +443,27 @@ async def _start(app: Any) -> None:
         assert not message["type"].endswith(".failed"), message
 
     await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+
+
+async def test_if_cors_wraps_the_middleware_then_a_keyless_preflight_passes() -> None:
+    # What docs/integrations.md advises: CORSMiddleware outside APIKeyMiddleware.
+    manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    app = CORSMiddleware(
+        APIKeyMiddleware(
+            Starlette(routes=[Route("/api/v1/contacts", anyone)]),
+            manager=manager,
+            protect="/api/",
+        ),
+        allow_origins=["https://app.example"],
+    )
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "GET"}
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            answered = await http.options("/api/v1/contacts", headers=preflight)
+            refused = await http.get("/api/v1/contacts", headers={"Origin": "https://app.example"})
+        assert answered.status_code == 200
+        assert refused.status_code == 401
+        assert refused.headers["access-control-allow-origin"] == "https://app.example"
+    finally:
+        await manager.aclose()
