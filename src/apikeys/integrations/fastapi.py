@@ -46,6 +46,7 @@ instead, never from Authorization, and OpenAPI shows an apiKey scheme in that he
 from __future__ import annotations
 
 import contextlib
+import copy
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn
@@ -269,7 +270,6 @@ def declare_problems(schema: dict[str, Any]) -> None:
     uses it (on the endpoint, the router or the app): those are the operations it guards.
     """
     ours = {security.scheme_name for security in list(_INSTANCES)}
-    content = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     declared = False
     for operations in schema.get("paths", {}).values():
         for operation in operations.values():
@@ -278,8 +278,16 @@ def declare_problems(schema: dict[str, Any]) -> None:
                 continue
             responses = operation.setdefault("responses", {})
             for status, description in _PROBLEMS.items():
-                responses.setdefault(status, {"description": description, "content": content})
+                responses.setdefault(status, _problem_response(description))
             declared = True
     if declared:
         schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-        schemas.setdefault("Problem", _PROBLEM_SCHEMA)
+        schemas.setdefault("Problem", copy.deepcopy(_PROBLEM_SCHEMA))
+
+
+def _problem_response(description: str) -> dict[str, Any]:
+    reference = {"$ref": "#/components/schemas/Problem"}
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": reference}},
+    }
