@@ -10,9 +10,13 @@ Conventions for the Markdown pages:
 - `<!-- not-run: reason -->` on the line before a block: compiled but not run. Only for
   samples that need a live server or a package apikeys does not depend on.
 
-Shell blocks are not run, but every `apikeys …` command in them must parse with the real
-command line, and the problem+json bodies of the HTTP error reference must be the ones the
-code sends.
+Shell blocks: every `apikeys …` command in them must parse with the real command line, and
+each page's `apikeys …` lines and variable assignments run, in page order, in one shell in a
+fresh directory (with empty `src/`, `config/` and `logs/`): an id a command uses comes from
+a command run earlier on the page (`ID=$(echo "$KEY" | cut -d_ -f2)`), never an example id.
+Lines of other programs (curl, uvicorn, pip, git) are left to the reader, and so is a block
+after `<!-- not-run: reason -->` (one that reads another system's database). The
+problem+json bodies of the HTTP error reference must be the ones the code sends.
 """
 
 from __future__ import annotations
@@ -222,8 +226,10 @@ def test_file_samples_are_used_by_a_later_sample() -> None:
                 continue
             assert block.argument is not None
             module = block.argument.removesuffix(".py")
-            later = "".join(b.code for b in page_blocks[position + 1 :] if b.directive is None)
-            assert f"from {module} import" in later or f"import {module}" in later, (
+            later = "".join(b.code for b in page_blocks[position + 1 :])
+            # Imported by a later sample or file, or run by name (`pytest test_app.py`).
+            used = (f"from {module} import", f"import {module}", f'"{block.argument}"')
+            assert any(use in later for use in used), (
                 f"{block.where}: nothing on the page runs {block.argument}"
             )
 
@@ -231,7 +237,7 @@ def test_file_samples_are_used_by_a_later_sample() -> None:
 # -- shell samples -----------------------------------------------------------------------------
 
 _SHELL = {"shell", "bash", "console", "sh"}
-_SUBSTITUTION = re.compile(r"\$\((apikeys [^)]*)\)")
+_SUBSTITUTION = re.compile(r"\$\((apikeys [^)|]*)")
 
 
 def apikeys_commands() -> list[tuple[str, str]]:
@@ -287,6 +293,68 @@ def test_every_option_of_the_command_line_is_documented() -> None:
         if option.startswith("--") and f"`{option}" not in reference
     ]
     assert not missing, missing
+
+
+# -- shell samples, run --------------------------------------------------------------------------
+
+# What the shell test runs of a page: `apikeys …` lines and variable assignments (which may
+# call apikeys), in page order, in one shell. The rest (curl, uvicorn, pip, git, make)
+# needs a server, a network or a clone, and is left to the reader.
+_RUN_LINE = re.compile(r"^(?:apikeys\s|(?:export\s+)?[A-Z_][A-Z0-9_]*=)")
+
+
+def shell_script(page: Path) -> list[tuple[int, str]]:
+    """The lines of `page`'s shell blocks the shell test runs, with their line numbers."""
+    found: list[tuple[int, str]] = []
+    for block in blocks(page):
+        if block.language not in _SHELL or block.directive == "not-run":
+            continue
+        lines = block.code.replace("\\\n", " ").splitlines()
+        for offset, raw in enumerate(lines):
+            line = raw.removeprefix("$ ").strip()
+            if _RUN_LINE.match(line):
+                found.append((block.line + offset, line))
+    return found
+
+
+SHELL_PAGES = [page for page in PAGES if shell_script(page)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", SHELL_PAGES, ids=page_id)
+def test_the_shell_samples_of_a_page_run_in_order(page: Path, tmp_path: Path) -> None:
+    # One shell per page, in a fresh directory and store, as a reader who types the page's
+    # commands in order: an id a command uses comes from a command run before it.
+    for directory in ("src", "config", "logs"):  # what the scan samples scan in a project
+        (tmp_path / directory).mkdir()
+    script = ["set -eo pipefail"]
+    for number, line in shell_script(page):
+        script.append(f"echo '>>> {page_id(page)}:{number}' >&2")
+        script.append(line)
+    env = {**_clean_env(), "APIKEYS_PEPPER": PEPPER}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    result = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    failed = result.stderr.rsplit(">>> ", 1)[-1]
+    assert result.returncode == 0, f"{failed}\n(exit {result.returncode})"
+
+
+def test_shell_samples_left_to_the_reader_are_rare() -> None:
+    skipped = [
+        block.where
+        for page in PAGES
+        for block in blocks(page)
+        if block.language in _SHELL and block.directive == "not-run"
+    ]
+    assert len(skipped) <= 3, skipped
 
 
 # -- the HTTP error reference -------------------------------------------------------------------
@@ -502,6 +570,21 @@ def test_install_commands_install_apikeys_from_where_it_is() -> None:
         for word in shlex.split(match.group(1), comments=True)
         if re.match(r"^apikeys(\[|$)", word)
     ]
+    assert not wrong, wrong
+
+
+def test_install_commands_install_the_clone_whatever_its_directory_is_named() -> None:
+    # Run in the clone, whatever its name: `./apikeys[sql]` needed a clone named `apikeys`
+    # and its parent as the working directory. Inline `pip install` lines too.
+    wrong = []
+    for page in PAGES:
+        for number, line in enumerate(page.read_text().splitlines(), start=1):
+            for match in re.finditer(r"pip install\s+([^`#\n]*)", line):
+                for word in shlex.split(match.group(1)):
+                    path = word.split("[", 1)[0]
+                    local = "[" in word and not path.startswith("apikeys")
+                    if local and (ROOT / path).resolve() != ROOT:
+                        wrong.append(f"{page.relative_to(ROOT)}:{number}: {word}")
     assert not wrong, wrong
 
 

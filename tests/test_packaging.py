@@ -47,7 +47,7 @@ def venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     where = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
     [wheel] = dist.glob("*.whl")
-    line = re.search(r"^pip install '\./apikeys\[sql\]' uvicorn", README, flags=re.M)
+    line = re.search(r"^pip install '\.\[sql\]' uvicorn", README, flags=re.M)
     assert line, "the README's first install line changed: update this test"
     subprocess.run(
         [str(where / "bin" / "pip"), "install", "--quiet", f"{wheel}[sql]", "uvicorn"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import runpy
+import shlex
 from pathlib import Path
 
 import httpx
@@ -116,3 +117,26 @@ def test_if_readme_testing_sample_runs_with_the_plugin_then_it_passes(
     pytester.makeini("[pytest]\nasyncio_mode = auto\n")
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+_PIP_INSTALL = re.compile(r"pip install ([^`#\n]*)")
+
+
+def test_the_pip_lines_install_the_clone_whatever_its_directory_is_named() -> None:
+    # The lines are run in the clone (the directory README.md is in), whatever its name:
+    # `./apikeys[sql]` only worked from the parent of a clone named `apikeys`.
+    root = README.parent
+    targets = [
+        word
+        for command in _PIP_INSTALL.findall(README.read_text())
+        for word in shlex.split(command)
+        if "[" in word
+    ]
+    assert len(targets) >= 3, targets
+    for word in targets:
+        path = word.split("[", 1)[0]
+        if path.endswith(".whl"):  # built in the clone by `python -m build`
+            assert path.startswith("dist/"), word
+            continue
+        assert (root / path).resolve() == root, word
+        assert 'name = "apikeys"' in (root / path / "pyproject.toml").read_text()

@@ -2,19 +2,43 @@
 
 Both map `"METHOD /path/{param}"` rules, matched the same way: the most specific rule wins,
 whatever the order the rules were given in. Built once, when the middleware (or an
-integration) is built; a rule that cannot be understood raises `ConfigurationError` then.
+integration) is built; a rule that cannot be understood raises `ConfigurationError` then,
+and so does a rule in another framework's syntax (Django's or Flask's `<int:pk>`, a regular
+expression's `(?P<pk>…)`), with the spelling to use instead (`{pk:int}`).
+
+`check_routes(app, scopes=…, costs=…)` holds the rules against the routes of a Starlette or
+FastAPI app, at start: a rule that matches no route, or matches one only once a trailing
+slash is added or taken away, is logged and warned about (`RouteRuleWarning`), once per
+rule; nothing is refused, since an app may add routes later or serve some outside its router.
+
+`serves_cors(app)` says whether Starlette's `CORSMiddleware` runs inside `app`, and
+`is_preflight(scope)` whether a request is a CORS preflight: such a request, sent without a
+key to an app that serves CORS, may pass without one, since `CORSMiddleware` answers every
+preflight itself and never runs an endpoint for it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from apikeys.errors import ConfigurationError
 from apikeys.scopes import validate_scope
 
-__all__ = ["CostTable", "ScopeTable"]
+__all__ = [
+    "CostTable",
+    "RouteRuleWarning",
+    "ScopeTable",
+    "check_routes",
+    "is_preflight",
+    "routes_of",
+    "serves_cors",
+]
+
+logger = logging.getLogger("apikeys")
 
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "*"}
@@ -62,6 +86,13 @@ class ScopeTable:
         if method not in _METHODS or not path.startswith("/") or " " in path:
             raise ConfigurationError(
                 f"invalid scope rule {rule!r}: write it as 'GET /api/v1/contacts/{{id}}'"
+            )
+        if "<" in path or ">" in path:
+            # `<` and `>` are never literal in a request path (they arrive percent-encoded).
+            raise ConfigurationError(
+                f"invalid scope rule {rule!r}: parameters are written {{name}} or "
+                f"{{name:converter}} (Starlette's syntax), not Django's or Flask's <converter:"
+                f"name>; write it as '{method} {_our_spelling(path)}'"
             )
         return method, path
 
@@ -138,6 +169,22 @@ class ScopeTable:
 
 _RANK_PATH, _RANK_PLAIN, _RANK_TYPED, _RANK_LITERAL = 0, 2, 4, 6
 
+# Django's and Flask's converters, in Starlette's spelling (None: a plain {name}).
+_FOREIGN_CONVERTERS = {"int": "int", "float": "float", "uuid": "uuid", "path": "path"}
+_FOREIGN_PARAM = re.compile(r"<(?:([A-Za-z_]\w*):)?([A-Za-z_]\w*)>")
+_REGEX_GROUP = re.compile(r"\(\?P<([A-Za-z_]\w*)>[^)]*\)")
+
+
+def _our_spelling(path: str) -> str:
+    """`path` with `<int:pk>` and `(?P<pk>…)` parameters written as `{pk:int}` and `{pk}`."""
+
+    def converted(match: re.Match[str]) -> str:
+        converter = _FOREIGN_CONVERTERS.get(match.group(1) or "")
+        return f"{{{match.group(2)}:{converter}}}" if converter else f"{{{match.group(2)}}}"
+
+    path = _REGEX_GROUP.sub(lambda match: f"{{{match.group(1)}}}", path)
+    return _FOREIGN_PARAM.sub(converted, path).replace("^", "").replace("$", "")
+
 
 def _converter_regex(rule: str, converter: str) -> str:
     from starlette.convertors import CONVERTOR_TYPES
@@ -170,3 +217,190 @@ class CostTable(ScopeTable):
         """What a request to `method path` costs: its rule's credits, else 1."""
         found = self.required(method, path)
         return int(found[0]) if found else 1
+
+
+# -- rules held against an application's routes -----------------------------------------------
+
+
+class RouteRuleWarning(UserWarning):
+    """A scope or cost rule that matches no route of the application it protects."""
+
+
+# A value each of Starlette's converters accepts, to build a path a template matches.
+_SAMPLES = {
+    "str": "x",
+    "int": "1",
+    "float": "1.5",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "path": "x/y",
+}
+
+
+def routes_of(app: Any) -> list[tuple[frozenset[str] | None, str]] | None:
+    """The `(methods, path)` routes of a Starlette or FastAPI app, mounts included.
+
+    `path` is in the rules' syntax (`/contacts/{id:int}`); `methods` is None for a route
+    that takes every method. An app wrapped in middleware (`.app`) is looked through. None
+    when no router is found: the app's routes are not known.
+    """
+    for _ in range(32):
+        routes = getattr(app, "routes", None)
+        if isinstance(routes, list):
+            return list(_walk(routes, ""))
+        app = getattr(app, "app", None)
+        if app is None:
+            return None
+    return None
+
+
+def _walk(routes: Iterable[Any], prefix: str) -> Iterator[tuple[frozenset[str] | None, str]]:
+    from starlette.routing import Host, Mount, Route, WebSocketRoute
+
+    for route in routes:
+        if isinstance(route, Route):
+            methods = frozenset(route.methods) if route.methods else None
+            yield methods, prefix + route.path
+        elif isinstance(route, Mount):
+            inner = route.routes
+            if inner:
+                yield from _walk(inner, prefix + route.path)
+            else:  # an app of its own: whatever is under its path may exist
+                yield None, prefix + route.path + "/{rest:path}"
+        elif isinstance(route, Host):
+            yield from _walk(route.routes, prefix)
+        elif hasattr(route, "effective_route_contexts"):  # FastAPI's included routers
+            for context in route.effective_route_contexts():
+                methods = frozenset(context.methods) if context.methods else None
+                yield methods, prefix + context.path
+        elif not isinstance(route, WebSocketRoute):
+            yield None, prefix + "/{rest:path}"  # a route of unknown kind: it may be any path
+
+
+def _sample(path: str) -> str | None:
+    """A request path `path` (a rule or a route) matches; None for a custom converter."""
+    missing = False
+
+    def value(match: re.Match[str]) -> str:
+        nonlocal missing
+        found = _SAMPLES.get(match.group(2) or "str")
+        missing = missing or found is None
+        return found or ""
+
+    sample = _PARAM.sub(value, path)
+    return None if missing else sample
+
+
+def _pattern(path: str) -> re.Pattern[str] | None:
+    if "{" not in path:
+        return re.compile(re.escape(path))
+    try:
+        return ScopeTable._compile(path, path)[0]
+    except ConfigurationError:
+        return None
+
+
+def _paths_meet(rule_path: str, route_path: str) -> bool:
+    """Whether some request path matches both the rule's path and the route's."""
+    for one, other in ((rule_path, route_path), (route_path, rule_path)):
+        sample, pattern = _sample(one), _pattern(other)
+        if sample is None or pattern is None or pattern.fullmatch(sample):
+            return True  # a custom converter: the route may well be it
+    return False
+
+
+def _methods_meet(method: str, methods: frozenset[str] | None) -> bool:
+    return (
+        method == "*"
+        or methods is None
+        or method in methods
+        or (method == "HEAD" and "GET" in methods)
+    )
+
+
+def _matches(method: str, path: str, routes: list[tuple[frozenset[str] | None, str]]) -> bool:
+    return any(
+        _methods_meet(method, methods) and _paths_meet(path, route) for methods, route in routes
+    )
+
+
+def check_routes(
+    app: Any,
+    *,
+    scopes: Mapping[str, object] | None = None,
+    costs: Mapping[str, object] | None = None,
+) -> list[str]:
+    """Hold the rules (the keys of `scopes` and `costs`) against the routes of `app`.
+
+    Every rule that matches no route of the app's router, or matches one only with a
+    trailing slash added or taken away, is logged and warned about as a
+    `RouteRuleWarning`; the messages are returned. Nothing is checked (and nothing said)
+    when the app's router cannot be found. Call it once, at start (a lifespan's startup,
+    or when the app is first seen).
+    """
+    routes = routes_of(app)
+    if not routes:
+        return []
+    found: list[str] = []
+    for kind, rules in (("scope", scopes), ("cost", costs)):
+        for rule in rules or {}:
+            message = _misfit(kind, rule, routes)
+            if message is not None:
+                found.append(message)
+    for message in found:
+        logger.warning("apikeys: %s", message)
+        warnings.warn(message, RouteRuleWarning, stacklevel=3)
+    return found
+
+
+def _misfit(kind: str, rule: str, routes: list[tuple[frozenset[str] | None, str]]) -> str | None:
+    """What is wrong with `rule` against `routes`; None when it matches one."""
+    method, path = ScopeTable._parse_rule(rule)
+    if _matches(method, path, routes):
+        return None
+    toggled = path[:-1] if path.endswith("/") and path != "/" else path + "/"
+    if _matches(method, toggled, routes):
+        return (
+            f"{kind} rule {rule!r} matches no route of the app, but '{method} {toggled}' "
+            "does: the app's route and the rule differ by a trailing slash, so the rule "
+            "covers no request the app serves"
+        )
+    return (
+        f"{kind} rule {rule!r} matches no route of the app: check its method and path "
+        "against the app's routes (a rule written for another app, or a route renamed?)"
+    )
+
+
+# -- CORS preflights ------------------------------------------------------------------------------
+
+
+def serves_cors(app: Any) -> bool:
+    """Whether Starlette's `CORSMiddleware` (or a subclass) runs inside `app`: `app` is one,
+    or wraps one (`.app`), or is a Starlette or FastAPI app that lists one in its middleware.
+
+    Such an app answers every CORS preflight in `CORSMiddleware`, which never calls the
+    endpoint for one: a preflight may reach it without a key.
+    """
+    from starlette.middleware.cors import CORSMiddleware
+
+    for _ in range(32):
+        if app is None:
+            return False
+        if isinstance(app, CORSMiddleware):
+            return True
+        listed = getattr(app, "user_middleware", None) or ()
+        if any(
+            isinstance(entry.cls, type) and issubclass(entry.cls, CORSMiddleware)
+            for entry in listed
+        ):
+            return True
+        app = getattr(app, "app", None)
+    return False
+
+
+def is_preflight(scope: Mapping[str, Any]) -> bool:
+    """Whether the HTTP request `scope` is a CORS preflight: `OPTIONS` with an `Origin` and
+    an `Access-Control-Request-Method` header (what `CORSMiddleware` answers itself)."""
+    if scope.get("method") != "OPTIONS":
+        return False
+    names = {name for name, _ in scope.get("headers", ())}
+    return b"origin" in names and b"access-control-request-method" in names

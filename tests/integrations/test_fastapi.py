@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI, Security
+from fastapi import APIRouter, FastAPI, Security
+from fastapi.testclient import TestClient
+from starlette.middleware.cors import CORSMiddleware
 
 from apikeys import Hasher, KeyManager, KeyRecord, MemoryStore, RateLimiter, generate_key
 from apikeys.errors import ConfigurationError
 from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
+from apikeys.routes import RouteRuleWarning
+from apikeys.testing import TEST_PEPPER, KeyFactory, in_memory_manager
+from apikeys.testing.factory import close_manager
 
 
 def build(
@@ -507,3 +513,189 @@ async def test_if_the_middleware_admitted_the_request_then_the_dependency_charge
 def test_if_a_cost_rule_is_wrong_then_refused_when_built(memory_manager: KeyManager) -> None:
     with pytest.raises(ConfigurationError, match="cost rule"):
         APIKeySecurity(memory_manager, costs={"POST /trigger": 0})
+
+
+# -- the lifespan, the OpenAPI document, CORS and route rules ---------------------------------
+
+
+def _module_app(tmp_path: Path) -> tuple[FastAPI, APIKeySecurity, KeyManager]:
+    """The README's FastAPI app: a module-level manager on a store of its own."""
+    manager = KeyManager(f"sqlite:///{tmp_path / 'apikeys.db'}", hasher=Hasher(pepper=OTHER))
+    api_key = APIKeySecurity(manager)
+    app = FastAPI(lifespan=api_key.lifespan)
+    install_error_handler(app)
+
+    @app.get("/api/v1/contacts")
+    async def contacts(
+        key: KeyRecord = Security(api_key, scopes=["contacts:read"]),
+    ) -> dict[str, str]:
+        return {"workspace": key.workspace}
+
+    return app, api_key, manager
+
+
+OTHER = "dRq0N5hYF2l4Yl1m1wF9mQ4vT6cKpZr3Xs8uBa7eJhE"
+
+
+async def _record_pepper(url: str, pepper: str) -> None:
+    async with KeyManager(url, hasher=Hasher(pepper=pepper)):
+        pass  # the store now records that pepper's fingerprint
+
+
+def test_if_overridden_then_the_lifespan_opens_the_test_manager_not_the_modules(
+    tmp_path: Path,
+) -> None:
+    # The module's store was made under a pepper the test process does not have: opening it
+    # fails on the fingerprint. A TestClient with the dependency overridden never opens it.
+    import asyncio
+
+    asyncio.run(_record_pepper(f"sqlite:///{tmp_path / 'apikeys.db'}", TEST_PEPPER))
+    app, api_key, _ = _module_app(tmp_path)
+    test_manager = in_memory_manager()
+    app.dependency_overrides[api_key] = APIKeySecurity(test_manager)
+    created = KeyFactory(test_manager).sync(scopes=["contacts:read"], workspace="acme")
+    with TestClient(app) as client:
+        response = client.get("/api/v1/contacts", headers=bearer(created.key))
+    assert response.status_code == 200
+    assert response.json() == {"workspace": "acme"}
+
+
+def test_if_not_overridden_then_the_lifespan_refuses_a_store_of_another_pepper(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    asyncio.run(_record_pepper(f"sqlite:///{tmp_path / 'apikeys.db'}", TEST_PEPPER))
+    app, _, _ = _module_app(tmp_path)
+    with pytest.raises(ConfigurationError, match="pepper"), TestClient(app):
+        pass
+
+
+def test_if_overridden_by_a_function_then_the_lifespan_opens_nothing(tmp_path: Path) -> None:
+    import asyncio
+
+    asyncio.run(_record_pepper(f"sqlite:///{tmp_path / 'apikeys.db'}", TEST_PEPPER))
+    app, api_key, _ = _module_app(tmp_path)
+    test_manager = in_memory_manager()
+    record = KeyFactory(test_manager).sync(scopes=["contacts:read"]).record
+    close_manager(test_manager)
+    app.dependency_overrides[api_key] = lambda: record
+    with TestClient(app) as client:
+        assert client.get("/api/v1/contacts").json() == {"workspace": "default"}
+
+
+def test_if_error_handler_installed_then_openapi_declares_the_problem_answers(
+    memory_manager: KeyManager,
+) -> None:
+    app = build(memory_manager)
+
+    @app.get("/public")
+    async def public() -> dict[str, str]:
+        return {}
+
+    document = app.openapi()
+    for path, method in [("/contacts", "get"), ("/contacts", "post"), ("/me", "get")]:
+        responses = document["paths"][path][method]["responses"]
+        assert {"200", "401", "403", "429", "503"} <= set(responses), (path, method)
+        problem = responses["401"]["content"]["application/problem+json"]["schema"]
+        assert problem == {"$ref": "#/components/schemas/Problem"}
+    assert set(document["paths"]["/public"]["get"]["responses"]) == {"200"}
+    schema = document["components"]["schemas"]["Problem"]
+    assert {"type", "title", "status", "code"} <= set(schema["properties"])
+    assert app.openapi() is document
+
+
+def test_if_the_dependency_is_on_the_router_then_openapi_declares_the_problems_too(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager)
+    router = APIRouter(dependencies=[Security(api_key)])
+
+    @router.get("/items")
+    async def items() -> list[str]:
+        return []
+
+    app = FastAPI()
+    app.include_router(router)
+    install_error_handler(app)
+    assert "429" in app.openapi()["paths"]["/items"]["get"]["responses"]
+
+
+async def test_if_cors_middleware_serves_the_app_then_a_preflight_passes_without_a_key(
+    memory_manager: KeyManager,
+) -> None:
+    # CORSMiddleware (outside the dependency, as every FastAPI middleware is) answers the
+    # preflight itself; the request that follows still needs its key.
+    app = build(memory_manager)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["https://app.example"], allow_headers=["Authorization"]
+    )
+    preflight = {
+        "Origin": "https://app.example",
+        "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "authorization",
+    }
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        answered = await http.options("/contacts", headers=preflight)
+        plain = await http.options("/contacts", headers={"Origin": "https://app.example"})
+        refused = await http.get("/contacts", headers={"Origin": "https://app.example"})
+    assert answered.status_code == 200
+    assert answered.headers["access-control-allow-origin"] == "https://app.example"
+    assert plain.status_code == 405  # not a preflight: the route, which has no OPTIONS
+    assert refused.status_code == 401
+
+
+def test_if_a_cost_rule_matches_no_route_then_the_lifespan_warns(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(
+        memory_manager, costs={"POST /campaigns/{id}/trigger": 5, "GET /contacts/": 2}
+    )
+    app = FastAPI(lifespan=api_key.lifespan)
+
+    @app.get("/contacts")
+    async def contacts(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {}
+
+    with pytest.warns(RouteRuleWarning) as caught, TestClient(app):
+        pass
+    messages = sorted(str(warning.message) for warning in caught)
+    assert len(messages) == 2
+    assert "'GET /contacts/'" in messages[0]
+    assert "trailing slash" in messages[0]
+    assert "'POST /campaigns/{id}/trigger' matches no route" in messages[1]
+
+
+def test_if_a_cost_rule_names_a_route_of_an_included_router_then_no_warning(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager, costs={"POST /api/v1/campaigns/{id}/trigger": 5})
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/campaigns/{campaign:int}/trigger")
+    async def trigger(campaign: int, key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {}
+
+    app = FastAPI(lifespan=api_key.lifespan)
+    app.include_router(router, prefix="/api")
+    with TestClient(app):
+        pass  # filterwarnings = error: a RouteRuleWarning would fail the test
+
+
+async def test_if_no_lifespan_checks_the_cost_rules_then_the_first_request_does(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager, costs={"GET /contact": 2})
+    app = FastAPI()
+
+    @app.get("/contacts")
+    async def contacts(key: KeyRecord = Security(api_key)) -> dict[str, str]:
+        return {}
+
+    created = await memory_manager.create(name="n", full_access=True)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        with pytest.warns(RouteRuleWarning, match="'GET /contact' matches no route"):
+            await http.get("/contacts", headers=bearer(created.key))
+        await http.get("/contacts", headers=bearer(created.key))  # said once

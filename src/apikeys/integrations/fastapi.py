@@ -8,7 +8,7 @@ from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
 
 manager = KeyManager("sqlite:///apikeys.db")
 api_key = APIKeySecurity(manager)
-app = FastAPI()
+app = FastAPI(lifespan=api_key.lifespan)  # opens the manager in effect, a test's override too
 install_error_handler(app)
 
 
@@ -28,8 +28,16 @@ charged once. With `optional=True` a request without a key gets None (anonymous)
 with a key is checked as usual: a bad key is still refused.
 
 `install_error_handler` makes every refusal the same problem+json response `APIKeyMiddleware`
-sends; without it, refusals still arrive with the right status as FastAPI's usual
-`{"detail": …}` body.
+sends, and declares those answers (401, 403, 429, 503) in the app's OpenAPI document for
+every operation that uses an `APIKeySecurity`; without it, refusals still arrive with the
+right status as FastAPI's usual `{"detail": …}` body.
+
+`api_key.lifespan` (the app's `lifespan=`, or `async with api_key.lifespan(app):` inside
+a lifespan of your own) opens the manager of the dependency in effect: the one a test put
+in `app.dependency_overrides[api_key]` (`APIKeySecurity(test_manager)`) rather than the
+module's, so a test's `TestClient` never opens the module's store. It also checks the
+`costs` rules against the app's routes (`apikeys.routes.check_routes`); without it, the
+first request does.
 
 With `APIKeySecurity(manager, header="X-API-Key")` the key is read bare from that one header
 instead, never from Authorization, and OpenAPI shows an apiKey scheme in that header.
@@ -37,8 +45,11 @@ instead, never from Authorization, and OpenAPI shows an apiKey scheme in that he
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NoReturn
+import contextlib
+import copy
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, NoReturn
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.security import APIKeyHeader, HTTPBearer, SecurityScopes
@@ -49,9 +60,13 @@ from apikeys.gate import Gate, route_path
 from apikeys.manager import KeyManager
 from apikeys.problems import encode_problem, problem_body, problem_headers
 from apikeys.ratelimit import RateLimiter
+from apikeys.routes import check_routes
 from apikeys.types import KeyRecord
 
-__all__ = ["APIKeySecurity", "install_error_handler", "problem_response"]
+__all__ = ["APIKeySecurity", "declare_problems", "install_error_handler", "problem_response"]
+
+# Every APIKeySecurity made: their scheme names mark the operations they guard in OpenAPI.
+_INSTANCES: weakref.WeakSet[APIKeySecurity] = weakref.WeakSet()
 
 
 class APIKeySecurity(HTTPBearer):
@@ -102,9 +117,12 @@ class APIKeySecurity(HTTPBearer):
             # What FastAPI's APIKeyHeader documents: {"type": "apiKey", "in": "header", …}.
             scheme = APIKeyHeader(name=header, scheme_name=scheme_name, description=description)
             self.model = scheme.model  # type: ignore[assignment]
+        _INSTANCES.add(self)
         self.manager = manager
         self.realm = realm
         self.optional = optional
+        self.costs = dict(costs or {})
+        self._unchecked = bool(self.costs)  # the costs rules, held against the app's routes
         self.gate = Gate(
             manager,
             limiter=limiter,
@@ -124,6 +142,9 @@ class APIKeySecurity(HTTPBearer):
         self, request: Request, response: Response, security_scopes: SecurityScopes
     ) -> KeyRecord | None:
         scope = request.scope
+        if self._unchecked:  # no api_key.lifespan did it at start: the first request does
+            self._unchecked = False
+            check_routes(scope.get("app"), costs=self.costs)
         required = security_scopes.scopes
         record: KeyRecord | None = scope.get("apikey")
         if record is not None:
@@ -144,6 +165,34 @@ class APIKeySecurity(HTTPBearer):
             response.headers[name.decode("latin-1")] = value.decode("latin-1")
         admitted: KeyRecord = scope["apikey"]
         return admitted
+
+    def in_effect(self, app: FastAPI) -> APIKeySecurity | None:
+        """The `APIKeySecurity` that answers for this one in `app`: the override a test put
+        in `app.dependency_overrides`, else this one; None when the override is something
+        else (a function returning a record)."""
+        found = app.dependency_overrides.get(self, self)
+        return found if isinstance(found, APIKeySecurity) else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Open the manager of the dependency in effect in `app` for the app's life.
+
+        `FastAPI(lifespan=api_key.lifespan)`, or `async with api_key.lifespan(app):` in a
+        lifespan of your own. With `app.dependency_overrides[api_key] =
+        APIKeySecurity(test_manager)` it opens `test_manager`, never the module's manager
+        (whose store a test must not touch, and whose pepper check would fail); with an
+        override that is no `APIKeySecurity`, it opens nothing. The `costs` rules are
+        checked against the app's routes first (a warning for a rule that matches none).
+        """
+        effective = self.in_effect(app)
+        if effective is None:
+            yield
+            return
+        if effective._unchecked:
+            effective._unchecked = False
+            check_routes(app, costs=effective.costs)
+        async with effective.manager:
+            yield
 
     def _refuse(self, request: Request, exc: errors.AuthenticationError) -> NoReturn:
         request.scope["apikeys.realm"] = self.realm
@@ -169,5 +218,76 @@ def problem_response(request: Request, exc: Exception) -> Response:
 
 
 def install_error_handler(app: FastAPI) -> None:
-    """Answer every apikeys refusal in `app` with its problem+json response."""
+    """Answer every apikeys refusal in `app` with its problem+json response, and declare
+    those answers in `app.openapi()` for every operation that uses an `APIKeySecurity`."""
     app.add_exception_handler(errors.AuthenticationError, problem_response)
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        declare_problems(schema)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# What an operation guarded by the dependency may answer besides its own responses.
+_PROBLEMS = {
+    "401": "No usable API key: `missing_api_key`, `malformed_api_key`, `invalid_api_key`, "
+    "`key_disabled`, `key_revoked` or `key_expired`.",
+    "403": "The key lacks a scope the operation requires (`insufficient_scope`) or the client "
+    "address is outside the key's allowlist (`ip_not_allowed`).",
+    "429": "A rate limit of the key is exhausted (`rate_limited`), or its credits "
+    "(`credits_exhausted`); `Retry-After` says when to try again.",
+    "503": "The key store cannot be reached (`auth_unavailable`); `Retry-After` says when to "
+    "try again.",
+}
+_PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "description": "An RFC 9457 problem document; `code` says which refusal it is.",
+    "type": "object",
+    "required": ["type", "title", "status", "code"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+        "required_scopes": {"type": "array", "items": {"type": "string"}},
+        "violated_policies": {"type": "array", "items": {"type": "string"}},
+        "retry_after": {"type": "integer"},
+    },
+}
+
+
+def declare_problems(schema: dict[str, Any]) -> None:
+    """Add the problem+json answers (401, 403, 429, 503) to every operation of `schema` (the
+    app's OpenAPI document) that an `APIKeySecurity` guards, and the `Problem` schema.
+
+    FastAPI lists a dependency's security scheme in the `security` of every operation that
+    uses it (on the endpoint, the router or the app): those are the operations it guards.
+    """
+    ours = {security.scheme_name for security in list(_INSTANCES)}
+    declared = False
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            requirements = operation.get("security", []) if isinstance(operation, dict) else []
+            if not any(ours & set(requirement) for requirement in requirements):
+                continue
+            responses = operation.setdefault("responses", {})
+            for status, description in _PROBLEMS.items():
+                responses.setdefault(status, _problem_response(description))
+            declared = True
+    if declared:
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas.setdefault("Problem", copy.deepcopy(_PROBLEM_SCHEMA))
+
+
+def _problem_response(description: str) -> dict[str, Any]:
+    reference = {"$ref": "#/components/schemas/Problem"}
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": reference}},
+    }

@@ -20,6 +20,15 @@ are checked with `requires("contacts:read")` and understand `resource:*` grants 
 access; give the backend the route table too (`scopes=`, the middleware's rules) to have
 them checked before credits are spent. For `RateLimit` headers on every admitted response,
 use `APIKeyMiddleware` instead.
+
+The first time the backend sees a request, it holds its `scopes` and `costs` rules against
+the app's routes (`apikeys.routes.check_routes`): a rule that matches no route, or differs
+from one by a trailing slash, is logged and warned about (`RouteRuleWarning`), once.
+
+A CORS preflight passes without a key wherever Starlette's `CORSMiddleware` sits: outside
+`AuthenticationMiddleware` (before it in `middleware=[…]`) it answers preflights before the
+backend sees them; inside, a preflight without a key is anonymous here and reaches it.
+Either way no endpoint runs for a preflight.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from apikeys.gate import APIKeyAuth, APIKeyUser, Gate, route_path
 from apikeys.manager import KeyManager
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
+from apikeys.routes import check_routes
 
 __all__ = ["APIKeyBackend", "APIKeyRefused", "on_auth_error"]
 
@@ -79,6 +89,8 @@ class APIKeyBackend(AuthenticationBackend):
     ) -> None:
         self.manager = manager
         self.realm = realm
+        self._rules = (dict(scopes or {}), dict(costs or {}))
+        self._unchecked = True
         self.gate = Gate(
             manager,
             limiter=limiter,
@@ -98,6 +110,9 @@ class APIKeyBackend(AuthenticationBackend):
 
     async def authenticate(self, conn: HTTPConnection) -> tuple[APIKeyAuth, APIKeyUser] | None:
         scope = conn.scope
+        if self._unchecked:
+            self._unchecked = False
+            check_routes(scope.get("app"), scopes=self._rules[0], costs=self._rules[1])
         wanted = self.gate.header_name
         if not any(name == wanted for name, _ in scope["headers"]):
             return None  # anonymous: requires() refuses or redirects
