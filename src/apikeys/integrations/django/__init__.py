@@ -60,6 +60,7 @@ written, at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -78,13 +79,20 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
         name=exc.name,
     ) from None
 
-from apikeys.errors import AuthenticationError, ConfigurationError, InsufficientScope
+from apikeys.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    InsufficientScope,
+    StoreUnavailable,
+)
 from apikeys.gate import Gate
 from apikeys.hashing import Hasher
+from apikeys.integrations.django.routing import check_syntax, drf_routes, probe
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
+from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes
 from apikeys.stores.registry import store_from_url
 from apikeys.sync import KeyManager
@@ -111,6 +119,8 @@ __all__ = [
     "reset",
 ]
 
+logger = logging.getLogger("apikeys")
+
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
 """The store when neither `APIKEYS["STORE_URL"]` nor `APIKEYS_STORE_URL` names one (the
 command line's default)."""
@@ -131,6 +141,7 @@ _DEFAULTS: dict[str, Any] = {
     "POLICY_NAME": "default",
     "HEADER": "Authorization",
     "TRUSTED_PROXIES": 0,
+    "CORS_PREFLIGHT": "auto",
 }
 _DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "exception_handler"})
 # Where the request's key, grants and RateLimit headers are kept on a Django request.
@@ -152,7 +163,23 @@ def _config() -> dict[str, Any]:
     config["LIMITER_URL"] = (
         config["LIMITER_URL"] or os.environ.get("APIKEYS_LIMITER_URL") or "memory://"
     )
+    check_syntax(config["SCOPES"], "scope")
+    check_syntax(config["COSTS"], "cost")
+    if config["CORS_PREFLIGHT"] not in ("auto", True, False):
+        raise ConfigurationError('APIKEYS["CORS_PREFLIGHT"] takes "auto", True or False')
     return config
+
+
+_CORS_MIDDLEWARE = "corsheaders.middleware.CorsMiddleware"
+
+
+def _passes_preflights(config: Mapping[str, Any]) -> bool:
+    """Whether CORS preflights pass without a key: `CORS_PREFLIGHT`, where `"auto"` means
+    when django-cors-headers' middleware is installed (it answers them, before any view)."""
+    chosen = config["CORS_PREFLIGHT"]
+    if chosen == "auto":
+        return _CORS_MIDDLEWARE in (getattr(django_settings, "MIDDLEWARE", None) or ())
+    return bool(chosen)
 
 
 @dataclass
@@ -216,27 +243,67 @@ class _Runtime:
         options = dict(config["MANAGER_OPTIONS"])
         if config["PEPPER"] is not None:
             options["hasher"] = Hasher(pepper=config["PEPPER"])
+        # Rules that cannot be understood are refused now, not at the first request.
+        ScopeTable(config["SCOPES"])
+        CostTable(config["COSTS"])
         store = store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"])
         self.manager = KeyManager(store, **options)
         try:
+            _set_up(self.manager, config["STORE_URL"])
             self.limiter = self.manager.loop_thread.call(
                 _limiter, config["RATE_LIMIT"], config["LIMITER_URL"]
-            )
-            self.middleware = self._engine(
-                scopes=config["SCOPES"],
-                protect=config["PROTECT"],
-                public=config["PUBLIC"],
-                unmapped=config["UNMAPPED"],
             )
         except BaseException:
             self.manager.close()
             raise
+        self._engines: _Engines | None = None
         self.pid = os.getpid()
         # Closed at exit before the manager's own last resort (registered after it).
         atexit.register(self.close)
         self._lock = threading.Lock()
         # The middlewares DRF views use, by the scopes they require.
         self._by_scopes: dict[tuple[str, ...], ASGIMiddleware] = {}
+
+    @property
+    def engines(self) -> _Engines:
+        """The ASGI middlewares requests go through, made on first use (they read the
+        URLconf, which may itself ask for the manager while it is imported)."""
+        engines = self._engines
+        if engines is None:
+            with self._lock:
+                engines = self._engines
+                if engines is None:
+                    engines = self._engines = self._build()
+        return engines
+
+    @property
+    def middleware(self) -> ASGIMiddleware:
+        """The middleware of requests to routes no DRF view of apikeys serves."""
+        return self.engines.default
+
+    def _build(self) -> _Engines:
+        config = self.config
+        explicit, rules = config["SCOPES"], config["SCOPES"]
+        routes = drf_routes() if explicit is not None else []
+        if routes:
+            table = ScopeTable(explicit)
+            # A DRF view's required_scopes are its route's rule, where SCOPES has none.
+            derived = {
+                rule: list(required)
+                for route in routes
+                for rule, required in route.rules().items()
+                if not any(table.required(*_split(rule, path)) for path in probe(route.path))
+            }
+            rules = {**derived, **explicit}
+        options = {"protect": config["PROTECT"], "public": config["PUBLIC"], "scopes": rules}
+        default = self._engine(unmapped=config["UNMAPPED"], **options)
+        if not routes:
+            return _Engines(default, default, None, _passes_preflights(config))
+        # Methods a DRF view requires no scope for are left to the view (any key).
+        drf = ScopeTable({f"* {route.path}": "apikeys:drf" for route in routes})
+        return _Engines(
+            default, self._engine(unmapped="allow", **options), drf, _passes_preflights(config)
+        )
 
     def _engine(self, **options: Any) -> ASGIMiddleware:
         config = self.config
@@ -272,6 +339,48 @@ class _Runtime:
                 self.manager.loop_thread.call(self.limiter.aclose)
         finally:
             self.manager.close()
+
+
+def _split(rule: str, path: str) -> tuple[str, str]:
+    return rule.partition(" ")[0], path
+
+
+@dataclass(frozen=True)
+class _Engines:
+    """The ASGI middlewares of a runtime: `default`, and `drf` (with `unmapped="allow"`)
+    for the routes of the DRF views in the table `drf_routes`; whether CORS preflights pass
+    without a key."""
+
+    default: ASGIMiddleware
+    drf: ASGIMiddleware
+    drf_routes: ScopeTable | None
+    preflights: bool
+
+    def pick(self, request: HttpRequest) -> ASGIMiddleware | None:
+        """The middleware that checks `request`; None for a CORS preflight let through."""
+        method = request.method or "GET"
+        if (
+            self.preflights
+            and method == "OPTIONS"
+            and "origin" in request.headers
+            and "access-control-request-method" in request.headers
+        ):
+            return None
+        routes = self.drf_routes
+        if routes is not None and routes.required(method, request.path_info) is not None:
+            return self.drf
+        return self.default
+
+
+def _set_up(manager: KeyManager, where: str) -> None:
+    """Prepare the store and check the process's pepper against it, as `async with
+    manager` does: a pepper other than the store's raises `ConfigurationError` (the store's
+    fingerprint message) rather than every key answering 401. A store out of reach is
+    logged; its requests answer 503 until it is back."""
+    try:
+        manager.setup()
+    except StoreUnavailable as exc:
+        logger.warning("apikeys: the pepper was not checked: %s", exc.operator_text or exc)
 
 
 async def _refused(gate: Gate, record: KeyRecord, exc: AuthenticationError) -> AuthenticationError:
@@ -336,7 +445,7 @@ def reset() -> None:
 
 
 def _on_setting_changed(*, setting: str, **_: Any) -> None:
-    if setting == "APIKEYS":
+    if setting in ("APIKEYS", "ROOT_URLCONF", "MIDDLEWARE"):
         reset()
 
 
@@ -391,12 +500,18 @@ class APIKeyMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+        # At start, when Django loads its middleware: a pepper other than the store's
+        # stops the server here with the store's message, not a 401 to every key.
+        _runtime()
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
         runtime = _runtime()
-        outcome = runtime.manager.loop_thread.call(_check, runtime.middleware, _scope_of(request))
+        middleware = runtime.engines.pick(request)
+        if middleware is None:
+            return self.get_response(request)
+        outcome = runtime.manager.loop_thread.call(_check, middleware, _scope_of(request))
         if not outcome.passed:
             return outcome.refusal().response()
         self._admitted(request, outcome)
@@ -405,9 +520,10 @@ class APIKeyMiddleware:
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         runtime = _runtime()
-        outcome = await runtime.manager.loop_thread.acall(
-            _check, runtime.middleware, _scope_of(request)
-        )
+        middleware = runtime.engines.pick(request)
+        if middleware is None:
+            return await self.get_response(request)
+        outcome = await runtime.manager.loop_thread.acall(_check, middleware, _scope_of(request))
         if not outcome.passed:
             return outcome.refusal().response()
         self._admitted(request, outcome)
