@@ -31,6 +31,7 @@ if not settings.configured:
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, AsyncRequestFactory, Client, override_settings
 from django.urls import path
@@ -41,13 +42,17 @@ from rest_framework.views import APIView
 
 from apikeys import APIKeyMiddleware as ASGIMiddleware
 from apikeys import ConfigurationError
+from apikeys.hashing import Hasher
 from apikeys.integrations import django as integration
 from apikeys.integrations.django import (
     APIKeyAuthentication,
     APIKeyMiddleware,
     HasScopes,
+    checks,
     get_manager,
 )
+from apikeys.integrations.django.management.commands.apikeys import Command as ApikeysCommand
+from apikeys.integrations.django.testing import make_key
 from apikeys.sync import KeyManager
 from tests.conftest import TEST_PEPPER, delete_redis_prefix
 
@@ -94,8 +99,29 @@ class DRFUndeclared(APIView):
         return Response({})
 
 
+class DRFNotes(APIView):
+    """Under PROTECT, with no SCOPES rule: its required_scopes are its route's rule."""
+
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes: ClassVar = {"GET": ["notes:read"], "POST": ["notes:write"]}
+
+    def get(self, request: Request, pk: int) -> Response:
+        return Response({"note": pk, "key": request.user.record.id})
+
+    def post(self, request: Request, pk: int) -> Response:
+        return Response({"written": pk}, status=201)
+
+
+def preflight(request: HttpRequest) -> HttpResponse:
+    # What a CORS layer answers to a preflight (it never reaches a view that serves data).
+    return HttpResponse(status=200, headers={"Access-Control-Allow-Origin": "*"})
+
+
 urlpatterns = [
     path("api/v1/contacts", contacts),
+    path("api/v1/notes/<int:pk>/", DRFNotes.as_view()),
+    path("api/v1/cors", preflight),
     path("api/v1/async", async_contacts),
     path("api/v1/drf", DRFContacts.as_view()),
     path("health", health),
@@ -482,6 +508,184 @@ def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "apikeys.db").exists()
+
+
+# -- start: the pepper -------------------------------------------------------------------------
+
+
+OTHER_PEPPER = "q7Jd0o3u0w8mF2Zc9yX5kVtH1aLrN6sPeBgUi4WQ-zE"
+
+
+@pytest.fixture
+def peppered_store(tmp_path: Any) -> Iterator[tuple[str, str]]:
+    """A SQLite store whose keys are hashed with TEST_PEPPER, and one of its keys."""
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    with KeyManager(url, hasher=Hasher(pepper=TEST_PEPPER)) as manager:
+        created = manager.create(name="k", scopes=["contacts:read"])
+    yield url, created.key
+    integration.reset()
+
+
+@pytest.mark.sqlite
+def test_another_pepper_stops_django_at_start_with_the_store_s_message(
+    peppered_store: tuple[str, str],
+) -> None:
+    url, key = peppered_store
+    wrong = apikeys_settings(url, PEPPER=OTHER_PEPPER)
+    with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE, APIKEYS=wrong):
+        # The middleware is loaded when the server starts (here, the test client's handler).
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            Client().get("/api/v1/contacts", **bearer(key))
+        # get_manager() and DRF (which reaches the manager through it) refuse alike.
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            get_manager()
+        with override_settings(MIDDLEWARE=[]), pytest.raises(ConfigurationError):
+            APIClient().get("/drf/contacts", HTTP_AUTHORIZATION=f"Bearer {key}")
+        (error,) = checks.check_store()
+        assert error.id == "apikeys.E002"
+        assert "hashed with a pepper of fingerprint" in error.msg
+    with override_settings(
+        ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE, APIKEYS=apikeys_settings(url)
+    ):
+        assert checks.check_store() == []
+        assert Client().get("/api/v1/contacts", **bearer(key)).status_code == 200
+
+
+@pytest.mark.sqlite
+def test_the_sync_manager_checks_the_pepper_at_first_use(
+    peppered_store: tuple[str, str],
+) -> None:
+    url, key = peppered_store
+    manager = KeyManager(url, hasher=Hasher(pepper=OTHER_PEPPER))  # no `with`
+    try:
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            manager.verify(key)
+    finally:
+        manager.close()
+    right = KeyManager(url, hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        assert right.verify(key).scopes == ("contacts:read",)
+    finally:
+        right.close()
+
+
+# -- rules and routes ----------------------------------------------------------------------------
+
+
+def test_a_rule_in_django_s_syntax_is_refused_with_the_right_spelling() -> None:
+    rules = {"GET /api/v1/notes/<int:pk>/": "notes:read", "GET /api/v1/contacts": "c:read"}
+    with override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(SCOPES=rules)):
+        (error,) = checks.check_store()
+        assert error.id == "apikeys.E001"
+        assert "'GET /api/v1/notes/{pk:int}/'" in error.msg
+        with pytest.raises(ConfigurationError, match=r"'GET /api/v1/notes/\{pk:int\}/'"):
+            get_manager()
+    costs = {"POST /api/v1/notes/<pk>/": 5}
+    with (
+        override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(COSTS=costs)),
+        pytest.raises(ConfigurationError, match=r"'POST /api/v1/notes/\{pk\}/'"),
+    ):
+        get_manager()
+    integration.reset()
+
+
+def test_rules_that_match_no_route_are_warned_about() -> None:
+    rules = {
+        "GET /api/v1/contacts": "contacts:read",  # matches
+        "GET /api/v1/notes/{pk:int}/": "notes:read",  # matches
+        "GET /api/v1/contacts/": "contacts:read",  # Django's route has no slash
+        "GET /api/v1/notes/{pk:int}": "notes:read",  # Django's route has one
+        "GET /api/v1/nothing/{id}": "contacts:read",  # nothing
+    }
+    with override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(SCOPES=rules)):
+        found = {(warning.id, warning.hint) for warning in checks.check_routes()}
+    assert found == {
+        ("apikeys.W003", "write it GET /api/v1/contacts"),
+        ("apikeys.W003", "write it GET /api/v1/notes/{pk:int}/"),
+        ("apikeys.W002", checks.W002_HINT),
+    }
+    integration.reset()
+
+
+def test_a_drf_view_s_required_scopes_are_its_route_s_rule(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["notes:read"])
+    writer = manager.create(name="w", scopes=["notes:write"])
+    client = APIClient()
+    # No SCOPES rule covers /api/v1/notes/{pk}/, which is under PROTECT ("/api/").
+    admitted = client.get("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert admitted.status_code == 200
+    assert admitted.json() == {"note": 7, "key": reader.record.id}
+    refused = client.get("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {writer.key}")
+    assert refused.status_code == 403
+    assert problem(refused)["required_scopes"] == ["notes:read"]
+    written = client.post("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {writer.key}")
+    assert written.status_code == 201
+    # DRF's metadata (OPTIONS): the view requires no scope for it, so any key may ask.
+    metadata = client.options("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert metadata.status_code == 200
+    assert metadata.json()["name"] == "Drf Notes"
+    # Still a key: without one, the middleware refuses.
+    assert client.options("/api/v1/notes/7/").status_code == 401
+    # Checked before credits are spent, charged once.
+    manager.flush()
+    assert manager.get(reader.record.id).request_count == 2
+
+
+PREFLIGHT = {"HTTP_ORIGIN": "https://app.example", "HTTP_ACCESS_CONTROL_REQUEST_METHOD": "GET"}
+
+
+def test_cors_preflights_pass_without_a_key_when_the_app_serves_cors(
+    django_settings: dict[str, Any],
+) -> None:
+    # By default ("auto") only when django-cors-headers' middleware answers them.
+    refused = Client().options("/api/v1/cors", **PREFLIGHT)
+    assert refused.status_code == 401
+    with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": True}):
+        passed = Client().options("/api/v1/cors", **PREFLIGHT)
+        assert passed.status_code == 200
+        assert passed["Access-Control-Allow-Origin"] == "*"
+        # An OPTIONS that is not a preflight still needs a key.
+        assert Client().options("/api/v1/cors").status_code == 401
+    with override_settings(MIDDLEWARE=["corsheaders.middleware.CorsMiddleware"]):
+        assert integration._passes_preflights(integration._config())
+    with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": False}):
+        assert not integration._passes_preflights(integration._config())
+    with (
+        override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": "yes"}),
+        pytest.raises(ConfigurationError, match="CORS_PREFLIGHT"),
+    ):
+        get_manager()
+    integration.reset()
+
+
+# -- tests of a Django project -------------------------------------------------------------------
+
+
+@pytest.mark.sqlite
+def test_make_key_and_the_management_command_use_the_settings_store(
+    django_settings: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    # On disk: the command line opens the store anew (a memory:// store is its own).
+    with override_settings(APIKEYS=apikeys_settings(f"sqlite:///{tmp_path / 'keys.db'}")):
+        make_key_and_the_management_command(capsys)
+
+
+def make_key_and_the_management_command(capsys: pytest.CaptureFixture[str]) -> None:
+    revoked = make_key(status="revoked", scopes=["contacts:read"])
+    active = make_key(scopes=["contacts:read"], rate_limit="1000/second")
+    client = Client()
+    assert problem(client.get("/api/v1/contacts", **bearer(revoked.key)))["code"] == "key_revoked"
+    for _ in range(150):  # past the default limit of 100/minute
+        assert client.get("/api/v1/contacts", **bearer(active.key)).status_code == 200
+    call_command(ApikeysCommand(), "list", "--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert {row["id"] for row in listed} == {revoked.record.id, active.record.id}
+    with pytest.raises(CommandError) as refused:
+        call_command(ApikeysCommand(), "show", "3xK9pQ2mZ7aB")
+    assert refused.value.returncode == 1
 
 
 FORK_TEST = """

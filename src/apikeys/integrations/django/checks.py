@@ -28,6 +28,10 @@ from apikeys.routes import CostTable, ScopeTable
 __all__ = ["check_routes", "check_store", "register"]
 
 TAG = "apikeys"
+W002_HINT = (
+    "spell the path as the URLconf does, with {name:converter} for its parameters "
+    "(see apikeys.routes)"
+)
 
 
 def register() -> None:
@@ -102,8 +106,7 @@ def _unmatched(setting: str, rules: Mapping[str, Any]) -> list[checks.CheckMessa
         found.append(
             checks.Warning(
                 f"APIKEYS[{setting!r}] rule {rule!r} matches no route of the URLconf",
-                hint="spell the path as the URLconf does, with {name:converter} for "
-                "its parameters (see apikeys.routes)",
+                hint=W002_HINT,
                 id="apikeys.W002",
                 obj="settings.APIKEYS",
             )

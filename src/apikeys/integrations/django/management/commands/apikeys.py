@@ -10,6 +10,7 @@ else `APIKEYS_PEPPER` and `APIKEYS_OLD_PEPPERS`, as for the middleware.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -77,6 +78,20 @@ class Command(BaseCommand):  # type: ignore[misc]
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("args", nargs="*", help="the apikeys command and its options")
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
+        """A parser that hands every argument to the `apikeys` command line, options too
+        (`call_command("apikeys", "list", "--json")`)."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        defaults = parser.parse_args([])
+
+        def everything(args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+            parsed = copy.copy(defaults)
+            parsed.args = [str(arg) for arg in args or ()]
+            return parsed
+
+        parser.parse_args = everything
+        return parser
 
     def handle(self, *args: str, **options: Any) -> None:
         """`call_command("apikeys", "list", "--json")`."""
