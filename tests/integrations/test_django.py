@@ -113,6 +113,17 @@ class DRFNotes(APIView):
         return Response({"written": pk}, status=201)
 
 
+class DRFReadsTheKey(APIView):
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes = ()
+
+    def get(self, request: Request) -> Response:
+        return Response(
+            {"apikey": request.apikey.id, "user.record": request.user.record.id}  # type: ignore[attr-defined]
+        )
+
+
 def preflight(request: HttpRequest) -> HttpResponse:
     # What a CORS layer answers to a preflight (it never reaches a view that serves data).
     return HttpResponse(status=200, headers={"Access-Control-Allow-Origin": "*"})
@@ -122,6 +133,8 @@ urlpatterns = [
     path("api/v1/contacts", contacts),
     path("api/v1/notes/<int:pk>/", DRFNotes.as_view()),
     path("api/v1/cors", preflight),
+    path("api/v1/reads", DRFReadsTheKey.as_view()),
+    path("drf/reads", DRFReadsTheKey.as_view()),
     path("api/v1/async", async_contacts),
     path("api/v1/drf", DRFContacts.as_view()),
     path("health", health),
@@ -481,20 +494,28 @@ def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: s
     assert f"pip install 'apikeys[{extra}]'" in result.stderr
 
 
-@pytest.mark.sqlite
-def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
-    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
-    # process of its own, in an empty directory, with only the pepper set.
+DJANGO_PAGES = ["integrations.md", "testing.md"]
+
+
+def django_samples() -> list[Any]:
     from pathlib import Path
 
     from tests.test_docs import blocks
 
-    root = Path(__file__).resolve().parents[2]
-    (sample,) = [
-        block
-        for block in blocks(root / "docs" / "integrations.md")
+    root = Path(__file__).resolve().parents[2] / "docs"
+    return [
+        pytest.param(block, id=block.where)
+        for page in DJANGO_PAGES
+        for block in blocks(root / page)
         if block.language == "python" and "apikeys.integrations.django" in block.code
     ]
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("sample", django_samples())
+def test_the_django_samples_in_the_docs_run_as_pasted(sample: Any, tmp_path: Any) -> None:
+    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
+    # process of its own, in an empty directory, with only the pepper set.
     assert sample.directive == "not-run"
     env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
     result = subprocess.run(
@@ -507,7 +528,11 @@ def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "apikeys.db").exists()
+    assert (tmp_path / "apikeys.db").exists() == ("memory://" not in sample.code)
+
+
+def test_every_page_has_its_django_samples() -> None:
+    assert len(django_samples()) == 3
 
 
 # -- start: the pepper -------------------------------------------------------------------------
@@ -632,6 +657,16 @@ def test_a_drf_view_s_required_scopes_are_its_route_s_rule(
     # Checked before credits are spent, charged once.
     manager.flush()
     assert manager.get(reader.record.id).request_count == 2
+
+
+@pytest.mark.parametrize("where", ["/api/v1/reads", "/drf/reads"])
+def test_drf_views_read_the_key_as_request_apikey(
+    django_settings: dict[str, Any], where: str
+) -> None:
+    # Behind the middleware (/api/) or authenticated by APIKeyAuthentication alone.
+    created = get_manager().create(name="k", scopes=["contacts:read"])
+    answer = APIClient().get(where, HTTP_AUTHORIZATION=f"Bearer {created.key}")
+    assert answer.json() == {"apikey": created.record.id, "user.record": created.record.id}
 
 
 PREFLIGHT = {"HTTP_ORIGIN": "https://app.example", "HTTP_ACCESS_CONTROL_REQUEST_METHOD": "GET"}

@@ -2,13 +2,17 @@
 
 ```python
 # settings.py
+INSTALLED_APPS = [
+    # …
+    "apikeys.integrations.django",  # system checks, `manage.py apikeys`, tables at migrate
+]
 MIDDLEWARE = [
     # …
     "apikeys.integrations.django.APIKeyMiddleware",
 ]
 APIKEYS = {
     "PROTECT": "/api/",
-    "SCOPES": {"GET /api/v1/contacts": "contacts:read"},
+    "SCOPES": {"GET /api/v1/contacts/{pk:int}/": "contacts:read"},
 }
 ```
 
@@ -19,7 +23,9 @@ table) and credits are checked in the same order, every refusal is the same prob
 response, admitted responses carry the `RateLimit` headers, and usage is counted alike.
 It runs the ASGI middleware itself on each request, so the two cannot behave differently.
 Views read `request.apikey` (the `KeyRecord`) and `request.apikey_auth` (its grants, with
-`request.apikey_auth.scopes.covers([...])`).
+`request.apikey_auth.scopes.covers([...])`), DRF views too. When Django loads it (the
+server's start) the store is set up and the process's pepper checked against the store's:
+another pepper, or none, stops the server with the store's message (`ConfigurationError`).
 
 For Django REST framework (`pip install "apikeys[drf]"`):
 
@@ -48,13 +54,17 @@ Settings: the `APIKEYS` dict, every entry optional. The store is `STORE_URL`, el
 the command line, unless `PEPPER` is set. The other entries are the ASGI middleware's
 arguments in capitals: `PROTECT` (default `"/"`), `PUBLIC`, `SCOPES`, `UNMAPPED`, `COSTS`,
 `RATE_LIMIT` (else `APIKEYS_RATE_LIMIT`), `LIMITER_URL` (else `APIKEYS_LIMITER_URL`, else
-`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; and `STORE_OPTIONS` and
-`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`.
+`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; `STORE_OPTIONS` and
+`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`; and
+`CORS_PREFLIGHT`: whether CORS preflights pass without a key (`"auto"`, the default: when
+django-cors-headers' middleware is installed, which answers them; True; False). A DRF view's
+`required_scopes` are its route's rule where `SCOPES` has none.
 
 `get_manager()` is the process's `apikeys.sync.KeyManager` on that store, for views and
 management commands: `get_manager().create(name=…, scopes=[…])`. Everything runs on its
 event loop, in a thread of its own (see `apikeys.sync`); it is closed, and its usage counts
-written, at interpreter exit.
+written, at interpreter exit. `async_manager()` is a new asynchronous manager on the same
+store and pepper, for ASGI code on the server's loop (the settings page).
 """
 
 from __future__ import annotations
@@ -88,12 +98,14 @@ from apikeys.errors import (
 from apikeys.gate import Gate
 from apikeys.hashing import Hasher
 from apikeys.integrations.django.routing import check_syntax, drf_routes, probe
+from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes
+from apikeys.stores.contract import KeyStore
 from apikeys.stores.registry import store_from_url
 from apikeys.sync import KeyManager
 from apikeys.types import KeyRecord, Message, Receive, Scope, Send
@@ -113,6 +125,7 @@ __all__ = [
     "APIKeyRefused",
     "HasScopes",
     "Refusal",
+    "async_manager",
     "exception_handler",
     "get_manager",
     "required_scopes",
@@ -240,16 +253,13 @@ class _Runtime:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.realm: str = config["REALM"]
-        options = dict(config["MANAGER_OPTIONS"])
-        if config["PEPPER"] is not None:
-            options["hasher"] = Hasher(pepper=config["PEPPER"])
         # Rules that cannot be understood are refused now, not at the first request.
         ScopeTable(config["SCOPES"])
         CostTable(config["COSTS"])
-        store = store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"])
+        store, options = _manager_arguments(config)
         self.manager = KeyManager(store, **options)
         try:
-            _set_up(self.manager, config["STORE_URL"])
+            _set_up(self.manager)
             self.limiter = self.manager.loop_thread.call(
                 _limiter, config["RATE_LIMIT"], config["LIMITER_URL"]
             )
@@ -283,8 +293,8 @@ class _Runtime:
 
     def _build(self) -> _Engines:
         config = self.config
-        explicit, rules = config["SCOPES"], config["SCOPES"]
-        routes = drf_routes() if explicit is not None else []
+        explicit, rules = config["SCOPES"] or {}, config["SCOPES"]
+        routes = drf_routes()
         if routes:
             table = ScopeTable(explicit)
             # A DRF view's required_scopes are its route's rule, where SCOPES has none.
@@ -341,6 +351,23 @@ class _Runtime:
             self.manager.close()
 
 
+def _manager_arguments(config: Mapping[str, Any]) -> tuple[KeyStore, dict[str, Any]]:
+    """The store and the `KeyManager` options the settings name."""
+    options = dict(config["MANAGER_OPTIONS"])
+    if config["PEPPER"] is not None:
+        options["hasher"] = Hasher(pepper=config["PEPPER"])
+    return store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"]), options
+
+
+def async_manager() -> AsyncKeyManager:
+    """A new asynchronous `KeyManager` on the store and pepper of the settings, for ASGI
+    code that runs on the server's event loop, such as the settings page
+    (`apikeys.ui.KeysPage`): `get_manager()`'s runs on an event loop of its own, whose
+    connections no other loop may use. Enter it (`async with`) in the app's lifespan."""
+    store, options = _manager_arguments(_config())
+    return AsyncKeyManager(store, **options)
+
+
 def _split(rule: str, path: str) -> tuple[str, str]:
     return rule.partition(" ")[0], path
 
@@ -372,7 +399,7 @@ class _Engines:
         return self.default
 
 
-def _set_up(manager: KeyManager, where: str) -> None:
+def _set_up(manager: KeyManager) -> None:
     """Prepare the store and check the process's pepper against it, as `async with
     manager` does: a pepper other than the store's raises `ConfigurationError` (the store's
     fingerprint message) rather than every key answering 401. A store out of reach is
