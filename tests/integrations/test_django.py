@@ -621,14 +621,32 @@ def test_rules_that_match_no_route_are_warned_about() -> None:
         "GET /api/v1/contacts/": "contacts:read",  # Django's route has no slash
         "GET /api/v1/notes/{pk:int}": "notes:read",  # Django's route has one
         "GET /api/v1/nothing/{id}": "contacts:read",  # nothing
+        "* /api/{rest:path}": "api:any",  # everything under /api/: routes lie there
+        "* /nowhere/{rest:path}": "api:any",  # no route under /nowhere/
     }
     with override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(SCOPES=rules)):
-        found = {(warning.id, warning.hint) for warning in checks.check_routes()}
-    assert found == {
-        ("apikeys.W003", "write it GET /api/v1/contacts"),
-        ("apikeys.W003", "write it GET /api/v1/notes/{pk:int}/"),
-        ("apikeys.W002", checks.W002_HINT),
-    }
+        warnings = checks.check_routes()
+    assert sorted((warning.id, warning.msg, warning.hint) for warning in warnings) == [
+        (
+            "apikeys.W002",
+            f"APIKEYS['SCOPES'] rule {rule!r} matches no route of the URLconf",
+            checks.W002_HINT,
+        )
+        for rule in ["* /nowhere/{rest:path}", "GET /api/v1/nothing/{id}"]
+    ] + [
+        (
+            "apikeys.W003",
+            "APIKEYS['SCOPES'] rule 'GET /api/v1/contacts/' matches no route: "
+            "Django's route has no trailing slash",
+            "write it GET /api/v1/contacts",
+        ),
+        (
+            "apikeys.W003",
+            "APIKEYS['SCOPES'] rule 'GET /api/v1/notes/{pk:int}' matches no "
+            "route: Django's route ends with a trailing slash",
+            "write it GET /api/v1/notes/{pk:int}/",
+        ),
+    ]
     integration.reset()
 
 
@@ -684,10 +702,17 @@ def test_cors_preflights_pass_without_a_key_when_the_app_serves_cors(
         assert passed["Access-Control-Allow-Origin"] == "*"
         # An OPTIONS that is not a preflight still needs a key.
         assert Client().options("/api/v1/cors").status_code == 401
+    # django-cors-headers answers the preflights of the paths its CORS_URLS_REGEX matches.
     with override_settings(MIDDLEWARE=["corsheaders.middleware.CorsMiddleware"]):
-        assert integration._passes_preflights(integration._config())
+        paths = integration._preflight_paths(integration._config())
+        assert paths is not None
+        assert paths.match("/api/v1/cors")
+        with override_settings(CORS_URLS_REGEX=r"^/api/v1/public/"):
+            paths = integration._preflight_paths(integration._config())
+            assert paths is not None
+            assert not paths.match("/api/v1/cors")
     with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": False}):
-        assert not integration._passes_preflights(integration._config())
+        assert integration._preflight_paths(integration._config()) is None
     with (
         override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": "yes"}),
         pytest.raises(ConfigurationError, match="CORS_PREFLIGHT"),

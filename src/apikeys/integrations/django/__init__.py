@@ -72,6 +72,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,13 +187,17 @@ def _config() -> dict[str, Any]:
 _CORS_MIDDLEWARE = "corsheaders.middleware.CorsMiddleware"
 
 
-def _passes_preflights(config: Mapping[str, Any]) -> bool:
-    """Whether CORS preflights pass without a key: `CORS_PREFLIGHT`, where `"auto"` means
-    when django-cors-headers' middleware is installed (it answers them, before any view)."""
+def _preflight_paths(config: Mapping[str, Any]) -> re.Pattern[str] | None:
+    """The paths whose CORS preflights pass without a key (`re.match`), None for none:
+    `CORS_PREFLIGHT`, where `"auto"` means those django-cors-headers' middleware answers
+    itself, before any view (its `CORS_URLS_REGEX`, every path by default), when it is
+    installed."""
     chosen = config["CORS_PREFLIGHT"]
     if chosen == "auto":
-        return _CORS_MIDDLEWARE in (getattr(django_settings, "MIDDLEWARE", None) or ())
-    return bool(chosen)
+        if _CORS_MIDDLEWARE not in (getattr(django_settings, "MIDDLEWARE", None) or ()):
+            return None
+        return re.compile(getattr(django_settings, "CORS_URLS_REGEX", r"^.*$"))
+    return re.compile("") if chosen else None
 
 
 @dataclass
@@ -308,11 +313,11 @@ class _Runtime:
         options = {"protect": config["PROTECT"], "public": config["PUBLIC"], "scopes": rules}
         default = self._engine(unmapped=config["UNMAPPED"], **options)
         if not routes:
-            return _Engines(default, default, None, _passes_preflights(config))
+            return _Engines(default, default, None, _preflight_paths(config))
         # Methods a DRF view requires no scope for are left to the view (any key).
         drf = ScopeTable({f"* {route.path}": "apikeys:drf" for route in routes})
         return _Engines(
-            default, self._engine(unmapped="allow", **options), drf, _passes_preflights(config)
+            default, self._engine(unmapped="allow", **options), drf, _preflight_paths(config)
         )
 
     def _engine(self, **options: Any) -> ASGIMiddleware:
@@ -375,22 +380,23 @@ def _split(rule: str, path: str) -> tuple[str, str]:
 @dataclass(frozen=True)
 class _Engines:
     """The ASGI middlewares of a runtime: `default`, and `drf` (with `unmapped="allow"`)
-    for the routes of the DRF views in the table `drf_routes`; whether CORS preflights pass
-    without a key."""
+    for the routes of the DRF views in the table `drf_routes`; the paths whose CORS
+    preflights pass without a key."""
 
     default: ASGIMiddleware
     drf: ASGIMiddleware
     drf_routes: ScopeTable | None
-    preflights: bool
+    preflights: re.Pattern[str] | None
 
     def pick(self, request: HttpRequest) -> ASGIMiddleware | None:
         """The middleware that checks `request`; None for a CORS preflight let through."""
         method = request.method or "GET"
         if (
-            self.preflights
-            and method == "OPTIONS"
+            method == "OPTIONS"
+            and self.preflights is not None
             and "origin" in request.headers
             and "access-control-request-method" in request.headers
+            and self.preflights.match(request.path_info)
         ):
             return None
         routes = self.drf_routes

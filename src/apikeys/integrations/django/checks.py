@@ -22,7 +22,7 @@ from typing import Any
 from django.core import checks
 
 from apikeys.errors import APIKeyError, ConfigurationError, StoreUnavailable
-from apikeys.integrations.django.routing import probe, resolves
+from apikeys.integrations.django.routing import answered
 from apikeys.routes import CostTable, ScopeTable
 
 __all__ = ["check_routes", "check_store", "register"]
@@ -88,11 +88,10 @@ def _unmatched(setting: str, rules: Mapping[str, Any]) -> list[checks.CheckMessa
     for rule in rules:
         method, _, path = str(rule).strip().partition(" ")
         path = path.strip()
-        paths = list(probe(path))
-        if any(resolves(candidate) for candidate in paths):
+        if answered(path):
             continue
         other = path[:-1] if path.endswith("/") else path + "/"
-        if len(other) > 1 and any(resolves(candidate) for candidate in probe(other)):
+        if len(other) > 1 and answered(other):
             found.append(
                 checks.Warning(
                     f"APIKEYS[{setting!r}] rule {rule!r} matches no route: Django's route "

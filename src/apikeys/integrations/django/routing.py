@@ -21,7 +21,7 @@ from django.urls.resolvers import LocalePrefixPattern, RoutePattern
 from apikeys.errors import ConfigurationError
 from apikeys.routes import ScopeTable
 
-__all__ = ["DRFRoute", "check_syntax", "drf_routes", "probe", "resolves", "spelled"]
+__all__ = ["DRFRoute", "answered", "check_syntax", "drf_routes", "probe", "resolves", "spelled"]
 
 # Django's <converter:name> or <name>.
 _DJANGO_PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")
@@ -86,6 +86,23 @@ def resolves(path: str, urlconf: str | None = None) -> bool:
     return True
 
 
+def answered(rule_path: str, urlconf: str | None = None) -> bool:
+    """Whether a route of the URLconf answers a path the rule path matches. A rule ending in
+    `{name:path}` (everything under a prefix) is answered when a route lies under its
+    prefix, or when the URLconf has routes given as regular expressions (which no prefix
+    can be compared with)."""
+    if any(resolves(candidate, urlconf) for candidate in probe(rule_path)):
+        return True
+    match = _PARAM.search(rule_path)
+    if match is None or match.group(2) != "path" or match.end() != len(rule_path):
+        return False
+    prefix = rule_path[: match.start()]
+    for route, _ in _walk(get_resolver(urlconf).url_patterns, "", regex=True):
+        if route is None or spelled(route).startswith(prefix):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class DRFRoute:
     """A route served by a Django REST framework view that declares `required_scopes`."""
@@ -128,7 +145,9 @@ def drf_routes(urlconf: str | None = None) -> list[DRFRoute]:
     return found
 
 
-def _walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+def _walk(patterns: Any, prefix: str, *, regex: bool = False) -> Iterator[tuple[Any, Any]]:
+    """Each route of `patterns` as one Django route string, with its view; a route given as
+    a regular expression (`re_path`) is left out, or yielded as None with `regex`."""
     for pattern in patterns:
         kind = pattern.pattern
         if isinstance(kind, LocalePrefixPattern):
@@ -136,9 +155,11 @@ def _walk(patterns: Any, prefix: str) -> Iterator[tuple[str, Any]]:
         elif isinstance(kind, RoutePattern):
             text = str(kind._route)
         else:
-            continue  # re_path
+            if regex:
+                yield None, None
+            continue
         if isinstance(pattern, URLResolver):
-            yield from _walk(pattern.url_patterns, prefix + text)
+            yield from _walk(pattern.url_patterns, prefix + text, regex=regex)
         elif isinstance(pattern, URLPattern):
             yield prefix + text, pattern.callback
 

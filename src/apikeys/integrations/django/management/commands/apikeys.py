@@ -65,6 +65,8 @@ def run(args: Sequence[str], prog_name: str = "manage.py apikeys") -> int:
 
 
 class Command(BaseCommand):  # type: ignore[misc]
+    """`manage.py apikeys ARGS`: the `apikeys` command line (see the module)."""
+
     help = "The apikeys command line on settings.APIKEYS's store: manage.py apikeys --help"
     # The store is not Django's database, and the command line checks what it needs.
     requires_system_checks: ClassVar[list[str]] = []
