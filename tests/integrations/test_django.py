@@ -594,6 +594,15 @@ def test_the_sync_manager_checks_the_pepper_at_first_use(
         right.close()
 
 
+def test_a_store_that_cannot_be_made_is_a_check_error(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    with override_settings(APIKEYS=apikeys_settings(url, STORE_OPTIONS={"no_such": 1})):
+        (error,) = checks.check_store()
+    assert error.id == "apikeys.E002"
+    assert error.msg.startswith(f"key store error: {url}: TypeError: ")
+    integration.reset()
+
+
 # -- rules and routes ----------------------------------------------------------------------------
 
 

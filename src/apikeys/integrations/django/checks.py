@@ -4,7 +4,8 @@ the app's `ready()` under the tag `apikeys`:
 - `apikeys.E001`: `settings.APIKEYS` cannot be used (an unknown entry, a rule that cannot be
   understood, such as one in Django's `<int:pk>` syntax: the message spells it right).
 - `apikeys.E002`: the store's keys are hashed with another pepper than this process's (the
-  store's fingerprint message), or the store refuses to be set up.
+  store's fingerprint message), or the store cannot be made (`STORE_OPTIONS` it does not
+  take, say).
 - `apikeys.W001`: the store is out of reach, so the pepper was not checked.
 - `apikeys.W002`: a `SCOPES` or `COSTS` rule that no route of the URLconf answers.
 - `apikeys.W003`: the same, where the route differs only by its trailing slash (the
@@ -23,6 +24,7 @@ from django.core import checks
 
 from apikeys.errors import APIKeyError, ConfigurationError, StoreUnavailable
 from apikeys.integrations.django.routing import answered
+from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.routes import CostTable, ScopeTable
 
 __all__ = ["check_routes", "check_store", "register"]
@@ -64,6 +66,10 @@ def check_store(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
         ]
     except APIKeyError as exc:
         return [checks.Error(str(exc), id="apikeys.E002", obj="settings.APIKEYS")]
+    except Exception as exc:  # the store cannot be made: the server will not start
+        url = config["STORE_URL"]
+        text = f"key store error: {safe_url(url)}: {redact(failure_reason(exc), url)}"
+        return [checks.Error(text, id="apikeys.E002", obj="settings.APIKEYS")]
     return []
 
 
