@@ -37,8 +37,10 @@ from django.test import AsyncClient, AsyncRequestFactory, Client, override_setti
 from django.urls import path
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
+from rest_framework.viewsets import ViewSet
 
 from apikeys import APIKeyMiddleware as ASGIMiddleware
 from apikeys import ConfigurationError
@@ -124,6 +126,21 @@ class DRFReadsTheKey(APIView):
         )
 
 
+class DRFTags(ViewSet):
+    """Routed by DRF's router (regular expressions), under PROTECT with no SCOPES rule."""
+
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes: ClassVar = {"GET": ["tags:read"]}
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response({"tag": pk})
+
+
+tags = SimpleRouter()
+tags.register("api/v1/tags", DRFTags, basename="tag")
+
+
 def preflight(request: HttpRequest) -> HttpResponse:
     # What a CORS layer answers to a preflight (it never reaches a view that serves data).
     return HttpResponse(status=200, headers={"Access-Control-Allow-Origin": "*"})
@@ -135,6 +152,7 @@ urlpatterns = [
     path("api/v1/cors", preflight),
     path("api/v1/reads", DRFReadsTheKey.as_view()),
     path("drf/reads", DRFReadsTheKey.as_view()),
+    *tags.urls,
     path("api/v1/async", async_contacts),
     path("api/v1/drf", DRFContacts.as_view()),
     path("health", health),
@@ -684,6 +702,20 @@ def test_a_drf_view_s_required_scopes_are_its_route_s_rule(
     # Checked before credits are spent, charged once.
     manager.flush()
     assert manager.get(reader.record.id).request_count == 2
+
+
+def test_a_drf_router_s_routes_take_their_view_s_required_scopes(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["tags:read"])
+    other = manager.create(name="o", scopes=["notes:read"])
+    client = APIClient()
+    admitted = client.get("/api/v1/tags/red/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert admitted.status_code == 200
+    assert admitted.json() == {"tag": "red"}
+    refused = client.get("/api/v1/tags/red/", HTTP_AUTHORIZATION=f"Bearer {other.key}")
+    assert problem(refused)["required_scopes"] == ["tags:read"]
 
 
 @pytest.mark.parametrize("where", ["/api/v1/reads", "/drf/reads"])

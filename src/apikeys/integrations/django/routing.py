@@ -130,7 +130,8 @@ class DRFRoute:
 def drf_routes(urlconf: str | None = None) -> list[DRFRoute]:
     """The routes of the URLconf served by a DRF view that authenticates with apikeys
     (`APIKeyAuthentication` or `HasScopes`) and declares `required_scopes`. Routes given
-    as regular expressions (`re_path`) are left out: no rule can spell them."""
+    as regular expressions (`re_path`) are read when they are plain paths with named
+    groups, as DRF's routers write them; any other is left out: no rule can spell it."""
     found: list[DRFRoute] = []
     for route, callback in _walk(get_resolver(urlconf).url_patterns, ""):
         view = getattr(callback, "cls", None)
@@ -147,13 +148,16 @@ def drf_routes(urlconf: str | None = None) -> list[DRFRoute]:
 
 def _walk(patterns: Any, prefix: str, *, regex: bool = False) -> Iterator[tuple[Any, Any]]:
     """Each route of `patterns` as one Django route string, with its view; a route given as
-    a regular expression (`re_path`) is left out, or yielded as None with `regex`."""
+    a regular expression (`re_path`) that `_from_regex` cannot read is left out, or yielded
+    as None with `regex`."""
     for pattern in patterns:
         kind = pattern.pattern
         if isinstance(kind, LocalePrefixPattern):
             text = kind.language_prefix
         elif isinstance(kind, RoutePattern):
             text = str(kind._route)
+        elif (found := _from_regex(str(kind._regex))) is not None:
+            text = found
         else:
             if regex:
                 yield None, None
@@ -162,6 +166,28 @@ def _walk(patterns: Any, prefix: str, *, regex: bool = False) -> Iterator[tuple[
             yield from _walk(pattern.url_patterns, prefix + text, regex=regex)
         elif isinstance(pattern, URLPattern):
             yield prefix + text, pattern.callback
+
+
+# (?P<name>…) without nested groups: one parameter, as DRF's routers write them.
+_NAMED_GROUP = re.compile(r"\(\?P<(?P<name>[A-Za-z_][A-Za-z0-9_]*)>[^()]*\)")
+_REGEX_SYNTAX = re.compile(r"[\\^$.*+?()\[\]{}|]")
+
+
+def _from_regex(regex: str) -> str | None:
+    """A `re_path` regular expression as a Django route, when it is a plain path with named
+    one-segment groups (`^api/v1/tags/(?P<pk>[^/.]+)/$`, as DRF's routers write them):
+    `api/v1/tags/<pk>/`. None for anything else (no rule can spell it)."""
+    text = regex.removeprefix("^")
+    ends = text.endswith("$")
+    text = text.removesuffix("$")
+    if "{" in text or "}" in text:
+        return None
+    text = _NAMED_GROUP.sub(lambda match: "<" + match.group("name") + ">", text)
+    if _REGEX_SYNTAX.search(text.replace("<", "").replace(">", "")):
+        return None
+    if not ends and not text.endswith("/"):
+        return None  # a prefix of an include() ends with "/"; anything else is open-ended
+    return text
 
 
 def _ours(view: type) -> bool:
