@@ -128,10 +128,11 @@ def test_migrate_sets_up_the_store_and_manage_py_apikeys_uses_the_settings(
 
     # Started with another pepper: `check` says so with the store's message, and the
     # server does not start (Django loads the middleware), rather than 401 every key.
-    wrong = manage(root, "check", pepper=OTHER_PEPPER)
-    assert wrong.returncode != 0
-    assert "apikeys.E002" in wrong.stderr
-    assert "hashed with a pepper of fingerprint" in wrong.stderr
+    for command in (["check"], ["check", "--tag", "apikeys"], ["migrate", "--no-input"]):
+        wrong = manage(root, *command, pepper=OTHER_PEPPER)
+        assert wrong.returncode != 0, command
+        assert "apikeys.E002" in wrong.stderr
+        assert "hashed with a pepper of fingerprint" in wrong.stderr
     refused = manage(root, "shell", "-c", SERVE.format(key=key), pepper=OTHER_PEPPER)
     assert refused.returncode != 0
     assert "ConfigurationError" in refused.stderr
