@@ -728,6 +728,13 @@ def test_drf_views_read_the_key_as_request_apikey(
     assert answer.json() == {"apikey": created.record.id, "user.record": created.record.id}
 
 
+def test_a_new_urlconf_keeps_the_store_and_its_keys(django_settings: dict[str, Any]) -> None:
+    created = make_key(scopes=["contacts:read"])
+    with override_settings(MIDDLEWARE=[*MIDDLEWARE], ROOT_URLCONF=__name__):
+        answer = Client().get("/api/v1/contacts", **bearer(created.key))
+    assert answer.status_code == 200
+
+
 PREFLIGHT = {"HTTP_ORIGIN": "https://app.example", "HTTP_ACCESS_CONTROL_REQUEST_METHOD": "GET"}
 
 

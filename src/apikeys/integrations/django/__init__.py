@@ -291,6 +291,12 @@ class _Runtime:
                     engines = self._engines = self._build()
         return engines
 
+    def forget_routes(self) -> None:
+        """Make the middlewares afresh at the next request (the URLconf changed), on the
+        same manager and store."""
+        with self._lock:
+            self._engines = None
+
     @property
     def middleware(self) -> ASGIMiddleware:
         """The middleware of requests to routes no DRF view of apikeys serves."""
@@ -477,9 +483,17 @@ def reset() -> None:
         runtime.close()
 
 
+# Settings the middlewares are made from, besides APIKEYS: the routes and the CORS layer.
+_ROUTING_SETTINGS = frozenset({"ROOT_URLCONF", "MIDDLEWARE", "CORS_URLS_REGEX"})
+
+
 def _on_setting_changed(*, setting: str, **_: Any) -> None:
-    if setting in ("APIKEYS", "ROOT_URLCONF", "MIDDLEWARE"):
+    if setting == "APIKEYS":
         reset()
+    elif setting in _ROUTING_SETTINGS:
+        runtime = _current
+        if runtime is not None:
+            runtime.forget_routes()
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="apikeys.integrations.django")
