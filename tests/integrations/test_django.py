@@ -501,6 +501,14 @@ def test_unknown_settings_are_refused() -> None:
     [
         ("rest_framework", "from apikeys.integrations.django import HasScopes", "drf"),
         ("django", "import apikeys.integrations.django", "django"),
+        (
+            "click",
+            "import django; from django.conf import settings; settings.configure(); "
+            "django.setup(); from django.core.management import call_command; "
+            "from apikeys.integrations.django.management.commands.apikeys import Command; "
+            "call_command(Command(), 'list')",
+            "cli",
+        ),
     ],
 )
 def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: str) -> None:

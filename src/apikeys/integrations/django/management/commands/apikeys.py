@@ -17,7 +17,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-import click
 from django.core.management.base import BaseCommand, CommandError
 
 __all__ = ["Command", "run"]
@@ -48,8 +47,16 @@ def _environment() -> Iterator[None]:
 def run(args: Sequence[str], prog_name: str = "manage.py apikeys") -> int:
     """Run the `apikeys` command line with `args` on the settings' store and pepper; its
     exit status."""
-    from apikeys.cli import main
+    try:
+        import click
 
+        from apikeys.cli import main
+    except ModuleNotFoundError as exc:
+        if exc.name != "click":
+            raise
+        from apikeys.__main__ import CLI_EXTRA_HINT
+
+        raise CommandError(CLI_EXTRA_HINT, returncode=2) from None
     with _environment():
         try:
             main.main(args=list(args), prog_name=prog_name, standalone_mode=False)
