@@ -12,7 +12,10 @@ gunicorn examples.django_app:wsgi_application                             # or o
   views read the key from `request.apikey`.
 - `/rest/v1/notes` is a Django REST framework view: `APIKeyAuthentication` and `HasScopes`
   check the scopes the view declares (`required_scopes`, by method), and refusals are the
-  same problem+json responses (`exception_handler`).
+  same problem+json responses (`exception_handler`); it reads the key as `request.apikey`
+  too.
+- `apikeys.integrations.django` in `INSTALLED_APPS` adds the system checks and
+  `manage.py apikeys …` of a project with a `manage.py`.
 - `create-key` is what a management command would do: `get_manager()` is the synchronous
   manager on the same store, no `asyncio.run` in sight.
 
@@ -35,7 +38,12 @@ settings.configure(
     SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(32),
     ROOT_URLCONF=__name__,
     ALLOWED_HOSTS=["*"],
-    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "rest_framework"],
+    INSTALLED_APPS=[
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "rest_framework",
+        "apikeys.integrations.django",
+    ],
     DATABASES={},
     MIDDLEWARE=["apikeys.integrations.django.APIKeyMiddleware"],
     APIKEYS={
@@ -80,11 +88,11 @@ class NoteList(APIView):
     notes: ClassVar[dict[str, list[Any]]] = {}
 
     def get(self, request: Request) -> Response:
-        workspace = request.user.record.workspace
+        workspace = request.apikey.workspace
         return Response({"workspace": workspace, "data": self.notes.get(workspace, [])})
 
     def post(self, request: Request) -> Response:
-        workspace = request.user.record.workspace
+        workspace = request.apikey.workspace
         self.notes.setdefault(workspace, []).append(request.data)
         return Response({"workspace": workspace, "saved": request.data}, status=201)
 

@@ -15,8 +15,8 @@ manager, the command line, the settings page and the stores read the table here:
 `refusal` says why an action is refused (with the rolled-key rules the states do not show),
 `may_take` is the check a store makes in the atomic step that applies a change (the
 memory store calls it; the SQL store's `WHERE` and the Redis scripts' `EDITABLE` are made
-from the table), and `offered` says whether the page offers an action. `check_usable` is the one check of whether
-a key may authenticate a request.
+from the table), and `offered` says whether the page offers an action. `check_usable` is
+the one check of whether a key may authenticate a request.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ outlives every call. Consequences:
   for the call's duration, so async code should await `apikeys.KeyManager` instead.
 - Calling it from its own loop (from an `on_event` hook, say) would wait forever: that
   raises `RuntimeError` instead.
+- A manager used without `with` runs `setup()` before its first call, as `with` does: a
+  pepper other than the store's raises `ConfigurationError` there, with the store's
+  fingerprint message, rather than every key answering `invalid_api_key`.
 - `close()` (or leaving `with`) writes the buffered usage counts, closes the store and stops
   the thread. A manager left open is closed when it is garbage-collected or at interpreter
   exit, so its counts are still written, as the asynchronous manager's are.
@@ -187,9 +190,22 @@ class _Blocking(Generic[_P, _R]):
         bound = self.method.__get__(instance.manager, AsyncKeyManager)
         loop = instance.loop_thread
 
+        if self.name == "setup":
+
+            @functools.wraps(bound)
+            def set_up(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+                instance._check_open()
+                result = loop.call(bound, *args, **kwargs)
+                instance._set_up = True
+                return result  # type: ignore[no-any-return]
+
+            return set_up
+
         @functools.wraps(bound)
         def blocking(*args: _P.args, **kwargs: _P.kwargs) -> _R:
             instance._check_open()
+            if not instance._set_up:
+                instance._set_up_once()
             return loop.call(bound, *args, **kwargs)  # type: ignore[no-any-return]
 
         return blocking
@@ -226,6 +242,8 @@ class KeyManager:
     def __init__(self, store: KeyStore | str = "memory://", **options: Any) -> None:
         self.loop_thread = LoopThread("apikeys-sync-manager")
         self._closed = False
+        self._set_up = False
+        self._setting_up = threading.Lock()
         try:
             self.manager: AsyncKeyManager = self.loop_thread.call(_make, store, options)
         except BaseException:
@@ -241,6 +259,7 @@ class KeyManager:
     def __enter__(self) -> Self:
         self._check_open()
         self.loop_thread.call(self.manager.__aenter__)
+        self._set_up = True
         return self
 
     def __exit__(
@@ -254,6 +273,16 @@ class KeyManager:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this apikeys manager is closed")
+
+    def _set_up_once(self) -> None:
+        """`setup()` before the first call of a manager used without `with`: a pepper other
+        than the store's raises `ConfigurationError` (the store's fingerprint message) at
+        first use rather than every `verify` answering `invalid_api_key`. Tried again on the
+        next call when it fails."""
+        with self._setting_up:
+            if not self._set_up:
+                self.loop_thread.call(self.manager.setup)
+                self._set_up = True
 
     @property
     def closed(self) -> bool:

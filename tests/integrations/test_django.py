@@ -31,25 +31,32 @@ if not settings.configured:
 
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, AsyncRequestFactory, Client, override_settings
 from django.urls import path
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
+from rest_framework.viewsets import ViewSet
 
 from apikeys import APIKeyMiddleware as ASGIMiddleware
 from apikeys import ConfigurationError
+from apikeys.hashing import Hasher
 from apikeys.integrations import django as integration
 from apikeys.integrations.django import (
     APIKeyAuthentication,
     APIKeyMiddleware,
     HasScopes,
     check_request,
+    checks,
     current_realm,
     get_manager,
 )
+from apikeys.integrations.django.management.commands.apikeys import Command as ApikeysCommand
+from apikeys.integrations.django.testing import make_key
 from apikeys.sync import KeyManager
 from tests.conftest import TEST_PEPPER, delete_redis_prefix
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
@@ -108,8 +115,58 @@ class DRFUndeclared(APIView):
         return Response({})
 
 
+class DRFNotes(APIView):
+    """Under PROTECT, with no SCOPES rule: its required_scopes are its route's rule."""
+
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes: ClassVar = {"GET": ["notes:read"], "POST": ["notes:write"]}
+
+    def get(self, request: Request, pk: int) -> Response:
+        return Response({"note": pk, "key": request.user.record.id})
+
+    def post(self, request: Request, pk: int) -> Response:
+        return Response({"written": pk}, status=201)
+
+
+class DRFReadsTheKey(APIView):
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes = ()
+
+    def get(self, request: Request) -> Response:
+        return Response(
+            {"apikey": request.apikey.id, "user.record": request.user.record.id}  # type: ignore[attr-defined]
+        )
+
+
+class DRFTags(ViewSet):
+    """Routed by DRF's router (regular expressions), under PROTECT with no SCOPES rule."""
+
+    authentication_classes = (APIKeyAuthentication,)
+    permission_classes = (HasScopes,)
+    required_scopes: ClassVar = {"GET": ["tags:read"]}
+
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response({"tag": pk})
+
+
+tags = SimpleRouter()
+tags.register("api/v1/tags", DRFTags, basename="tag")
+
+
+def preflight(request: HttpRequest) -> HttpResponse:
+    # What a CORS layer answers to a preflight (it never reaches a view that serves data).
+    return HttpResponse(status=200, headers={"Access-Control-Allow-Origin": "*"})
+
+
 urlpatterns = [
     path("api/v1/contacts", contacts),
+    path("api/v1/notes/<int:pk>/", DRFNotes.as_view()),
+    path("api/v1/cors", preflight),
+    path("api/v1/reads", DRFReadsTheKey.as_view()),
+    path("drf/reads", DRFReadsTheKey.as_view()),
+    *tags.urls,
     path("api/v1/async", async_contacts),
     path("api/v1/drf", DRFContacts.as_view()),
     path("health", health),
@@ -485,6 +542,14 @@ def test_unknown_settings_are_refused() -> None:
     [
         ("rest_framework", "from apikeys.integrations.django import HasScopes", "drf"),
         ("django", "import apikeys.integrations.django", "django"),
+        (
+            "click",
+            "import django; from django.conf import settings; settings.configure(); "
+            "django.setup(); from django.core.management import call_command; "
+            "from apikeys.integrations.django.management.commands.apikeys import Command; "
+            "call_command(Command(), 'list')",
+            "cli",
+        ),
     ],
 )
 def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: str) -> None:
@@ -496,20 +561,28 @@ def test_a_missing_extra_names_its_pip_line(module: str, imported: str, extra: s
     assert f"pip install 'apikeys[{extra}]'" in result.stderr
 
 
-@pytest.mark.sqlite
-def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
-    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
-    # process of its own, in an empty directory, with only the pepper set.
+DJANGO_PAGES = ["integrations.md", "testing.md"]
+
+
+def django_samples() -> list[Any]:
     from pathlib import Path
 
     from tests.test_docs import blocks
 
-    root = Path(__file__).resolve().parents[2]
-    (sample,) = [
-        block
-        for block in blocks(root / "docs" / "integrations.md")
+    root = Path(__file__).resolve().parents[2] / "docs"
+    return [
+        pytest.param(block, id=block.where)
+        for page in DJANGO_PAGES
+        for block in blocks(root / page)
         if block.language == "python" and "apikeys.integrations.django" in block.code
     ]
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("sample", django_samples())
+def test_the_django_samples_in_the_docs_run_as_pasted(sample: Any, tmp_path: Any) -> None:
+    # Not run by tests/test_docs.py (Django's settings are global to a process): here, in a
+    # process of its own, in an empty directory, with only the pepper set.
     assert sample.directive == "not-run"
     env = {name: value for name, value in os.environ.items() if not name.startswith("APIKEYS_")}
     result = subprocess.run(
@@ -522,7 +595,254 @@ def test_the_django_sample_in_the_docs_runs_as_pasted(tmp_path: Any) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "apikeys.db").exists()
+    assert (tmp_path / "apikeys.db").exists() == ("memory://" not in sample.code)
+
+
+def test_every_page_has_its_django_samples() -> None:
+    assert len(django_samples()) == 3
+
+
+# -- start: the pepper -------------------------------------------------------------------------
+
+
+OTHER_PEPPER = "q7Jd0o3u0w8mF2Zc9yX5kVtH1aLrN6sPeBgUi4WQ-zE"
+
+
+@pytest.fixture
+def peppered_store(tmp_path: Any) -> Iterator[tuple[str, str]]:
+    """A SQLite store whose keys are hashed with TEST_PEPPER, and one of its keys."""
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    with KeyManager(url, hasher=Hasher(pepper=TEST_PEPPER)) as manager:
+        created = manager.create(name="k", scopes=["contacts:read"])
+    yield url, created.key
+    integration.reset()
+
+
+@pytest.mark.sqlite
+def test_another_pepper_stops_django_at_start_with_the_store_s_message(
+    peppered_store: tuple[str, str],
+) -> None:
+    url, key = peppered_store
+    wrong = apikeys_settings(url, PEPPER=OTHER_PEPPER)
+    with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE, APIKEYS=wrong):
+        # The middleware is loaded when the server starts (here, the test client's handler).
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            Client().get("/api/v1/contacts", **bearer(key))
+        # get_manager() and DRF (which reaches the manager through it) refuse alike.
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            get_manager()
+        with override_settings(MIDDLEWARE=[]), pytest.raises(ConfigurationError):
+            APIClient().get("/drf/contacts", HTTP_AUTHORIZATION=f"Bearer {key}")
+        (error,) = checks.check_store()
+        assert error.id == "apikeys.E002"
+        assert "hashed with a pepper of fingerprint" in error.msg
+    with override_settings(
+        ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE, APIKEYS=apikeys_settings(url)
+    ):
+        assert checks.check_store() == []
+        assert Client().get("/api/v1/contacts", **bearer(key)).status_code == 200
+
+
+@pytest.mark.sqlite
+def test_the_sync_manager_checks_the_pepper_at_first_use(
+    peppered_store: tuple[str, str],
+) -> None:
+    url, key = peppered_store
+    manager = KeyManager(url, hasher=Hasher(pepper=OTHER_PEPPER))  # no `with`
+    try:
+        with pytest.raises(ConfigurationError, match="hashed with a pepper of fingerprint"):
+            manager.verify(key)
+    finally:
+        manager.close()
+    right = KeyManager(url, hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        assert right.verify(key).scopes == ("contacts:read",)
+    finally:
+        right.close()
+
+
+def test_a_store_that_cannot_be_made_is_a_check_error(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    with override_settings(APIKEYS=apikeys_settings(url, STORE_OPTIONS={"no_such": 1})):
+        (error,) = checks.check_store()
+    assert error.id == "apikeys.E002"
+    assert error.msg.startswith(f"key store error: {url}: TypeError: ")
+    integration.reset()
+
+
+# -- rules and routes ----------------------------------------------------------------------------
+
+
+def test_a_rule_in_django_s_syntax_is_refused_with_the_right_spelling() -> None:
+    rules = {"GET /api/v1/notes/<int:pk>/": "notes:read", "GET /api/v1/contacts": "c:read"}
+    with override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(SCOPES=rules)):
+        (error,) = checks.check_store()
+        assert error.id == "apikeys.E001"
+        assert "'GET /api/v1/notes/{pk:int}/'" in error.msg
+        with pytest.raises(ConfigurationError, match=r"'GET /api/v1/notes/\{pk:int\}/'"):
+            get_manager()
+    costs = {"POST /api/v1/notes/<pk>/": 5}
+    with (
+        override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(COSTS=costs)),
+        pytest.raises(ConfigurationError, match=r"'POST /api/v1/notes/\{pk\}/'"),
+    ):
+        get_manager()
+    integration.reset()
+
+
+def test_rules_that_match_no_route_are_warned_about() -> None:
+    rules = {
+        "GET /api/v1/contacts": "contacts:read",  # matches
+        "GET /api/v1/notes/{pk:int}/": "notes:read",  # matches
+        "GET /api/v1/contacts/": "contacts:read",  # Django's route has no slash
+        "GET /api/v1/notes/{pk:int}": "notes:read",  # Django's route has one
+        "GET /api/v1/nothing/{id}": "contacts:read",  # nothing
+        "* /api/{rest:path}": "api:any",  # everything under /api/: routes lie there
+        "* /nowhere/{rest:path}": "api:any",  # no route under /nowhere/
+    }
+    with override_settings(ROOT_URLCONF=__name__, APIKEYS=apikeys_settings(SCOPES=rules)):
+        warnings = checks.check_routes()
+    assert sorted((warning.id, warning.msg, warning.hint) for warning in warnings) == [
+        (
+            "apikeys.W002",
+            f"APIKEYS['SCOPES'] rule {rule!r} matches no route of the URLconf",
+            checks.W002_HINT,
+        )
+        for rule in ["* /nowhere/{rest:path}", "GET /api/v1/nothing/{id}"]
+    ] + [
+        (
+            "apikeys.W003",
+            "APIKEYS['SCOPES'] rule 'GET /api/v1/contacts/' matches no route: "
+            "Django's route has no trailing slash",
+            "write it GET /api/v1/contacts",
+        ),
+        (
+            "apikeys.W003",
+            "APIKEYS['SCOPES'] rule 'GET /api/v1/notes/{pk:int}' matches no "
+            "route: Django's route ends with a trailing slash",
+            "write it GET /api/v1/notes/{pk:int}/",
+        ),
+    ]
+    integration.reset()
+
+
+def test_a_drf_view_s_required_scopes_are_its_route_s_rule(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["notes:read"])
+    writer = manager.create(name="w", scopes=["notes:write"])
+    client = APIClient()
+    # No SCOPES rule covers /api/v1/notes/{pk}/, which is under PROTECT ("/api/").
+    admitted = client.get("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert admitted.status_code == 200
+    assert admitted.json() == {"note": 7, "key": reader.record.id}
+    refused = client.get("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {writer.key}")
+    assert refused.status_code == 403
+    assert problem(refused)["required_scopes"] == ["notes:read"]
+    written = client.post("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {writer.key}")
+    assert written.status_code == 201
+    # DRF's metadata (OPTIONS): the view requires no scope for it, so any key may ask.
+    metadata = client.options("/api/v1/notes/7/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert metadata.status_code == 200
+    assert metadata.json()["name"] == "Drf Notes"
+    # Still a key: without one, the middleware refuses.
+    assert client.options("/api/v1/notes/7/").status_code == 401
+    # Checked before credits are spent, charged once.
+    manager.flush()
+    assert manager.get(reader.record.id).request_count == 2
+
+
+def test_a_drf_router_s_routes_take_their_view_s_required_scopes(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    reader = manager.create(name="r", scopes=["tags:read"])
+    other = manager.create(name="o", scopes=["notes:read"])
+    client = APIClient()
+    admitted = client.get("/api/v1/tags/red/", HTTP_AUTHORIZATION=f"Bearer {reader.key}")
+    assert admitted.status_code == 200
+    assert admitted.json() == {"tag": "red"}
+    refused = client.get("/api/v1/tags/red/", HTTP_AUTHORIZATION=f"Bearer {other.key}")
+    assert problem(refused)["required_scopes"] == ["tags:read"]
+
+
+@pytest.mark.parametrize("where", ["/api/v1/reads", "/drf/reads"])
+def test_drf_views_read_the_key_as_request_apikey(
+    django_settings: dict[str, Any], where: str
+) -> None:
+    # Behind the middleware (/api/) or authenticated by APIKeyAuthentication alone.
+    created = get_manager().create(name="k", scopes=["contacts:read"])
+    answer = APIClient().get(where, HTTP_AUTHORIZATION=f"Bearer {created.key}")
+    assert answer.json() == {"apikey": created.record.id, "user.record": created.record.id}
+
+
+def test_a_new_urlconf_keeps_the_store_and_its_keys(django_settings: dict[str, Any]) -> None:
+    created = make_key(scopes=["contacts:read"])
+    with override_settings(MIDDLEWARE=[*MIDDLEWARE], ROOT_URLCONF=__name__):
+        answer = Client().get("/api/v1/contacts", **bearer(created.key))
+    assert answer.status_code == 200
+
+
+PREFLIGHT = {"HTTP_ORIGIN": "https://app.example", "HTTP_ACCESS_CONTROL_REQUEST_METHOD": "GET"}
+
+
+def test_cors_preflights_pass_without_a_key_when_the_app_serves_cors(
+    django_settings: dict[str, Any],
+) -> None:
+    # By default ("auto") only when django-cors-headers' middleware answers them.
+    refused = Client().options("/api/v1/cors", **PREFLIGHT)
+    assert refused.status_code == 401
+    with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": True}):
+        passed = Client().options("/api/v1/cors", **PREFLIGHT)
+        assert passed.status_code == 200
+        assert passed["Access-Control-Allow-Origin"] == "*"
+        # An OPTIONS that is not a preflight still needs a key.
+        assert Client().options("/api/v1/cors").status_code == 401
+    # django-cors-headers answers the preflights of the paths its CORS_URLS_REGEX matches.
+    with override_settings(MIDDLEWARE=["corsheaders.middleware.CorsMiddleware"]):
+        paths = integration._preflight_paths(integration.apikeys_settings())
+        assert paths is not None
+        assert paths.match("/api/v1/cors")
+        with override_settings(CORS_URLS_REGEX=r"^/api/v1/public/"):
+            paths = integration._preflight_paths(integration.apikeys_settings())
+            assert paths is not None
+            assert not paths.match("/api/v1/cors")
+    with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": False}):
+        assert integration._preflight_paths(integration.apikeys_settings()) is None
+    with (
+        override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": "yes"}),
+        pytest.raises(ConfigurationError, match="CORS_PREFLIGHT"),
+    ):
+        get_manager()
+    integration.reset()
+
+
+# -- tests of a Django project -------------------------------------------------------------------
+
+
+@pytest.mark.sqlite
+def test_make_key_and_the_management_command_use_the_settings_store(
+    django_settings: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    # On disk: the command line opens the store anew (a memory:// store is its own).
+    with override_settings(APIKEYS=apikeys_settings(f"sqlite:///{tmp_path / 'keys.db'}")):
+        make_key_and_the_management_command(capsys)
+
+
+def make_key_and_the_management_command(capsys: pytest.CaptureFixture[str]) -> None:
+    revoked = make_key(status="revoked", scopes=["contacts:read"])
+    active = make_key(scopes=["contacts:read"], rate_limit="1000/second")
+    client = Client()
+    assert problem(client.get("/api/v1/contacts", **bearer(revoked.key)))["code"] == "key_revoked"
+    for _ in range(150):  # past the default limit of 100/minute
+        assert client.get("/api/v1/contacts", **bearer(active.key)).status_code == 200
+    call_command(ApikeysCommand(), "list", "--json")
+    listed = json.loads(capsys.readouterr().out)
+    assert {row["id"] for row in listed} == {revoked.record.id, active.record.id}
+    with pytest.raises(CommandError) as refused:
+        call_command(ApikeysCommand(), "show", "3xK9pQ2mZ7aB")
+    assert refused.value.returncode == 1
 
 
 FORK_TEST = """

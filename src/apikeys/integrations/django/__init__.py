@@ -2,13 +2,17 @@
 
 ```python
 # settings.py
+INSTALLED_APPS = [
+    # …
+    "apikeys.integrations.django",  # system checks, `manage.py apikeys`, tables at migrate
+]
 MIDDLEWARE = [
     # …
     "apikeys.integrations.django.APIKeyMiddleware",
 ]
 APIKEYS = {
     "PROTECT": "/api/",
-    "SCOPES": {"GET /api/v1/contacts": "contacts:read"},
+    "SCOPES": {"GET /api/v1/contacts/{pk:int}/": "contacts:read"},
 }
 ```
 
@@ -19,7 +23,9 @@ table) and credits are checked in the same order, every refusal is the same prob
 response, admitted responses carry the `RateLimit` headers, and usage is counted alike.
 It runs the ASGI middleware itself on each request, so the two cannot behave differently.
 Views read `request.apikey` (the `KeyRecord`) and `request.apikey_auth` (its grants, with
-`request.apikey_auth.scopes.covers([...])`).
+`request.apikey_auth.scopes.covers([...])`), DRF views too. When Django loads it (the
+server's start) the store is set up and the process's pepper checked against the store's:
+another pepper, or none, stops the server with the store's message (`ConfigurationError`).
 
 For Django REST framework (`pip install "apikeys[drf]"`):
 
@@ -48,19 +54,25 @@ Settings: the `APIKEYS` dict, every entry optional. The store is `STORE_URL`, el
 the command line, unless `PEPPER` is set. The other entries are the ASGI middleware's
 arguments in capitals: `PROTECT` (default `"/"`), `PUBLIC`, `SCOPES`, `UNMAPPED`, `COSTS`,
 `RATE_LIMIT` (else `APIKEYS_RATE_LIMIT`), `LIMITER_URL` (else `APIKEYS_LIMITER_URL`, else
-`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; and `STORE_OPTIONS` and
-`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`.
+`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; `STORE_OPTIONS` and
+`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`; and
+`CORS_PREFLIGHT`: whether CORS preflights pass without a key (`"auto"`, the default: when
+django-cors-headers' middleware is installed, which answers them; True; False). A DRF view's
+`required_scopes` are its route's rule where `SCOPES` has none.
 
 `get_manager()` is the process's `apikeys.sync.KeyManager` on that store, for views and
 management commands: `get_manager().create(name=…, scopes=[…])`. Everything runs on its
 event loop, in a thread of its own (see `apikeys.sync`); it is closed, and its usage counts
-written, at interpreter exit.
+written, at interpreter exit. `async_manager()` is a new asynchronous manager on the same
+store and pepper, for ASGI code on the server's loop (the settings page).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,20 +90,29 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the installe
         name=exc.name,
     ) from None
 
-from apikeys.errors import AuthenticationError, ConfigurationError, InsufficientScope
+from apikeys.errors import (
+    AuthenticationError,
+    ConfigurationError,
+    InsufficientScope,
+    StoreUnavailable,
+)
 from apikeys.gate import Gate
 from apikeys.hashing import Hasher
+from apikeys.integrations.django.routing import check_syntax, drf_routes, probe
+from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
 from apikeys.problems import encode_problem
 from apikeys.ratelimit import RateLimiter
+from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes
+from apikeys.stores.contract import KeyStore
 from apikeys.stores.registry import store_from_url
 from apikeys.sync import KeyManager
 from apikeys.types import KeyRecord, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from apikeys.integrations._drf import (
+    from apikeys.integrations.django.drf import (
         APIKeyAuthentication,
         APIKeyRefused,
         HasScopes,
@@ -106,6 +127,8 @@ __all__ = [
     "HasScopes",
     "Outcome",
     "Refusal",
+    "apikeys_settings",
+    "async_manager",
     "check_request",
     "current_realm",
     "exception_handler",
@@ -113,6 +136,8 @@ __all__ = [
     "required_scopes",
     "reset",
 ]
+
+logger = logging.getLogger("apikeys")
 
 DEFAULT_STORE_URL = "sqlite:///apikeys.db"
 """The store when neither `APIKEYS["STORE_URL"]` nor `APIKEYS_STORE_URL` names one (the
@@ -134,13 +159,16 @@ _DEFAULTS: dict[str, Any] = {
     "POLICY_NAME": "default",
     "HEADER": "Authorization",
     "TRUSTED_PROXIES": 0,
+    "CORS_PREFLIGHT": "auto",
 }
 _DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "exception_handler"})
 # Where the request's key, grants and RateLimit headers are kept on a Django request.
 _RECORD, _AUTH, _HEADERS = "apikey", "apikey_auth", "_apikeys_headers"
 
 
-def _config() -> dict[str, Any]:
+def apikeys_settings() -> dict[str, Any]:
+    """`settings.APIKEYS` with the defaults of every key it leaves out; an unknown key or a
+    value of the wrong kind raises `ConfigurationError`."""
     given = getattr(django_settings, "APIKEYS", None) or {}
     if not isinstance(given, Mapping):
         raise ConfigurationError("settings.APIKEYS must be a dict")
@@ -155,7 +183,27 @@ def _config() -> dict[str, Any]:
     config["LIMITER_URL"] = (
         config["LIMITER_URL"] or os.environ.get("APIKEYS_LIMITER_URL") or "memory://"
     )
+    check_syntax(config["SCOPES"], "scope")
+    check_syntax(config["COSTS"], "cost")
+    if config["CORS_PREFLIGHT"] not in ("auto", True, False):
+        raise ConfigurationError('APIKEYS["CORS_PREFLIGHT"] takes "auto", True or False')
     return config
+
+
+_CORS_MIDDLEWARE = "corsheaders.middleware.CorsMiddleware"
+
+
+def _preflight_paths(config: Mapping[str, Any]) -> re.Pattern[str] | None:
+    """The paths whose CORS preflights pass without a key (`re.match`), None for none:
+    `CORS_PREFLIGHT`, where `"auto"` means those django-cors-headers' middleware answers
+    itself, before any view (its `CORS_URLS_REGEX`, every path by default), when it is
+    installed."""
+    chosen = config["CORS_PREFLIGHT"]
+    if chosen == "auto":
+        if _CORS_MIDDLEWARE not in (getattr(django_settings, "MIDDLEWARE", None) or ()):
+            return None
+        return re.compile(getattr(django_settings, "CORS_URLS_REGEX", r"^.*$"))
+    return re.compile("") if chosen else None
 
 
 @dataclass
@@ -217,30 +265,73 @@ class _Runtime:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.realm: str = config["REALM"]
-        options = dict(config["MANAGER_OPTIONS"])
-        if config["PEPPER"] is not None:
-            options["hasher"] = Hasher(pepper=config["PEPPER"])
-        store = store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"])
+        # Rules that cannot be understood are refused now, not at the first request.
+        ScopeTable(config["SCOPES"])
+        CostTable(config["COSTS"])
+        store, options = _manager_arguments(config)
         self.manager = KeyManager(store, **options)
         try:
+            _set_up(self.manager)
             self.limiter = self.manager.loop_thread.call(
                 _limiter, config["RATE_LIMIT"], config["LIMITER_URL"]
-            )
-            self.middleware = self._engine(
-                scopes=config["SCOPES"],
-                protect=config["PROTECT"],
-                public=config["PUBLIC"],
-                unmapped=config["UNMAPPED"],
             )
         except BaseException:
             self.manager.close()
             raise
+        self._engines: _Engines | None = None
         self.pid = os.getpid()
         # Closed at exit before the manager's own last resort (registered after it).
         atexit.register(self.close)
         self._lock = threading.Lock()
         # The middlewares DRF views use, by the scopes they require.
         self._by_scopes: dict[tuple[str, ...], ASGIMiddleware] = {}
+
+    @property
+    def engines(self) -> _Engines:
+        """The ASGI middlewares requests go through, made on first use (they read the
+        URLconf, which may itself ask for the manager while it is imported)."""
+        engines = self._engines
+        if engines is None:
+            with self._lock:
+                engines = self._engines
+                if engines is None:
+                    engines = self._engines = self._build()
+        return engines
+
+    def forget_routes(self) -> None:
+        """Make the middlewares afresh at the next request (the URLconf changed), on the
+        same manager and store."""
+        with self._lock:
+            self._engines = None
+
+    @property
+    def middleware(self) -> ASGIMiddleware:
+        """The middleware of requests to routes no DRF view of apikeys serves."""
+        return self.engines.default
+
+    def _build(self) -> _Engines:
+        config = self.config
+        explicit, rules = config["SCOPES"] or {}, config["SCOPES"]
+        routes = drf_routes()
+        if routes:
+            table = ScopeTable(explicit)
+            # A DRF view's required_scopes are its route's rule, where SCOPES has none.
+            derived = {
+                rule: list(required)
+                for route in routes
+                for rule, required in route.rules().items()
+                if not any(table.required(*_split(rule, path)) for path in probe(route.path))
+            }
+            rules = {**derived, **explicit}
+        options = {"protect": config["PROTECT"], "public": config["PUBLIC"], "scopes": rules}
+        default = self._engine(unmapped=config["UNMAPPED"], **options)
+        if not routes:
+            return _Engines(default, default, None, _preflight_paths(config))
+        # Methods a DRF view requires no scope for are left to the view (any key).
+        drf = ScopeTable({f"* {route.path}": "apikeys:drf" for route in routes})
+        return _Engines(
+            default, self._engine(unmapped="allow", **options), drf, _preflight_paths(config)
+        )
 
     def _engine(self, **options: Any) -> ASGIMiddleware:
         config = self.config
@@ -276,6 +367,66 @@ class _Runtime:
                 self.manager.loop_thread.call(self.limiter.aclose)
         finally:
             self.manager.close()
+
+
+def _manager_arguments(config: Mapping[str, Any]) -> tuple[KeyStore, dict[str, Any]]:
+    """The store and the `KeyManager` options the settings name."""
+    options = dict(config["MANAGER_OPTIONS"])
+    if config["PEPPER"] is not None:
+        options["hasher"] = Hasher(pepper=config["PEPPER"])
+    return store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"]), options
+
+
+def async_manager() -> AsyncKeyManager:
+    """A new asynchronous `KeyManager` on the store and pepper of the settings, for ASGI
+    code that runs on the server's event loop, such as the settings page
+    (`apikeys.ui.KeysPage`): `get_manager()`'s runs on an event loop of its own, whose
+    connections no other loop may use. Enter it (`async with`) in the app's lifespan."""
+    store, options = _manager_arguments(apikeys_settings())
+    return AsyncKeyManager(store, **options)
+
+
+def _split(rule: str, path: str) -> tuple[str, str]:
+    return rule.partition(" ")[0], path
+
+
+@dataclass(frozen=True)
+class _Engines:
+    """The ASGI middlewares of a runtime: `default`, and `drf` (with `unmapped="allow"`)
+    for the routes of the DRF views in the table `drf_routes`; the paths whose CORS
+    preflights pass without a key."""
+
+    default: ASGIMiddleware
+    drf: ASGIMiddleware
+    drf_routes: ScopeTable | None
+    preflights: re.Pattern[str] | None
+
+    def pick(self, request: HttpRequest) -> ASGIMiddleware | None:
+        """The middleware that checks `request`; None for a CORS preflight let through."""
+        method = request.method or "GET"
+        if (
+            method == "OPTIONS"
+            and self.preflights is not None
+            and "origin" in request.headers
+            and "access-control-request-method" in request.headers
+            and self.preflights.match(request.path_info)
+        ):
+            return None
+        routes = self.drf_routes
+        if routes is not None and routes.required(method, request.path_info) is not None:
+            return self.drf
+        return self.default
+
+
+def _set_up(manager: KeyManager) -> None:
+    """Prepare the store and check the process's pepper against it, as `async with
+    manager` does: a pepper other than the store's raises `ConfigurationError` (the store's
+    fingerprint message) rather than every key answering 401. A store out of reach is
+    logged; its requests answer 503 until it is back."""
+    try:
+        manager.setup()
+    except StoreUnavailable as exc:
+        logger.warning("apikeys: the pepper was not checked: %s", exc.operator_text or exc)
 
 
 async def _refused(gate: Gate, record: KeyRecord, exc: AuthenticationError) -> AuthenticationError:
@@ -318,7 +469,7 @@ def _runtime() -> _Runtime:
             runtime = _current
             # One made before a pre-forking server forked has no loop thread in this process.
             if runtime is None or runtime.pid != os.getpid():
-                runtime = _current = _Runtime(_config())
+                runtime = _current = _Runtime(apikeys_settings())
     return runtime
 
 
@@ -344,9 +495,17 @@ def reset() -> None:
         runtime.close()
 
 
+# Settings the middlewares are made from, besides APIKEYS: the routes and the CORS layer.
+_ROUTING_SETTINGS = frozenset({"ROOT_URLCONF", "MIDDLEWARE", "CORS_URLS_REGEX"})
+
+
 def _on_setting_changed(*, setting: str, **_: Any) -> None:
     if setting == "APIKEYS":
         reset()
+    elif setting in _ROUTING_SETTINGS:
+        runtime = _current
+        if runtime is not None:
+            runtime.forget_routes()
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="apikeys.integrations.django")
@@ -400,12 +559,18 @@ class APIKeyMiddleware:
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:
             markcoroutinefunction(self)
+        # At start, when Django loads its middleware: a pepper other than the store's
+        # stops the server here with the store's message, not a 401 to every key.
+        _runtime()
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
         runtime = _runtime()
-        outcome = runtime.manager.loop_thread.call(_check, runtime.middleware, _scope_of(request))
+        middleware = runtime.engines.pick(request)
+        if middleware is None:
+            return self.get_response(request)
+        outcome = runtime.manager.loop_thread.call(_check, middleware, _scope_of(request))
         if not outcome.passed:
             return outcome.refusal().response()
         self._admitted(request, outcome)
@@ -414,9 +579,10 @@ class APIKeyMiddleware:
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
         runtime = _runtime()
-        outcome = await runtime.manager.loop_thread.acall(
-            _check, runtime.middleware, _scope_of(request)
-        )
+        middleware = runtime.engines.pick(request)
+        if middleware is None:
+            return await self.get_response(request)
+        outcome = await runtime.manager.loop_thread.acall(_check, middleware, _scope_of(request))
         if not outcome.passed:
             return outcome.refusal().response()
         self._admitted(request, outcome)
@@ -482,7 +648,7 @@ def check_request(request: HttpRequest, required: tuple[str, ...]) -> Outcome | 
 def __getattr__(name: str) -> Any:
     """The DRF classes, imported when first asked for (they need Django REST framework)."""
     if name in _DRF_NAMES:
-        from apikeys.integrations import _drf
+        from apikeys.integrations.django import drf
 
-        return getattr(_drf, name)
+        return getattr(drf, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

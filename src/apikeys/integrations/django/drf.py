@@ -59,8 +59,9 @@ def _view_scopes(request: Any, view: Any) -> tuple[str, ...] | None:
 class APIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
     """Authenticate `Authorization: Bearer <key>` (or the `HEADER` setting's header).
 
-    Returns `(APIKeyUser, APIKeyAuth)`: `request.user.record` is the `KeyRecord`,
-    `request.auth.scopes` its grants. A request without the header is anonymous (None). The
+    Returns `(APIKeyUser, APIKeyAuth)`; the view reads the `KeyRecord` as `request.apikey`,
+    as behind the middleware (`request.user.record` is the same record), and its grants as
+    `request.auth.scopes`. A request without the header is anonymous (None). The
     view's `required_scopes` are checked before credits are spent, as the middleware checks
     its scope table; a refusal raises `APIKeyRefused`.
     """
