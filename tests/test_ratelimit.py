@@ -781,14 +781,15 @@ async def test_if_a_leased_unit_is_refunded_then_it_returns_to_the_lease_without
         first = await limiter.hit_policies("key-a")
         second = await limiter.hit_policies("key-a")
         calls = 0
-        script = limiter._redis_many
+        assert limiter._leases is not None
+        script = limiter._leases.script
 
         async def counting(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
             calls += 1
             return await script(*args, **kwargs)
 
-        limiter._redis_many = counting
+        limiter._leases.script = counting
         await limiter.refund("key-a")
         after = await limiter.hit_policies("key-a")
         assert calls == 0
@@ -958,13 +959,13 @@ def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_cha
             else:
                 for index, refund in plan:
                     await one(index, refund)
-            plans = limiters[0]._plan_set("k", None)
+            plans = limiters[0].plan("k", None)
             counts = _redis_counts(url, [counter for counter, *_ in plans])
             for (counter, amount, _, name), count in zip(plans, counts, strict=True):
                 held = sum(
-                    limiter._slices[counter].left
+                    limiter._leases.slices[counter].left
                     for limiter in limiters
-                    if counter in limiter._slices
+                    if limiter._leases is not None and counter in limiter._leases.slices
                 )
                 # Every unit counted in Redis was spent by an admitted request (and not
                 # given back) or is still held by a process: none by a refused request.
