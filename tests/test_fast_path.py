@@ -1,5 +1,6 @@
-"""The request path's answers that need no await: `KeyManager.verify_now` and
-`RateLimiter.hit_now` decide what `verify` and `hit` decide, or say that they cannot."""
+"""The request path's answers that need no await: `KeyManager.verify_now` decides what
+`verify` decides, and `RateLimiter.charge` what `hit` decides, or they say that they
+cannot (None; the awaitable that asks the server)."""
 
 from __future__ import annotations
 

@@ -395,6 +395,16 @@ def _waiting(
     return admission
 
 
+def _resumed(admission: Admission) -> tuple[KeyRecord, int, Headers | None, PolicyDecision]:
+    """What `admission` has loaded: the key's record, how far the core got, the rate
+    headers and the limits' decision; or the failure loading raised, raised."""
+    if admission.failure is not None:
+        raise admission.failure
+    if admission.record is None:  # pragma: no cover - the shell loads a key or fails
+        raise AuthUnavailable()
+    return admission.record, admission.need, admission.headers, admission.charged
+
+
 def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
     """After the credits were spent: the headers with the credits left; or, none taken,
     the limits' charge to give back, and once given back the refusal."""
@@ -531,11 +541,11 @@ class Gate:
                     return Admission(_KEY, token)  # the store must be read
                 loaded = 0
             else:
-                record, loaded = admission.record, admission.need
-                rate_headers, charged = admission.headers, admission.charged
-                if admission.failure is not None or record is None:
-                    raise admission.failure or AuthUnavailable()
-            prepared = self._prepared.get(record.id)
+                record, loaded, rate_headers, charged = _resumed(admission)
+            try:
+                prepared = self._prepared[record.id]
+            except KeyError:
+                prepared = None
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
             if loaded < _CHARGE:
@@ -556,7 +566,17 @@ class Gate:
                     rate_headers = _policies_headers(charged, shape)  # type: ignore[arg-type]
                 if not charged.allowed:
                     raise _rate_limited(charged, shape)
-                self._check_scopes(scope, path, required, prepared)
+                # The scopes: the route table's answer for this key version and route,
+                # worked out once, then what the endpoint requires.
+                route = (scope.get("method", "GET"), path)
+                try:
+                    lacking = prepared.routes[route]
+                except KeyError:
+                    lacking = self._lacking(prepared, route)
+                if lacking is not None:
+                    raise InsufficientScope(lacking)
+                if required and not prepared.grants.covers(required):
+                    raise InsufficientScope(required)
                 if record.credits is not None:
                     return self._spending(scope, path, admission, record, rate_headers)
             else:
@@ -667,41 +687,29 @@ class Gate:
         values = [found for name, found in scope["headers"] if name == header_name]
         return bearer_token(values) if self._bearer else header_token(values, self.header)
 
-    def _check_scopes(
-        self, scope: Scope, path: str, required: Sequence[str], prepared: _Prepared
-    ) -> None:
-        """Raise `InsufficientScope` unless the key of `prepared` has the scopes the route
-        table gives `path` and the `required` ones. A route's answer for a key version is
-        worked out once."""
-        if self.scopes is not None:
-            route = (scope.get("method", "GET"), path)
-            try:
-                lacking = prepared.routes[route]
-            except KeyError:
-                lacking = self._lacking(prepared, route)
-            if lacking is not None:
-                raise InsufficientScope(lacking)
-        if required and not prepared.grants.covers(required):
-            raise InsufficientScope(required)
-
     def _lacking(self, prepared: _Prepared, route: tuple[str, str]) -> tuple[str, ...] | None:
-        """The scopes the key of `prepared` lacks for `route` (method, path), None when it
-        may take it; remembered: what a route needs once per route, and the key's answer
-        once per version."""
-        assert self.scopes is not None
-        try:
-            needed = self._routes[route]
-        except KeyError:
-            needed = remember(self._routes, route, self.scopes.required(*route), 10_000)
+        """The scopes the route table says the key of `prepared` lacks for `route` (method,
+        path), None when it may take it (or the gate has no table); remembered: what a
+        route needs once per route, and the key's answer once per version."""
         lacking: tuple[str, ...] | None = None
-        if needed is None:
-            # No rule covers the route: only full access, unless the app allows it.
-            if not (prepared.grants.full_access or self.allow_unmapped):
-                lacking = ()
-        elif not prepared.grants.covers(needed):
-            lacking = needed
+        if self.scopes is not None:
+            needed = self._needed(route)
+            if needed is None:
+                # No rule covers the route: only full access, unless the app allows it.
+                if not (prepared.grants.full_access or self.allow_unmapped):
+                    lacking = ()
+            elif not prepared.grants.covers(needed):
+                lacking = needed
         remember(prepared.routes, route, lacking, 256)  # a key on many paths (ids in them)
         return lacking
+
+    def _needed(self, route: tuple[str, str]) -> tuple[str, ...] | None:
+        """The scopes the route table says `route` needs (None: no rule covers it)."""
+        assert self.scopes is not None
+        try:
+            return self._routes[route]
+        except KeyError:
+            return remember(self._routes, route, self.scopes.required(*route), 10_000)
 
     def _prepare(self, record: KeyRecord) -> _Prepared:
         """What the core needs of this version of the key (see `_Prepared`)."""

@@ -228,8 +228,10 @@ class RateLimiter:
             # reach a mark: every other request pays this comparison alone.
             if self.on_threshold is not None and amount * 4 <= count * 5:
                 self._crossed(counter, count - cost, count, amount, window, end, now)
-            admitted = (name, True, amount, window, amount - count, reset_after)
-            return tuple_new(PolicyDecision, (True, (tuple_new(PolicyStatus, admitted),), (), 0))
+            admitted = tuple_new(
+                PolicyStatus, (name, True, amount, window, amount - count, reset_after)
+            )
+            return tuple_new(PolicyDecision, (True, (admitted,), (), 0))
         counts[counter] = count = count - cost  # a refused request is charged nothing
         refused = (
             name,
