@@ -19,13 +19,13 @@ from apikeys import (
     KeyRevoked,
     MalformedAPIKey,
     MemoryStore,
-    PolicyDecision,
     PolicyStatus,
     RateLimiter,
 )
 from apikeys.gate import Gate
 from apikeys.hashing import slow_context
-from apikeys.ratelimit import Plan
+from apikeys.ratelimit import Charge, Plan
+from apikeys.ratelimit.decisions import decision
 from apikeys.types import KeyRecord, StoredKey
 
 from .conftest import TEST_PEPPER
@@ -142,7 +142,7 @@ async def test_the_memory_limiter_decides_without_awaiting() -> None:
 
     def now() -> PolicyStatus | None:
         charged = limiter.charge(plan)
-        return charged.policies[0] if isinstance(charged, PolicyDecision) else None
+        return decision(plan, charged).policies[0] if isinstance(charged, tuple) else None
 
     try:
         first = now()
@@ -173,14 +173,14 @@ async def test_a_shared_limiter_without_a_lease_asks_redis(
     try:
         plan = limiter.plan("k")
         asking = limiter.charge(plan)
-        assert not isinstance(asking, PolicyDecision)  # nothing leased yet: Redis is asked
-        decision = (await asking).policies[0]
-        assert decision.allowed
+        assert not isinstance(asking, tuple)  # nothing leased yet: Redis is asked
+        first = decision(plan, await asking).policies[0]
+        assert first.allowed
         # The lease just taken answers the next requests without a round trip.
         following = limiter.charge(plan)
-        assert isinstance(following, PolicyDecision)
-        assert following.allowed
-        assert following.policies[0].remaining == decision.remaining - 1
+        assert isinstance(following, tuple)
+        assert decision(plan, following).allowed
+        assert decision(plan, following).policies[0].remaining == first.remaining - 1
     finally:
         await limiter.aclose()
 
@@ -188,9 +188,8 @@ async def test_a_shared_limiter_without_a_lease_asks_redis(
 class RefusingLimiter(RateLimiter):
     """A test double that overrides `charge` only: every request must still reach it."""
 
-    def charge(self, plan: Plan, cost: int = 1) -> PolicyDecision:
-        refused = PolicyStatus("default", False, 1, 60, 0, 60)
-        return PolicyDecision(False, (refused,), ("default",), 60)
+    def charge(self, plan: Plan, cost: int = 1) -> Charge:
+        return (~0, 60)  # none left, for 60 seconds
 
 
 class CountingManager(KeyManager):

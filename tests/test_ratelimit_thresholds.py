@@ -17,7 +17,6 @@ from apikeys.ratelimit import (
     DEFAULT_POLICY,
     THRESHOLDS,
     FixedWindowMemoryStorage,
-    PolicyDecision,
     RateLimiter,
     ThresholdCrossing,
     parse_policies,
@@ -218,10 +217,10 @@ async def test_the_memory_fast_path_tells_what_hit_tells() -> None:
     told = observed(limiter)
     one = limiter.plan("key-a", "4/minute")
     for _ in range(5):
-        assert isinstance(limiter.charge(one), PolicyDecision)
+        assert isinstance(limiter.charge(one), tuple)
     several = limiter.plan("key-b", "one=2/minute, two=3/minute")
     for _ in range(3):
-        assert isinstance(limiter.charge(several), PolicyDecision)
+        assert isinstance(limiter.charge(several), tuple)
     assert marks(told) == [
         ("key-a", DEFAULT_POLICY, 80, 4),
         ("key-a", DEFAULT_POLICY, 90, 4),

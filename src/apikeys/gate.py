@@ -59,7 +59,15 @@ from apikeys.errors import (
 from apikeys.manager import KeyManager
 from apikeys.policies import Refill, parse_refill
 from apikeys.problems import Headers
-from apikeys.ratelimit import DEFAULT_POLICY, Plan, PolicyDecision, RateDecision, RateLimiter
+from apikeys.ratelimit import (
+    DEFAULT_POLICY,
+    Charge,
+    Plan,
+    PolicyDecision,
+    RateDecision,
+    RateLimiter,
+)
+from apikeys.ratelimit.decisions import charge_of, decision
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
 from apikeys.types import KeyRecord, Scope, utcnow
@@ -169,14 +177,12 @@ def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
     return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
 
 
-def _policies_headers(decision: PolicyDecision, shown: _PolicySet) -> Headers:
-    value = ", ".join(
-        [
-            f'"{name}";r={status[4]};t={status[5]}'
-            for name, status in zip(shown.names, decision.policies, strict=True)
-        ]
-    )
-    return [shown.policy_header, (b"ratelimit", value.encode())]
+def _policies_headers(charged: Charge, shown: _PolicySet) -> Headers:
+    items = []
+    for index, name in enumerate(shown.names):
+        remaining, reset_after = charged[2 * index], charged[2 * index + 1]
+        items.append(f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}')
+    return [shown.policy_header, (b"ratelimit", ", ".join(items).encode())]
 
 
 def rate_limit_headers(
@@ -189,7 +195,7 @@ def rate_limit_headers(
     unnamed limit) is shown as `policy_name`.
     """
     if isinstance(decision, PolicyDecision):
-        return _policies_headers(decision, _shown(decision, policy_name))
+        return _policies_headers(charge_of(decision), _shown(decision, policy_name))
     return _single_headers(decision, policy_name)
 
 
@@ -230,9 +236,6 @@ class _Prepared(NamedTuple):
     shape: _OnePolicy | _PolicySet
 
 
-_NOT_CHARGED: Final = PolicyDecision(False, (), (), 0)
-
-
 class Admission:
     """A request's admission between two calls of `Gate.decide`: what the core needs
     loaded next (`need`), and what has been loaded so far (the verified `record`, the
@@ -257,8 +260,8 @@ class Admission:
         self.need = need
         self.token = token
         self.record: KeyRecord | None = None
-        self.charging: Awaitable[PolicyDecision] | None = None
-        self.charged = _NOT_CHARGED
+        self.charging: Awaitable[Charge] | None = None
+        self.charged: Charge = ()
         self.headers: Headers | None = None
         self.cost = 1
         self.left: int | None = None
@@ -317,19 +320,18 @@ async def check_rate_limits(
     The refusal (None when admitted) is a `RateLimited` naming the violated policies, with
     `Retry-After` the longest of their `t`. What the integrations share with the middleware.
     """
-    charged = limiter.charge(limiter.plan(record.id, record.rate_limit))
-    decision = charged if isinstance(charged, PolicyDecision) else await charged
+    plan = limiter.plan(record.id, record.rate_limit)
+    charged = limiter.charge(plan)
+    if not isinstance(charged, tuple):
+        charged = await charged
     shape = _shape_for(limiter, record.rate_limit, policy_name)
-    refusal = None if decision.allowed else _rate_limited(decision, shape)
-    return _limit_headers(decision, shape), refusal
-
-
-def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
-    return tuple(
-        name
-        for name, status in zip(shown.names, decision.policies, strict=True)
-        if not status.allowed
-    )
+    if isinstance(shape, _OnePolicy):
+        policy = decision(plan, charged).policies[0]
+        headers = _single_headers(RateDecision(*policy[1:]), shape.name)
+    else:
+        headers = _policies_headers(charged, shape)
+    refusal = _rate_limited(charged, shape) if min(charged[::2]) < 0 else None
+    return headers, refusal
 
 
 def route_path(scope: Scope) -> str:
@@ -352,21 +354,13 @@ REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
 _LIMITER_CODES = frozenset({"rate_limited", "credits_exhausted"})
 
 
-def _limit_headers(decision: PolicyDecision, shape: _OnePolicy | _PolicySet) -> Headers:
-    """The `RateLimit-Policy` and `RateLimit` headers of a charge of a key's limits (as
-    `Gate.decide` writes them, for `check_rate_limits`)."""
-    if type(shape) is _OnePolicy:
-        status = decision.policies[0]
-        value = b"%s%d;t=%d" % (shape.start, status[4], status[5])
-        return [shape.policy_header, (b"ratelimit", value)]
-    return _policies_headers(decision, shape)  # type: ignore[arg-type]
-
-
-def _rate_limited(decision: PolicyDecision, shape: _OnePolicy | _PolicySet) -> RateLimited:
-    """The refusal of a charge the limits refused, naming the policies it violated."""
-    if isinstance(shape, _OnePolicy):
-        return RateLimited(decision.retry_after, (shape.name,))
-    return RateLimited(decision.retry_after, _violated(decision, shape))
+def _rate_limited(charged: Charge, shape: _OnePolicy | _PolicySet) -> RateLimited:
+    """The refusal of a charge the limits refused: the policies it violated, and
+    `Retry-After` the longest of their resets."""
+    names = (shape.name,) if isinstance(shape, _OnePolicy) else shape.names
+    violated = [index for index in range(len(names)) if charged[2 * index] < 0]
+    retry_after = max(charged[2 * index + 1] for index in violated)
+    return RateLimited(retry_after, tuple(names[index] for index in violated))
 
 
 def _credits_exhausted(refill: Refill | None) -> CreditsExhausted:
@@ -383,7 +377,7 @@ def _waiting(
     need: int,
     record: KeyRecord,
     headers: Headers | None,
-    charging: PolicyDecision | Awaitable[PolicyDecision] | None,
+    charging: Charge | Awaitable[Charge] | None,
 ) -> Admission:
     """`admission` (a new one on the core's first call) needing `need` loaded."""
     if admission is None:
@@ -395,7 +389,7 @@ def _waiting(
     return admission
 
 
-def _resumed(admission: Admission) -> tuple[KeyRecord, int, Headers | None, PolicyDecision]:
+def _resumed(admission: Admission) -> tuple[KeyRecord, int, Headers | None, Charge]:
     """What `admission` has loaded: the key's record, how far the core got, the rate
     headers and the limits' decision; or the failure loading raised, raised."""
     if admission.failure is not None:
@@ -542,29 +536,29 @@ class Gate:
                 loaded = 0
             else:
                 record, loaded, rate_headers, charged = _resumed(admission)
-            try:
-                prepared = self._prepared[record.id]
-            except KeyError:
-                prepared = None
+            prepared = self._prepared.get(record.id)
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
             if loaded < _CHARGE:
                 if record.allowed_ips:
                     check_address(scope, record, self.trusted_proxies)  # before any charge
                 answer = self.limiter.charge(prepared.plan)
-                if type(answer) is PolicyDecision:
+                if type(answer) is tuple:
                     charged = answer
                 else:
                     return _waiting(admission, _CHARGE, record, None, answer)
             if loaded <= _CHARGE:
+                # The limits' headers, then their refusal (a remaining below 0, `~left`).
                 shape = prepared.shape
                 if type(shape) is _OnePolicy:
-                    status = charged.policies[0]
-                    value = b"%s%d;t=%d" % (shape.start, status[4], status[5])
+                    least = remaining = charged[0]
+                    shown = remaining if remaining >= 0 else ~remaining
+                    value = b"%s%d;t=%d" % (shape.start, shown, charged[1])
                     rate_headers = [shape.policy_header, (b"ratelimit", value)]
                 else:
                     rate_headers = _policies_headers(charged, shape)  # type: ignore[arg-type]
-                if not charged.allowed:
+                    least = min(charged[::2])
+                if least < 0:
                     raise _rate_limited(charged, shape)
                 # The scopes: the route table's answer for this key version and route,
                 # worked out once, then what the endpoint requires.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from apikeys.ratelimit.counting import FixedWindowMemoryStorage
 from apikeys.ratelimit.decisions import (
+    Charge,
     Plan,
     PolicyDecision,
     PolicyStatus,
@@ -49,6 +50,7 @@ __all__ = [
     "MAX_WINDOW_SECONDS",
     "RATE_LIMIT_ENV",
     "THRESHOLDS",
+    "Charge",
     "FixedWindowMemoryStorage",
     "Plan",
     "Policy",

@@ -3,20 +3,11 @@ charged without a task or an await per request."""
 
 from __future__ import annotations
 
-import math
 import time
 
 from limits.aio.storage import MemoryStorage
 
-from apikeys.ratelimit.decisions import (
-    Crossed,
-    Plan,
-    PolicyDecision,
-    PolicyStatus,
-    status,
-    tuple_new,
-    verdict,
-)
+from apikeys.ratelimit.decisions import Charge, Crossed, Plan, seconds
 
 __all__ = ["FixedWindowMemoryStorage", "count_many", "refund_here"]
 
@@ -68,7 +59,7 @@ class FixedWindowMemoryStorage(MemoryStorage):
 
 def count_many(
     local: FixedWindowMemoryStorage, plan: Plan, cost: int, crossed: Crossed | None
-) -> PolicyDecision:
+) -> Charge:
     """Charge `cost` units to every policy of `plan` in this process's windows, or to none
     if one of them has fewer left: check every policy, then charge every one, with nothing
     awaited in between. `crossed` is told of each window that reached 80 % or more."""
@@ -78,8 +69,8 @@ def count_many(
         used = counts[counter] if ends.get(counter, 0.0) > now else 0
         if used + cost > amount:
             return _refused(local, plan, cost, now)
-    statuses = []
-    for counter, amount, window, name in plan:
+    charged: list[int] = []
+    for counter, amount, window, _ in plan:
         end = ends.get(counter, 0.0)
         if end > now:
             count = counts[counter] = counts[counter] + cost
@@ -87,29 +78,27 @@ def count_many(
             count = counts[counter] = cost
             end = ends[counter] = now + window
             local.sweep_due(now)
-        reset_after = math.ceil(end - now) or 1
-        statuses.append(
-            tuple_new(PolicyStatus, (name, True, amount, window, amount - count, reset_after))
-        )
+        charged += (amount - count, seconds(end - now))
     if crossed is not None:
         for counter, amount, window, _ in plan:
             count = counts[counter]
             if count * 5 >= amount * 4:
                 crossed(counter, count - cost, count, amount, window, ends[counter], now)
-    return tuple_new(PolicyDecision, (True, tuple(statuses), (), 0))
+    return tuple(charged)
 
 
-def _refused(local: FixedWindowMemoryStorage, plan: Plan, cost: int, now: float) -> PolicyDecision:
+def _refused(local: FixedWindowMemoryStorage, plan: Plan, cost: int, now: float) -> Charge:
     counts, ends = local.storage, local.expirations
-    statuses = []
-    for counter, amount, window, name in plan:
+    charged: list[int] = []
+    for counter, amount, window, _ in plan:
         end = ends.get(counter, 0.0)
         count = counts[counter] if end > now else 0
-        seconds = end - now if count else window
-        statuses.append(
-            status(name, count + cost <= amount, amount, window, amount - count, seconds)
+        left = amount - count if count < amount else 0
+        charged += (
+            left if count + cost <= amount else ~left,
+            seconds(end - now if count else window),
         )
-    return verdict(tuple(statuses))
+    return tuple(charged)
 
 
 def refund_here(local: FixedWindowMemoryStorage, plan: Plan, cost: int) -> None:

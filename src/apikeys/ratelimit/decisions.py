@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 __all__ = [
+    "Charge",
     "Crossed",
     "Observer",
     "Plan",
@@ -16,8 +17,9 @@ __all__ = [
     "PolicyStatus",
     "RateDecision",
     "ThresholdCrossing",
-    "status",
-    "tuple_new",
+    "charge_of",
+    "decision",
+    "seconds",
     "verdict",
 ]
 
@@ -84,8 +86,10 @@ class ThresholdCrossing(NamedTuple):
 Observer = Callable[[ThresholdCrossing], None]
 
 
-# Builds a named tuple from a tuple without its __new__'s argument parsing (the hot path).
-tuple_new = tuple.__new__
+PolicyPlan = tuple[str, int, int, str]
+"""One policy of a key as the limiter counts it: (counter key, amount, window seconds, name)."""
+Plan = tuple[PolicyPlan, ...]
+"""Every policy of a key as the limiter counts them (`RateLimiter.plan`): what a charge takes."""
 
 
 def verdict(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
@@ -96,24 +100,40 @@ def verdict(statuses: tuple[PolicyStatus, ...]) -> PolicyDecision:
     return PolicyDecision(False, statuses, violated, max(1, retry_after))
 
 
-def status(
-    name: str, allowed: bool, amount: int, window: int, remaining: int, seconds_left: float
-) -> PolicyStatus:
-    reset_after = math.ceil(seconds_left)
-    return PolicyStatus(
-        name,
-        allowed,
-        amount,
-        window,
-        remaining if remaining > 0 else 0,
-        reset_after if reset_after > 1 else 1,
-    )
+Charge = tuple[int, ...]
+"""What `RateLimiter.charge` answers when it decides: for each policy of the plan in turn,
+the units it has left and the whole seconds until its window resets (at least 1), flat:
+`(remaining, reset_after, remaining, reset_after, …)`. A policy that refused the request
+has its remaining written `~remaining` (`-1 - remaining`, below 0). The request was
+admitted, and charged to every policy, if no remaining is below 0; else to none. One
+tuple, made per request on the request path (a `PolicyDecision` is five objects)."""
 
 
-PolicyPlan = tuple[str, int, int, str]
-"""One policy of a key as the limiter counts it: (counter key, amount, window seconds, name)."""
-Plan = tuple[PolicyPlan, ...]
-"""Every policy of a key as the limiter counts them (`RateLimiter.plan`): what a charge takes."""
+def seconds(left: float) -> int:
+    """`left` seconds as a whole `reset_after`: rounded up, at least 1."""
+    whole = math.ceil(left)
+    return whole if whole > 1 else 1
+
+
+def decision(plan: Plan, charged: Charge) -> PolicyDecision:
+    """The `PolicyDecision` that the `Charge` `charged` of `plan` says."""
+    statuses = []
+    for index, (_, amount, window, name) in enumerate(plan):
+        remaining, reset_after = charged[2 * index], charged[2 * index + 1]
+        allowed = remaining >= 0
+        shown = remaining if allowed else ~remaining
+        statuses.append(PolicyStatus(name, allowed, amount, window, shown, reset_after))
+    return verdict(tuple(statuses))
+
+
+def charge_of(decision: PolicyDecision) -> Charge:
+    """The `Charge` that `decision` says (each policy's remaining and reset, flat)."""
+    flat: list[int] = []
+    for status in decision.policies:
+        flat += (status.remaining if status.allowed else ~status.remaining, status.reset_after)
+    return tuple(flat)
+
+
 Crossed = Callable[[str, int, int, int, int, float, float], None]
 """Told that a counter went from `before` to `after` units used: (counter, before, after,
 amount, window, window end, now); it tells `on_threshold` of each mark passed."""

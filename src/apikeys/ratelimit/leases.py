@@ -8,21 +8,12 @@ grants nothing unless each of them has a unit left, and spent all at once or not
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
 from apikeys.errors import LimiterUnavailable
-from apikeys.ratelimit.decisions import (
-    Crossed,
-    Plan,
-    PolicyDecision,
-    PolicyStatus,
-    status,
-    tuple_new,
-    verdict,
-)
+from apikeys.ratelimit.decisions import Charge, Crossed, Plan, seconds
 
 __all__ = [
     "LEASE_FRACTION",
@@ -133,7 +124,7 @@ class LeasedWindows:
             return _SPEND
         return _SHORT if lease.left + amount - lease.seen >= cost else _EXHAUSTED
 
-    def spend(self, plan: Plan, cost: int) -> PolicyDecision | None:
+    def spend(self, plan: Plan, cost: int) -> Charge | None:
         """Charge `cost` units to every policy of `plan` from the units in hand, or refuse
         when a window has too few left everywhere as far as Redis said (its end came from
         the same call: Retry-After holds). None, having charged nothing, when only Redis
@@ -155,37 +146,24 @@ class LeasedWindows:
         if worst == _SHORT:
             return None
         # Spent without a round trip: nothing awaits between check and spend.
-        statuses = []
-        for counter, amount, window, name in plan:
+        charged: list[int] = []
+        for counter, amount, _, _ in plan:
             lease = slices[counter]
             lease.left -= cost
             remaining = amount - lease.seen if amount > lease.seen else 0
-            reset_after = math.ceil(lease.reset_at - now)
-            statuses.append(
-                tuple_new(
-                    PolicyStatus,
-                    (
-                        name,
-                        True,
-                        amount,
-                        window,
-                        remaining + lease.left,
-                        reset_after if reset_after > 1 else 1,
-                    ),
-                )
-            )
-        return tuple_new(PolicyDecision, (True, tuple(statuses), (), 0))
+            charged += (remaining + lease.left, seconds(lease.reset_at - now))
+        return tuple(charged)
 
-    def _refusal(self, plan: Plan, cost: int, now: float) -> PolicyDecision:
-        statuses = []
-        for counter, amount, window, name in plan:
+    def _refusal(self, plan: Plan, cost: int, now: float) -> Charge:
+        charged: list[int] = []
+        for counter, amount, _, _ in plan:
             lease = self.slices[counter]
-            allowed = lease.left + amount - lease.seen >= cost
             remaining = max(0, amount - lease.seen) + lease.left
-            statuses.append(status(name, allowed, amount, window, remaining, lease.reset_at - now))
-        return verdict(tuple(statuses))
+            allowed = lease.left + amount - lease.seen >= cost
+            charged += (remaining if allowed else ~remaining, seconds(lease.reset_at - now))
+        return tuple(charged)
 
-    async def charge(self, plan: Plan, cost: int, crossed: Crossed) -> PolicyDecision:
+    async def charge(self, plan: Plan, cost: int, crossed: Crossed) -> Charge:
         """`spend`, leasing what it lacks first: one script for every policy that needs
         more, all or none; a window used up reads only the windows nobody knows here."""
         while True:

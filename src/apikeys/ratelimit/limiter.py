@@ -32,16 +32,15 @@ from apikeys.bounded import remember
 from apikeys.errors import ConfigurationError, InvalidKeyParameters, LimiterUnavailable
 from apikeys.ratelimit.counting import FixedWindowMemoryStorage, count_many, refund_here
 from apikeys.ratelimit.decisions import (
+    Charge,
     Observer,
     Plan,
     PolicyDecision,
     PolicyPlan,
-    PolicyStatus,
     RateDecision,
     ThresholdCrossing,
-    status,
-    tuple_new,
-    verdict,
+    decision,
+    seconds,
 )
 from apikeys.ratelimit.leases import LEASE_SCRIPT, LeasedWindows
 from apikeys.ratelimit.notation import (
@@ -185,30 +184,31 @@ class RateLimiter:
             policies = tuple(policies)  # hashable, as the plans are cached by it
         return self._plans.get((key_id, policies)) or self._plan_set(key_id, policies)
 
-    def charge(self, plan: Plan, cost: int = 1) -> PolicyDecision | Awaitable[PolicyDecision]:
+    def charge(self, plan: Plan, cost: int = 1) -> Charge | Awaitable[Charge]:
         """Charge one request of `cost` units to every policy of `plan` (`plan(key_id,
         limit)`), or to none: admitted only if every policy has `cost` units left.
 
-        The `PolicyDecision` when this process decides alone: always with the in-process
-        limiter, and on Redis while it holds enough units of the key's windows (or knows
-        one is used up). Otherwise an awaitable that asks the server and answers the
-        decision; nothing is charged until it is awaited, and it must be. The request path
-        calls this, without an await for most requests; a test double that fails or
-        refuses overrides this one method.
+        The `Charge` (each policy's remaining and reset, flat; see `Charge`) when this
+        process decides alone: always with the in-process limiter, and on Redis while it
+        holds enough units of the key's windows (or knows one is used up). Otherwise an
+        awaitable that asks the server and answers the `Charge`; nothing is charged until
+        it is awaited, and it must be. The request path calls this, without an await for
+        most requests; `hit_policies` and `hit` answer the same as a `PolicyDecision`. A
+        test double that fails or refuses overrides this one method.
         """
         local = self._local
         if local is None:
             leases = self._leases
             if leases is None:
                 return self._charge_storage(plan, cost)
-            decided = leases.spend(plan, cost)
-            return decided if decided is not None else leases.charge(plan, cost, self._crossed)
+            charged = leases.spend(plan, cost)
+            return charged if charged is not None else leases.charge(plan, cost, self._crossed)
         if len(plan) != 1:
             crossed = self._crossed if self.on_threshold is not None else None
             return count_many(local, plan, cost, crossed)
         # One policy in this process's windows: the request path of nearly every request,
-        # written out (FixedWindowMemoryStorage.count's count, and the decision).
-        counter, amount, window, name = plan[0]
+        # written out (FixedWindowMemoryStorage.count's count, and the answer).
+        counter, amount, window, _ = plan[0]
         now = time.time()
         counts, ends = local.storage, local.expirations
         end = ends.get(counter, 0.0)
@@ -228,22 +228,9 @@ class RateLimiter:
             # reach a mark: every other request pays this comparison alone.
             if self.on_threshold is not None and amount * 4 <= count * 5:
                 self._crossed(counter, count - cost, count, amount, window, end, now)
-            admitted = tuple_new(
-                PolicyStatus, (name, True, amount, window, amount - count, reset_after)
-            )
-            return tuple_new(PolicyDecision, (True, (admitted,), (), 0))
+            return amount - count, reset_after
         counts[counter] = count = count - cost  # a refused request is charged nothing
-        refused = (
-            name,
-            False,
-            amount,
-            window,
-            amount - count if count < amount else 0,
-            reset_after,
-        )
-        return tuple_new(
-            PolicyDecision, (False, (tuple_new(PolicyStatus, refused),), (name,), reset_after)
-        )
+        return ~(amount - count if count < amount else 0), reset_after
 
     async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
         """Charge one request of `key_id` to `limit` (or the default) and decide.
@@ -258,8 +245,9 @@ class RateLimiter:
                 "check it with RateLimiter.hit_policies"
             )
         charged = self.charge(plan)
-        decision = charged if isinstance(charged, PolicyDecision) else await charged
-        _, allowed, amount, window, remaining, reset_after = decision.policies[0]
+        if not isinstance(charged, tuple):
+            charged = await charged
+        _, allowed, amount, window, remaining, reset_after = decision(plan, charged).policies[0]
         return RateDecision(allowed, amount, window, remaining, reset_after)
 
     async def hit_policies(
@@ -271,8 +259,11 @@ class RateLimiter:
         request is admitted only if every policy admits it, and then charged one unit of
         each; a refused request is charged to none.
         """
-        charged = self.charge(self.plan(key_id, policies))
-        return charged if isinstance(charged, PolicyDecision) else await charged
+        plan = self.plan(key_id, policies)
+        charged = self.charge(plan)
+        if not isinstance(charged, tuple):
+            charged = await charged
+        return decision(plan, charged)
 
     async def refund(
         self, key_id: str, policies: str | Sequence[Policy] | None = None, cost: int = 1
@@ -300,7 +291,7 @@ class RateLimiter:
             except (StorageError, OSError) as exc:
                 raise LimiterUnavailable(exc) from exc
 
-    async def _charge_storage(self, plan: Plan, cost: int) -> PolicyDecision:
+    async def _charge_storage(self, plan: Plan, cost: int) -> Charge:
         """`charge` on another `limits` storage: checked, then charged, and a charge that
         overshot (another request got in between) taken back."""
         storage = self.storage
@@ -317,8 +308,8 @@ class RateLimiter:
             raise LimiterUnavailable(exc) from exc
         now = time.monotonic()
         at = time.time()
-        statuses = []
-        for (counter, amount, window, name), count in zip(plan, used, strict=True):
+        charged: list[int] = []
+        for (counter, amount, window, _), count in zip(plan, used, strict=True):
             if count <= 0 or (admit and count == cost):
                 end = now + window
                 if admit:
@@ -329,9 +320,10 @@ class RateLimiter:
                     end = await self._fetch_window_end(counter, now)
             if admit and self.on_threshold is not None:
                 self._crossed(counter, count - cost, count, amount, window, at + end - now, at)
+            left = amount - count if count < amount else 0
             allowed = count <= amount if admit else count + cost <= amount
-            statuses.append(status(name, allowed, amount, window, amount - count, end - now))
-        return verdict(tuple(statuses))
+            charged += (left if allowed else ~left, seconds(end - now))
+        return tuple(charged)
 
     def _policy_plan(self, key_id: str, policy: Policy) -> PolicyPlan:
         amount, window = policy.item.amount, policy.item.get_expiry()
