@@ -178,11 +178,14 @@ def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
 
 
 def _policies_headers(charged: Charge, shown: _PolicySet) -> Headers:
-    items = []
-    for index, name in enumerate(shown.names):
-        remaining, reset_after = charged[2 * index], charged[2 * index + 1]
-        items.append(f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}')
-    return [shown.policy_header, (b"ratelimit", ", ".join(items).encode())]
+    pairs = iter(charged)  # (remaining, reset_after) for each policy in turn
+    value = ", ".join(
+        [
+            f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}'
+            for name, remaining, reset_after in zip(shown.names, pairs, pairs, strict=True)
+        ]
+    )
+    return [shown.policy_header, (b"ratelimit", value.encode())]
 
 
 def rate_limit_headers(
@@ -239,7 +242,7 @@ class _Prepared(NamedTuple):
 class Admission:
     """A request's admission between two calls of `Gate.decide`: what the core needs
     loaded next (`need`), and what has been loaded so far (the verified `record`, the
-    limiter's `charged` decision, the credits `left`, a `failure` to refuse with).
+    limiter's `charged` answer, the credits `left`, a `failure` to refuse with).
 
     Made only when the core cannot answer at once; `Gate.complete` loads and asks again.
     """

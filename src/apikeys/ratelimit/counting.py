@@ -3,6 +3,7 @@ charged without a task or an await per request."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from limits.aio.storage import MemoryStorage
@@ -78,7 +79,7 @@ def count_many(
             count = counts[counter] = cost
             end = ends[counter] = now + window
             local.sweep_due(now)
-        charged += (amount - count, seconds(end - now))
+        charged += (amount - count, math.ceil(end - now) or 1)
     if crossed is not None:
         for counter, amount, window, _ in plan:
             count = counts[counter]

@@ -294,18 +294,7 @@ class RateLimiter:
     async def _charge_storage(self, plan: Plan, cost: int) -> Charge:
         """`charge` on another `limits` storage: checked, then charged, and a charge that
         overshot (another request got in between) taken back."""
-        storage = self.storage
-        try:
-            used = [await storage.get(counter) for counter, *_ in plan]
-            admit = all(count + cost <= policy[1] for count, policy in zip(used, plan, strict=True))
-            if admit:
-                used = [await storage.incr(counter, window, cost) for counter, _, window, _ in plan]
-                if not all(count <= policy[1] for count, policy in zip(used, plan, strict=True)):
-                    for counter, _, window, _ in plan:
-                        await storage.incr(counter, window, -cost)
-                    used, admit = [count - cost for count in used], False
-        except (StorageError, OSError) as exc:
-            raise LimiterUnavailable(exc) from exc
+        used, admit = await self._take(plan, cost)
         now = time.monotonic()
         at = time.time()
         charged: list[int] = []
@@ -324,6 +313,23 @@ class RateLimiter:
             allowed = count <= amount if admit else count + cost <= amount
             charged += (left if allowed else ~left, seconds(end - now))
         return tuple(charged)
+
+    async def _take(self, plan: Plan, cost: int) -> tuple[list[int], bool]:
+        """`cost` units of every policy of `plan` taken from the storage, or none: each
+        window's count after, and whether they were taken."""
+        storage = self.storage
+        try:
+            used = [await storage.get(counter) for counter, *_ in plan]
+            admit = all(count + cost <= policy[1] for count, policy in zip(used, plan, strict=True))
+            if admit:
+                used = [await storage.incr(counter, window, cost) for counter, _, window, _ in plan]
+                if not all(count <= policy[1] for count, policy in zip(used, plan, strict=True)):
+                    for counter, _, window, _ in plan:
+                        await storage.incr(counter, window, -cost)
+                    used, admit = [count - cost for count in used], False
+        except (StorageError, OSError) as exc:
+            raise LimiterUnavailable(exc) from exc
+        return used, admit
 
     def _policy_plan(self, key_id: str, policy: Policy) -> PolicyPlan:
         amount, window = policy.item.amount, policy.item.get_expiry()
