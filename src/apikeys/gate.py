@@ -392,14 +392,14 @@ def _waiting(
     return admission
 
 
-def _resumed(admission: Admission) -> tuple[KeyRecord, int, Headers | None, Charge]:
-    """What `admission` has loaded: the key's record, how far the core got, the rate
-    headers and the limits' decision; or the failure loading raised, raised."""
+def _resumed(admission: Admission) -> tuple[KeyRecord, int, Charge]:
+    """What `admission` has loaded: the key's record, how far the core got and the
+    limits' charge; or the failure loading raised, raised."""
     if admission.failure is not None:
         raise admission.failure
     if admission.record is None:  # pragma: no cover - the shell loads a key or fails
         raise AuthUnavailable()
-    return admission.record, admission.need, admission.headers, admission.charged
+    return admission.record, admission.need, admission.charged
 
 
 def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
@@ -538,7 +538,10 @@ class Gate:
                     return Admission(_KEY, token)  # the store must be read
                 loaded = 0
             else:
-                record, loaded, rate_headers, charged = _resumed(admission)
+                # Known before a failure is raised: a request refused after its key was
+                # verified is counted, and carries its limits' headers.
+                record, rate_headers = admission.record, admission.headers
+                record, loaded, charged = _resumed(admission)
             prepared = self._prepared.get(record.id)
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
