@@ -150,7 +150,9 @@ async def _breakdown(manager: KeyManager, gate: Any) -> dict[str, int]:
     limiter = manager.limiter if gate is None else gate.limiter
     before = tracemalloc.get_traced_memory()[0]
     await limiter.storage.reset()
-    for table in (limiter._slices, limiter._window_ends, limiter._plans, limiter._plan_sets):
+    if limiter._leases is not None:
+        limiter._leases.slices.clear()
+    for table in (limiter._window_ends, limiter._plans):
         table.clear()
     gc.collect()
     parts["rate limiter"] = before - tracemalloc.get_traced_memory()[0]

@@ -288,9 +288,8 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
     stored = await manager.store.get_for_verification(parts[0])
     assert stored is not None
     record = stored.record
-    decision = app.limiter.hit_now(record.id, record.rate_limit)
-    assert decision is not None
-    counted = (decision.remaining, decision.reset_after)
+    charged = app.limiter.charge(app.limiter.plan(record.id, record.rate_limit))
+    assert isinstance(charged, tuple)
     required = app.scopes.required("GET", PATH)
     originals = {
         # The full check of the key format (regex, checksum): since verify_now splits by
@@ -315,8 +314,8 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
         "usage counting": (manager.usage_buffer, "record", lambda key_id: None),
         "rate limit (count and decision)": (
             app.limiter,
-            "count_here",
-            lambda counter, amount, window: counted,
+            "charge",
+            lambda plan, cost=1: charged,
         ),
         "scope table lookup": (app.scopes, "required", lambda method, path: required),
         "verification whole (manager.verify_now)": (

@@ -66,10 +66,10 @@ def test_the_bounded_module_exports_and_documents_its_names() -> None:
     assert_exports_are_documented("apikeys.bounded")
 
 
-# Tables capped another way on purpose: the multi-policy lease keeps every lease of one
-# script when it resets (a reset between two of them would drop one with its units), and
+# Tables capped another way on purpose: a lease keeps every lease of one script when it
+# resets (a reset between two of them would drop one with its units), and
 # the SQLite channel forgets the sequence numbers of a whole batch once it is read.
-_CAPPED_BY_HAND = {("ratelimit.py", "_lease_many"), ("stores/sql/sqlite_channel.py", "probe")}
+_CAPPED_BY_HAND = {("ratelimit/leases.py", "lease"), ("stores/sql/sqlite_channel.py", "probe")}
 
 
 def _caps_by_hand(node: ast.If) -> bool:

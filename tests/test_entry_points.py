@@ -64,6 +64,7 @@ from apikeys.errors import LimiterUnavailable
 from apikeys.integrations import django as django_integration
 from apikeys.integrations.fastapi import APIKeySecurity, install_error_handler
 from apikeys.integrations.starlette import APIKeyBackend, on_auth_error
+from apikeys.ratelimit import Plan
 from apikeys.sync import KeyManager as SyncKeyManager
 from apikeys.telemetry import TelemetryEvent
 from apikeys.types import DailyUsage
@@ -419,12 +420,12 @@ async def test_if_store_breaks_then_503_never_500(serve: Serve) -> None:
 
 
 class DownLimiter(RateLimiter):
-    async def hit(self, key_id: str, limit: str | None = None) -> Any:
+    def charge(self, plan: Plan, cost: int = 1) -> Any:
         raise LimiterUnavailable(ConnectionError("limiter down"))
 
 
 class BrokenLimiter(RateLimiter):
-    async def hit(self, key_id: str, limit: str | None = None) -> Any:
+    def charge(self, plan: Plan, cost: int = 1) -> Any:
         raise RuntimeError("the limiter broke in a way nobody foresaw")
 
 

@@ -1,5 +1,6 @@
-"""The request path's answers that need no await: `KeyManager.verify_now` and
-`RateLimiter.hit_now` decide what `verify` and `hit` decide, or say that they cannot."""
+"""The request path's answers that need no await: `KeyManager.verify_now` decides what
+`verify` decides, and `RateLimiter.charge` what `hit` decides, or they say that they
+cannot (None; the awaitable that asks the server)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apikeys import (
+    AuthenticationError,
     Hasher,
     InvalidAPIKey,
     KeyManager,
     KeyRevoked,
     MalformedAPIKey,
     MemoryStore,
-    RateDecision,
+    PolicyStatus,
     RateLimiter,
 )
+from apikeys.gate import Gate
 from apikeys.hashing import slow_context
+from apikeys.ratelimit import Charge, Plan
+from apikeys.ratelimit.decisions import decision
 from apikeys.types import KeyRecord, StoredKey
 
 from .conftest import TEST_PEPPER
@@ -137,20 +142,26 @@ async def test_a_store_that_must_be_awaited_is_read_every_time() -> None:
 
 async def test_the_memory_limiter_decides_without_awaiting() -> None:
     limiter = RateLimiter("3/minute", "memory://")
+    plan = limiter.plan("k")
+
+    def now() -> PolicyStatus | None:
+        charged = limiter.charge(plan)
+        return decision(plan, charged).policies[0] if isinstance(charged, tuple) else None
+
     try:
-        first = limiter.hit_now("k")
+        first = now()
         assert first is not None
         assert (first.allowed, first.remaining) == (True, 2)
         second = await limiter.hit("k")  # the same counter
         assert (second.allowed, second.remaining) == (True, 1)
-        third = limiter.hit_now("k")
+        third = now()
         assert third is not None
         assert third.allowed
-        refused = [limiter.hit_now("k") for _ in range(3)]
+        refused = [now() for _ in range(3)]
         assert all(d is not None and not d.allowed for d in refused)
         # A refused request is charged nothing: one refund brings back one request.
         await limiter.refund("k")
-        again = limiter.hit_now("k")
+        again = now()
         assert again is not None
         assert again.allowed
         assert again.remaining == 0
@@ -164,23 +175,25 @@ async def test_a_shared_limiter_without_a_lease_asks_redis(
 ) -> None:
     limiter = RateLimiter("1000/minute", redis_url, key_prefix=redis_key_prefix)
     try:
-        assert limiter.hit_now("k") is None  # nothing leased yet: hit() asks Redis
-        decision = await limiter.hit("k")
-        assert decision.allowed
+        plan = limiter.plan("k")
+        asking = limiter.charge(plan)
+        assert not isinstance(asking, tuple)  # nothing leased yet: Redis is asked
+        first = decision(plan, await asking).policies[0]
+        assert first.allowed
         # The lease just taken answers the next requests without a round trip.
-        following = limiter.hit_now("k")
-        assert following is not None
-        assert following.allowed
-        assert following.remaining == decision.remaining - 1
+        following = limiter.charge(plan)
+        assert isinstance(following, tuple)
+        assert decision(plan, following).allowed
+        assert decision(plan, following).policies[0].remaining == first.remaining - 1
     finally:
         await limiter.aclose()
 
 
 class RefusingLimiter(RateLimiter):
-    """A test double that overrides `hit` only: every request must still reach it."""
+    """A test double that overrides `charge` only: every request must still reach it."""
 
-    async def hit(self, key_id: str, limit: str | None = None) -> RateDecision:
-        return RateDecision(False, 1, 60, 0, 60)
+    def charge(self, plan: Plan, cost: int = 1) -> Charge:
+        return (~0, 60)  # none left, for 60 seconds
 
 
 class CountingManager(KeyManager):
@@ -197,12 +210,30 @@ async def test_subclasses_that_override_the_awaited_methods_are_not_bypassed() -
     limiter = RefusingLimiter("10/minute", "memory://")
     manager = CountingManager(CountingStore(), hasher=Hasher(pepper=TEST_PEPPER))
     try:
-        assert limiter.hit_now("k") is None
         assert not (await limiter.hit("k")).allowed
         created = await manager.create(name="counted", scopes=["contacts:read"])
         assert manager.verify_now(created.key) is None
         assert (await manager.verify(created.key)).id == created.record.id
         assert CountingManager.verified == 1
+    finally:
+        await limiter.aclose()
+        await manager.aclose()
+
+
+async def test_a_limiter_that_overrides_charge_refuses_the_gates_first_call() -> None:
+    limiter = RefusingLimiter("10/minute", "memory://")
+    manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    try:
+        created = await manager.create(name="refused", scopes=["contacts:read"])
+        scope = {
+            "type": "http",
+            "method": "GET",
+            "path": "/",
+            "headers": [(b"authorization", f"Bearer {created.key}".encode())],
+        }
+        with pytest.raises(AuthenticationError) as refusal:
+            Gate(manager, limiter=limiter).decide(scope, "/")  # no await: charged by it
+        assert refusal.value.code == "rate_limited"
     finally:
         await limiter.aclose()
         await manager.aclose()

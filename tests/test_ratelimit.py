@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from limits.aio import storage as limits_storage
 
 from apikeys.errors import ConfigurationError, InvalidKeyParameters, LimiterUnavailable
 from apikeys.ratelimit import (
@@ -19,6 +20,7 @@ from apikeys.ratelimit import (
     LEASE_THRESHOLD,
     RATE_LIMIT_ENV,
     FixedWindowMemoryStorage,
+    Plan,
     Policy,
     PolicyDecision,
     RateLimiter,
@@ -26,6 +28,7 @@ from apikeys.ratelimit import (
     parse_policies,
     parse_rate_limit,
 )
+from apikeys.ratelimit.decisions import decision as decision_of
 from tests import services
 from tests.conftest import redis_prefix as tagged_prefix
 
@@ -781,14 +784,15 @@ async def test_if_a_leased_unit_is_refunded_then_it_returns_to_the_lease_without
         first = await limiter.hit_policies("key-a")
         second = await limiter.hit_policies("key-a")
         calls = 0
-        script = limiter._redis_many
+        assert limiter._leases is not None
+        script = limiter._leases.script
 
         async def counting(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
             calls += 1
             return await script(*args, **kwargs)
 
-        limiter._redis_many = counting
+        limiter._leases.script = counting
         await limiter.refund("key-a")
         after = await limiter.hit_policies("key-a")
         assert calls == 0
@@ -958,13 +962,13 @@ def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_cha
             else:
                 for index, refund in plan:
                     await one(index, refund)
-            plans = limiters[0]._plan_set("k", None)
+            plans = limiters[0].plan("k", None)
             counts = _redis_counts(url, [counter for counter, *_ in plans])
             for (counter, amount, _, name), count in zip(plans, counts, strict=True):
                 held = sum(
-                    limiter._slices[counter].left
+                    limiter._leases.slices[counter].left
                     for limiter in limiters
-                    if counter in limiter._slices
+                    if limiter._leases is not None and counter in limiter._leases.slices
                 )
                 # Every unit counted in Redis was spent by an admitted request (and not
                 # given back) or is still held by a process: none by a refused request.
@@ -983,3 +987,55 @@ def test_if_redis_requests_interleave_then_no_policy_exceeded_and_no_refusal_cha
             await _delete_keys(url, f"*{prefix}*")
 
     asyncio.run(scenario())
+
+
+# -- one charge: a cost, one policy or several -------------------------------------------------
+
+
+async def _charged(limiter: RateLimiter, plan: Plan, cost: int) -> PolicyDecision:
+    answer = limiter.charge(plan, cost)
+    return decision_of(plan, answer if isinstance(answer, tuple) else await answer)
+
+
+@pytest.mark.parametrize("text", ["10/minute", "burst=10/minute, daily=12/hour"])
+async def test_if_a_charge_costs_several_units_then_all_are_taken_or_none(
+    make_limiter: LimiterFactory, text: str
+) -> None:
+    limiter = make_limiter(text)
+    plan = limiter.plan("key-a", text)
+    first = await _charged(limiter, plan, 4)
+    assert first.allowed
+    assert remaining(first)[plan[0][3]] == 6
+    assert (await _charged(limiter, plan, 6)).allowed  # exactly what is left of the first
+    refused = await _charged(limiter, plan, 1)
+    assert not refused.allowed
+    assert refused.violated == (plan[0][3],)
+    # A refused charge took nothing: a refund of 3 admits a charge of 3, and no more.
+    await limiter.refund("key-a", text, cost=3)
+    assert (await _charged(limiter, plan, 3)).allowed
+    assert not (await _charged(limiter, plan, 1)).allowed
+
+
+async def test_if_a_charge_costs_more_than_the_limit_then_refused_and_nothing_is_charged(
+    limiter: RateLimiter,
+) -> None:
+    plan = limiter.plan("key-a", "5/minute")
+    too_much = await _charged(limiter, plan, 6)
+    assert not too_much.allowed
+    assert too_much.policies[0].remaining == 5
+    assert (await _charged(limiter, plan, 5)).allowed
+
+
+async def test_if_the_storage_is_another_then_a_cost_is_taken_or_given_back() -> None:
+    limiter = RateLimiter(
+        "5/minute", storage=limits_storage.MemoryStorage()
+    )  # limits' own: the generic path
+    try:
+        plan = limiter.plan("key-a")
+        assert remaining(await _charged(limiter, plan, 3)) == {"default": 2}
+        refused = await _charged(limiter, plan, 3)
+        assert not refused.allowed
+        assert remaining(refused) == {"default": 2}
+        assert (await _charged(limiter, plan, 2)).allowed
+    finally:
+        await limiter.aclose()

@@ -115,14 +115,15 @@ async def test_if_the_limit_is_large_then_far_fewer_commands_than_requests(
 ) -> None:
     limiter = RateLimiter("1000000/minute", redis_url, key_prefix=prefix)
     calls = 0
-    script = limiter._redis
+    assert limiter._leases is not None
+    script = limiter._leases.script
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         return await script(*args, **kwargs)
 
-    limiter._redis = counting
+    limiter._leases.script = counting
     try:
         for _ in range(5000):
             assert (await limiter.hit("busy")).allowed

@@ -212,14 +212,15 @@ async def test_an_observer_that_raises_never_fails_the_request(
 
 
 async def test_the_memory_fast_path_tells_what_hit_tells() -> None:
-    """`count_here` and `policies_here` (the gate's path without an await) are observed."""
+    """`charge` answered at once (the gate's path without an await) is observed."""
     limiter = RateLimiter("10/minute")
     told = observed(limiter)
-    counter, amount, window = limiter.plan("key-a", "4/minute")
+    one = limiter.plan("key-a", "4/minute")
     for _ in range(5):
-        limiter.count_here(counter, amount, window)
+        assert isinstance(limiter.charge(one), tuple)
+    several = limiter.plan("key-b", "one=2/minute, two=3/minute")
     for _ in range(3):
-        limiter.policies_here("key-b", "one=2/minute, two=3/minute")
+        assert isinstance(limiter.charge(several), tuple)
     assert marks(told) == [
         ("key-a", DEFAULT_POLICY, 80, 4),
         ("key-a", DEFAULT_POLICY, 90, 4),
@@ -325,7 +326,7 @@ def test_if_redis_requests_interleave_then_each_mark_leased_is_told_once(
             else:
                 for index, refund in plan:
                     await one(index, refund)
-            plans = limiters[0]._plan_set("k", None)
+            plans = limiters[0].plan("k", None)
             counts = _redis_counts(url, [counter for counter, *_ in plans])
             used = {name: count for (_, _, _, name), count in zip(plans, counts, strict=True)}
             assert sorted((c.policy, c.threshold) for c in told) == _expected(amounts, used)

@@ -15,15 +15,16 @@ closed, never a 500 and never an open door.
 are adapters around one `Gate`: they differ in where the request comes from and how the
 refusal is sent, never in what is checked or counted.
 
-The path has two bodies, side by side in `Gate`: `admit_general`, which decides every
-request, and `admit_now`, which decides the common one (a key the process holds with a
-fast hash, limits counted in this process, no credits, telemetry off) without an await and
-without the layers between the checks, and says None, having charged and counted nothing,
-for anything else. `admit` is the one, else the other. The second body exists because it
-runs on nearly every request and next to a hand-written check the layers were most of the
-middleware's cost (docs/performance.md measures it). It makes the same checks in the same
-order, with the same functions wherever one is called per request, and its refusals are
-booked by the same `refused`; tests/test_gate_fast_path.py holds the two to the same answers.
+The path has one body, written as h11 writes a protocol: `Gate.decide` is a pure decision
+core (no await, no I/O) that takes the request and what has been loaded so far, and either
+answers, refuses, or answers an `Admission` naming what it must load next (the key from the
+store, the limiter's server's charge, the credits, their refund on refusal); `Gate.complete`
+is the thin async shell that loads it and asks the core again. `admit` is the two together.
+The common request (a key the manager holds, limits decided in this process, no credits) is
+answered by the core's first call, without an await: what it needs of a key's version is
+prepared once (`_Prepared`), an input to the one body, never a second one. The middleware
+calls `decide` itself and awaits `complete` only for an `Admission`, sparing a coroutine per
+request (docs/performance.md measures the path).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import datetime
 from typing import Final, Literal, NamedTuple
 
@@ -55,11 +56,18 @@ from apikeys.errors import (
     IPNotAllowed,
     RateLimited,
 )
-from apikeys.keys import ID_LENGTH
 from apikeys.manager import KeyManager
 from apikeys.policies import Refill, parse_refill
 from apikeys.problems import Headers
-from apikeys.ratelimit import DEFAULT_POLICY, PolicyDecision, RateDecision, RateLimiter
+from apikeys.ratelimit import (
+    DEFAULT_POLICY,
+    Charge,
+    Plan,
+    PolicyDecision,
+    RateDecision,
+    RateLimiter,
+)
+from apikeys.ratelimit.decisions import charge_of, decision
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
 from apikeys.types import KeyRecord, Scope, utcnow
@@ -68,6 +76,7 @@ __all__ = [
     "REFUSED_AFTER_AUTHENTICATION",
     "APIKeyAuth",
     "APIKeyUser",
+    "Admission",
     "Gate",
     "check_address",
     "check_rate_limits",
@@ -90,7 +99,7 @@ class APIKeyUser(BaseUser):
         object.__setattr__(self, "record", record)
 
     def __setattr__(self, name: str, value: object) -> None:
-        # One per key version, shared by its requests (see Gate.admit_now): read-only.
+        # One per key version, shared by its requests (see Gate.decide): read-only.
         raise AttributeError("an APIKeyUser cannot be changed")
 
     def __repr__(self) -> str:
@@ -120,7 +129,7 @@ class APIKeyAuth(AuthCredentials):
         object.__setattr__(self, "scopes", scopes)
 
     def __setattr__(self, name: str, value: object) -> None:
-        # One per key version, shared by its requests (see Gate.admit_now): read-only.
+        # One per key version, shared by its requests (see Gate.decide): read-only.
         raise AttributeError("an APIKeyAuth cannot be changed")
 
 
@@ -168,11 +177,12 @@ def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
     return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
 
 
-def _policies_headers(decision: PolicyDecision, shown: _PolicySet) -> Headers:
+def _policies_headers(charged: Charge, shown: _PolicySet) -> Headers:
+    pairs = iter(charged)  # (remaining, reset_after) for each policy in turn
     value = ", ".join(
         [
-            f'"{name}";r={status[4]};t={status[5]}'
-            for name, status in zip(shown.names, decision.policies, strict=True)
+            f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}'
+            for name, remaining, reset_after in zip(shown.names, pairs, pairs, strict=True)
         ]
     )
     return [shown.policy_header, (b"ratelimit", value.encode())]
@@ -188,7 +198,7 @@ def rate_limit_headers(
     unnamed limit) is shown as `policy_name`.
     """
     if isinstance(decision, PolicyDecision):
-        return _policies_headers(decision, _shown(decision, policy_name))
+        return _policies_headers(charge_of(decision), _shown(decision, policy_name))
     return _single_headers(decision, policy_name)
 
 
@@ -201,10 +211,11 @@ def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
     )
 
 
-# How `Gate.admit_now` takes a version of a key (`_Prepared.kind`).
-_PLAIN = 0  # one limit, no address allowlist: the common case, decided in a straight line
-_OTHER = 1  # several limits, or an address allowlist: decided here too, with their checks
-_GENERAL = 2  # credits (spent by an await): left to `admit_general`
+# What the core asks the shell to load (`Admission.need`), in the order of the checks.
+_KEY = 1  # the key from the store: `await manager.verify(token)`
+_CHARGE = 2  # the limiter's server's charge: the awaitable `RateLimiter.charge` handed back
+_SPEND = 3  # the key's credits: `await manager.spend_credits(record, cost)`
+_REFUND = 4  # the rate limits' charge given back, credits refused: `await limiter.refund(…)`
 
 
 # (method, path) -> the scopes a key lacks for that route (None: it may take it)
@@ -214,22 +225,50 @@ _SHARED_GRANTS: Final = 4096
 
 
 class _Prepared(NamedTuple):
-    """What `Gate.admit_now` needs of one version of a key, made at its first request:
-    how it is taken (`kind`), the objects the request's scope gets, its grants, how its
-    limits are shown, its one limit's counter, and its answers by route (the answers and
+    """What the core needs of one version of a key, made at its first request: the objects
+    the request's scope gets, its grants, its limits as the limiter charges them (`plan`)
+    and as the headers show them (`shape`), and its answers by route (the answers and
     `auth` shared by every key with the same grants)."""
 
     record: KeyRecord
-    kind: int
     grants: GrantedScopes
     auth: APIKeyAuth
     user: APIKeyUser
     routes: _RouteAnswers
-    counter: str
-    amount: int
-    window: int
+    plan: Plan
     shape: _OnePolicy | _PolicySet
-    one: _OnePolicy  # `shape` when it is one policy (else unused)
+
+
+class Admission:
+    """A request's admission between two calls of `Gate.decide`: what the core needs
+    loaded next (`need`), and what has been loaded so far (the verified `record`, the
+    limiter's `charged` answer, the credits `left`, a `failure` to refuse with).
+
+    Made only when the core cannot answer at once; `Gate.complete` loads and asks again.
+    """
+
+    __slots__ = (
+        "charged",
+        "charging",
+        "cost",
+        "failure",
+        "headers",
+        "left",
+        "need",
+        "record",
+        "token",
+    )
+
+    def __init__(self, need: int, token: str) -> None:
+        self.need = need
+        self.token = token
+        self.record: KeyRecord | None = None
+        self.charging: Awaitable[Charge] | None = None
+        self.charged: Charge = ()
+        self.headers: Headers | None = None
+        self.cost = 1
+        self.left: int | None = None
+        self.failure: Exception | None = None
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -245,16 +284,12 @@ async def spend_credit(
 ) -> Headers:
     """Spend `cost` of the key's credits and add them to the RateLimit `headers`; or refuse
     with `CreditsExhausted` after giving back what the rate limits charged the request, so a
-    refused request is charged to nothing."""
+    refused request is charged to nothing. (What `Gate.admit` does, for code of its own.)"""
     left = await manager.spend_credits(record, cost)
     refill = parse_refill(record.credit_refill) if record.credit_refill else None
     if left is None:
         await limiter.refund(record.id, record.rate_limit)
-        retry = None
-        if refill is not None:
-            now = utcnow()
-            retry = math.ceil((refill.next_start(now) - now).total_seconds())
-        raise CreditsExhausted(retry)
+        raise _credits_exhausted(refill)
     return credit_headers(headers, left, refill)
 
 
@@ -288,27 +323,18 @@ async def check_rate_limits(
     The refusal (None when admitted) is a `RateLimited` naming the violated policies, with
     `Retry-After` the longest of their `t`. What the integrations share with the middleware.
     """
-    limit = record.rate_limit
-    policies = limiter.policies(limit)
-    if len(policies) == 1:
-        name = policy_name if policies[0].name == DEFAULT_POLICY else policies[0].name
-        decision = await limiter.hit(record.id, limit)
-        refusal = None if decision.allowed else RateLimited(decision.reset_after, (name,))
-        return _single_headers(decision, name), refusal
-    decisions = await limiter.hit_policies(record.id, limit)
-    shown = _shown(decisions, policy_name)
-    headers = _policies_headers(decisions, shown)
-    if decisions.allowed:
-        return headers, None
-    return headers, RateLimited(decisions.retry_after, _violated(decisions, shown))
-
-
-def _violated(decision: PolicyDecision, shown: _PolicySet) -> tuple[str, ...]:
-    return tuple(
-        name
-        for name, status in zip(shown.names, decision.policies, strict=True)
-        if not status.allowed
-    )
+    plan = limiter.plan(record.id, record.rate_limit)
+    charged = limiter.charge(plan)
+    if not isinstance(charged, tuple):
+        charged = await charged
+    shape = _shape_for(limiter, record.rate_limit, policy_name)
+    if isinstance(shape, _OnePolicy):
+        policy = decision(plan, charged).policies[0]
+        headers = _single_headers(RateDecision(*policy[1:]), shape.name)
+    else:
+        headers = _policies_headers(charged, shape)
+    refusal = _rate_limited(charged, shape) if min(charged[::2]) < 0 else None
+    return headers, refusal
 
 
 def route_path(scope: Scope) -> str:
@@ -329,6 +355,81 @@ REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
 """The refusals of a request whose key was verified: its usage history counts them."""
 # What the limiter telemetry reports as refused (the other refusals are not the limiter's).
 _LIMITER_CODES = frozenset({"rate_limited", "credits_exhausted"})
+
+
+def _rate_limited(charged: Charge, shape: _OnePolicy | _PolicySet) -> RateLimited:
+    """The refusal of a charge the limits refused: the policies it violated, and
+    `Retry-After` the longest of their resets."""
+    names = (shape.name,) if isinstance(shape, _OnePolicy) else shape.names
+    violated = [index for index in range(len(names)) if charged[2 * index] < 0]
+    retry_after = max(charged[2 * index + 1] for index in violated)
+    return RateLimited(retry_after, tuple(names[index] for index in violated))
+
+
+def _credits_exhausted(refill: Refill | None) -> CreditsExhausted:
+    """The refusal of a key without credits left; `Retry-After` the next refill, if any."""
+    retry = None
+    if refill is not None:
+        now = utcnow()
+        retry = math.ceil((refill.next_start(now) - now).total_seconds())
+    return CreditsExhausted(retry)
+
+
+def _waiting(
+    admission: Admission | None,
+    need: int,
+    record: KeyRecord,
+    headers: Headers | None,
+    charging: Charge | Awaitable[Charge] | None,
+) -> Admission:
+    """`admission` (a new one on the core's first call) needing `need` loaded."""
+    if admission is None:
+        admission = Admission(need, "")
+    admission.need = need
+    admission.record = record
+    admission.headers = headers
+    admission.charging = charging  # type: ignore[assignment]  # what charge handed back
+    return admission
+
+
+def _resumed(admission: Admission) -> tuple[KeyRecord, int, Charge]:
+    """What `admission` has loaded: the key's record, how far the core got and the
+    limits' charge; or the failure loading raised, raised."""
+    if admission.failure is not None:
+        raise admission.failure
+    if admission.record is None:  # pragma: no cover - the shell loads a key or fails
+        raise AuthUnavailable()
+    return admission.record, admission.need, admission.charged
+
+
+def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
+    """After the credits were spent: the headers with the credits left; or, none taken,
+    the limits' charge to give back, and once given back the refusal."""
+    refill = parse_refill(record.credit_refill) if record.credit_refill else None
+    if admission.need == _SPEND:
+        if admission.left is not None:
+            return credit_headers(admission.headers or [], admission.left, refill)
+        admission.need = _REFUND  # a refused request is charged to nothing
+        return admission
+    raise _credits_exhausted(refill)
+
+
+def _shape_for(
+    limiter: RateLimiter, limit: str | None, policy_name: str
+) -> _OnePolicy | _PolicySet:
+    """How the headers show the policies of `limit`, the default one named `policy_name`."""
+    shown = tuple(
+        (
+            policy_name if policy.name == DEFAULT_POLICY else policy.name,
+            policy.item.amount,
+            policy.item.get_expiry(),
+        )
+        for policy in limiter.policies(limit)
+    )
+    if len(shown) == 1:
+        name = shown[0][0]
+        return _OnePolicy(name, _policy_header(*shown[0]), b'"%s";r=' % name.encode())
+    return _policy_set(shown)
 
 
 class Gate:
@@ -395,125 +496,78 @@ class Gate:
         self.trusted_proxies = trusted_proxies
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
         self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
-        # key id -> what admit_now needs of the key's latest version seen
+        # key id -> what the core needs of the key's latest version seen
         self._prepared: dict[str, _Prepared] = {}
         # a key's grants -> its `scope["auth"]` and its answers by route: they follow from
         # the grants alone, so keys with the same scopes share them (a key costs less memory)
         self._by_grants: dict[GrantedScopes, tuple[APIKeyAuth, _RouteAnswers]] = {}
-        # (method, path) -> the scopes the route needs (None: no rule), for admit_now
+        # (method, path) -> the scopes the route needs (None: no rule)
         self._routes: dict[tuple[str, str], tuple[str, ...] | None] = {}
-        self._counts_here = self.limiter.counts_here
-        # Redis' limiter decides at once too while this process holds units of a window.
-        self._decides_here = self._counts_here or self.limiter.leases_here
-        # The ids of keys admit_now leaves to admit_general (bytes), and where a token of
-        # the manager's prefix holds its id ("{prefix}_{id}_…"): so that their requests are
-        # not verified twice, once by each body. (0, 0) when the manager reads any prefix.
-        self._general: dict[bytes, None] = {}
-        prefix = manager.prefix
-        self._id_start = len(prefix) + 1 if prefix else 0
-        self._id_end = self._id_start + ID_LENGTH if prefix else 0
 
-    def admit_now(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers | None:
-        """`admit` for the common case, decided without an await; None for any other case,
-        having charged and counted nothing: then `await admit_general(scope, path, required)`.
+    def decide(
+        self,
+        scope: Scope,
+        path: str,
+        required: Sequence[str] = (),
+        admission: Admission | None = None,
+    ) -> Headers | Admission:
+        """The decision core of `admit`: no await, no I/O. Answers the `RateLimit` headers
+        (the request admitted, `scope` set), raises the refusal (booked by `refused`), or
+        answers the `Admission` saying what must be loaded before it can go on.
 
-        The common case: the key's header holds one well-formed value; the manager holds
-        the key in its key cache (or its memory store) with a fast hash (`verify_now`);
-        the limiter counts in this process (`RateLimiter.counts_here`) or, on Redis, holds
-        units of the key's window that it leased (`RateLimiter.spend_here`: a key with one
-        limit and no allowlist); the key has no credits; telemetry is off. The checks are
-        `admit_general`'s, in its order, without the layers between them: the key's format
-        and checksum, its peppered hash (compared in constant time), its state and expiry
-        (all in `verify_now`), its usage count, its address, its limits and the two
-        RateLimit headers, its scopes. What can be made once per key version (its grants,
-        `scope["auth"]` and `scope["user"]`, its limit's counter and headers, whether it
-        has a route's scopes) is made at its first request.
-
-        Why a second body: it is the request path of nearly every request, and each layer
-        it skips (a coroutine, the header helpers, the limiter's decision object, two
-        objects per request) is a measurable share of the middleware's cost next to a
-        hand-written check (docs/performance.md). Everything it cannot decide at once, and
-        every malformed header, goes to `admit_general`, which decides the same way; a
-        refusal it makes (a wrong secret, a revoked key, an address, a limit, a scope) is
-        booked by `refused` exactly as `admit_general` books it.
+        Called first with the request alone; then, by `complete`, with the `Admission` it
+        answered, once what it needs is loaded. The checks, in the contract's order: the
+        key's header, the key (`KeyManager.verify_now`, else the store), its address, its
+        rate limits (`RateLimiter.charge`, else the limiter's server), its scopes, its
+        credits (spent in the store, and the limits' charge given back on refusal). The
+        request is counted in the key's usage once, when the core answers or refuses
+        after the key was verified. What it makes of each version of a key (its grants,
+        `scope["auth"]` and `scope["user"]`, its limits' plan and headers, its answers by
+        route) is made at the version's first request: the common case (a key held by the
+        manager, limits decided in this process, no credits) is answered by the first call.
         """
         manager = self.manager
-        if not self._decides_here or manager.telemetry.active:
-            return None
         record: KeyRecord | None = None
         rate_headers: Headers | None = None
         try:
-            # The key's header: exactly one, read as bearer_token / header_token read it.
-            header_name = self.header_name
-            value = None
-            for name, found in scope["headers"]:
-                if name == header_name:
-                    if value is not None:
-                        return None  # two: admit refuses
-                    value = found
-            if value is None:
-                return None
-            value = value.strip(b" \t")
-            if len(value) > MAX_AUTHORIZATION_LENGTH or not value.isascii():
-                return None
-            if self._bearer:
-                # The usual spelling first, sparing the two objects of the slice and lower().
-                if not value.startswith(b"Bearer ") and value[:7].lower() != b"bearer ":
-                    return None
-                value = value[7:]
-            if self._general and value[self._id_start : self._id_end] in self._general:
-                return None  # a key with credits: admit_general, without verifying twice
-            # Format, checksum, hash, state and expiry; the request is not counted yet.
-            record = manager.verify_now(value.decode("ascii"), count=False)
-            if record is None:
-                return None
-            key_id = record.id
-            try:
-                prepared = self._prepared[key_id]
-            except KeyError:
-                prepared = None
+            if admission is None:
+                token = self._token(scope)
+                # Format, checksum, hash, state and expiry; counted once the core answers.
+                record = manager.verify_now(token, count=False)
+                if record is None:
+                    return Admission(_KEY, token)  # the store must be read
+                loaded = 0
+            else:
+                # Known before a failure is raised: a request refused after its key was
+                # verified is counted, and carries its limits' headers.
+                record, rate_headers = admission.record, admission.headers
+                record, loaded, charged = _resumed(admission)
+            prepared = self._prepared.get(record.id)
             if prepared is None or prepared.record is not record:
                 prepared = self._prepare(record)
-            kind = prepared.kind
-            if kind == _PLAIN:
-                if self._counts_here:
-                    remaining, reset_after = self.limiter.count_here(
-                        prepared.counter, prepared.amount, prepared.window
-                    )
-                else:
-                    spent = self.limiter.spend_here(
-                        prepared.counter, prepared.amount, prepared.window
-                    )
-                    if spent is None:
-                        return None  # Redis must be asked: nothing is charged or counted
-                    remaining, reset_after = spent
-                manager.usage_buffer.record(key_id)
-                one = prepared.one
-                rate_headers = [
-                    one.policy_header,
-                    (
-                        b"ratelimit",
-                        b"%s%d;t=%d" % (one.start, remaining if remaining > 0 else 0, reset_after),
-                    ),
-                ]
-                if remaining < 0:
-                    raise RateLimited(reset_after, (one.name,))
-            elif kind == _OTHER:
-                if not self._counts_here:
-                    return None  # several limits on Redis: one script leases them all
-                manager.usage_buffer.record(key_id)
+            if loaded < _CHARGE:
                 if record.allowed_ips:
                     check_address(scope, record, self.trusted_proxies)  # before any charge
-                rate_headers, refusal = self._count_other(record, prepared)
-                if refusal is not None:
-                    raise refusal
-            else:
-                if self._id_end:
-                    remember(self._general, key_id.encode(), None, 10_000)
-                return None
-            # The scopes, as admit_general checks them, answered once per route and key
-            # version.
-            if self.scopes is not None:
+                answer = self.limiter.charge(prepared.plan)
+                if type(answer) is tuple:
+                    charged = answer
+                else:
+                    return _waiting(admission, _CHARGE, record, None, answer)
+            if loaded <= _CHARGE:
+                # The limits' headers, then their refusal (a remaining below 0, `~left`).
+                shape = prepared.shape
+                if type(shape) is _OnePolicy:
+                    least = remaining = charged[0]
+                    shown = remaining if remaining >= 0 else ~remaining
+                    value = b"%s%d;t=%d" % (shape.start, shown, charged[1])
+                    rate_headers = [shape.policy_header, (b"ratelimit", value)]
+                else:
+                    rate_headers = _policies_headers(charged, shape)  # type: ignore[arg-type]
+                    least = min(charged[::2])
+                if least < 0:
+                    raise _rate_limited(charged, shape)
+                # The scopes: the route table's answer for this key version and route,
+                # worked out once, then what the endpoint requires.
                 route = (scope.get("method", "GET"), path)
                 try:
                     lacking = prepared.routes[route]
@@ -521,94 +575,86 @@ class Gate:
                     lacking = self._lacking(prepared, route)
                 if lacking is not None:
                     raise InsufficientScope(lacking)
-            if required and not prepared.grants.covers(required):
-                raise InsufficientScope(required)
-        except AuthenticationError as exc:
-            raise self.refused(record, exc, rate_headers) from None
-        except Exception:
-            logger.exception("apikeys: unexpected error while authenticating; answering 503")
-            raise AuthUnavailable() from None
+                if required and not prepared.grants.covers(required):
+                    raise InsufficientScope(required)
+                if record.credits is not None:
+                    return self._spending(scope, path, admission, record, rate_headers)
+            else:
+                credited = _credited(admission, record)  # type: ignore[arg-type]
+                if isinstance(credited, Admission):
+                    return credited
+                rate_headers = credited
+        except Exception as exc:
+            raise self._refusal(record, exc, rate_headers) from None
+        manager.usage_buffer.record(record.id)
+        if manager.telemetry.active:
+            manager.telemetry.limiter(record.id, "allowed")
         scope["apikey"] = record
         scope["auth"] = prepared.auth
         scope["user"] = prepared.user
         return rate_headers
 
-    def _count_other(
-        self, record: KeyRecord, prepared: _Prepared
-    ) -> tuple[Headers, RateLimited | None]:
-        """`admit_now`'s limits of a key with an allowlist or several limits: the RateLimit
-        headers, and the refusal (None when admitted)."""
-        shape = prepared.shape
-        if isinstance(shape, _OnePolicy):
-            remaining, reset_after = self.limiter.count_here(
-                prepared.counter, prepared.amount, prepared.window
-            )
-            value = b"%s%d;t=%d" % (shape.start, remaining if remaining > 0 else 0, reset_after)
-            headers = [shape.policy_header, (b"ratelimit", value)]
-            if remaining < 0:
-                return headers, RateLimited(reset_after, (shape.name,))
-            return headers, None
-        decisions = self.limiter.policies_here(record.id, record.rate_limit)
-        headers = _policies_headers(decisions, shape)
-        if not decisions.allowed:
-            return headers, RateLimited(decisions.retry_after, _violated(decisions, shape))
-        return headers, None
+    def _refusal(
+        self, record: KeyRecord | None, exc: Exception, rate_headers: Headers | None
+    ) -> AuthenticationError:
+        """The core's refusal for `exc`, raised while deciding: the request counted (when
+        its key was verified) and the refusal booked by `refused`. Anything but an
+        `AuthenticationError` is a bug or an unforeseen store error: logged (no request
+        data) and refused as 503, failing closed."""
+        if record is not None:
+            self.manager.usage_buffer.record(record.id)
+        if isinstance(exc, AuthenticationError):
+            return self.refused(record, exc, rate_headers)
+        logger.exception("apikeys: unexpected error while authenticating; answering 503")
+        return AuthUnavailable()
 
-    def _lacking(self, prepared: _Prepared, route: tuple[str, str]) -> tuple[str, ...] | None:
-        """The scopes the key of `prepared` lacks for `route` (method, path), as
-        admit_general finds them (None: it may take the route), remembered for admit_now:
-        what a route needs once per route, and the key's answer once per version."""
-        assert self.scopes is not None
-        try:
-            needed = self._routes[route]
-        except KeyError:
-            needed = remember(self._routes, route, self.scopes.required(*route), 10_000)
-        lacking: tuple[str, ...] | None = None
-        if needed is None:
-            # No rule covers the route: only full access, unless the app allows it.
-            if not (prepared.grants.full_access or self.allow_unmapped):
-                lacking = ()
-        elif not prepared.grants.covers(needed):
-            lacking = needed
-        remember(prepared.routes, route, lacking, 256)  # a key on many paths (ids in them)
-        return lacking
+    def _spending(
+        self,
+        scope: Scope,
+        path: str,
+        admission: Admission | None,
+        record: KeyRecord,
+        headers: Headers,
+    ) -> Admission:
+        """The `Admission` needing the key's credits spent: what the route costs."""
+        spending = _waiting(admission, _SPEND, record, headers, None)
+        if self.costs is not None:
+            spending.cost = self.costs.cost(scope.get("method", ""), path)
+        return spending
 
-    def _prepare(self, record: KeyRecord) -> _Prepared:
-        """What `admit_now` needs of this version of the key (see `_Prepared`)."""
-        grants = grants_for(record.scopes, record.access == "full")
-        shared = self._by_grants.get(grants)
-        if shared is None:
-            shared = remember(self._by_grants, grants, (APIKeyAuth(grants), {}), _SHARED_GRANTS)
-        auth, routes = shared
-        limit = record.rate_limit
-        shape = self._shapes.get(limit) or self._shape(limit)
-        counter, amount, window = "", 0, 0
-        if isinstance(shape, _OnePolicy):
-            counter, amount, window = self.limiter.plan(record.id, limit)
-        if record.credits is not None:
-            kind = _GENERAL
-        elif record.allowed_ips or not isinstance(shape, _OnePolicy):
-            kind = _OTHER
+    async def complete(
+        self, scope: Scope, path: str, required: Sequence[str], answer: Headers | Admission
+    ) -> Headers:
+        """The shell of `admit`: while `decide`'s `answer` is an `Admission`, load what it
+        needs (the key from the store, the limiter's server's charge, the credits, their
+        refund) and ask `decide` again; then its answer. What loading raises is handed to
+        `decide`, which refuses with it."""
+        while isinstance(answer, Admission):
+            try:
+                await self._load(answer)
+            except Exception as exc:
+                answer.failure = exc
+            answer = self.decide(scope, path, required, answer)
+        return answer
+
+    async def _load(self, admission: Admission) -> None:
+        need, record = admission.need, admission.record
+        if need == _KEY:
+            admission.record = await self.manager.verify(admission.token, record_usage=False)
+        elif need == _CHARGE:
+            charging, admission.charging = admission.charging, None
+            assert charging is not None
+            admission.charged = await charging
+        elif need == _SPEND:
+            assert record is not None
+            admission.left = await self.manager.spend_credits(record, admission.cost)
         else:
-            kind = _PLAIN
-        prepared = _Prepared(
-            record,
-            kind,
-            grants,
-            auth,
-            APIKeyUser(record),
-            routes,
-            counter,
-            amount,
-            window,
-            shape,
-            shape if isinstance(shape, _OnePolicy) else _NO_POLICY,
-        )
-        return remember(self._prepared, record.id, prepared, 10_000)
+            assert record is not None
+            await self.limiter.refund(record.id, record.rate_limit)
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
         """Admit the request `scope` to `path` (the path the app routes on), or refuse it:
-        `admit_now`, and `admit_general` when that cannot decide.
+        `decide`, and `complete` when it needs something loaded.
 
         `required` are scopes the key needs besides what the route table says (what an
         endpoint declares, say). Admitted: `scope["apikey"]` is the `KeyRecord`,
@@ -617,79 +663,66 @@ class Gate:
         `AuthenticationError` to answer with (its `headers` carry the `RateLimit` headers
         when the key got that far), counted as `refused` says; never anything else.
         """
-        decided = self.admit_now(scope, path, required)
-        if decided is not None:
-            return decided
-        return await self.admit_general(scope, path, required)
+        return await self.complete(scope, path, required, self.decide(scope, path, required))
 
-    async def admit_general(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
-        """`admit` for every case, the common one included: what `admit` does when
-        `admit_now` cannot decide (a caller that has just asked `admit_now` calls this)."""
-        record: KeyRecord | None = None
-        rate_headers: Headers | None = None
+    def _token(self, scope: Scope) -> str:
+        """The key in the request's one key header, read as `bearer_token` and
+        `header_token` read it; their errors for a missing, doubled or malformed header."""
+        header_name = self.header_name
+        value: bytes | None = None
+        for name, found in scope["headers"]:
+            if name == header_name:
+                if value is not None:
+                    value = None
+                    break  # two: refused by the readers below
+                value = found
+        if value is not None:
+            value = value.strip(b" \t")
+            if len(value) <= MAX_AUTHORIZATION_LENGTH and value.isascii():
+                if not self._bearer:
+                    return value.decode("ascii")
+                # The usual spelling first, sparing the two objects of the slice and lower().
+                if value.startswith(b"Bearer ") or value[:7].lower() == b"bearer ":
+                    return value[7:].decode("ascii")
+        values = [found for name, found in scope["headers"] if name == header_name]
+        return bearer_token(values) if self._bearer else header_token(values, self.header)
+
+    def _lacking(self, prepared: _Prepared, route: tuple[str, str]) -> tuple[str, ...] | None:
+        """The scopes the route table says the key of `prepared` lacks for `route` (method,
+        path), None when it may take it (or the gate has no table); remembered: what a
+        route needs once per route, and the key's answer once per version."""
+        lacking: tuple[str, ...] | None = None
+        if self.scopes is not None:
+            needed = self._needed(route)
+            if needed is None:
+                # No rule covers the route: only full access, unless the app allows it.
+                if not (prepared.grants.full_access or self.allow_unmapped):
+                    lacking = ()
+            elif not prepared.grants.covers(needed):
+                lacking = needed
+        remember(prepared.routes, route, lacking, 256)  # a key on many paths (ids in them)
+        return lacking
+
+    def _needed(self, route: tuple[str, str]) -> tuple[str, ...] | None:
+        """The scopes the route table says `route` needs (None: no rule covers it)."""
+        assert self.scopes is not None
         try:
-            header_name = self.header_name
-            values = []
-            for name, value in scope["headers"]:
-                if name == header_name:
-                    values.append(value)
-            token = bearer_token(values) if self._bearer else header_token(values, self.header)
-            # A cached key is decided without awaiting; verify() reads the store otherwise.
-            manager = self.manager
-            record = manager.verify_now(token) or await manager.verify(token)
-            if self._general and record.credits is None:
-                self._general.pop(record.id.encode(), None)  # its credits were taken away
-            if record.allowed_ips:
-                check_address(scope, record, self.trusted_proxies)  # before any charge
-            limit = record.rate_limit
-            shape = self._shapes.get(limit) or self._shape(limit)
-            if isinstance(shape, _OnePolicy):
-                # One policy: the fast path, decided without awaiting while it can be.
-                limiter = self.limiter
-                decision = limiter.hit_now(record.id, limit) or await limiter.hit(record.id, limit)
-                rate_headers = [
-                    shape.policy_header,
-                    (
-                        b"ratelimit",
-                        b"%s%d;t=%d" % (shape.start, decision.remaining, decision.reset_after),
-                    ),
-                ]
-                if not decision.allowed:
-                    raise RateLimited(decision.reset_after, (shape.name,))
-            else:
-                decisions = await self.limiter.hit_policies(record.id, limit)
-                rate_headers = _policies_headers(decisions, shape)
-                if not decisions.allowed:
-                    raise RateLimited(decisions.retry_after, _violated(decisions, shape))
-            grants = grants_for(record.scopes, record.access == "full")
-            table = self.scopes
-            if table is not None:
-                needed = table.required(scope.get("method", "GET"), path)
-                if needed is None:
-                    # No rule covers the route: only full access, unless the app allows it.
-                    if not (grants.full_access or self.allow_unmapped):
-                        raise InsufficientScope(())
-                elif not grants.covers(needed):
-                    raise InsufficientScope(needed)
-            if required and not grants.covers(required):
-                raise InsufficientScope(required)
-            if record.credits is not None:
-                cost = 1 if self.costs is None else self.costs.cost(scope.get("method", ""), path)
-                rate_headers = await spend_credit(
-                    self.manager, self.limiter, record, rate_headers, cost
-                )
-        except AuthenticationError as exc:
-            raise self.refused(record, exc, rate_headers) from None
-        except Exception:
-            # A bug or an unforeseen store error: log it (no request data) and fail closed.
-            logger.exception("apikeys: unexpected error while authenticating; answering 503")
-            raise AuthUnavailable() from None
-        if self.manager.telemetry.active:
-            self.manager.telemetry.limiter(record.id, "allowed")
-        scope["apikey"] = record
-        scope["auth"] = APIKeyAuth(grants)
-        scope["user"] = APIKeyUser(record)
-        return rate_headers
+            return self._routes[route]
+        except KeyError:
+            return remember(self._routes, route, self.scopes.required(*route), 10_000)
+
+    def _prepare(self, record: KeyRecord) -> _Prepared:
+        """What the core needs of this version of the key (see `_Prepared`)."""
+        grants = grants_for(record.scopes, record.access == "full")
+        shared = self._by_grants.get(grants)
+        if shared is None:
+            shared = remember(self._by_grants, grants, (APIKeyAuth(grants), {}), _SHARED_GRANTS)
+        auth, routes = shared
+        limit = record.rate_limit
+        shape = self._shapes.get(limit) or self._shape(limit)
+        plan = self.limiter.plan(record.id, limit)
+        prepared = _Prepared(record, grants, auth, APIKeyUser(record), routes, plan, shape)
+        return remember(self._prepared, record.id, prepared, 10_000)
 
     def refused(
         self,
@@ -717,18 +750,5 @@ class Gate:
         return exc
 
     def _shape(self, limit: str | None) -> _OnePolicy | _PolicySet:
-        shown = tuple(
-            (
-                self.policy_name if policy.name == DEFAULT_POLICY else policy.name,
-                policy.item.amount,
-                policy.item.get_expiry(),
-            )
-            for policy in self.limiter.policies(limit)
-        )
-        shape: _OnePolicy | _PolicySet
-        if len(shown) == 1:
-            name = shown[0][0]
-            shape = _OnePolicy(name, _policy_header(*shown[0]), b'"%s";r=' % name.encode())
-        else:
-            shape = _policy_set(shown)
+        shape = _shape_for(self.limiter, limit, self.policy_name)
         return remember(self._shapes, limit, shape, 10_000)

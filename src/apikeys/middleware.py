@@ -181,10 +181,10 @@ class APIKeyMiddleware:
             return
         gate = self.gate
         try:
-            # The common case without an await; admit decides every other (apikeys.gate).
-            rate_headers = gate.admit_now(scope, path)
-            if rate_headers is None:
-                rate_headers = await gate.admit_general(scope, path)
+            # Gate.admit, without its coroutine when the core answers at once (the usual case).
+            rate_headers = gate.decide(scope, path)
+            if type(rate_headers) is not list:
+                rate_headers = await gate.complete(scope, path, (), rate_headers)
         except AuthenticationError as exc:
             await self._refuse(scope, send, exc)
             return
