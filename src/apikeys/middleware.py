@@ -41,7 +41,7 @@ from apikeys.gate import (
 from apikeys.manager import KeyManager
 from apikeys.problems import send_problem
 from apikeys.ratelimit import RateLimiter
-from apikeys.routes import CostTable, ScopeTable
+from apikeys.routes import CostTable, ScopeTable, check_routes, is_preflight, serves_cors
 from apikeys.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -144,6 +144,10 @@ class APIKeyMiddleware:
             trusted_proxies=trusted_proxies,
         )
         """The request path, which every entry point shares (`apikeys.gate`)."""
+        self._rules = (dict(scopes or {}), dict(costs or {}))
+        # Starlette's CORSMiddleware inside: it answers preflights and never runs an endpoint
+        # for one, so a preflight without a key may reach it.
+        self._cors = serves_cors(app)
 
     @property
     def header(self) -> str:
@@ -180,6 +184,9 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         gate = self.gate
+        if self._cors and is_preflight(scope) and not self._has_key(scope):
+            await self.app(scope, receive, send)  # answered by the app's CORSMiddleware
+            return
         try:
             # Gate.admit, without its coroutine when the core answers at once (the usual case).
             rate_headers = gate.decide(scope, path)
@@ -200,6 +207,10 @@ class APIKeyMiddleware:
             return send(message)
 
         await self.app(scope, receive, send_with_rate_headers)
+
+    def _has_key(self, scope: Scope) -> bool:
+        wanted = self.gate.header_name
+        return any(name == wanted for name, _ in scope["headers"])
 
     async def _refuse(self, scope: Scope, send: Send, exc: AuthenticationError) -> None:
         if scope["type"] == "websocket":
@@ -230,7 +241,9 @@ class APIKeyMiddleware:
             nonlocal received
             received = True
             message = await receive()
-            if message["type"] == "lifespan.shutdown":
+            if message["type"] == "lifespan.startup":
+                self._check_routes()
+            elif message["type"] == "lifespan.shutdown":
                 await self._shutdown()
             return message
 
@@ -243,10 +256,16 @@ class APIKeyMiddleware:
             # a message): speak it here, so usage is still written on graceful shutdown.
             await self._own_lifespan(receive, send)
 
+    def _check_routes(self) -> None:
+        """At start: the rules held against the app's routes (`routes.check_routes`: a rule
+        no route answers, or one a trailing slash away, is warned about)."""
+        check_routes(self.app, scopes=self._rules[0], costs=self._rules[1])
+
     async def _own_lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                self._check_routes()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self._shutdown()

@@ -499,7 +499,7 @@ def test_a_plain_view_checks_a_key_for_its_scopes_with_check_request(
 
 
 def test_the_django_module_exports_and_documents_what_it_defines() -> None:
-    # The DRF classes (apikeys/integrations/_drf.py) import check_request, current_realm and
+    # The DRF classes (apikeys/integrations/django/drf.py) import check_request, current_realm and
     # Outcome from here: they are public names of this module, not private ones.
     assert_all_is_complete("apikeys.integrations.django")
     assert_exports_are_documented("apikeys.integrations.django")

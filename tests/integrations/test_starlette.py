@@ -395,7 +395,6 @@ def test_is_preflight_is_an_options_with_origin_and_requested_method(
 # -- what APIKeyMiddleware is to do with the same helpers (its call sites are not there yet) --
 
 
-@pytest.mark.xfail(reason="APIKeyMiddleware does not call routes.check_routes yet", strict=True)
 async def test_if_the_middlewares_rules_match_no_route_then_warned_at_start() -> None:
     manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
     app = APIKeyMiddleware(
@@ -411,7 +410,6 @@ async def test_if_the_middlewares_rules_match_no_route_then_warned_at_start() ->
         await manager.aclose()
 
 
-@pytest.mark.xfail(reason="APIKeyMiddleware does not call routes.serves_cors yet", strict=True)
 async def test_if_cors_is_inside_the_middleware_then_a_keyless_preflight_passes() -> None:
     manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
     cors = Middleware(CORSMiddleware, allow_origins=["https://app.example"])
