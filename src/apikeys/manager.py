@@ -68,7 +68,14 @@ from apikeys.policies import check_text, parse_refill, policy_fields
 from apikeys.ratelimit import RateLimiter, format_policies, parse_policies
 from apikeys.redaction import failure_reason, redact, safe_url
 from apikeys.scopes import validate_scopes
-from apikeys.stores.base import ADMITTED, MAX_ROLL_HOPS, KeyStore, days_of, store_from_url
+from apikeys.stores.base import (
+    ADMITTED,
+    LEGACY_SCHEME,
+    MAX_ROLL_HOPS,
+    KeyStore,
+    days_of,
+    store_from_url,
+)
 from apikeys.telemetry import EventHook, Telemetry
 from apikeys.types import (
     ACTIVE,
@@ -102,6 +109,10 @@ LIMITER_URL_ENV: Final = "APIKEYS_LIMITER_URL"
 _INSERT_ATTEMPTS = 5
 # Versions of keys whose plain check `verify_now` keeps (see `KeyManager._plain_version`).
 _PLAIN_LIMIT: Final = 10_000
+_LEGACY_DETAIL = (
+    "Only keys imported from the old system are read under this Authorization scheme: "
+    "send this key as 'Bearer <key>'."
+)
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
 _T = TypeVar("_T")
 
@@ -862,6 +873,7 @@ class KeyManager:
         counts: dict[tuple[str, str], int] = {}
         for day in await self.store.usage_history(key_id, first):
             counts[(day.day.isoformat(), ADMITTED)] = day.admitted
+            counts[(day.day.isoformat(), LEGACY_SCHEME)] = day.legacy_scheme
             for code, count in day.refused.items():
                 counts[(day.day.isoformat(), code)] = count
         for slot, count in self.usage_buffer.pending_daily(key_id).items():
@@ -1295,6 +1307,24 @@ class KeyManager:
             self.telemetry.verification(None, exc.code, time.perf_counter() - started)
             raise
         self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
+        return record
+
+    async def verify_imported(self, token: str, *, record_usage: bool = True) -> KeyRecord:
+        """`verify` for a key sent under a migration's legacy scheme (`Api-Key <key>`): only
+        an imported key's old string is accepted. A key of this manager's format (or a
+        damaged one) is refused with `MalformedAPIKey`, saying to send it as Bearer."""
+        started = time.perf_counter()
+        try:
+            if not is_foreign_token(token, self.prefix):
+                detail = _LEGACY_DETAIL if token.startswith(self.prefix + "_") else None
+                raise MalformedAPIKey(detail)
+            record = await self._verify_foreign(token, record_usage)
+        except AuthenticationError as exc:
+            if self.telemetry.active:
+                self.telemetry.verification(None, exc.code, time.perf_counter() - started)
+            raise
+        if self.telemetry.active:
+            self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
         return record
 
     def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:

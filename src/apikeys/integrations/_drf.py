@@ -60,7 +60,11 @@ class APIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
     """Authenticate `Authorization: Bearer <key>` (or the `HEADER` setting's header).
 
     Returns `(APIKeyUser, APIKeyAuth)`: `request.user.record` is the `KeyRecord`,
-    `request.auth.scopes` its grants. A request without the header is anonymous (None). The
+    `request.auth.scopes` its grants. A request without the header is anonymous (None), and
+    so is one whose Authorization names a scheme this class does not read (neither Bearer
+    nor a `LEGACY_SCHEMES` one): the view's next authentication class reads it, so
+    `authentication_classes = [APIKeyAuthentication, OldAPIKeyAuthentication]` serves both
+    while a migration lasts. The
     view's `required_scopes` are checked before credits are spent, as the middleware checks
     its scope table; a refusal raises `APIKeyRefused`.
     """

@@ -36,7 +36,8 @@ class ContactList(APIView):
 ```
 
 `APIKeyAuthentication` authenticates the key (a request without one is anonymous, as DRF
-expects, and `HasScopes` then refuses it with 401 `missing_api_key`); it checks the view's
+expects, and `HasScopes` then refuses it with 401 `missing_api_key`; so is an Authorization
+scheme it does not read, left to the view's other authentication classes); it checks the view's
 `required_scopes` before it spends credits, in the middleware's order. A request the
 middleware already admitted is not charged again. `exception_handler` answers refusals
 with the middleware's exact problem+json responses; without it they keep their status,
@@ -48,7 +49,9 @@ Settings: the `APIKEYS` dict, every entry optional. The store is `STORE_URL`, el
 the command line, unless `PEPPER` is set. The other entries are the ASGI middleware's
 arguments in capitals: `PROTECT` (default `"/"`), `PUBLIC`, `SCOPES`, `UNMAPPED`, `COSTS`,
 `RATE_LIMIT` (else `APIKEYS_RATE_LIMIT`), `LIMITER_URL` (else `APIKEYS_LIMITER_URL`, else
-`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; and `STORE_OPTIONS` and
+`memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`, `LEGACY_SCHEMES` (e.g.
+`["Api-Key"]` while a migration from djangorestframework-api-key lasts: docs/migrating.md);
+and `STORE_OPTIONS` and
 `MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`.
 
 `get_manager()` is the process's `apikeys.sync.KeyManager` on that store, for views and
@@ -131,6 +134,7 @@ _DEFAULTS: dict[str, Any] = {
     "POLICY_NAME": "default",
     "HEADER": "Authorization",
     "TRUSTED_PROXIES": 0,
+    "LEGACY_SCHEMES": (),
 }
 _DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "exception_handler"})
 # Where the request's key, grants and RateLimit headers are kept on a Django request.
@@ -249,6 +253,7 @@ class _Runtime:
             header=config["HEADER"],
             trusted_proxies=config["TRUSTED_PROXIES"],
             costs=config["COSTS"],
+            legacy_schemes=config["LEGACY_SCHEMES"],
             **options,
         )
 
@@ -442,8 +447,9 @@ def required_scopes(view: Any, method: str) -> tuple[str, ...] | None:
 
 def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome | None:
     """For DRF: the outcome of the key of `request`, checked for `required`; None when the
-    request carries no key (anonymous). A request the middleware admitted is not charged
-    again: only its scopes are checked."""
+    request carries no key (anonymous), or carries Authorization under a scheme the gate
+    does not read (another authentication class's). A request the middleware admitted is
+    not charged again: only its scopes are checked."""
     record = getattr(request, _RECORD, None)
     runtime = _runtime()
     if record is not None:
@@ -458,8 +464,7 @@ def _authenticate(request: HttpRequest, required: tuple[str, ...]) -> _Outcome |
             )
         return _Outcome(True, record, auth)
     scope = _scope_of(request)
-    wanted = runtime.middleware.gate.header_name
-    if not any(name == wanted for name, _ in scope["headers"]):
+    if not runtime.middleware.gate.reads(scope["headers"]):
         return None
     outcome = runtime.manager.loop_thread.call(_check, runtime.for_scopes(required), scope)
     if outcome.passed and outcome.record is not None:

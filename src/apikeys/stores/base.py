@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMITTED",
+    "LEGACY_SCHEME",
     "MAX_ROLL_HOPS",
     "USAGE_BATCH_RETENTION",
     "KeyStore",
@@ -364,6 +365,7 @@ def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
         DailyUsage(
             day=date.fromisoformat(day),
             admitted=outcomes.pop(ADMITTED, 0),
+            legacy_scheme=outcomes.pop(LEGACY_SCHEME, 0),
             refused=dict(sorted(outcomes.items())),
         )
         for day, outcomes in sorted(by_day.items())
@@ -392,6 +394,8 @@ def select_events(
 
 ADMITTED = "admitted"
 """The outcome of a request that reached the application."""
+LEGACY_SCHEME = "legacy_scheme"
+"""Counted besides a request's outcome: the key was sent under a legacy scheme (`Api-Key`)."""
 
 
 def register_store(scheme: str, target: str, extra: str = "") -> None:
