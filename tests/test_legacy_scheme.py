@@ -174,3 +174,21 @@ async def test_gate_reads_only_its_schemes(memory_manager: KeyManager) -> None:
         assert other.reads(headers) is False
     assert other.reads([(b"x-api-key", b"anything")]) is True
     assert plain.reads([]) is False
+
+
+async def test_legacy_scheme_in_metrics(hasher: Any) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from apikeys.stores.memory import MemoryStore
+    from tests.test_telemetry import points
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    async with KeyManager(MemoryStore(), hasher=hasher, metrics=provider) as manager:
+        await imported(manager)
+        async with client(manager, legacy_schemes=("Api-Key",)) as http:
+            for _ in range(2):
+                answer = await http.get("/api/x", headers={"Authorization": f"Api-Key {OLD_KEY}"})
+                assert answer.status_code == 200
+    assert [value for _, value in points(reader)["apikeys.legacy_scheme"]] == [2]
