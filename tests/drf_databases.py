@@ -39,6 +39,22 @@ def make_drf_database(url: str) -> dict[str, Any]:
     return made
 
 
+def drf_accepts(url: str, keys: list[str]) -> list[bool]:
+    """Whether the djangorestframework-api-key project at `url` accepts each of `keys`, as
+    its own `APIKey.objects.is_valid` answers (in a process of its own)."""
+    done = subprocess.run(
+        [sys.executable, str(HERE / "drf_project.py"), url, "--check"],
+        input=json.dumps(keys),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answers: list[bool] = json.loads(done.stdout)
+    return answers
+
+
 @pytest.fixture(scope="module", params=DRF_DATABASES, name="drf")
 def drf_database(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory

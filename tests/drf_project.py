@@ -3,8 +3,10 @@
 Run as `python tests/drf_project.py DATABASE_URL` (`sqlite:///path` or `postgresql://…`): it
 configures Django for that database, runs the package's migrations, issues keys through
 its own model and key generator, and prints JSON: each key string by label, and the labels
-of the keys it revoked or let expire. A process of its own, since Django is configured once
-per process and other tests configure it otherwise.
+of the keys it revoked or let expire. `python tests/drf_project.py DATABASE_URL --check`
+reads key strings on stdin (a JSON list) and prints, as the old service would answer them,
+whether each is valid (`APIKey.objects.is_valid`), as a JSON list. A process of its own,
+since Django is configured once per process and other tests configure it otherwise.
 
 Besides keys of today's release (`sha512$$…`), it makes keys as older releases did, hashed
 by Django's password hashers (made cheap here: fewer rounds, same formats).
@@ -54,7 +56,7 @@ def database(url: str) -> dict[str, object]:
     }
 
 
-def main(url: str) -> None:
+def main(url: str, check: bool = False) -> None:
     settings.configure(
         DATABASES={"default": database(url)},
         INSTALLED_APPS=[
@@ -76,6 +78,10 @@ def main(url: str) -> None:
     from django.utils import timezone
     from rest_framework_api_key.models import APIKey
 
+    if check:
+        asked = json.load(sys.stdin)
+        json.dump([APIKey.objects.is_valid(key) for key in asked], sys.stdout)
+        return
     call_command("migrate", verbosity=0)
     keys: dict[str, str] = {}
     now = timezone.now()
@@ -97,4 +103,4 @@ def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], check="--check" in sys.argv[2:])

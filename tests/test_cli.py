@@ -1102,6 +1102,7 @@ def test_usage_shows_a_key_s_requests_per_day_admitted_and_refused(store_url: st
         "day": today.isoformat(),
         "admitted": 3,
         "refused": {"rate_limited": 1},
+        "legacy_scheme": 0,
     }
     table = ok(store_url, "usage", created["id"], "--days", "2").stdout
     assert "rate_limited" in table

@@ -57,6 +57,7 @@ def test_daily_usage_to_dict() -> None:
         "day": "2026-03-01",
         "admitted": 3,
         "refused": {"insufficient_scope": 1},
+        "legacy_scheme": 0,
     }
 
 

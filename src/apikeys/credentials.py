@@ -4,16 +4,31 @@
 application names (`X-API-Key`), and then Authorization is never read. Only one header is
 ever read, never twice, never the query string. Whether the token is in the key format is
 `KeyManager.verify`'s to check.
+
+While a migration from another library lasts, Authorization may also carry that library's
+scheme (`Api-Key <key>` for djangorestframework-api-key): `legacy_schemes` checks the
+scheme words a deployment turns on, `legacy_token` reads a value under one of them, and
+`carries_key` tells whether a request carries a key a reader reads (so that Django REST
+framework can leave schemes it does not read to other authentication classes).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from apikeys.errors import AuthenticationError, ConfigurationError, MalformedAPIKey, MissingAPIKey
 
-__all__ = ["MAX_AUTHORIZATION_LENGTH", "bearer_token", "header_error", "header_token", "key_header"]
+__all__ = [
+    "MAX_AUTHORIZATION_LENGTH",
+    "bearer_token",
+    "carries_key",
+    "header_error",
+    "header_token",
+    "key_header",
+    "legacy_schemes",
+    "legacy_token",
+]
 
 MAX_AUTHORIZATION_LENGTH = 256
 """Longest value worth reading: "Bearer " and the longest key the format allows, with room."""
@@ -86,3 +101,55 @@ def key_header(header: str) -> bytes:
             "'X-API-Key', in letters, digits and !#$%&'*+-.^_`|~"
         )
     return header.lower().encode("ascii")
+
+
+def legacy_schemes(schemes: Sequence[str], header: str = "Authorization") -> tuple[bytes, ...]:
+    """The scheme words of `schemes` as `legacy_token` matches them: lower-case, each
+    followed by its one space (`b"api-key "`).
+
+    Raises `ConfigurationError` for a word that is not an HTTP token (RFC 9110's
+    auth-scheme), for `Bearer` (always read), and when the key is read from another header
+    than Authorization (`header`): a scheme is a word of Authorization.
+    """
+    if isinstance(schemes, str):
+        raise ConfigurationError("legacy_schemes takes a list of scheme words, e.g. ['Api-Key']")
+    words: list[bytes] = []
+    for scheme in schemes:
+        if not isinstance(scheme, str) or _FIELD_NAME.fullmatch(scheme) is None:
+            raise ConfigurationError(
+                f"legacy scheme {scheme!r} is not an Authorization scheme word, such as 'Api-Key'"
+            )
+        if scheme.lower() == "bearer":
+            raise ConfigurationError("legacy_schemes: Bearer is always read; name old schemes")
+        words.append(scheme.lower().encode("ascii") + b" ")
+    if words and key_header(header) != b"authorization":
+        raise ConfigurationError(
+            f"legacy_schemes are words of the Authorization header; the key is read from {header}"
+        )
+    return tuple(dict.fromkeys(words))
+
+
+def legacy_token(value: bytes, schemes: tuple[bytes, ...]) -> str | None:
+    """The token of an Authorization `value` (stripped, ASCII, of a bounded length) under one
+    of the legacy `schemes` (`legacy_schemes`' words), or None when it names none of them.
+    The scheme word is case-insensitive and followed by exactly one space."""
+    for word in schemes:
+        if value[: len(word)].lower() == word:
+            return value[len(word) :].decode("ascii")
+    return None
+
+
+def carries_key(
+    headers: Iterable[tuple[bytes, bytes]], header_name: bytes, legacy: tuple[bytes, ...] = ()
+) -> bool:
+    """True when a request's `headers` carry a key for a reader of `header_name` (as
+    `key_header` answers it): that header, and for Authorization a scheme the reader reads,
+    Bearer or one of the `legacy` words (`legacy_schemes`). Another scheme (`Basic`,
+    `Token`) is for other authentication to read."""
+    for name, value in headers:
+        if name == header_name:
+            if header_name != b"authorization":
+                return True
+            scheme = value.strip(b" \t").split(b" ", 1)[0].lower()
+            return scheme == b"bearer" or scheme + b" " in legacy
+    return False

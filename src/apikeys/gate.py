@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Final, Literal, NamedTuple
 
@@ -43,9 +43,14 @@ from apikeys.bounded import remember
 from apikeys.credentials import (
     MAX_AUTHORIZATION_LENGTH,
     bearer_token,
+    carries_key,
     header_error,
     header_token,
     key_header,
+    legacy_token,
+)
+from apikeys.credentials import (
+    legacy_schemes as legacy_scheme_words,
 )
 from apikeys.errors import (
     AuthenticationError,
@@ -70,6 +75,7 @@ from apikeys.ratelimit import (
 from apikeys.ratelimit.decisions import charge_of, decision
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
+from apikeys.stores.shared import LEGACY_SCHEME
 from apikeys.types import KeyRecord, Scope, utcnow
 
 __all__ = [
@@ -216,6 +222,15 @@ _KEY = 1  # the key from the store: `await manager.verify(token)`
 _CHARGE = 2  # the limiter's server's charge: the awaitable `RateLimiter.charge` handed back
 _SPEND = 3  # the key's credits: `await manager.spend_credits(record, cost)`
 _REFUND = 4  # the rate limits' charge given back, credits refused: `await limiter.refund(…)`
+_LEGACY = 5  # an imported key sent under a legacy scheme: `await manager.verify_imported(…)`
+
+
+class _LegacyToken(Exception):
+    """`Gate._token` found the key under a legacy scheme (`Api-Key <key>`). Raised, not
+    returned, so that the usual Bearer request pays nothing for the legacy schemes."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
 
 
 # (method, path) -> the scopes a key lacks for that route (None: it may take it)
@@ -450,6 +465,9 @@ class Gate:
     - `policy_name`: how the `RateLimit` headers name a key's one unnamed limit.
     - `trusted_proxies`: how many proxies append to `X-Forwarded-For` (see
       `APIKeyMiddleware`); 0 uses the connection's address.
+    - `legacy_schemes`: Authorization schemes read besides Bearer while a migration lasts
+      (`("Api-Key",)`), for imported keys only (apikeys' own: 401 `malformed_api_key`);
+      counted in the key's usage history as `legacy_scheme`. None by default.
 
     Everything that can be decided once is decided here; `admit` does only the request's
     work, in the order the contract gives: address, rate limits, scopes, credits.
@@ -466,6 +484,7 @@ class Gate:
         header: str = "Authorization",
         policy_name: str = "default",
         trusted_proxies: int = 0,
+        legacy_schemes: Sequence[str] = (),
     ) -> None:
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
@@ -492,6 +511,8 @@ class Gate:
         self.header_name = key_header(header)
         """The lower-case name of the header the key is read from."""
         self._bearer = self.header_name == b"authorization"
+        self._legacy = legacy_scheme_words(legacy_schemes, header)
+        self.legacy_schemes = tuple(legacy_schemes)  # as given
         self.policy_name = _policy_name_text(policy_name)
         self.trusted_proxies = trusted_proxies
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
@@ -585,7 +606,7 @@ class Gate:
                     return credited
                 rate_headers = credited
         except Exception as exc:
-            raise self._refusal(record, exc, rate_headers) from None
+            return self._failure(record, exc, rate_headers)
         manager.usage_buffer.record(record.id)
         if manager.telemetry.active:
             manager.telemetry.limiter(record.id, "allowed")
@@ -593,6 +614,15 @@ class Gate:
         scope["auth"] = prepared.auth
         scope["user"] = prepared.user
         return rate_headers
+
+    def _failure(
+        self, record: KeyRecord | None, exc: Exception, rate_headers: Headers | None
+    ) -> Admission:
+        """What the core raised: a key under a legacy scheme, to load (an imported key's,
+        from the store); else the refusal, raised."""
+        if type(exc) is _LegacyToken:
+            return Admission(_LEGACY, exc.token)
+        raise self._refusal(record, exc, rate_headers) from None
 
     def _refusal(
         self, record: KeyRecord | None, exc: Exception, rate_headers: Headers | None
@@ -641,6 +671,13 @@ class Gate:
         need, record = admission.need, admission.record
         if need == _KEY:
             admission.record = await self.manager.verify(admission.token, record_usage=False)
+        elif need == _LEGACY:
+            manager = self.manager
+            record = await manager.verify_imported(admission.token, record_usage=False)
+            admission.record, admission.need = record, _KEY  # then on as any verified key
+            manager.usage_buffer.count(record.id, LEGACY_SCHEME)
+            if manager.telemetry.active:
+                manager.telemetry.legacy_scheme(record.id)
         elif need == _CHARGE:
             charging, admission.charging = admission.charging, None
             assert charging is not None
@@ -684,6 +721,10 @@ class Gate:
                 # The usual spelling first, sparing the two objects of the slice and lower().
                 if value.startswith(b"Bearer ") or value[:7].lower() == b"bearer ":
                     return value[7:].decode("ascii")
+                if self._legacy:
+                    legacy = legacy_token(value, self._legacy)
+                    if legacy is not None:
+                        raise _LegacyToken(legacy)
         values = [found for name, found in scope["headers"] if name == header_name]
         return bearer_token(values) if self._bearer else header_token(values, self.header)
 
@@ -723,6 +764,11 @@ class Gate:
         plan = self.limiter.plan(record.id, limit)
         prepared = _Prepared(record, grants, auth, APIKeyUser(record), routes, plan, shape)
         return remember(self._prepared, record.id, prepared, 10_000)
+
+    def reads(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """True when `headers` carry a key this gate reads: its key header, and for
+        Authorization one of its schemes (Bearer, its legacy ones); not `Basic`, `Token`…"""
+        return carries_key(headers, self.header_name, self._legacy)
 
     def refused(
         self,

@@ -95,6 +95,11 @@ class APIKeyMiddleware:
       the client address, checked against a key's `allowed_ips`, is then the one they wrote
       (counting from the right). 0 (the default) uses the connection's address and never
       reads the header.
+    - `legacy_schemes`: Authorization schemes read besides Bearer while a migration lasts,
+      for imported keys only (`("Api-Key",)`: djangorestframework-api-key's clients keep
+      their header). A key apikeys issued is refused under them (401 `malformed_api_key`);
+      each request under one is counted in the key's usage as `legacy_scheme`
+      (docs/migrating.md). None by default.
 
     A key's policies are checked in this order: its address (403 `ip_not_allowed`, charged
     to nothing), its rate limits (429 `rate_limited`), its scopes (403
@@ -121,6 +126,7 @@ class APIKeyMiddleware:
         header: str = "Authorization",
         trusted_proxies: int = 0,
         costs: Mapping[str, int] | None = None,
+        legacy_schemes: Sequence[str] = (),
     ) -> None:
         self.app = app
         self.manager = manager
@@ -142,6 +148,7 @@ class APIKeyMiddleware:
             header=header,
             policy_name=policy_name,
             trusted_proxies=trusted_proxies,
+            legacy_schemes=legacy_schemes,
         )
         """The request path, which every entry point shares (`apikeys.gate`)."""
         self._rules = (dict(scopes or {}), dict(costs or {}))

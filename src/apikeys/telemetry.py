@@ -15,6 +15,7 @@ manager = KeyManager(store, metrics=True, on_event=print)
   | `apikeys.cache.lookups` | counter | `result` (`hit` or `miss`), `store` |
   | `apikeys.limiter.decisions` | counter | `decision` (allowed, rate_limited, …) |
   | `apikeys.usage.flush_failures` | counter | `store` |
+  | `apikeys.legacy_scheme` | counter | `store` |
 
 - `on_event(event)` is called with a `TelemetryEvent` for each verification, limiter
   refusal, key change (with its `AuditEvent`) and failed usage flush: for your own logging
@@ -43,7 +44,8 @@ logger = logging.getLogger("apikeys")
 class TelemetryEvent:
     """What `on_event` receives.
 
-    `kind` is `verification`, `limited`, `key_changed` or `usage_flush_failed`. `key_id` is
+    `kind` is `verification`, `limited`, `key_changed`, `usage_flush_failed` or
+    `legacy_scheme` (an imported key sent under a migration's legacy scheme). `key_id` is
     the key concerned (None when there is none); `outcome` is `ok` or an error code;
     `audit` is the change, for `key_changed`.
     """
@@ -90,6 +92,11 @@ class Telemetry:
                 unit="{failure}",
                 description="Usage batches the store did not take (they are retried)",
             )
+            self._legacy = meter.create_counter(
+                "apikeys.legacy_scheme",
+                unit="{request}",
+                description="Requests that sent an imported key under a legacy scheme",
+            )
             self._metrics = True
         self.active = self._metrics or on_event is not None
 
@@ -125,6 +132,12 @@ class Telemetry:
             self._emit(
                 TelemetryEvent("limited", key_id=key_id, outcome=decision, attributes=attributes)
             )
+
+    def legacy_scheme(self, key_id: str) -> None:
+        """An imported key was sent under a migration's legacy scheme (`Api-Key`)."""
+        if self._metrics:
+            self._legacy.add(1, {"store": self.store})
+        self._emit(TelemetryEvent("legacy_scheme", key_id=key_id))
 
     def key_changed(self, event: AuditEvent) -> None:
         self._emit(

@@ -461,11 +461,14 @@ class UsageDelta:
 
 @dataclass(frozen=True, slots=True)
 class DailyUsage:
-    """One key's requests on one UTC day: admitted, and refused by code."""
+    """One key's requests on one UTC day: admitted, and refused by code. `legacy_scheme`:
+    how many of them (admitted or refused) sent the key under a migration's legacy scheme
+    (`Authorization: Api-Key …`, see `Gate`)."""
 
     day: date
     admitted: int = 0
     refused: Mapping[str, int] = field(default_factory=dict, hash=False)
+    legacy_scheme: int = 0
 
     @property
     def total(self) -> int:
@@ -476,6 +479,7 @@ class DailyUsage:
             "day": self.day.isoformat(),
             "admitted": self.admitted,
             "refused": dict(self.refused),
+            "legacy_scheme": self.legacy_scheme,
         }
 
 

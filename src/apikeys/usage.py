@@ -160,6 +160,17 @@ class UsageBuffer:
         daily[(day, ADMITTED)] = daily.get((day, ADMITTED), 0) - 1
         daily[(day, code)] = daily.get((day, code), 0) + 1
 
+    def count(self, key_id: str, outcome: str) -> None:
+        """Count `outcome` for `key_id` today, besides the request's own outcome: how many
+        of its requests were of a kind (`LEGACY_SCHEME`). Leaves the request count alone."""
+        day = self._today(time.time())
+        entry = self._open.get(key_id)
+        if entry is None:
+            entry = self._open[key_id] = [0, time.time(), {}]
+            self._ensure_task()
+        daily = entry[2]
+        daily[(day, outcome)] = daily.get((day, outcome), 0) + 1
+
     def pending_daily(self, key_id: str) -> dict[tuple[str, str], int]:
         """`key_id`'s daily counts not yet confirmed written, by (day, outcome)."""
         found: dict[tuple[str, str], int] = {}

@@ -4,6 +4,7 @@ Django REST framework classes (APIClient), and the settings."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -35,6 +36,9 @@ from django.core.management import CommandError, call_command
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, AsyncRequestFactory, Client, override_settings
 from django.urls import path
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -160,7 +164,44 @@ def preflight(request: HttpRequest) -> HttpResponse:
     return HttpResponse(status=200, headers={"Access-Control-Allow-Origin": "*"})
 
 
+OLD_SERVICE_KEY = "Pq9ZXb3k.old-service-key-that-only-the-old-class-reads"
+
+
+class OldAPIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
+    """Stands in for djangorestframework-api-key's check of `Api-Key <key>`."""
+
+    def authenticate(self, request: Request) -> tuple[None, str] | None:
+        value = request.META.get("HTTP_AUTHORIZATION", "")
+        scheme, _, key = value.partition(" ")
+        if scheme.lower() != "api-key":
+            return None
+        if key != OLD_SERVICE_KEY:
+            raise AuthenticationFailed("unknown old key")
+        return None, "old"
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Api-Key"
+
+
+class AnyAuthenticated(BasePermission):  # type: ignore[misc]
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return request.auth is not None
+
+
+class DRFBoth(APIView):
+    """A view served to new and old clients while a migration lasts."""
+
+    authentication_classes = (APIKeyAuthentication, OldAPIKeyAuthentication)
+    permission_classes = (AnyAuthenticated,)
+
+    def get(self, request: Request) -> Response:
+        if isinstance(request.auth, str):
+            return Response({"by": "old"})
+        return Response({"by": "apikeys", "key": request.user.record.id})
+
+
 urlpatterns = [
+    path("drf/both", DRFBoth.as_view()),
     path("api/v1/contacts", contacts),
     path("api/v1/notes/<int:pk>/", DRFNotes.as_view()),
     path("api/v1/cors", preflight),
@@ -389,6 +430,71 @@ async def test_the_middleware_is_async_under_an_async_handler(
 
 
 # -- Django REST framework -------------------------------------------------------------------
+
+
+def test_drf_leaves_schemes_it_does_not_read_to_the_next_class(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    new = manager.create(name="n", full_access=True)
+    client = APIClient()
+    assert client.get("/drf/both", **bearer(new.key)).json() == {
+        "by": "apikeys",
+        "key": new.record.id,
+    }
+    old = client.get("/drf/both", HTTP_AUTHORIZATION=f"Api-Key {OLD_SERVICE_KEY}")
+    assert old.status_code == 200
+    assert old.json() == {"by": "old"}
+    # A wrong key under the old scheme is the old class's to refuse, not a 500.
+    assert client.get("/drf/both", HTTP_AUTHORIZATION="Api-Key nope").status_code == 401
+    # Bearer is ours: a bad Bearer key is refused by apikeys, never passed on.
+    bad = client.get("/drf/both", HTTP_AUTHORIZATION="Bearer nonsense")
+    assert problem(bad)["code"] == "malformed_api_key"
+    # No header at all: anonymous for both, refused by the permission.
+    assert client.get("/drf/both").status_code == 401
+
+
+def _import_old_key(key: str) -> str:
+    from apikeys.importing import ForeignKey, import_keys
+
+    manager = get_manager()
+    row = ForeignKey(
+        row=1,
+        name="Zapier",
+        hashed="sha512$$" + hashlib.sha512(key.encode()).hexdigest(),
+        prefix=key.split(".")[0],
+    )
+    report = manager.loop_thread.call(
+        import_keys,
+        manager.manager,
+        [row],
+        source="drf-api-key",
+        workspace="acme",
+        full_access=True,
+    )
+    return report.imported[0].id
+
+
+def test_legacy_scheme_setting_reads_imported_keys_in_middleware_and_drf(
+    django_settings: dict[str, Any],
+) -> None:
+    old_key = "Zz8Yy7Xx.imported-from-drf-api-key-0123456789"
+    with override_settings(APIKEYS=apikeys_settings(LEGACY_SCHEMES=["Api-Key"])):
+        key_id = _import_old_key(old_key)
+        own = get_manager().create(name="n", full_access=True)
+        legacy = {"HTTP_AUTHORIZATION": f"Api-Key {old_key}"}
+        # The Django middleware, on a protected path.
+        admitted = Client().get("/api/v1/contacts", **legacy)
+        assert admitted.status_code == 200
+        assert admitted.json()["key"] == key_id
+        refused = Client().get("/api/v1/contacts", HTTP_AUTHORIZATION=f"Api-Key {own.key}")
+        assert problem(refused)["code"] == "malformed_api_key"
+        # DRF: the imported key under the old scheme is apikeys' now.
+        through_drf = APIClient().get("/drf/both", **legacy)
+        assert through_drf.json() == {"by": "apikeys", "key": key_id}
+        manager = get_manager()
+        manager.flush()
+        assert manager.usage(key_id, days=1)[-1].legacy_scheme == 2
 
 
 def test_drf_authentication_and_scopes_by_method(django_settings: dict[str, Any]) -> None:

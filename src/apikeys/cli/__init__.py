@@ -22,7 +22,7 @@ output shows the masked form `ak_<id>_…`.
 
 from __future__ import annotations
 
-from apikeys.cli import audit, importing, keys, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
+from apikeys.cli import audit, importing, keys, migration, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
 from apikeys.cli.common import main
 
 __all__ = ["main"]

@@ -27,6 +27,8 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
 
     Refusals are counted by code: insufficient_scope, rate_limited, credits_exhausted,
     ip_not_allowed. Requests with a wrong secret are not the key's and are not counted.
+    legacy_scheme counts the requests (of either kind) that sent an imported key under a
+    migration's legacy scheme (Authorization: Api-Key).
     """
     key_id = key_id_of(key_id)
 
@@ -42,21 +44,27 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
                 "days": [day.to_dict() for day in history],
                 "admitted": sum(day.admitted for day in history),
                 "refused": sum(day.total - day.admitted for day in history),
+                "legacy_scheme": sum(day.legacy_scheme for day in history),
             }
         )
         return
     codes = sorted({code for day in history for code in day.refused})
+    legacy = sum(day.legacy_scheme for day in history)
+    extra = ("legacy_scheme",) if legacy else ()
     rows = [
         (
             day.day.isoformat(),
             str(day.admitted),
             *(str(day.refused.get(code, 0)) for code in codes),
+            *((str(day.legacy_scheme),) if legacy else ()),
         )
         for day in history
     ]
     click.echo(f"API key {record.id} ({record.name!r}), the last {days} UTC days:")
-    for line in table_lines(("day", "admitted", *codes), rows):
+    for line in table_lines(("day", "admitted", *codes, *extra), rows):
         click.echo(line)
     admitted = sum(day.admitted for day in history)
     refused = sum(day.total - day.admitted for day in history)
     click.echo(f"Total: {admitted} admitted, {refused} refused.")
+    if legacy:
+        click.echo(f"{legacy} sent under a legacy Authorization scheme (Api-Key): not yet moved.")

@@ -1,7 +1,7 @@
 """Importing keys from other systems, keeping their hashes (`apikeys import`).
 
 ```python
-from apikeys.importing import import_keys, read_csv, read_drf
+from apikeys.importing import import_keys, read_csv, read_drf, write_revocations
 ```
 
 `read_drf(url)` reads djangorestframework-api-key's table, `read_csv(path)` a file of
@@ -9,10 +9,14 @@ from apikeys.importing import import_keys, read_csv, read_drf
 record of apikeys that keeps the old hash. The old key strings then work as they are, and
 are re-hashed with apikeys' own scheme on their first successful use (audit `rehashed`).
 How their records are found without giving away which keys exist: `apikeys.importing.foreign`.
+While a migration lasts, `write_revocations(manager, url, workspace=…)` marks revoked in
+djangorestframework-api-key's table the keys imported from it and revoked in apikeys since,
+so the old service refuses them too (`apikeys sync-revocations`).
 """
 
 from __future__ import annotations
 
+from apikeys.importing.revocations import RevocationReport, write_revocations
 from apikeys.importing.run import ImportReport, import_keys
 from apikeys.importing.sources import DRF_TABLE, ForeignKey, Refusal, read_csv, read_drf
 
@@ -21,7 +25,9 @@ __all__ = [
     "ForeignKey",
     "ImportReport",
     "Refusal",
+    "RevocationReport",
     "import_keys",
     "read_csv",
     "read_drf",
+    "write_revocations",
 ]

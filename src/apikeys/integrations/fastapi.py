@@ -48,7 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -86,7 +86,7 @@ class APIKeySecurity(HTTPBearer):
     - `header="X-API-Key"` reads the bare key from that one header instead, and never reads
       Authorization, as `APIKeyMiddleware(header=…)` does; OpenAPI then shows an `apiKey`
       scheme in that header (FastAPI's `APIKeyHeader`) instead of HTTP Bearer.
-    - `realm`, `policy_name` and `trusted_proxies` are the middleware's.
+    - `realm`, `policy_name`, `trusted_proxies` and `legacy_schemes` are the middleware's.
     """
 
     def __init__(
@@ -102,6 +102,7 @@ class APIKeySecurity(HTTPBearer):
         costs: Mapping[str, int] | None = None,
         optional: bool = False,
         policy_name: str = "default",
+        legacy_schemes: Sequence[str] = (),
     ) -> None:
         bearer = key_header(header) == b"authorization"
         if description is None:
@@ -130,6 +131,7 @@ class APIKeySecurity(HTTPBearer):
             header=header,
             policy_name=policy_name,
             trusted_proxies=trusted_proxies,
+            legacy_schemes=legacy_schemes,
         )
         """The request path `APIKeyMiddleware` runs too (`apikeys.gate`)."""
 

@@ -70,8 +70,8 @@ class APIKeyBackend(AuthenticationBackend):
     Authorization, as `APIKeyMiddleware(header=…)` does. `scopes` (the middleware's rules,
     `{"GET /api/v1/contacts": "contacts:read"}`) is checked before credits are spent;
     `unmapped` says what a restricted key may do on a route no rule covers (`"allow"`, the
-    default here: `requires()` decides). `costs`, `policy_name` and `trusted_proxies` are
-    the middleware's.
+    default here: `requires()` decides). `costs`, `policy_name`, `trusted_proxies` and
+    `legacy_schemes` are the middleware's.
     """
 
     def __init__(
@@ -86,6 +86,7 @@ class APIKeyBackend(AuthenticationBackend):
         unmapped: Literal["deny", "allow"] = "allow",
         costs: Mapping[str, int] | None = None,
         policy_name: str = "default",
+        legacy_schemes: Sequence[str] = (),
     ) -> None:
         self.manager = manager
         self.realm = realm
@@ -100,6 +101,7 @@ class APIKeyBackend(AuthenticationBackend):
             header=header,
             policy_name=policy_name,
             trusted_proxies=trusted_proxies,
+            legacy_schemes=legacy_schemes,
         )
         """The request path `APIKeyMiddleware` runs too (`apikeys.gate`)."""
 

@@ -22,7 +22,7 @@ from apikeys.listing import (
 )
 from apikeys.manager.construction import ManagerBase
 from apikeys.stores.contract import MAX_ROLL_HOPS
-from apikeys.stores.shared import ADMITTED, days_of
+from apikeys.stores.shared import ADMITTED, LEGACY_SCHEME, days_of
 from apikeys.types import (
     AuditEvent,
     DailyUsage,
@@ -154,6 +154,7 @@ class KeyReading(ManagerBase):
         counts: dict[tuple[str, str], int] = {}
         for day in await self.store.usage_history(key_id, first):
             counts[(day.day.isoformat(), ADMITTED)] = day.admitted
+            counts[(day.day.isoformat(), LEGACY_SCHEME)] = day.legacy_scheme
             for code, count in day.refused.items():
                 counts[(day.day.isoformat(), code)] = count
         for slot, count in self.usage_buffer.pending_daily(key_id).items():

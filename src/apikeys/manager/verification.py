@@ -46,6 +46,10 @@ _PREFIX_END = -ID_LENGTH - 3
 # Versions of keys whose plain check `verify_now` keeps (see `KeyManager._plain_version`).
 _PLAIN_LIMIT: Final = 10_000
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
+_LEGACY_DETAIL = (
+    "Only keys imported from the old system are read under this Authorization scheme: "
+    "send this key as 'Bearer <key>'."
+)
 
 
 class _SlowCheck(NamedTuple):
@@ -105,6 +109,24 @@ class KeyVerification(ManagerBase):
             self.telemetry.verification(None, exc.code, time.perf_counter() - started)
             raise
         self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
+        return record
+
+    async def verify_imported(self, token: str, *, record_usage: bool = True) -> KeyRecord:
+        """`verify` for a key sent under a migration's legacy scheme (`Api-Key <key>`): only
+        an imported key's old string is accepted. A key of this manager's format (or a
+        damaged one) is refused with `MalformedAPIKey`, saying to send it as Bearer."""
+        started = time.perf_counter()
+        try:
+            if not is_foreign_token(token, self.prefix):
+                detail = _LEGACY_DETAIL if token.startswith(self.prefix + "_") else None
+                raise MalformedAPIKey(detail)
+            record = await self._verify_foreign(token, record_usage)
+        except AuthenticationError as exc:
+            if self.telemetry.active:
+                self.telemetry.verification(None, exc.code, time.perf_counter() - started)
+            raise
+        if self.telemetry.active:
+            self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
         return record
 
     def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:

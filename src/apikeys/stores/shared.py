@@ -7,10 +7,12 @@ from datetime import date, datetime
 
 from apikeys.types import AuditEvent, DailyUsage
 
-__all__ = ["ADMITTED", "days_of", "select_events"]
+__all__ = ["ADMITTED", "LEGACY_SCHEME", "days_of", "select_events"]
 
 ADMITTED = "admitted"
 """The outcome of a request that reached the application."""
+LEGACY_SCHEME = "legacy_scheme"
+"""Counted besides a request's outcome: the key was sent under a legacy scheme (`Api-Key`)."""
 
 
 def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
@@ -23,6 +25,7 @@ def days_of(rows: Iterable[tuple[str, str, int]]) -> list[DailyUsage]:
         DailyUsage(
             day=date.fromisoformat(day),
             admitted=outcomes.pop(ADMITTED, 0),
+            legacy_scheme=outcomes.pop(LEGACY_SCHEME, 0),
             refused=dict(sorted(outcomes.items())),
         )
         for day, outcomes in sorted(by_day.items())

@@ -42,7 +42,8 @@ class ContactList(APIView):
 ```
 
 `APIKeyAuthentication` authenticates the key (a request without one is anonymous, as DRF
-expects, and `HasScopes` then refuses it with 401 `missing_api_key`); it checks the view's
+expects, and `HasScopes` then refuses it with 401 `missing_api_key`; so is an Authorization
+scheme it does not read, left to the view's other authentication classes); it checks the view's
 `required_scopes` before it spends credits, in the middleware's order. A request the
 middleware already admitted is not charged again. `exception_handler` answers refusals
 with the middleware's exact problem+json responses; without it they keep their status,
@@ -55,10 +56,12 @@ the command line, unless `PEPPER` is set. The other entries are the ASGI middlew
 arguments in capitals: `PROTECT` (default `"/"`), `PUBLIC`, `SCOPES`, `UNMAPPED`, `COSTS`,
 `RATE_LIMIT` (else `APIKEYS_RATE_LIMIT`), `LIMITER_URL` (else `APIKEYS_LIMITER_URL`, else
 `memory://`), `REALM`, `POLICY_NAME`, `HEADER`, `TRUSTED_PROXIES`; `STORE_OPTIONS` and
-`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`; and
+`MANAGER_OPTIONS`, keyword arguments for `store_from_url` and `KeyManager`;
 `CORS_PREFLIGHT`: whether CORS preflights pass without a key (`"auto"`, the default: when
-django-cors-headers' middleware is installed, which answers them; True; False). A DRF view's
-`required_scopes` are its route's rule where `SCOPES` has none.
+django-cors-headers' middleware is installed, which answers them; True; False); and
+`LEGACY_SCHEMES` (e.g. `["Api-Key"]` while a migration from djangorestframework-api-key
+lasts: docs/migrating.md). A DRF view's `required_scopes` are its route's rule where
+`SCOPES` has none.
 
 `get_manager()` is the process's `apikeys.sync.KeyManager` on that store, for views and
 management commands: `get_manager().create(name=…, scopes=[…])`. Everything runs on its
@@ -160,6 +163,7 @@ _DEFAULTS: dict[str, Any] = {
     "HEADER": "Authorization",
     "TRUSTED_PROXIES": 0,
     "CORS_PREFLIGHT": "auto",
+    "LEGACY_SCHEMES": (),
 }
 _DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "exception_handler"})
 # Where the request's key, grants and RateLimit headers are kept on a Django request.
@@ -344,6 +348,7 @@ class _Runtime:
             header=config["HEADER"],
             trusted_proxies=config["TRUSTED_PROXIES"],
             costs=config["COSTS"],
+            legacy_schemes=config["LEGACY_SCHEMES"],
             **options,
         )
 
@@ -618,8 +623,9 @@ def required_scopes(view: Any, method: str) -> tuple[str, ...] | None:
 def check_request(request: HttpRequest, required: tuple[str, ...]) -> Outcome | None:
     """The outcome of the key of `request`, checked for the scopes `required` (what the DRF
     classes do for a view's `required_scopes`); None when the request carries no key
-    (anonymous). A request the middleware admitted is not charged again: only its scopes
-    are checked."""
+    (anonymous), or carries Authorization under a scheme the gate does not read (another
+    authentication class's). A request the middleware admitted is not charged again: only
+    its scopes are checked."""
     record = getattr(request, _RECORD, None)
     runtime = _runtime()
     if record is not None:
@@ -634,8 +640,7 @@ def check_request(request: HttpRequest, required: tuple[str, ...]) -> Outcome | 
             )
         return Outcome(True, record, auth)
     scope = _scope_of(request)
-    wanted = runtime.middleware.gate.header_name
-    if not any(name == wanted for name, _ in scope["headers"]):
+    if not runtime.middleware.gate.reads(scope["headers"]):
         return None
     outcome = runtime.manager.loop_thread.call(_check, runtime.for_scopes(required), scope)
     if outcome.passed and outcome.record is not None:

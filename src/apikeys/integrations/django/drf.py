@@ -61,7 +61,11 @@ class APIKeyAuthentication(BaseAuthentication):  # type: ignore[misc]
 
     Returns `(APIKeyUser, APIKeyAuth)`; the view reads the `KeyRecord` as `request.apikey`,
     as behind the middleware (`request.user.record` is the same record), and its grants as
-    `request.auth.scopes`. A request without the header is anonymous (None). The
+    `request.auth.scopes`. A request without the header is anonymous (None), and so is one
+    whose Authorization names a scheme this class does not read (neither Bearer nor a
+    `LEGACY_SCHEMES` one): the view's next authentication class reads it, so
+    `authentication_classes = [APIKeyAuthentication, OldAPIKeyAuthentication]` serves both
+    while a migration lasts. The
     view's `required_scopes` are checked before credits are spent, as the middleware checks
     its scope table; a refusal raises `APIKeyRefused`.
     """
