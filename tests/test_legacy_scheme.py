@@ -192,3 +192,18 @@ async def test_legacy_scheme_in_metrics(hasher: Any) -> None:
                 answer = await http.get("/api/x", headers={"Authorization": f"Api-Key {OLD_KEY}"})
                 assert answer.status_code == 200
     assert [value for _, value in points(reader)["apikeys.legacy_scheme"]] == [2]
+
+
+def test_a_key_scheme_in_any_authorization_header_is_the_gates_to_read() -> None:
+    from apikeys.credentials import carries_key
+
+    auth = b"authorization"
+    assert not carries_key([(auth, b"Basic x")], auth)
+    assert not carries_key([(auth, b"Token x"), (auth, b"Basic y")], auth)
+    # Ours beside another's, in either order: the gate reads them (and refuses two headers).
+    assert carries_key([(auth, b"Basic x"), (auth, b"Bearer k")], auth)
+    assert carries_key([(auth, b"Bearer k"), (auth, b"Basic x")], auth)
+    assert carries_key([(auth, b"Bearer\tk")], auth)  # any whitespace after the scheme
+    assert carries_key([(auth, b"Api-Key k")], auth, (b"api-key ",))
+    assert not carries_key([(auth, b"Api-Key k")], auth)
+    assert not carries_key([(auth, b"")], auth)

@@ -144,12 +144,17 @@ def carries_key(
 ) -> bool:
     """True when a request's `headers` carry a key for a reader of `header_name` (as
     `key_header` answers it): that header, and for Authorization a scheme the reader reads,
-    Bearer or one of the `legacy` words (`legacy_schemes`). Another scheme (`Basic`,
-    `Token`) is for other authentication to read."""
+    Bearer or one of the `legacy` words (`legacy_schemes`), in any of the request's
+    Authorization headers. Another scheme alone (`Basic`, `Token`) is for other
+    authentication to read."""
     for name, value in headers:
         if name == header_name:
             if header_name != b"authorization":
                 return True
-            scheme = value.strip(b" \t").split(b" ", 1)[0].lower()
-            return scheme == b"bearer" or scheme + b" " in legacy
+            # Any of the request's Authorization headers: one of ours beside another's is a
+            # request the gate refuses (two headers), never one left to another reader.
+            words = value.split(None, 1)
+            scheme = words[0].lower() if words else b""
+            if scheme == b"bearer" or scheme + b" " in legacy:
+                return True
     return False

@@ -25,6 +25,8 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Literal
 
+from starlette.datastructures import Headers as StarletteHeaders
+
 from apikeys.credentials import bearer_token, header_token
 from apikeys.errors import AuthenticationError, ConfigurationError
 from apikeys.gate import (
@@ -41,7 +43,7 @@ from apikeys.gate import (
 from apikeys.manager import KeyManager
 from apikeys.problems import send_problem
 from apikeys.ratelimit import RateLimiter
-from apikeys.routes import CostTable, ScopeTable, check_routes, is_preflight, serves_cors
+from apikeys.routes import CostTable, ScopeTable, check_routes, is_preflight, preflight_answerer
 from apikeys.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -152,9 +154,9 @@ class APIKeyMiddleware:
         )
         """The request path, which every entry point shares (`apikeys.gate`)."""
         self._rules = (dict(scopes or {}), dict(costs or {}))
-        # Starlette's CORSMiddleware inside: it answers preflights and never runs an endpoint
-        # for one, so a preflight without a key may reach it.
-        self._cors = serves_cors(app)
+        # Starlette's CORSMiddleware inside: a preflight without a key is answered here as it
+        # would answer it, and the app is not called (nothing of it runs without a key).
+        self._cors = preflight_answerer(app)
 
     @property
     def header(self) -> str:
@@ -191,8 +193,9 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         gate = self.gate
-        if self._cors and is_preflight(scope) and not self._has_key(scope):
-            await self.app(scope, receive, send)  # answered by the app's CORSMiddleware
+        if self._cors is not None and is_preflight(scope) and not self._has_key(scope):
+            headers = StarletteHeaders(scope=scope)
+            await self._cors.preflight_response(request_headers=headers)(scope, receive, send)
             return
         try:
             # Gate.admit, without its coroutine when the core answers at once (the usual case).

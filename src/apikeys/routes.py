@@ -34,6 +34,7 @@ __all__ = [
     "ScopeTable",
     "check_routes",
     "is_preflight",
+    "preflight_answerer",
     "routes_of",
     "serves_cors",
 ]
@@ -373,34 +374,43 @@ def _misfit(kind: str, rule: str, routes: list[tuple[frozenset[str] | None, str]
 # -- CORS preflights ------------------------------------------------------------------------------
 
 
-def serves_cors(app: Any) -> bool:
-    """Whether Starlette's `CORSMiddleware` (or a subclass) runs inside `app`: `app` is one,
-    or wraps one (`.app`), or is a Starlette or FastAPI app that lists one in its middleware.
+def preflight_answerer(app: Any) -> Any | None:
+    """The Starlette `CORSMiddleware` that answers CORS preflights for `app`, or None:
+    `app` itself, one it wraps (`.app`), or one made from the `CORSMiddleware` a Starlette or
+    FastAPI app lists in its middleware, with the same settings.
 
-    Such an app answers every CORS preflight in `CORSMiddleware`, which never calls the
-    endpoint for one: a preflight may reach it without a key.
+    `APIKeyMiddleware` answers a preflight without a key with its `preflight_response`, as
+    that layer would, and never calls the app for it: nothing of the app (a middleware in
+    between, an endpoint) runs for a request without a key.
     """
     from starlette.middleware.cors import CORSMiddleware
 
     for _ in range(32):
         if app is None:
-            return False
+            return None
         if isinstance(app, CORSMiddleware):
-            return True
-        listed = getattr(app, "user_middleware", None) or ()
-        if any(
-            isinstance(entry.cls, type) and issubclass(entry.cls, CORSMiddleware)
-            for entry in listed
-        ):
-            return True
+            return app
+        for entry in getattr(app, "user_middleware", None) or ():
+            if isinstance(entry.cls, type) and issubclass(entry.cls, CORSMiddleware):
+                return entry.cls(_never_called, *entry.args, **entry.kwargs)
         app = getattr(app, "app", None)
-    return False
+    return None
+
+
+async def _never_called(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
+    raise RuntimeError("a preflight answerer never calls an app")
+
+
+def serves_cors(app: Any) -> bool:
+    """Whether Starlette's `CORSMiddleware` (or a subclass) runs inside `app` (see
+    `preflight_answerer`): then a CORS preflight is answered without a key."""
+    return preflight_answerer(app) is not None
 
 
 def is_preflight(scope: Mapping[str, Any]) -> bool:
     """Whether the HTTP request `scope` is a CORS preflight: `OPTIONS` with an `Origin` and
     an `Access-Control-Request-Method` header (what `CORSMiddleware` answers itself)."""
-    if scope.get("method") != "OPTIONS":
+    if scope.get("type") != "http" or scope.get("method") != "OPTIONS":
         return False
     names = {name for name, _ in scope.get("headers", ())}
     return b"origin" in names and b"access-control-request-method" in names

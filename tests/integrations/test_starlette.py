@@ -465,3 +465,58 @@ async def test_if_cors_wraps_the_middleware_then_a_keyless_preflight_passes() ->
         assert refused.headers["access-control-allow-origin"] == "https://app.example"
     finally:
         await manager.aclose()
+
+
+class _MethodOverride:
+    """A middleware that honours X-HTTP-Method-Override, as some apps add before CORS."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"x-http-method-override":
+                    scope = {**scope, "method": value.decode()}
+        await self.app(scope, receive, send)
+
+
+async def test_a_keyless_preflight_is_answered_without_running_anything_of_the_app() -> None:
+    ran: list[str] = []
+
+    async def handler(request: Request) -> JSONResponse:
+        ran.append(request.method)
+        return JSONResponse({"secret": "data"})
+
+    manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER))
+    cors = Middleware(CORSMiddleware, allow_origins=["https://app.example"], allow_methods=["GET"])
+    inner = Starlette(
+        routes=[Route("/api/data", handler, methods=["GET", "OPTIONS", "DELETE"])],
+        middleware=[Middleware(_MethodOverride), cors],
+    )
+    app = APIKeyMiddleware(inner, manager=manager, protect="/api/")
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "GET"}
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            answered = await http.options("/api/data", headers=preflight)
+            overridden = await http.options(
+                "/api/data", headers={**preflight, "X-HTTP-Method-Override": "DELETE"}
+            )
+            other_origin = await http.options(
+                "/api/data", headers={**preflight, "Origin": "https://evil.example"}
+            )
+        assert answered.status_code == 200
+        assert answered.headers["access-control-allow-origin"] == "https://app.example"
+        assert overridden.status_code == 200
+        assert "secret" not in overridden.text
+        assert other_origin.status_code == 400  # CORSMiddleware's own answer
+        assert ran == []  # no middleware of the app and no endpoint ran for a preflight
+    finally:
+        await manager.aclose()
+
+
+def test_a_websocket_scope_is_never_a_preflight() -> None:
+    headers = [(b"origin", b"https://app.example"), (b"access-control-request-method", b"GET")]
+    assert is_preflight({"type": "http", "method": "OPTIONS", "headers": headers})
+    assert not is_preflight({"type": "websocket", "method": "OPTIONS", "headers": headers})
