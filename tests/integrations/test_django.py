@@ -914,6 +914,13 @@ def test_cors_preflights_pass_without_a_key_when_the_app_serves_cors(
             paths = integration._preflight_paths(integration.apikeys_settings())
             assert paths is not None
             assert not paths.match("/api/v1/cors")
+    # ... and only when it comes right after ours: a middleware in between would run for a
+    # request without a key (a method override, say).
+    between = [*MIDDLEWARE, "tests.some.MethodOverride", "corsheaders.middleware.CorsMiddleware"]
+    with override_settings(MIDDLEWARE=between):
+        assert integration._preflight_paths(integration.apikeys_settings()) is None
+    with override_settings(MIDDLEWARE=[*MIDDLEWARE, "corsheaders.middleware.CorsMiddleware"]):
+        assert integration._preflight_paths(integration.apikeys_settings()) is not None
     with override_settings(APIKEYS={**django_settings, "CORS_PREFLIGHT": False}):
         assert integration._preflight_paths(integration.apikeys_settings()) is None
     with (

@@ -195,16 +195,24 @@ def apikeys_settings() -> dict[str, Any]:
 
 
 _CORS_MIDDLEWARE = "corsheaders.middleware.CorsMiddleware"
+_OUR_MIDDLEWARE = "apikeys.integrations.django.APIKeyMiddleware"
 
 
 def _preflight_paths(config: Mapping[str, Any]) -> re.Pattern[str] | None:
     """The paths whose CORS preflights pass without a key (`re.match`), None for none:
     `CORS_PREFLIGHT`, where `"auto"` means those django-cors-headers' middleware answers
     itself, before any view (its `CORS_URLS_REGEX`, every path by default), when it is
-    installed."""
+    installed right after ours (or before it)."""
     chosen = config["CORS_PREFLIGHT"]
     if chosen == "auto":
-        if _CORS_MIDDLEWARE not in (getattr(django_settings, "MIDDLEWARE", None) or ()):
+        # Only when django-cors-headers' middleware is the next one after ours (or before
+        # it): a middleware in between would run for a request without a key.
+        listed = list(getattr(django_settings, "MIDDLEWARE", None) or ())
+        if _CORS_MIDDLEWARE not in listed:
+            return None
+        cors = listed.index(_CORS_MIDDLEWARE)
+        ours = listed.index(_OUR_MIDDLEWARE) if _OUR_MIDDLEWARE in listed else cors
+        if cors > ours + 1:
             return None
         return re.compile(getattr(django_settings, "CORS_URLS_REGEX", r"^.*$"))
     return re.compile("") if chosen else None
