@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import sqlite3
+import uuid
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,8 @@ from apikeys.errors import ConfigurationError
 from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, import_keys, read_csv, read_drf
 from apikeys.importing.sources import check_table
-from tests.conftest import TEST_PEPPER
-
-pytestmark = pytest.mark.sqlite
+from tests import services
+from tests.conftest import TEST_PEPPER, _create_database, _drop_database
 
 PASSWORD = "s3cret-Old-pw"
 ACME_KEY = "AcmeOld1.acme-secret-key-000000000001"
@@ -72,6 +72,7 @@ def _custom_table(path: Path, table: str, rows: list[tuple[str, str, object]]) -
 # -- an unreachable source --------------------------------------------------------------
 
 
+@pytest.mark.sqlite
 @pytest.mark.parametrize(
     "source",
     [
@@ -91,6 +92,7 @@ def test_if_the_source_is_unreachable_then_the_error_names_the_source_not_the_st
     assert cli_store not in result.output
 
 
+@pytest.mark.sqlite
 def test_if_the_source_has_no_such_table_then_the_error_names_the_table_and_source(
     cli_store: str, tmp_path: Path
 ) -> None:
@@ -106,6 +108,7 @@ def test_if_the_source_has_no_such_table_then_the_error_names_the_table_and_sour
 # -- --table ----------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite
 def test_if_table_names_a_custom_model_then_its_keys_are_imported_and_work(
     cli_store: str, tmp_path: Path
 ) -> None:
@@ -128,6 +131,7 @@ def test_if_table_names_a_custom_model_then_its_keys_are_imported_and_work(
     asyncio.run(check())
 
 
+@pytest.mark.sqlite
 @pytest.mark.parametrize(
     "table",
     [
@@ -161,6 +165,41 @@ def test_a_schema_qualified_table_is_an_identifier() -> None:
     assert check_table("rest_framework_api_key_apikey") == "rest_framework_api_key_apikey"
 
 
+@pytest.mark.postgres
+async def test_a_schema_qualified_table_and_a_workspace_column_are_read_on_postgres() -> None:
+    """The names are quoted by SQLAlchemy: a mixed-case column, a table in a schema."""
+    import asyncpg
+
+    services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
+    name = f"apikeys_imp_{uuid.uuid4().hex[:12]}"
+    await _create_database(services.POSTGRES_URL, name)
+    url = f"{services.POSTGRES_URL.rsplit('/', 1)[0]}/{name}"
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "CREATE SCHEMA billing; CREATE TABLE billing.api_keys (prefix text, "
+                "hashed_key text, created timestamptz, name text, revoked bool, "
+                'expiry_date timestamptz, "orgId" integer)'
+            )
+            await conn.execute(
+                "INSERT INTO billing.api_keys VALUES ($1, $2, now(), 'acme', false, NULL, 7)",
+                ACME_KEY.partition(".")[0],
+                _drf_hash(ACME_KEY),
+            )
+        finally:
+            await conn.close()
+        rows = await read_drf(url, table="billing.api_keys", workspace_column="orgId")
+        assert [(row.name, row.workspace) for row in rows if isinstance(row, ForeignKey)] == [
+            ("acme", "7")
+        ]
+        with pytest.raises(ConfigurationError, match="could not read api_keys from the import"):
+            await read_drf(url, table="api_keys")
+    finally:
+        await _drop_database(services.POSTGRES_URL, name)
+
+
+@pytest.mark.sqlite
 def test_table_is_for_drf_api_key_only(cli_store: str, tmp_path: Path) -> None:
     path = tmp_path / "keys.csv"
     path.write_text(f"name,hash\na,sha256:{'4' * 64}\n")
@@ -173,6 +212,7 @@ def test_table_is_for_drf_api_key_only(cli_store: str, tmp_path: Path) -> None:
 # -- --workspace-column -----------------------------------------------------------------
 
 
+@pytest.mark.sqlite
 def test_if_workspace_column_given_then_each_key_is_in_its_rows_workspace(
     cli_store: str, tmp_path: Path
 ) -> None:
@@ -214,6 +254,7 @@ def test_if_workspace_column_given_then_each_key_is_in_its_rows_workspace(
     assert "skipped 2 (imported before)" in again.output
 
 
+@pytest.mark.sqlite
 def test_workspace_column_is_an_identifier_and_excludes_workspace(
     cli_store: str, tmp_path: Path
 ) -> None:
