@@ -90,7 +90,7 @@ async def test_if_imported_key_used_then_rehashed_once_to_apikeys_hash(
         again = await importer.verify(keys[label])
         assert again.id == record.id
         events = await importer.audit(key_id=record.id)
-        assert [event.action for event in events] == ["created", "rehashed"]
+        assert [event.action for event in events] == ["imported", "rehashed"]
         assert events[0].changes["imported_from"] == "drf-api-key"
         assert events[1].changes == {"scheme": "hmac-sha256"}
         assert keys[label] not in json.dumps([event.to_dict() for event in events])
@@ -598,7 +598,7 @@ async def test_an_import_adds_and_revokes_keys_through_the_manager(tmp_path: Pat
         report = await import_keys(manager, rows, source="csv", full_access=True)
         (record,) = report.imported
         changed = [event.audit for event in events if event.kind == "key_changed"]
-        assert [(event.key_id, event.action) for event in changed] == [(record.id, "created")]
+        assert [(event.key_id, event.action) for event in changed] == [(record.id, "imported")]
         assert changed[0].changes["imported_from"] == "csv"
         assert changed[0].changes["scheme"] == "pbkdf2_sha256"
         events.clear()

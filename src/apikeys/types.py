@@ -375,10 +375,19 @@ def _json_value(value: Any) -> Any:
 
 
 AuditAction = Literal[
-    "created", "updated", "disabled", "enabled", "rolled", "revoked", "rehashed", "leak_revoked"
+    "created",
+    "imported",
+    "updated",
+    "disabled",
+    "enabled",
+    "rolled",
+    "revoked",
+    "rehashed",
+    "leak_revoked",
 ]
 AUDIT_ACTIONS: tuple[AuditAction, ...] = (
     "created",
+    "imported",
     "updated",
     "disabled",
     "enabled",

@@ -54,8 +54,8 @@ def audit(
 ) -> None:
     """Show the audit trail: every change to a key, oldest first, with who made it.
 
-    Events are created, updated, disabled, enabled, rolled, revoked, rehashed and
-    leak_revoked. They never hold a secret or a hash.
+    Events are created, imported, updated, disabled, enabled, rolled, revoked, rehashed
+    and leak_revoked. They never hold a secret or a hash.
     """
     wanted = key_id_of(key_id) if key_id is not None else None
     start = utcnow() - since if since is not None else None

@@ -16,8 +16,15 @@ from apikeys.cli.common import (
     main,
     run_with_manager,
 )
+from apikeys.errors import ConfigurationError
 from apikeys.importing import ImportReport, import_keys, read_csv, read_drf
-from apikeys.importing.sources import ForeignKey, Refusal
+from apikeys.importing.sources import (
+    DRF_TABLE,
+    ForeignKey,
+    Refusal,
+    check_column,
+    check_table,
+)
 from apikeys.manager import KeyManager
 
 __all__: list[str] = []
@@ -37,6 +44,18 @@ _PROGRESS_FROM = 50
 )
 @click.argument("location", metavar="SOURCE")
 @click.option("--workspace", default="default", show_default=True, help="The keys' workspace.")
+@click.option(
+    "--workspace-column",
+    metavar="COLUMN",
+    help="Put each key in the workspace its row names in COLUMN (e.g. organization_id) "
+    "instead of one --workspace; a row naming none is refused.",
+)
+@click.option(
+    "--table",
+    default=DRF_TABLE,
+    show_default=True,
+    help="drf-api-key only: the table of a custom AbstractAPIKey model.",
+)
 @access_options("Grant the imported keys a scope. Repeat it, or separate with commas.")
 @click.option("--dry-run", is_flag=True, help="Say what would happen; change nothing.")
 @actor_option
@@ -48,6 +67,8 @@ def import_(
     source: str,
     location: str,
     workspace: str,
+    workspace_column: str | None,
+    table: str,
     full_access: bool,
     scopes: tuple[str, ...],
     dry_run: bool,
@@ -61,10 +82,13 @@ def import_(
     are. Prints how many keys were imported, skipped and refused (with why).
     """
     check_new_access(ctx, full_access, scopes)
+    _check_source_options(ctx, source, workspace_column)
 
     async def work(manager: KeyManager) -> ImportReport:
         rows: list[ForeignKey | Refusal] = list(
-            await read_drf(location) if source == "drf-api-key" else read_csv(location)
+            await read_drf(location, table=table, workspace_column=workspace_column)
+            if source == "drf-api-key"
+            else read_csv(location, workspace_column=workspace_column)
         )
         show = not as_json and len(rows) >= _PROGRESS_FROM and sys.stderr.isatty()
         with click.progressbar(
@@ -88,8 +112,13 @@ def import_(
         echo_json(report.to_dict())
         return
     would = "Would import" if dry_run else "Imported"
+    into = (
+        f"the workspaces of column {workspace_column!r}"
+        if workspace_column
+        else f"workspace {workspace!r}"
+    )
     click.echo(
-        f"{would} {len(report.imported)} key(s) into workspace {workspace!r}; "
+        f"{would} {len(report.imported)} key(s) into {into}; "
         f"skipped {len(report.skipped)} (imported before); refused {len(report.refused)}."
     )
     if report.revoked:
@@ -103,3 +132,22 @@ def import_(
         click.echo(f"refused row {refusal.row}{name}: {refusal.reason}")
     if dry_run:
         click.echo("Dry run: nothing was changed.")
+
+
+def _check_source_options(ctx: click.Context, source: str, workspace_column: str | None) -> None:
+    """Usage errors of `--table`, `--workspace` and `--workspace-column`."""
+    given = ctx.get_parameter_source
+    if source != "drf-api-key" and given("table") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--table is for --from drf-api-key only", ctx)
+    if workspace_column is not None and given("workspace") is not (
+        click.core.ParameterSource.DEFAULT
+    ):
+        raise click.UsageError(
+            "give either --workspace (one for all keys) or --workspace-column, not both", ctx
+        )
+    try:
+        check_table(ctx.params["table"])
+        if workspace_column is not None and source == "drf-api-key":
+            check_column(workspace_column)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc), ctx) from None

@@ -108,6 +108,8 @@ def _checked(key: ForeignKey, own_prefix: str) -> tuple[str, str, str]:
     """The row's name, its hash's scheme and its lookup handle. Raises `ValueError` with
     the reason the row cannot be imported."""
     name = _name(key.name)
+    if key.workspace is not None:
+        _workspace(key.workspace)
     scheme = foreign_scheme(key.hashed)
     if scheme is None:
         raise ValueError("the hash is in no format apikeys can check (see docs/migrating.md)")
@@ -132,6 +134,13 @@ def _name(name: str) -> str:
         return check_text(name, "the name")
     except InvalidKeyParameters as exc:
         raise ValueError(str(exc)) from None
+
+
+def _workspace(workspace: str) -> str:
+    try:
+        return check_text(workspace, "the workspace")
+    except InvalidKeyParameters as exc:
+        raise ValueError(f"{exc} (from the workspace column)") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +174,8 @@ async def import_keys(
 
     Each old key string then works as it is (`KeyManager.verify`), and is re-hashed with
     apikeys' own scheme on its first successful use. Imported keys keep their names,
-    creation times, expiry and revoked status, in `workspace`, with `full_access` or
+    creation times, expiry and revoked status, in `workspace` (or the one a row names,
+    `ForeignKey.workspace`: a row naming no valid workspace is refused), with `full_access` or
     `scopes` (a bad `workspace` or scope raises `InvalidKeyParameters`, before any row
     is read). A key imported before is skipped, unless its source now says it is revoked
     and it is not: then it is revoked (a key revoked in the old system after a first import
@@ -189,7 +199,7 @@ async def import_keys(
         manager, secret, source, workspace, scope_tuple, full_access, dry_run, actor, utcnow()
     )
     report = ImportReport(dry_run=dry_run)
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for key in keys:
         if progress is not None:
             progress(1)
@@ -200,7 +210,9 @@ async def import_keys(
     return report
 
 
-async def _import_row(run: _Import, key: ForeignKey, seen: set[str], report: ImportReport) -> None:
+async def _import_row(
+    run: _Import, key: ForeignKey, seen: set[tuple[str, str]], report: ImportReport
+) -> None:
     """Import one row (or refuse it, skip it, or revoke the key it imported before)."""
     manager = run.manager
     try:
@@ -208,11 +220,12 @@ async def _import_row(run: _Import, key: ForeignKey, seen: set[str], report: Imp
     except ValueError as exc:
         report.refused.append(Refusal(key.row, key.name or None, str(exc)))
         return
+    workspace = run.workspace if key.workspace is None else key.workspace
     try:
-        if handle in seen:
+        if (workspace, handle) in seen:
             raise ValueError("an earlier row has the same prefix or the same hash")
-        seen.add(handle)
-        key_id, before = await _slot(manager.store, run.secret, handle, run.workspace)
+        seen.add((workspace, handle))
+        key_id, before = await _slot(manager.store, run.secret, handle, workspace)
     except ValueError as exc:
         report.refused.append(Refusal(key.row, name, str(exc)))
         return
@@ -228,7 +241,7 @@ async def _import_row(run: _Import, key: ForeignKey, seen: set[str], report: Imp
     record = KeyRecord(
         id=key_id,
         name=name,
-        workspace=run.workspace,
+        workspace=workspace,
         prefix=mask(manager.prefix, key_id),
         access="full" if run.full_access else "restricted",
         scopes=run.scopes,
@@ -250,7 +263,7 @@ async def _import_row(run: _Import, key: ForeignKey, seen: set[str], report: Imp
             )
         except DuplicateKeyId:  # imported by a concurrent run
             holder = await manager.store.get(key_id)
-            if holder is not None and holder.record.workspace != run.workspace:
+            if holder is not None and holder.record.workspace != workspace:
                 reason = "another workspace's import took its id meanwhile: import it again"
                 report.refused.append(Refusal(key.row, name, reason))
             else:

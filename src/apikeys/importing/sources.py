@@ -7,6 +7,7 @@ read, with why), in the source's order.
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,11 +16,23 @@ from typing import Any, Final
 
 from apikeys.errors import ConfigurationError
 
-__all__ = ["DRF_TABLE", "ForeignKey", "Refusal", "read_csv", "read_drf"]
+__all__ = [
+    "DRF_TABLE",
+    "ForeignKey",
+    "Refusal",
+    "check_column",
+    "check_table",
+    "read_csv",
+    "read_drf",
+]
 
 DRF_TABLE: Final = "rest_framework_api_key_apikey"
 """The table djangorestframework-api-key keeps its keys in."""
 CSV_COLUMNS: Final = ("name", "hash", "expires_at", "prefix", "created_at", "revoked")
+_DRF_COLUMNS: Final = ("prefix", "hashed_key", "created", "name", "revoked", "expiry_date")
+_IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
+_IDENTIFIER_RE: Final = re.compile(_IDENTIFIER)
+_TABLE_RE: Final = re.compile(rf"(?:{_IDENTIFIER}\.)?{_IDENTIFIER}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +50,8 @@ class ForeignKey:
     created_at: datetime | None = None
     expires_at: datetime | None = None
     revoked: bool = False
+    workspace: str | None = None
+    """The workspace named by the row (a workspace column), or None: the import's own."""
 
     def __repr__(self) -> str:
         return f"ForeignKey(row={self.row}, name={self.name!r}, hashed='…')"
@@ -93,9 +108,72 @@ def _revoked(value: Any) -> bool:
     raise ValueError("the revoked column is true or false (1 or 0, yes or no)")
 
 
-async def read_drf(url: str) -> list[ForeignKey | Refusal]:
+def check_table(table: str) -> str:
+    """`table` if it names a table apikeys may read from: an SQL identifier (letters,
+    digits and `_`, not starting with a digit, at most 63 characters), optionally after
+    a schema name and a `.`; else `ConfigurationError`. The name is then quoted, never
+    pasted into a statement."""
+    if not isinstance(table, str) or _TABLE_RE.fullmatch(table) is None:
+        raise ConfigurationError(
+            "the table is an SQL identifier (letters, digits and '_', not starting with a "
+            "digit, at most 63 characters), optionally after a schema and a '.': "
+            f"e.g. {DRF_TABLE} or billing.api_keys"
+        )
+    return table
+
+
+def check_column(column: str) -> str:
+    """`column` if it is an SQL identifier a column of the source may have; else
+    `ConfigurationError` (the name is quoted in the statement, never pasted)."""
+    if not isinstance(column, str) or _IDENTIFIER_RE.fullmatch(column) is None:
+        raise ConfigurationError(
+            "the workspace column is an SQL identifier (letters, digits and '_', not "
+            "starting with a digit, at most 63 characters)"
+        )
+    return column
+
+
+def _unreadable(url: str, table: str, exc: BaseException) -> ConfigurationError:
+    """The error of a source that could not be read, naming the source (its URL without
+    its password), never the destination store."""
+    from apikeys.redaction import failure_reason, redact, safe_url
+
+    where = safe_url(url)
+    if isinstance(exc, OSError):  # DNS, refused, timed out: the server was not reached
+        return ConfigurationError(
+            f"import source unreachable: {where}: {redact(failure_reason(exc), url)}"
+        )
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    detail = redact(reason[0], url) if reason else type(exc).__name__
+    return ConfigurationError(f"could not read {table} from the import source {where}: {detail}")
+
+
+def _drf_query(table: str, workspace_column: str | None) -> Any:
+    """The statement reading the keys of `table`, with its names quoted by SQLAlchemy."""
+    import sqlalchemy as sa
+
+    schema, _, name = table.rpartition(".")
+    names = [*_DRF_COLUMNS, *([workspace_column] if workspace_column else [])]
+    source = sa.table(name, *(sa.column(column) for column in names), schema=schema or None)
+    return sa.select(*(source.c[column] for column in names)).order_by(
+        source.c.created, source.c.prefix
+    )
+
+
+async def read_drf(
+    url: str, *, table: str = DRF_TABLE, workspace_column: str | None = None
+) -> list[ForeignKey | Refusal]:
     """Every row of djangorestframework-api-key's table in the database at `url`
-    (`sqlite:///path` or `postgresql://…`), oldest first."""
+    (`sqlite:///path` or `postgresql://…`), oldest first.
+
+    `table` reads a custom `AbstractAPIKey` model's table instead (an SQL identifier,
+    `check_table`); `workspace_column` gives each key the workspace named by that column of
+    its row (`ForeignKey.workspace`). A source that cannot be reached or read raises
+    `ConfigurationError` naming it, with its password hidden.
+    """
+    check_table(table)
+    if workspace_column is not None:
+        check_column(workspace_column)
     try:
         import sqlalchemy as sa
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -115,44 +193,50 @@ async def read_drf(url: str) -> list[ForeignKey | Refusal]:
         raise ConfigurationError(
             f"reading that database needs {exc.name}: pip install 'apikeys[{extra}]'"
         ) from exc
-    query = sa.text(
-        "SELECT prefix, hashed_key, created, name, revoked, expiry_date "  # noqa: S608
-        f"FROM {DRF_TABLE} ORDER BY created, prefix"
-    )
     try:
         async with engine.connect() as connection:
-            rows = (await connection.execute(query)).all()
-    except sa.exc.SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise ConfigurationError(
-            f"could not read {DRF_TABLE}: {reason[0] if reason else type(exc).__name__}"
-        ) from None
+            rows = (await connection.execute(_drf_query(table, workspace_column))).all()
+    except (sa.exc.SQLAlchemyError, OSError) as exc:
+        raise _unreadable(url, table, exc) from None
     finally:
         await engine.dispose()
-    found: list[ForeignKey | Refusal] = []
-    for number, (prefix, hashed, created, name, revoked, expiry) in enumerate(rows, start=1):
-        try:
-            found.append(
-                ForeignKey(
-                    row=number,
-                    name=str(name or ""),
-                    hashed=str(hashed or ""),
-                    prefix=str(prefix or ""),
-                    created_at=_moment(created, "created"),
-                    expires_at=_moment(expiry, "expiry_date"),
-                    revoked=_revoked(revoked),
-                )
-            )
-        except ValueError as exc:
-            found.append(Refusal(number, str(name) if name else None, str(exc)))
-    return found
+    return [_drf_row(number, row, workspace_column) for number, row in enumerate(rows, start=1)]
 
 
-def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
+def _drf_row(number: int, row: Any, workspace_column: str | None) -> ForeignKey | Refusal:
+    prefix, hashed, created, name, revoked, expiry = row[:6]
+    try:
+        return ForeignKey(
+            row=number,
+            name=str(name or ""),
+            hashed=str(hashed or ""),
+            prefix=str(prefix or ""),
+            created_at=_moment(created, "created"),
+            expires_at=_moment(expiry, "expiry_date"),
+            revoked=_revoked(revoked),
+            workspace=None if workspace_column is None else _workspace(row[6], workspace_column),
+        )
+    except ValueError as exc:
+        return Refusal(number, str(name) if name else None, str(exc))
+
+
+def _workspace(value: Any, column: str) -> str:
+    """The workspace a row's `column` names (`ValueError` when it names none)."""
+    text = "" if value is None else str(value).strip()
+    if not text:
+        raise ValueError(f"the workspace column {column} is empty: the key has no workspace")
+    return text
+
+
+def read_csv(
+    path: str | Path, *, workspace_column: str | None = None
+) -> Iterator[ForeignKey | Refusal]:
     """The rows of a CSV file with a header line: `name,hash` and optionally `expires_at`,
     `prefix`, `created_at` and `revoked` (times in ISO 8601; naive means UTC).
 
-    Raises `ConfigurationError` when the file cannot be read or lacks `name` or `hash`.
+    `workspace_column` gives each key the workspace named by that column of its row
+    (`ForeignKey.workspace`). Raises `ConfigurationError` when the file cannot be read or
+    lacks `name`, `hash` or the workspace column.
     """
     try:
         # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
@@ -167,7 +251,8 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
             columns = [column.strip() for column in reader.fieldnames or ()]
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
-        missing = [column for column in ("name", "hash") if column not in columns]
+        wanted = ("name", "hash", *([workspace_column] if workspace_column else []))
+        missing = [column for column in wanted if column not in columns]
         if missing:
             raise ConfigurationError(
                 f"{path}: the header line lacks {', '.join(missing)} "
@@ -176,19 +261,28 @@ def read_csv(path: str | Path) -> Iterator[ForeignKey | Refusal]:
         reader.fieldnames = columns
         try:
             for fields in reader:
-                row = reader.line_num
-                name = (fields.get("name") or "").strip()
-                try:
-                    yield ForeignKey(
-                        row=row,
-                        name=name,
-                        hashed=(fields.get("hash") or "").strip(),
-                        prefix=(fields.get("prefix") or "").strip() or None,
-                        created_at=_moment(fields.get("created_at"), "created_at"),
-                        expires_at=_moment(fields.get("expires_at"), "expires_at"),
-                        revoked=_revoked(fields.get("revoked")),
-                    )
-                except ValueError as exc:
-                    yield Refusal(row, name or None, str(exc))
+                yield _csv_row(reader.line_num, fields, workspace_column)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
+
+
+def _csv_row(
+    row: int, fields: dict[str, str | None], workspace_column: str | None
+) -> ForeignKey | Refusal:
+    """One CSV row read: its key, or why it cannot be imported."""
+    name = (fields.get("name") or "").strip()
+    try:
+        return ForeignKey(
+            row=row,
+            name=name,
+            hashed=(fields.get("hash") or "").strip(),
+            prefix=(fields.get("prefix") or "").strip() or None,
+            created_at=_moment(fields.get("created_at"), "created_at"),
+            expires_at=_moment(fields.get("expires_at"), "expires_at"),
+            revoked=_revoked(fields.get("revoked")),
+            workspace=None
+            if workspace_column is None
+            else _workspace(fields.get(workspace_column), workspace_column),
+        )
+    except ValueError as exc:
+        return Refusal(row, name or None, str(exc))

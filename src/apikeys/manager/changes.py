@@ -305,7 +305,7 @@ class KeyChanges(KeyReading):
     ) -> None:
         """Add a key another system issued, as `apikeys.importing.import_keys` does: its
         `record`, and the hash it is checked with (`secret_hash`, its old hash as the store
-        keeps it). Written with its `created` audit event, which names the old system
+        keeps it). Written with its `imported` audit event, which names the old system
         (`source`) and its hash's `scheme`, never the hash, and announced like `create`'s.
         Raises `DuplicateKeyId` when the id is taken.
         """
@@ -314,7 +314,7 @@ class KeyChanges(KeyReading):
             time=at or utcnow(),
             key_id=record.id,
             workspace=record.workspace,
-            action="created",
+            action="imported",
             actor=actor,
             changes={
                 "name": record.name,

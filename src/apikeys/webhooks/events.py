@@ -41,6 +41,7 @@ EVENT_TYPES: Final = (
 
 EVENT_OF_ACTION: Final[Mapping[str, str]] = {
     "created": "key.created",
+    "imported": "key.created",
     "updated": "key.updated",
     "disabled": "key.disabled",
     "enabled": "key.enabled",
@@ -49,7 +50,8 @@ EVENT_OF_ACTION: Final[Mapping[str, str]] = {
     "leak_revoked": "key.leaked",
 }
 """The event of a change, by its audit action, for the stores that have no change log of
-triggers (Redis, memory). A re-hash is none."""
+triggers (Redis, memory). An imported key is `key.created`, as the SQL stores' triggers
+send it; a re-hash is none."""
 
 EXPIRING_NOTICES: Final = (timedelta(days=7), timedelta(days=1))
 """How long before a key expires `key.expiring` is sent (once for each)."""
