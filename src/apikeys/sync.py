@@ -309,6 +309,7 @@ class KeyManager:
     list = _Blocking(AsyncKeyManager.list)
     list_page = _Blocking(AsyncKeyManager.list_page)
     verify = _Blocking(AsyncKeyManager.verify)
+    verify_imported = _Blocking(AsyncKeyManager.verify_imported)
     update = _Blocking(AsyncKeyManager.update)
     disable = _Blocking(AsyncKeyManager.disable)
     enable = _Blocking(AsyncKeyManager.enable)
