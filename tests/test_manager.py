@@ -10,11 +10,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from apikeys import (
+    APIKeyMiddleware,
     InvalidAPIKey,
     InvalidKeyParameters,
     InvalidTransition,
@@ -998,6 +1003,39 @@ async def test_if_a_process_starts_with_another_pepper_then_it_refuses_and_says_
     with pytest.raises(ConfigurationError):
         async with manager(Hasher(TEST_PEPPER)):
             pass
+
+
+@pytest.mark.sqlite
+async def test_a_middleware_without_a_lifespan_refuses_another_pepper_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No `async with manager`, no lifespan: the pepper is checked before the first read of
+    # the store, and a mismatch answers 503 with the reason logged, never 401 for every key.
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    async with KeyManager(url, hasher=Hasher(TEST_PEPPER)) as first:
+        created = await first.create(name="n", full_access=True)
+
+    async def hello(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("hello")
+
+    for pepper, status in ((OTHER_PEPPER, 503), (TEST_PEPPER, 200)):
+        manager = KeyManager(url, hasher=Hasher(pepper))
+        app = APIKeyMiddleware(
+            Starlette(routes=[Route("/api/hello", hello)]), manager=manager, protect="/api/"
+        )
+        transport = httpx.ASGITransport(app=app)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for _ in range(2):  # refused at every request while the pepper differs
+                    answer = await http.get(
+                        "/api/hello", headers={"Authorization": f"Bearer {created.key}"}
+                    )
+                    assert answer.status_code == status
+        finally:
+            await manager.aclose()
+    assert "another pepper" in caplog.text
+    for secret in (TEST_PEPPER, OTHER_PEPPER):
+        assert secret not in caplog.text
 
 
 @pytest.mark.sqlite

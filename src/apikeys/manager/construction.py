@@ -123,6 +123,7 @@ class ManagerBase:
     _decoy: str | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
+    _pepper_checked = False
 
     def __init__(
         self,
@@ -218,6 +219,15 @@ class ManagerBase:
         """
         await self._setup_store()
         await self._check_pepper()
+        self._pepper_checked = True
+
+    async def _check_pepper_once(self) -> None:
+        """The pepper check of `setup`, for a manager used without it (a middleware without
+        a lifespan): before its first read of the store. A pepper that does not match raises
+        `ConfigurationError` (the request path answers 503 and logs why) at every request
+        until it does, rather than `invalid_api_key` for every key."""
+        await self._check_pepper()
+        self._pepper_checked = True
 
     async def _check_pepper(self) -> None:
         mine = self.hasher.pepper_fingerprint

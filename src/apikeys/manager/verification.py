@@ -186,6 +186,8 @@ class KeyVerification(ManagerBase):
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` from the store: the token split (its checksum checked), the key loaded,
         and decided."""
+        if not self._pepper_checked:
+            await self._check_pepper_once()
         try:
             key_id, secret = self._split(token)
         except MalformedAPIKey:
