@@ -274,10 +274,19 @@ def _fail_over(cluster: Cluster) -> str:
     return f"postgresql://postgres@127.0.0.1:{cluster.replica_port}/postgres"
 
 
+def _replica_answer(cluster: Cluster, statement: str) -> str | None:
+    """`statement` on the replica, or None while it fails (a table not replayed yet)."""
+    try:
+        return cluster.sql(statement, cluster.replica_port)
+    except AssertionError:
+        return None
+
+
 def _on_replica(cluster: Cluster, key_id: str) -> None:
     cluster_sql = f"SELECT count(*) FROM apikeys_keys WHERE id = '{key_id}'"  # noqa: S608
     deadline = time.monotonic() + 60
-    while cluster.sql(cluster_sql, cluster.replica_port) != "1":
+    # Until the replica has replayed the table's creation, the query fails: ask again.
+    while _replica_answer(cluster, cluster_sql) != "1":
         if time.monotonic() > deadline:
             pytest.fail("the key never reached the replica")
         time.sleep(0.1)
