@@ -297,8 +297,9 @@ async def test_an_explicit_wait_replicas_with_too_few_connected_is_an_error(
     replica = servers.replica_of(master)
     replica.start()
     wait_replica_in_sync(master)
-    # Two asked for, one connected: never confirmed, never a silent success.
-    store = store_from_url(url_of(master, "?wait_replicas=2&wait_timeout=0.1"))
+    # Two asked for, one connected: never confirmed, never a silent success. The wait is long
+    # enough for the connected one to answer on a busy machine (each change waits it out).
+    store = store_from_url(url_of(master, "?wait_replicas=2&wait_timeout=1&socket_timeout=5"))
     async with KeyManager(store, hasher=Hasher(pepper=PEPPER)) as manager:
         created = await manager.create(name="two", full_access=True)
         assert created.confirmed is False
