@@ -47,6 +47,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at TIMESTAMP WITH TIME ZONE,
+    imported_prefix VARCHAR(64),
     PRIMARY KEY (id)
 )
 """
@@ -74,6 +75,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at DATETIME,
+    imported_prefix VARCHAR(64),
     PRIMARY KEY (id)
 )
 """
@@ -169,6 +171,7 @@ def test_to_dict_shows_the_contract_fields_in_their_order() -> None:
         "allowed_ips",
         "credits",
         "credit_refill",
+        "imported_prefix",
     ]
     data = _record().to_dict()
     assert data["created_at"] == "2026-01-01T12:00:00.123456Z"
