@@ -1037,7 +1037,8 @@ async def test_a_middleware_without_a_lifespan_refuses_another_pepper_and_says_w
     assert "another pepper" in caplog.text
     # Said as the configuration error it is: one plain line, not a crash's traceback.
     told = [r for r in caplog.records if "another pepper" in r.getMessage()]
-    assert told and all(r.exc_info is None for r in told)
+    assert told
+    assert all(r.exc_info is None for r in told)
     assert "unexpected error" not in caplog.text
     for secret in (TEST_PEPPER, OTHER_PEPPER):
         assert secret not in caplog.text
