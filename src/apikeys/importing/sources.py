@@ -22,6 +22,7 @@ __all__ = [
     "Refusal",
     "check_column",
     "check_table",
+    "check_workspace_column",
     "read_csv",
     "read_drf",
 ]
@@ -33,6 +34,9 @@ _DRF_COLUMNS: Final = ("prefix", "hashed_key", "created", "name", "revoked", "ex
 _IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _IDENTIFIER_RE: Final = re.compile(_IDENTIFIER)
 _TABLE_RE: Final = re.compile(rf"(?:{_IDENTIFIER}\.)?{_IDENTIFIER}")
+# The columns that hold a key's hash: never a workspace, which every list, audit event and
+# webhook body shows.
+_HASH_COLUMNS: Final = frozenset({"hash", "hashed_key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,18 @@ def check_column(column: str) -> str:
         raise ConfigurationError(
             "the workspace column is an SQL identifier (letters, digits and '_', not "
             "starting with a digit, at most 63 characters)"
+        )
+    return check_workspace_column(column)
+
+
+def check_workspace_column(column: str) -> str:
+    """`column` if it may name the keys' workspaces: any column but the one holding the
+    keys' hashes (`hash`, `hashed_key`), since a workspace is shown everywhere and a hash
+    never; else `ConfigurationError`."""
+    if column.strip().lower() in _HASH_COLUMNS:
+        raise ConfigurationError(
+            f"the workspace column cannot be {column!r}: it holds the keys' hashes, and a "
+            "workspace is shown in every list, audit event and webhook"
         )
     return column
 
@@ -236,8 +252,10 @@ def read_csv(
 
     `workspace_column` gives each key the workspace named by that column of its row
     (`ForeignKey.workspace`). Raises `ConfigurationError` when the file cannot be read or
-    lacks `name`, `hash` or the workspace column.
+    lacks `name`, `hash` or the workspace column, or when the workspace column is `hash`.
     """
+    if workspace_column is not None:
+        check_workspace_column(workspace_column)
     try:
         # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
         handle = Path(path).open(newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
