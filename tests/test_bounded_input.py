@@ -305,7 +305,7 @@ def test_docs_list_each_bound_with_its_value() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     section = text.split("## Bounded input", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| .+? \| (\d+) \w+ \| `(apikeys[\w.]+)\.(\w+)` \|$", section, re.M)
-    assert len(rows) == 15
+    assert len(rows) == 16
     for value, module, name in rows:
         assert getattr(importlib.import_module(module), name) == int(value), name
 

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from apikeys.errors import ConfigurationError
 
 __all__ = [
     "DRF_TABLE",
+    "MAX_CSV_LINE",
     "ForeignKey",
     "Refusal",
     "check_column",
@@ -36,6 +37,8 @@ _IDENTIFIER_RE: Final = re.compile(_IDENTIFIER)
 _TABLE_RE: Final = re.compile(rf"(?:{_IDENTIFIER}\.)?{_IDENTIFIER}")
 # The columns that hold a key's hash: never a workspace, which every list, audit event and
 # webhook body shows.
+MAX_CSV_LINE: Final = 1024 * 1024
+"""The longest line of a CSV file read, in characters."""
 _HASH_COLUMNS: Final = frozenset({"hash", "hashed_key"})
 
 
@@ -262,7 +265,7 @@ def read_csv(
     except OSError as exc:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
-        reader = csv.DictReader(handle)
+        reader = csv.DictReader(_lines(handle, path))
         try:
             # The header is read here, and with it the file's first block: a file that is
             # not UTF-8 or not CSV fails here as often as in its rows.
@@ -282,6 +285,21 @@ def read_csv(
                 yield _csv_row(reader.line_num, fields, workspace_column)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
+
+
+def _lines(handle: TextIO, path: str | Path) -> Iterator[str]:
+    """The file's lines, each read within `MAX_CSV_LINE` characters: a file of one endless
+    line (or `/dev/zero`) is refused as it is read, never held whole in memory. The csv
+    module bounds a field (a quoted one may span lines) by itself."""
+    number = 0
+    while line := handle.readline(MAX_CSV_LINE + 1):
+        number += 1
+        if len(line) > MAX_CSV_LINE:
+            raise ConfigurationError(
+                f"{path}: not a readable CSV file: line {number} is longer than "
+                f"{MAX_CSV_LINE} characters"
+            )
+        yield line
 
 
 def _csv_row(
