@@ -83,3 +83,48 @@ async def test_scope_checkboxes_may_repeat(memory_manager: KeyManager) -> None:
     assert answer.status_code == 303, answer.text
     (record,) = await memory_manager.list("acme")
     assert record.scopes == ("items:read", "items:write")
+
+
+async def test_if_the_client_cuts_a_form_off_then_400_to_no_one_never_an_application_error(
+    memory_manager: KeyManager,
+) -> None:
+    # Part of the body, then the client is gone: Starlette raises ClientDisconnect, which
+    # reached the server as an application error logged with its traceback.
+    page = KeysPage(
+        memory_manager, user=user, secret_key="test-secret-key-0123456789", scopes=SCOPES
+    )
+    messages = iter(
+        [
+            {"type": "http.request", "body": b"csrf_token=x&name=a", "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return next(messages)
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/",
+        "raw_path": b"/",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"test"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"content-length", b"100"),
+        ],
+        "client": ("127.0.0.1", 1234),
+        "server": ("test", 80),
+    }
+    await page(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert await memory_manager.list("acme") == []

@@ -11,7 +11,7 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import ImmutableMultiDict
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from apikeys.durations import MAX_DURATION, parse_duration
 from apikeys.errors import InvalidKeyParameters
@@ -115,10 +115,15 @@ async def read_form(request: Request) -> Form:
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise too_large
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                raise too_large
+    except ClientDisconnect:
+        # Answered to no one, but answered: not an error logged with its traceback, which
+        # anyone could fill the logs with by cutting off a login form.
+        raise FormRefused(400, "Form cut off", "The form did not arrive whole.") from None
     if not media_type and body:
         raise refused
     try:
