@@ -643,6 +643,17 @@ def test_unknown_settings_are_refused() -> None:
         integration.reset()
 
 
+def test_a_realm_no_challenge_can_carry_is_refused_at_startup() -> None:
+    try:
+        with (
+            override_settings(APIKEYS={"REALM": "api\r\nSet-Cookie: a=b"}),
+            pytest.raises(ConfigurationError, match="realm"),
+        ):
+            get_manager()
+    finally:
+        integration.reset()
+
+
 @pytest.mark.parametrize(
     ("module", "imported", "extra"),
     [

@@ -105,7 +105,7 @@ from apikeys.integrations.django.routing import check_syntax, drf_routes, probe
 from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
-from apikeys.problems import encode_problem
+from apikeys.problems import check_realm, encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes
@@ -276,7 +276,7 @@ class _Runtime:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.realm: str = config["REALM"]
+        self.realm: str = check_realm(config["REALM"])
         # Rules that cannot be understood are refused now, not at the first request.
         ScopeTable(config["SCOPES"])
         CostTable(config["COSTS"])
