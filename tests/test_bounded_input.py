@@ -251,6 +251,33 @@ def test_cli_metadata_nested_2000_deep_exits_2_and_changes_nothing(
     assert json.loads(shown.stdout)["metadata"] == {}
 
 
+@pytest.mark.parametrize("option", ["--name", "--workspace", "--owner"])
+def test_cli_text_with_bytes_that_are_not_utf8_exits_2_naming_the_field_not_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    # A command line's arguments are decoded with surrogateescape: a byte that is not
+    # UTF-8 arrives as a lone surrogate, which no store can encode.
+    monkeypatch.setenv("APIKEYS_PEPPER", "a12lhJ1ZtUxBc1-MiScXH5OOydqusf6GqQcSM1w6H6Q")
+    monkeypatch.delenv("APIKEYS_STORE_URL", raising=False)
+    store_url = f"sqlite:///{tmp_path / 'k.db'}"
+    values = {"--name": "n", "--workspace": "w", "--owner": "o"}
+    values[option] = "a\udcffb"
+    args = [arg for pair in values.items() for arg in pair]
+    result = _cli(store_url, "create", *args, "--full-access")
+    assert result.exit_code == 2, result.output
+    assert option.removeprefix("--") in result.stderr
+    assert "store" not in result.stderr
+    assert _cli(store_url, "list", "--json").stdout.strip() == "[]"
+
+
+def test_a_lone_surrogate_in_a_name_workspace_or_owner_is_refused() -> None:
+    for text in ("a\ud800", "\udcff", "x\udfffy"):
+        with pytest.raises(InvalidKeyParameters, match="Unicode"):
+            policies.check_text(text, "name")
+        with pytest.raises(InvalidKeyParameters, match="Unicode"):
+            policies.check_owner(text)
+
+
 @pytest.mark.parametrize("name", ["apikeys.bounds"])
 def test_the_bounds_module_exports_and_documents_its_names(name: str) -> None:
     assert_all_is_complete(name)
@@ -278,7 +305,7 @@ def test_docs_list_each_bound_with_its_value() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
     section = text.split("## Bounded input", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| .+? \| (\d+) \w+ \| `(apikeys[\w.]+)\.(\w+)` \|$", section, re.M)
-    assert len(rows) == 15
+    assert len(rows) == 16
     for value, module, name in rows:
         assert getattr(importlib.import_module(module), name) == int(value), name
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from apikeys.errors import ConfigurationError, InvalidAPIKey, KeyRevoked
 from apikeys.hashing import Hasher
 from apikeys.importing import ForeignKey, Refusal, import_keys, read_csv
 from apikeys.importing.foreign import IMPORTED, lookup_id, prefix_handle
+from apikeys.importing.sources import MAX_CSV_LINE
 from apikeys.keys import mask
 from apikeys.stores.contract import KeyStore
 from apikeys.types import ACTIVE, KeyRecord, StoredKey, utcnow
@@ -354,3 +356,48 @@ async def test_an_old_prefix_in_the_services_own_key_format_is_refused_not_impor
     assert [refusal.row for refusal in report.refused] == [1]
     assert f"'{importer.prefix}_'" in report.refused[0].reason
     assert (await importer.verify(other)).name == "other"
+
+
+# -- the options and the size of what is read ----------------------------------------------
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize(
+    ("source", "column"), [("csv", "hash"), ("csv", "HASH"), ("drf-api-key", "hashed_key")]
+)
+def test_cli_import_refuses_the_hash_column_as_the_workspace_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, column: str
+) -> None:
+    # A workspace is shown in every list, audit event and webhook body; a hash never.
+    monkeypatch.setenv("APIKEYS_PEPPER", TEST_PEPPER)
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    path = _write(
+        tmp_path / "keys.csv",
+        [{"name": "Zap", "hash": _sha256("Zap00001.aaaaBBBBccccDDDDeeeeFFFFgggg1234")}],
+        ["name", "hash"],
+    )
+    location = str(path) if source == "csv" else f"sqlite:///{tmp_path / 'drf.db'}"
+    args = ["--store", store, "import", "--from", source, location, "--full-access"]
+    result = CliRunner().invoke(main, [*args, "--workspace-column", column])
+    assert result.exit_code == 2, result.output
+    assert "holds the keys' hashes" in result.output
+    listed = CliRunner().invoke(main, ["--store", store, "list", "--json"])
+    assert json.loads(listed.output) == []
+    with pytest.raises(ConfigurationError, match="hashes"):
+        list(read_csv(path, workspace_column=column))
+
+
+def test_a_csv_line_over_the_bound_is_refused_as_it_is_read_not_held_whole(
+    tmp_path: Path,
+) -> None:
+    # One line of 8 times the bound: read whole, it alone would take 8 MiB.
+    path = tmp_path / "one-line.csv"
+    path.write_text("name,hash\n" + "a" * (MAX_CSV_LINE * 8) + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigurationError, match="line 2 is longer than"):
+            list(read_csv(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_CSV_LINE

@@ -61,6 +61,7 @@ BAD_CREATE: list[tuple[dict[str, object], str]] = [
     ({"full_access": True, "scopes": ["contacts:read"]}, "takes no scopes"),
     ({"scopes": ["contacts:read"], "rate_limit": "lots"}, "invalid rate limit"),
     ({"scopes": ["contacts:read"], "expires_in": timedelta(seconds=-1)}, "positive"),
+    ({"scopes": ["contacts:read"], "expires_in": timedelta(days=999_999_999)}, "year 9999"),
     (
         {"scopes": ["contacts:read"], "expires_at": datetime(2000, 1, 1, tzinfo=UTC)},
         "future",

@@ -258,3 +258,44 @@ async def test_if_unavailable_then_body_does_not_leak_the_original_error() -> No
 async def test_if_problem_sent_then_response_is_not_cacheable() -> None:
     for exc in (MissingAPIKey(), InsufficientScope(["a:b"]), RateLimited(3), AuthUnavailable()):
         assert (await send(exc)).header("cache-control") == "no-store"
+
+
+BAD_REALMS = ["API ключи", "api\r\nSet-Cookie: a=b", "a\x00b", "", "x" * 101]
+
+
+@pytest.mark.parametrize("realm", BAD_REALMS)
+@pytest.mark.parametrize("entry", ["middleware", "starlette", "fastapi"])
+async def test_a_realm_no_challenge_can_carry_is_refused_when_the_entry_point_is_built(
+    entry: str, realm: str
+) -> None:
+    # Accepted, it made every refusal fail as it was sent: a 500 for a character outside
+    # Latin-1, a header split in two for a line break.
+    from apikeys import APIKeyMiddleware, Hasher, KeyManager
+    from apikeys.errors import ConfigurationError
+    from apikeys.integrations.fastapi import APIKeySecurity
+    from apikeys.integrations.starlette import APIKeyBackend
+    from apikeys.stores import MemoryStore
+    from apikeys.testing import TEST_PEPPER
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("not reached")
+
+    async with KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False) as m:
+        build = {
+            "middleware": lambda: APIKeyMiddleware(app, manager=m, realm=realm),
+            "starlette": lambda: APIKeyBackend(m, realm=realm),
+            "fastapi": lambda: APIKeySecurity(m, realm=realm),
+        }[entry]
+        with pytest.raises(ConfigurationError, match="realm"):
+            build()
+
+
+def test_a_realm_of_printable_ascii_is_kept_and_quoted_in_the_challenge() -> None:
+    from apikeys.problems import check_realm, problem_headers
+
+    realm = 'my "api" \\ v1'
+    assert check_realm(realm) == realm
+    (challenge,) = [
+        v for k, v in problem_headers(MissingAPIKey(), realm) if k == b"www-authenticate"
+    ]
+    assert challenge == b'Bearer realm="my \\"api\\" \\\\ v1"'

@@ -338,3 +338,16 @@ def test_if_app_tries_to_change_granted_scopes_then_refused(change: Any) -> None
     with pytest.raises(TypeError):
         change(granted)
     assert list(grants_for(("contacts:read",), False)) == ["contacts:read"]
+
+
+@pytest.mark.parametrize(
+    "rules", [{"GET /x": 5}, {"GET /x": [1]}, {"GET /x": None}, {5: "a:read"}, {None: "a:read"}]
+)
+def test_a_rule_or_scope_of_the_wrong_kind_is_a_configuration_error_not_a_type_error(
+    rules: Any,
+) -> None:
+    from apikeys.errors import ConfigurationError
+    from apikeys.routes import ScopeTable
+
+    with pytest.raises(ConfigurationError, match="rule"):
+        ScopeTable(rules)

@@ -13,7 +13,7 @@ from typing import Any
 
 import phonenumbers
 from email_validator import EmailNotValidError, validate_email
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from examples.contacts_service.problems import FieldError, Problem
 
@@ -72,10 +72,14 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
         raise Problem.payload_too_large(limit)
     body = bytearray()
     # Counted as it arrives: a chunked body has no Content-Length to trust.
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Problem.payload_too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise Problem.payload_too_large(limit)
+    except ClientDisconnect:
+        # The client left: a 400 to no one, not an error logged with its traceback.
+        raise Problem.malformed_json("was cut off before it arrived whole") from None
     return bytes(body)
 
 

@@ -41,7 +41,7 @@ from apikeys.gate import (
     spend_credit,
 )
 from apikeys.manager import KeyManager
-from apikeys.problems import send_problem
+from apikeys.problems import check_realm, send_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import CostTable, ScopeTable, check_routes, is_preflight, preflight_answerer
 from apikeys.types import ASGIApp, Message, Receive, Scope, Send
@@ -140,7 +140,7 @@ class APIKeyMiddleware:
         self.public = frozenset(public)
         self._owns_limiter = limiter is None
         self.limiter = limiter or RateLimiter(rate_limit, limiter_url)
-        self.realm = realm
+        self.realm = check_realm(realm)
         self.gate = Gate(
             manager,
             limiter=self.limiter,

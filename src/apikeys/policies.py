@@ -52,21 +52,25 @@ MAX_TEXT_LENGTH: Final = 200
 MAX_REFILL_LENGTH: Final = 64
 """The longest credit refill text read (`1000 per month` and spaces to spare)."""
 _NOT_AN_OBJECT: Final = 'metadata must be a JSON object, e.g. {"plan": "pro"}'
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_TEXT_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # a name's, as it always was
+# Lone surrogates too: no store can encode them (UTF-8 refuses), and they come from bytes
+# that were not UTF-8 (a command line's arguments are decoded with surrogateescape).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_TEXT_CONTROL = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")  # a name's, as it always was
 # Possessive, and no two quantifiers on the same run of spaces: linear in the text.
 _REFILL = re.compile(r"\s*+(\d{1,13}+)(?:\s*+/\s*+|\s++per\s++)(day|month)\s*+", re.IGNORECASE)
 
 
 def check_text(value: object, field: str) -> str:
     """`value` if it is an acceptable key name or workspace (`field`): a non-empty string
-    of at most `MAX_TEXT_LENGTH` characters without control characters; else
+    of at most `MAX_TEXT_LENGTH` characters without control characters (nor a lone
+    surrogate, which is no text: bytes that were not UTF-8); else
     `InvalidKeyParameters`."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidKeyParameters(f"{field} must be a non-empty string")
     if len(value) > MAX_TEXT_LENGTH or _TEXT_CONTROL.search(value):
         raise InvalidKeyParameters(
-            f"{field} must be at most {MAX_TEXT_LENGTH} characters, without control characters"
+            f"{field} must be at most {MAX_TEXT_LENGTH} characters of valid Unicode text, "
+            "without control characters"
         )
     return value
 
@@ -79,7 +83,8 @@ def check_owner(owner: object) -> str | None:
         raise InvalidKeyParameters("owner must be a non-empty string")
     if len(owner) > MAX_OWNER_LENGTH or _CONTROL.search(owner):
         raise InvalidKeyParameters(
-            f"owner must be at most {MAX_OWNER_LENGTH} characters, without control characters"
+            f"owner must be at most {MAX_OWNER_LENGTH} characters of valid Unicode text, "
+            "without control characters"
         )
     return owner
 

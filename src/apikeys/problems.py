@@ -14,6 +14,7 @@ from typing import Any
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
+    ConfigurationError,
     CreditsExhausted,
     ForbiddenField,
     InsufficientScope,
@@ -28,6 +29,7 @@ from apikeys.types import Send
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
     "TYPE_BASE",
+    "check_realm",
     "encode_problem",
     "problem_body",
     "problem_headers",
@@ -61,6 +63,26 @@ def problem_body(exc: RequestRefused) -> dict[str, Any]:
     if isinstance(exc, ForbiddenField):
         body["field"] = exc.field
     return body
+
+
+_MAX_REALM_LENGTH = 100
+
+
+def check_realm(realm: object) -> str:
+    """`realm` if it can stand in a `WWW-Authenticate` challenge: 1 to 100 printable ASCII
+    characters (`"` and `\\` are escaped); else `ConfigurationError`, when the entry point
+    is built. Another realm made every refusal fail as it was sent: a 500 for a character
+    outside Latin-1, a header split in two for a line break."""
+    if (
+        not isinstance(realm, str)
+        or not 1 <= len(realm) <= _MAX_REALM_LENGTH
+        or not all(" " <= char <= "~" for char in realm)
+    ):
+        raise ConfigurationError(
+            f"realm takes 1 to {_MAX_REALM_LENGTH} printable ASCII characters, "
+            f"not {str(realm)[:50]!r}"
+        )
+    return realm
 
 
 def _quote(value: str) -> str:

@@ -82,6 +82,8 @@ class ScopeTable:
 
     @staticmethod
     def _parse_rule(rule: str) -> tuple[str, str]:
+        if not isinstance(rule, str):
+            raise ConfigurationError(f"invalid scope rule {rule!r}: a rule is a string")
         method, _, path = rule.strip().partition(" ")
         method, path = method.upper(), path.strip()
         if method not in _METHODS or not path.startswith("/") or " " in path:
@@ -99,7 +101,14 @@ class ScopeTable:
 
     @staticmethod
     def _parse_scopes(rule: str, required: str | Sequence[str]) -> tuple[str, ...]:
-        scopes = (required,) if isinstance(required, str) else tuple(required)
+        if isinstance(required, str):
+            scopes: tuple[str, ...] = (required,)
+        elif isinstance(required, Sequence) and all(isinstance(s, str) for s in required):
+            scopes = tuple(required)
+        else:
+            raise ConfigurationError(
+                f"scope rule {rule!r} takes a scope or a list of scopes, not {required!r:.50}"
+            )
         if not scopes:
             raise ConfigurationError(
                 f"scope rule {rule!r} names no scope: a rule must require at least one "

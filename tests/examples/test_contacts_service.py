@@ -935,3 +935,26 @@ def test_the_tests_start_the_service_with_its_documented_command_line() -> None:
     from tests.examples import conftest
 
     assert "--no-proxy-headers" in inspect.getsource(conftest.start_service)
+
+
+def test_if_the_client_leaves_mid_body_then_a_400_problem_not_an_application_error() -> None:
+    # Starlette raises ClientDisconnect: it reached the server as an application error,
+    # logged with its traceback.
+    from examples.contacts_service.payload import read_body
+    from examples.contacts_service.problems import Problem
+    from starlette.requests import Request
+
+    messages = iter(
+        [
+            {"type": "http.request", "body": b'{"name": "a', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+
+    async def receive() -> dict[str, object]:
+        return next(messages)
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    with pytest.raises(Problem) as refused:
+        asyncio.run(read_body(request))
+    assert refused.value.status == 400

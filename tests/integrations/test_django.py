@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -644,6 +645,44 @@ def test_unknown_settings_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"RATE_LIMIT": 5}, "RATE_LIMIT"),
+        ({"PROTECT": None}, "PROTECT"),
+        ({"PUBLIC": [1, 2]}, "PUBLIC"),
+        ({"SCOPES": ["GET /x"]}, "SCOPES"),
+        ({"SCOPES": {"GET /x": 5}}, "GET /x"),
+        ({"TRUSTED_PROXIES": "1"}, "TRUSTED_PROXIES"),
+        ({"STORE_OPTIONS": {"nope": 1}}, "STORE_OPTIONS"),
+        ({"MANAGER_OPTIONS": {"nope": 1}}, "MANAGER_OPTIONS"),
+    ],
+)
+def test_a_setting_of_the_wrong_kind_is_a_configuration_error_naming_it(
+    given: dict[str, object], named: str
+) -> None:
+    # As apikeys_settings() promises: not a TypeError or AttributeError from deep inside.
+    try:
+        with (
+            override_settings(APIKEYS={"STORE_URL": "memory://", **given}),
+            pytest.raises(ConfigurationError, match=re.escape(named)),
+        ):
+            get_manager()
+    finally:
+        integration.reset()
+
+
+def test_a_realm_no_challenge_can_carry_is_refused_at_startup() -> None:
+    try:
+        with (
+            override_settings(APIKEYS={"REALM": "api\r\nSet-Cookie: a=b"}),
+            pytest.raises(ConfigurationError, match="realm"),
+        ):
+            get_manager()
+    finally:
+        integration.reset()
+
+
+@pytest.mark.parametrize(
     ("module", "imported", "extra"),
     [
         ("rest_framework", "from apikeys.integrations.django import HasScopes", "drf"),
@@ -772,7 +811,8 @@ def test_a_store_that_cannot_be_made_is_a_check_error(tmp_path: Any) -> None:
     with override_settings(APIKEYS=apikeys_settings(url, STORE_OPTIONS={"no_such": 1})):
         (error,) = checks.check_store()
     assert error.id == "apikeys.E002"
-    assert error.msg.startswith(f"key store error: {url}: TypeError: ")
+    assert error.msg.startswith('APIKEYS["STORE_OPTIONS"]: ')
+    assert "no_such" in error.msg
     integration.reset()
 
 

@@ -25,6 +25,7 @@ from apikeys.importing.sources import (
     Refusal,
     check_column,
     check_table,
+    check_workspace_column,
 )
 from apikeys.manager import KeyManager
 
@@ -155,7 +156,9 @@ def _check_source_options(ctx: click.Context, source: str, workspace_column: str
         )
     try:
         check_table(ctx.params["table"])
-        if workspace_column is not None and source == "drf-api-key":
-            check_column(workspace_column)
+        if workspace_column is not None:
+            check_workspace_column(workspace_column)
+            if source == "drf-api-key":
+                check_column(workspace_column)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc), ctx) from None

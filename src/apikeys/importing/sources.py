@@ -12,16 +12,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from apikeys.errors import ConfigurationError
 
 __all__ = [
     "DRF_TABLE",
+    "MAX_CSV_LINE",
     "ForeignKey",
     "Refusal",
     "check_column",
     "check_table",
+    "check_workspace_column",
     "read_csv",
     "read_drf",
 ]
@@ -33,6 +35,11 @@ _DRF_COLUMNS: Final = ("prefix", "hashed_key", "created", "name", "revoked", "ex
 _IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _IDENTIFIER_RE: Final = re.compile(_IDENTIFIER)
 _TABLE_RE: Final = re.compile(rf"(?:{_IDENTIFIER}\.)?{_IDENTIFIER}")
+# The columns that hold a key's hash: never a workspace, which every list, audit event and
+# webhook body shows.
+MAX_CSV_LINE: Final = 1024 * 1024
+"""The longest line of a CSV file read, in characters."""
+_HASH_COLUMNS: Final = frozenset({"hash", "hashed_key"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,18 @@ def check_column(column: str) -> str:
         raise ConfigurationError(
             "the workspace column is an SQL identifier (letters, digits and '_', not "
             "starting with a digit, at most 63 characters)"
+        )
+    return check_workspace_column(column)
+
+
+def check_workspace_column(column: str) -> str:
+    """`column` if it may name the keys' workspaces: any column but the one holding the
+    keys' hashes (`hash`, `hashed_key`), since a workspace is shown everywhere and a hash
+    never; else `ConfigurationError`."""
+    if column.strip().lower() in _HASH_COLUMNS:
+        raise ConfigurationError(
+            f"the workspace column cannot be {column!r}: it holds the keys' hashes, and a "
+            "workspace is shown in every list, audit event and webhook"
         )
     return column
 
@@ -236,15 +255,17 @@ def read_csv(
 
     `workspace_column` gives each key the workspace named by that column of its row
     (`ForeignKey.workspace`). Raises `ConfigurationError` when the file cannot be read or
-    lacks `name`, `hash` or the workspace column.
+    lacks `name`, `hash` or the workspace column, or when the workspace column is `hash`.
     """
+    if workspace_column is not None:
+        check_workspace_column(workspace_column)
     try:
         # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
         handle = Path(path).open(newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise ConfigurationError(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
-        reader = csv.DictReader(handle)
+        reader = csv.DictReader(_lines(handle, path))
         try:
             # The header is read here, and with it the file's first block: a file that is
             # not UTF-8 or not CSV fails here as often as in its rows.
@@ -264,6 +285,21 @@ def read_csv(
                 yield _csv_row(reader.line_num, fields, workspace_column)
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
+
+
+def _lines(handle: TextIO, path: str | Path) -> Iterator[str]:
+    """The file's lines, each read within `MAX_CSV_LINE` characters: a file of one endless
+    line (or `/dev/zero`) is refused as it is read, never held whole in memory. The csv
+    module bounds a field (a quoted one may span lines) by itself."""
+    number = 0
+    while line := handle.readline(MAX_CSV_LINE + 1):
+        number += 1
+        if len(line) > MAX_CSV_LINE:
+            raise ConfigurationError(
+                f"{path}: not a readable CSV file: line {number} is longer than "
+                f"{MAX_CSV_LINE} characters"
+            )
+        yield line
 
 
 def _csv_row(

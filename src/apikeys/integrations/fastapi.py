@@ -58,7 +58,7 @@ from apikeys import errors
 from apikeys.credentials import key_header
 from apikeys.gate import Gate, route_path
 from apikeys.manager import KeyManager
-from apikeys.problems import encode_problem, problem_body, problem_headers
+from apikeys.problems import check_realm, encode_problem, problem_body, problem_headers
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import check_routes
 from apikeys.types import KeyRecord
@@ -120,7 +120,7 @@ class APIKeySecurity(HTTPBearer):
             self.model = scheme.model  # type: ignore[assignment]
         _INSTANCES.add(self)
         self.manager = manager
-        self.realm = realm
+        self.realm = check_realm(realm)
         self.optional = optional
         self.costs = dict(costs or {})
         self._unchecked = bool(self.costs)  # the costs rules, held against the app's routes

@@ -43,7 +43,7 @@ from starlette.responses import Response
 from apikeys import errors
 from apikeys.gate import APIKeyAuth, APIKeyUser, Gate, route_path
 from apikeys.manager import KeyManager
-from apikeys.problems import encode_problem
+from apikeys.problems import check_realm, encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import check_routes
 
@@ -89,7 +89,7 @@ class APIKeyBackend(AuthenticationBackend):
         legacy_schemes: Sequence[str] = (),
     ) -> None:
         self.manager = manager
-        self.realm = realm
+        self.realm = check_realm(realm)
         self._rules = (dict(scopes or {}), dict(costs or {}))
         self._unchecked = True
         self.gate = Gate(

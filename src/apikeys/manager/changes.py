@@ -129,7 +129,10 @@ def _expiry(
     if expires_in is not None:
         if expires_in <= timedelta(0):
             raise InvalidKeyParameters("expires_in must be positive")
-        return now + expires_in
+        try:
+            return now + expires_in
+        except OverflowError:  # past the year 9999
+            raise InvalidKeyParameters("expires_in ends after the year 9999") from None
     if expires_at is not None:
         if expires_at.tzinfo is None:
             raise InvalidKeyParameters("expires_at must be timezone-aware")

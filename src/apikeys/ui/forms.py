@@ -11,7 +11,7 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qsl
 
 from starlette.datastructures import ImmutableMultiDict
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from apikeys.durations import MAX_DURATION, parse_duration
 from apikeys.errors import InvalidKeyParameters
@@ -47,6 +47,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 Form = ImmutableMultiDict[str, str]
+# The fields a form may send more than once: one value per checked box.
+_REPEATABLE: Final = frozenset({"scopes"})
 
 
 class FormRefused(Exception):
@@ -99,7 +101,8 @@ def iso(moment: datetime) -> str:
 
 
 async def read_form(request: Request) -> Form:
-    """The posted form, read within `MAX_FORM_BYTES`; refused unless URL-encoded UTF-8.
+    """The posted form, read within `MAX_FORM_BYTES`; refused unless URL-encoded UTF-8,
+    and with 400 when a field other than `scopes` is sent twice.
 
     An empty body without a content type is an empty form (which then fails the CSRF check).
     """
@@ -112,10 +115,15 @@ async def read_form(request: Request) -> Form:
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_FORM_BYTES:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_FORM_BYTES:
-            raise too_large
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                raise too_large
+    except ClientDisconnect:
+        # Answered to no one, but answered: not an error logged with its traceback, which
+        # anyone could fill the logs with by cutting off a login form.
+        raise FormRefused(400, "Form cut off", "The form did not arrive whole.") from None
     if not media_type and body:
         raise refused
     try:
@@ -128,6 +136,11 @@ async def read_form(request: Request) -> Form:
         )
     except (UnicodeDecodeError, ValueError):
         raise FormRefused(400, "Unreadable form", "The form you sent could not be read.") from None
+    # One value per field but the scope checkboxes: a field sent twice is read one way here
+    # and maybe another by a proxy or filter in front, so it is refused, not guessed at.
+    names = [name for name, _ in pairs if name not in _REPEATABLE]
+    if len(names) != len(set(names)):
+        raise FormRefused(400, "Unreadable form", "The form you sent holds a field twice.")
     return ImmutableMultiDict(pairs)
 
 

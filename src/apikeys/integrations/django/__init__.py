@@ -73,6 +73,7 @@ store and pepper, for ASGI code on the server's loop (the settings page).
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import re
@@ -105,7 +106,7 @@ from apikeys.integrations.django.routing import check_syntax, drf_routes, probe
 from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.middleware import APIKeyAuth
 from apikeys.middleware import APIKeyMiddleware as ASGIMiddleware
-from apikeys.problems import encode_problem
+from apikeys.problems import check_realm, encode_problem
 from apikeys.ratelimit import RateLimiter
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes
@@ -170,6 +171,42 @@ _DRF_NAMES = frozenset({"APIKeyAuthentication", "APIKeyRefused", "HasScopes", "e
 _RECORD, _AUTH, _HEADERS = "apikey", "apikey_auth", "_apikeys_headers"
 
 
+# What each setting takes (None where its default is None): checked before any is used, so
+# a value of the wrong kind names its setting, never a TypeError from deep inside.
+_TEXTS = (str, list, tuple)
+_KINDS: dict[str, tuple[type, ...]] = {
+    "STORE_URL": (str, type(None)),
+    "STORE_OPTIONS": (Mapping,),
+    "MANAGER_OPTIONS": (Mapping,),
+    "PROTECT": _TEXTS,
+    "PUBLIC": (list, tuple),
+    "SCOPES": (Mapping, type(None)),
+    "UNMAPPED": (str,),
+    "COSTS": (Mapping, type(None)),
+    "RATE_LIMIT": (str, Mapping, type(None)),
+    "LIMITER_URL": (str, type(None)),
+    "REALM": (str,),
+    "POLICY_NAME": (str,),
+    "HEADER": (str,),
+    "TRUSTED_PROXIES": (int,),
+    "LEGACY_SCHEMES": (list, tuple),
+}
+_OF_TEXTS = ("PROTECT", "PUBLIC", "LEGACY_SCHEMES")
+
+
+def _check_kinds(config: Mapping[str, Any]) -> None:
+    for name, kinds in _KINDS.items():
+        value = config[name]
+        wrong = not isinstance(value, kinds) or isinstance(value, bool)
+        if name in _OF_TEXTS and not isinstance(value, str) and not wrong:
+            wrong = not all(isinstance(item, str) for item in value)
+        if wrong:
+            raise ConfigurationError(
+                f"APIKEYS[{name!r}] takes {' or '.join(k.__name__ for k in kinds)}"
+                f"{' (of strings)' if name in _OF_TEXTS else ''}, not {type(value).__name__}"
+            )
+
+
 def apikeys_settings() -> dict[str, Any]:
     """`settings.APIKEYS` with the defaults of every key it leaves out; an unknown key or a
     value of the wrong kind raises `ConfigurationError`."""
@@ -187,6 +224,7 @@ def apikeys_settings() -> dict[str, Any]:
     config["LIMITER_URL"] = (
         config["LIMITER_URL"] or os.environ.get("APIKEYS_LIMITER_URL") or "memory://"
     )
+    _check_kinds(config)
     check_syntax(config["SCOPES"], "scope")
     check_syntax(config["COSTS"], "cost")
     if config["CORS_PREFLIGHT"] not in ("auto", True, False):
@@ -276,7 +314,7 @@ class _Runtime:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
-        self.realm: str = config["REALM"]
+        self.realm: str = check_realm(config["REALM"])
         # Rules that cannot be understood are refused now, not at the first request.
         ScopeTable(config["SCOPES"])
         CostTable(config["COSTS"])
@@ -385,9 +423,17 @@ class _Runtime:
 def _manager_arguments(config: Mapping[str, Any]) -> tuple[KeyStore, dict[str, Any]]:
     """The store and the `KeyManager` options the settings name."""
     options = dict(config["MANAGER_OPTIONS"])
+    taken = inspect.signature(AsyncKeyManager).parameters
+    unknown = sorted(str(name) for name in options if name not in taken or name == "store")
+    if unknown:
+        raise ConfigurationError(f'APIKEYS["MANAGER_OPTIONS"]: KeyManager takes no {unknown}')
     if config["PEPPER"] is not None:
         options["hasher"] = Hasher(pepper=config["PEPPER"])
-    return store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"]), options
+    try:
+        store = store_from_url(config["STORE_URL"], **config["STORE_OPTIONS"])
+    except TypeError as exc:  # an option the URL's store does not take
+        raise ConfigurationError(f'APIKEYS["STORE_OPTIONS"]: {exc}') from None
+    return store, options
 
 
 def async_manager() -> AsyncKeyManager:
