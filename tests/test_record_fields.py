@@ -1,6 +1,8 @@
 """The record's one field table (`apikeys.types.RECORD_FIELDS`): `KeyRecord` declares each
 field once, and the stores' layouts derived from it are the layouts written before it
-existed (no migration): the SQL columns, the Redis hash, the events' snapshots."""
+existed (no migration): the SQL columns, the Redis hash, the events' snapshots. A field
+added since (`environment`) is a column at the end with a default, and a row or hash
+written without it reads as that default."""
 
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at TIMESTAMP WITH TIME ZONE,
+    environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
 """
@@ -74,6 +77,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at DATETIME,
+    environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
 """
@@ -122,6 +126,7 @@ def _record(**changes: object) -> KeyRecord:
         credits=0,
         credit_refill="1000/day",
         credits_refilled_at=datetime(2026, 2, 1, tzinfo=UTC),
+        environment="test",
     )
     return dataclasses.replace(record, **changes)
 
@@ -169,6 +174,7 @@ def test_to_dict_shows_the_contract_fields_in_their_order() -> None:
         "allowed_ips",
         "credits",
         "credit_refill",
+        "environment",
     ]
     data = _record().to_dict()
     assert data["created_at"] == "2026-01-01T12:00:00.123456Z"
@@ -255,6 +261,7 @@ REDIS_HASH = {
     "credits": "0",
     "credit_refill": "1000/day",
     "credits_refilled_at": "1769904000000000",
+    "environment": "test",
     "secret_hash": "sha256$hash",
 }
 # A key with nothing but what a key must have: every other field is left out of its hash.
@@ -268,6 +275,7 @@ REDIS_BARE_HASH = {
     "state": "active",
     "created_at": "1767268800123456",
     "request_count": "0",
+    "environment": "live",
     "secret_hash": "sha256$hash",
 }
 BARE = {
@@ -285,6 +293,7 @@ BARE = {
     "credits": None,
     "credit_refill": None,
     "credits_refilled_at": None,
+    "environment": "live",
 }
 
 

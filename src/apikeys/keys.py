@@ -2,7 +2,9 @@
 
 A key reads `{prefix}_{id}_{secret}{checksum}`:
 
-- `prefix`: lowercase letters, digits and `_`, starting with a letter (default `ak`);
+- `prefix`: lowercase letters, digits and `_`, starting with a letter: the manager's prefix
+  (default `ak`) and the key's environment, `ak_live` or `ak_test`
+  (`environment_prefix`); a key made before environments existed has the bare `ak`;
 - `id`: 12 base62 characters, random and public (it names the key in lists and logs);
 - `secret`: 32 base62 characters from `secrets`, about 190 bits;
 - `checksum`: 6 base62 characters, zero-padded, of CRC32 over `{prefix}_{id}_{secret}`.
@@ -10,6 +12,9 @@ A key reads `{prefix}_{id}_{secret}{checksum}`:
 The checksum lets `parse_key` refuse typos and noise without a store lookup, and lets secret
 scanners tell a real key from a random string. Parsing works from the right
 (`rsplit("_", 2)`) so that a prefix may itself contain `_`.
+
+The environment a token's prefix names is never trusted alone: the key's record says what
+its environment is, and a token whose prefix names another is refused as an unknown key.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import functools
 import re
 import secrets
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from apikeys.errors import InvalidKeyParameters, MalformedAPIKey
+from apikeys.types import ENVIRONMENTS, LIVE, Environment
 
 __all__ = [
     "BASE62",
@@ -32,11 +38,14 @@ __all__ = [
     "SECRET_LENGTH",
     "ParsedKey",
     "checksum",
+    "environment_prefix",
+    "environments_of",
     "generate_id",
     "generate_key",
     "key_splitter",
     "mask",
     "parse_key",
+    "prefixes_splitter",
     "split_key",
     "validate_prefix",
 ]
@@ -117,10 +126,38 @@ def generate_id() -> str:
     return _random_base62(ID_LENGTH)
 
 
-def generate_key(prefix: str = DEFAULT_PREFIX, key_id: str | None = None) -> ParsedKey:
-    """Generate a new key with a fresh secret (and a fresh id unless one is given)."""
+def generate_key(
+    prefix: str = DEFAULT_PREFIX,
+    key_id: str | None = None,
+    environment: Environment | None = None,
+) -> ParsedKey:
+    """Generate a new key with a fresh secret (and a fresh id unless one is given): of
+    `environment` (`{prefix}_live_…`, `{prefix}_test_…`) when one is given, else with
+    `prefix` as it is."""
     validate_prefix(prefix)
+    if environment is not None:
+        prefix = environment_prefix(prefix, environment)
     return ParsedKey(prefix, key_id or generate_id(), _random_base62(SECRET_LENGTH))
+
+
+def environment_prefix(prefix: str, environment: str) -> str:
+    """The prefix of the keys of `environment` a manager of `prefix` makes: `ak_live`,
+    `ak_test`. `InvalidKeyParameters` for an environment other than `live` or `test`."""
+    if environment not in ENVIRONMENTS:
+        raise InvalidKeyParameters(
+            f"invalid environment {str(environment)[:20]!r}: one of {', '.join(ENVIRONMENTS)}"
+        )
+    return validate_prefix(f"{prefix}_{environment}")
+
+
+def environments_of(prefix: str) -> dict[str, Environment]:
+    """The prefixes of the tokens a manager of `prefix` reads, each with the environment it
+    names: `{prefix}_live`, `{prefix}_test`, and the bare `prefix` of keys made before
+    environments existed, which are live."""
+    named: dict[str, Environment] = {prefix: LIVE}
+    for environment in ENVIRONMENTS:
+        named[environment_prefix(prefix, environment)] = environment
+    return named
 
 
 def mask(prefix: str, key_id: str) -> str:
@@ -158,6 +195,29 @@ def key_splitter(prefix: str) -> Callable[[str], tuple[str, str]]:
         ) != given:
             raise MalformedAPIKey()
         return key_id, secret
+
+    return split
+
+
+def prefixes_splitter(prefixes: Iterable[str]) -> Callable[[str], tuple[str, str, str]]:
+    """`key_splitter` for tokens of any of `prefixes`: the `(prefix, id, secret)` of a
+    token whose checksum matches, else `MalformedAPIKey`. The id and the tail hold no `_`
+    and have fixed sizes, so a token has one reading even when a prefix starts another
+    (`ak` and `ak_test`)."""
+    chosen = sorted({validate_prefix(prefix) for prefix in prefixes}, key=len, reverse=True)
+    fullmatch = re.compile(
+        f"({'|'.join(re.escape(prefix) for prefix in chosen)})_([0-9A-Za-z]{{{ID_LENGTH}}})_"
+        f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
+    ).fullmatch
+
+    def split(token: str) -> tuple[str, str, str]:
+        try:
+            found = fullmatch(token)
+        except TypeError:  # not a str
+            found = None
+        if found is None or checksum(token[:-CHECKSUM_LENGTH]) != found.group(4):
+            raise MalformedAPIKey()
+        return found.group(1), found.group(2), found.group(3)
 
     return split
 
