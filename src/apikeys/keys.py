@@ -43,8 +43,10 @@ __all__ = [
     "generate_id",
     "generate_key",
     "key_splitter",
+    "manager_prefix",
     "mask",
     "parse_key",
+    "parse_key_of",
     "prefixes_splitter",
     "split_key",
     "validate_prefix",
@@ -225,6 +227,11 @@ def prefixes_splitter(prefixes: Iterable[str]) -> Callable[[str], tuple[str, str
 _splitter = functools.lru_cache(maxsize=64)(key_splitter)
 
 
+@functools.lru_cache(maxsize=64)
+def _manager_splitter(prefix: str) -> Callable[[str], tuple[str, str, str]]:
+    return prefixes_splitter(environments_of(prefix))
+
+
 def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
     """`parse_key` as a plain tuple `(prefix, id, secret)`."""
     if prefix:
@@ -255,3 +262,20 @@ def parse_key(token: str, prefix: str | None = None) -> ParsedKey:
     touches a store, so garbage is refused for the price of one CRC32.
     """
     return ParsedKey(*split_key(token, prefix))
+
+
+def parse_key_of(token: str, prefix: str) -> ParsedKey:
+    """`parse_key` of a token a manager of `prefix` reads: `{prefix}_live_…`,
+    `{prefix}_test_…` or the bare `{prefix}_…` of a key made before environments, else
+    `MalformedAPIKey`. The environment its prefix names is checked against the key's
+    record by `KeyManager.verify`, never here."""
+    return ParsedKey(*_manager_splitter(prefix)(token))
+
+
+def manager_prefix(key_prefix: str) -> str:
+    """The prefix of the manager that makes keys of `key_prefix`: `ak` for `ak_live` and
+    `ak_test`; any other prefix is a bare one, its own manager's."""
+    base, underscore, environment = key_prefix.rpartition("_")
+    if underscore and environment in ENVIRONMENTS and _PREFIX_RE.fullmatch(base):
+        return base
+    return key_prefix
