@@ -333,6 +333,7 @@ class KeyChanges(KeyReading):
                 "access": record.access,
                 "scopes": list(record.scopes),
                 "state": record.state,
+                "environment": record.environment,
                 "imported_from": source,
                 "scheme": scheme,
             },
