@@ -13,7 +13,7 @@ Conventions for the Markdown pages:
 Shell blocks: every `apikeys …` command in them must parse with the real command line, and
 each page's `apikeys …` lines and variable assignments run, in page order, in one shell in a
 fresh directory (with empty `src/`, `config/` and `logs/`): an id a command uses comes from
-a command run earlier on the page (`ID=$(echo "$KEY" | cut -d_ -f2)`), never an example id.
+a command run earlier on the page (`ID=$(echo "$KEY" | cut -d_ -f3)`), never an example id.
 Lines of other programs (curl, uvicorn, pip, git) are left to the reader, and so is a block
 after `<!-- not-run: reason -->` (one that reads another system's database). The
 problem+json bodies of the HTTP error reference must be the ones the code sends.
