@@ -963,3 +963,16 @@ def test_a_rolled_key_shows_and_spends_the_credits_of_its_successor(
     assert "forbidden_field" in posted.text()
     with ui_service.api(key) as old_api:
         assert_problem(old_api.get("/api/v1/contacts"), 429, "credits_exhausted")
+
+
+def test_the_page_shows_each_key_as_live_or_test(ui_service: UIService, page: Page) -> None:
+    # The environment is the operator's to choose at create; the page shows it, fixed.
+    log_in(page)
+    live = ui_service.issue(WORKSPACE, "Production", scopes=["contacts:read"])
+    sandbox = ui_service.issue(WORKSPACE, "Sandbox", scopes=["contacts:read"], environment="test")
+    page.goto(LIST)
+    expect(row(page, live).locator(".environment")).to_have_text("live")
+    expect(row(page, sandbox).locator(".environment")).to_have_text("test")
+    expect(row(page, sandbox).locator(".masked")).to_have_text(f"ak_test_{parse_key(sandbox).id}_…")
+    page.goto(f"{KEYS}/{parse_key(sandbox).id}/edit")
+    expect(page.locator("#environment")).to_have_count(0)
