@@ -365,6 +365,8 @@ def test_the_command_line_creates_lists_and_shows_test_keys(tmp_path: Path) -> N
     assert "sandbox" not in table
     shown = _apikeys(url, "show", parse_key(token).id).stdout
     assert "environment:  test" in shown or "environment: test" in shown
+    usage = json.loads(_apikeys(url, "usage", parse_key(token).id, "--json").stdout)
+    assert usage["environment"] == "test"
     refused = _apikeys(url, "list", "--environment", "prod")
     assert refused.returncode == 2
 
