@@ -256,8 +256,12 @@ async def test_a_sql_table_of_before_takes_the_column_with_its_default(
         await drop_change_log_triggers(conn, store.table.name)
         await conn.execute(sa.text("ALTER TABLE apikeys_keys DROP COLUMN environment"))
     await store.aclose()
-    with pytest.raises(ConfigurationError, match="environment"):
-        await SQLStore(url).setup()
+    refusing = SQLStore(url)
+    try:
+        with pytest.raises(ConfigurationError, match="environment"):
+            await refusing.setup()
+    finally:
+        await refusing.aclose()
     again = SQLStore(url)
     async with again.engine.begin() as conn:
         await conn.execute(
@@ -266,9 +270,12 @@ async def test_a_sql_table_of_before_takes_the_column_with_its_default(
                 "NOT NULL DEFAULT 'live'"
             )
         )
-    async with KeyManager(again, hasher=hasher) as manager:
-        await manager.setup()
-        assert (await manager.verify(parsed.token)).environment == "live"
+    try:
+        async with KeyManager(again, hasher=hasher) as manager:
+            await manager.setup()
+            assert (await manager.verify(parsed.token)).environment == "live"
+    finally:
+        await again.aclose()
 
 
 # -- the request path -----------------------------------------------------------------------
@@ -375,3 +382,31 @@ def test_the_command_line_creates_lists_and_shows_test_keys(tmp_path: Path) -> N
             return await manager.verify(token)
 
     assert asyncio.run(verify()).environment == "test"
+
+
+async def test_a_held_key_of_either_environment_or_the_old_form_is_split_by_position(
+    memory_manager: KeyManager, hasher: Hasher
+) -> None:
+    # The request path reads a held key's token by position from its end; the full split
+    # (regex and checksum) runs once per token, when its secret first matches.
+    old = generate_key("ak")
+    await memory_manager.store.insert(StoredKey(_old_record(old), await hasher.ahash(old.secret)))
+    tokens = [
+        old.token,
+        (await memory_manager.create(name="l", full_access=True)).key,
+        (await memory_manager.create(name="t", full_access=True, environment="test")).key,
+    ]
+    full_splits: list[str] = []
+    split = memory_manager._split
+
+    def counted(token: str) -> tuple[str, str, str]:
+        full_splits.append(token)
+        return split(token)
+
+    memory_manager._split = counted  # type: ignore[method-assign]
+    for token in tokens:
+        for _ in range(3):
+            record = memory_manager.verify_now(token, count=False)
+            assert record is not None
+            assert record.environment == ("test" if "_test_" in token else "live")
+    assert sorted(full_splits) == sorted(tokens)

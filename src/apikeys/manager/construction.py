@@ -160,10 +160,13 @@ class ManagerBase:
         # keys made before environments, each with the environment it names.
         self._environments = environments_of(prefix)
         self._split = prefixes_splitter(self._environments)
-        # Where a token has its parts, counted from its end (`…_{id}_{secret}{checksum}`,
-        # whatever its prefix), for `verify_now`'s split by position.
+        # Where a token has its parts, counted from its end (`{prefix}_{id}_{secret}…`,
+        # whatever its prefix), for `verify_now`'s split by position: the `_` after the
+        # prefix, the id, the `_` after it, the secret.
         self._secret_at = -(SECRET_LENGTH + CHECKSUM_LENGTH)
-        self._id_at = self._secret_at - 1 - ID_LENGTH
+        self._id_end = self._secret_at - 1
+        self._id_at = self._id_end - ID_LENGTH
+        self._prefix_end = self._id_at - 1
         self._plain = {}
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)

@@ -145,19 +145,19 @@ class KeyVerification(ManagerBase):
         if self.telemetry.active:
             return None
         unchecked: str | None
-        id_at = self._id_at
+        prefix_end = self._prefix_end
         if (
             token.__class__ is str
-            and (key_prefix := token[:id_at]) in self._environments
-            and token[id_at] == "_"
-            and token[self._secret_at - 1] == "_"
+            and (key_prefix := token[:prefix_end]) in self._environments
+            and token[prefix_end] == "_"
+            and token[self._id_end] == "_"
             and token.isascii()
         ):
             # Split by position, from the end. The token's alphabet and checksum are checked
             # by the full split (`_split`), unless its secret matches the held key's hash
             # and its checksum is the one of the token that matched before: then it is that
             # token.
-            key_id = token[id_at + 1 : self._secret_at - 1]
+            key_id = token[self._id_at : self._id_end]
             secret = token[self._secret_at : -CHECKSUM_LENGTH]
             unchecked = token
         else:
