@@ -42,6 +42,7 @@ from apikeys.listing import KeyFilter
 from apikeys.stores import KeyStore
 from apikeys.types import ENVIRONMENTS, KeyRecord, StoredKey, utcnow
 from tests.conftest import TEST_PEPPER
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 PREFIXES = st.from_regex(r"[a-z][a-z0-9_]{0,26}", fullmatch=True)
 ENVIRONMENT = st.sampled_from(ENVIRONMENTS)
@@ -91,6 +92,12 @@ def test_the_environment_is_live_or_test_and_a_prefix_leaves_room_for_it() -> No
         KeyManager("memory://", prefix="a" * 28)  # `{prefix}_live` would be 33 characters
     with pytest.raises(InvalidKeyParameters):
         KeyFilter(environment="prod")  # type: ignore[arg-type]
+
+
+def test_the_modules_of_the_format_export_and_document_what_they_define() -> None:
+    for name in ("apikeys.keys", "apikeys.types", "apikeys.listing"):
+        assert_all_is_complete(name)
+        assert_exports_are_documented(name)
 
 
 # -- the manager ----------------------------------------------------------------------------
