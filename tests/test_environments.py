@@ -417,3 +417,12 @@ async def test_a_held_key_of_either_environment_or_the_old_form_is_split_by_posi
             assert record is not None
             assert record.environment == ("test" if "_test_" in token else "live")
     assert sorted(full_splits) == sorted(tokens)
+
+
+async def test_the_test_kit_makes_test_keys() -> None:
+    from apikeys.testing import KeyFactory, in_memory_manager
+
+    async with in_memory_manager() as manager:
+        made = await KeyFactory(manager)(scopes=["contacts:read"], environment="test")
+        assert made.key.startswith("ak_test_")
+        assert (await manager.verify(made.key)).environment == "test"
