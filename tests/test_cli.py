@@ -58,6 +58,7 @@ RECORD_FIELDS = {
     "allowed_ips",
     "credits",
     "credit_refill",
+    "imported_prefix",
     "environment",
 }
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")

@@ -427,9 +427,14 @@ def test_cli_import_drf_dry_run_then_import_then_again(
     report = json.loads(done.output)
     assert (report["imported"], report["skipped"], report["refused"]) == (len(keys), 0, 0)
     assert {key["name"] for key in report["keys"]} >= {"Zapier", "old laptop"}
+    # Each imported key keeps its old prefix (not secret: drf-api-key shows it in its admin),
+    # so that a customer's "my key starting with Pb7x…" finds its new id; the secret never shows.
+    assert {key["imported_prefix"] for key in report["keys"]} == {
+        key.partition(".")[0] for key in keys.values()
+    }
     for key in keys.values():
         assert key not in done.output
-        assert key.partition(".")[0] not in done.output
+        assert key.partition(".")[2] not in done.output
     assert "sha512$$" not in done.output
     assert "pbkdf2_sha256$" not in done.output
     again = run(cli_store, *args, "--scope", "contacts:read")
@@ -447,6 +452,28 @@ def test_cli_import_csv_prints_refusals_with_their_reasons(cli_store: str, tmp_p
     assert "Imported 1 key(s)" in result.output
     assert f"refused {len(REFUSED_ROWS) - 1}." in result.output
     assert "refused row 4 ('salted'): a salted hash cannot find its key" in result.output
+
+
+@pytest.mark.sqlite
+def test_cli_import_prints_each_old_prefix_beside_its_new_id_and_show_keeps_it(
+    cli_store: str, tmp_path: Path
+) -> None:
+    rows, keys = csv_keys()
+    path = _csv(tmp_path / "keys.csv", rows)
+    result = run(cli_store, "import", "--from", "csv", str(path), "--full-access")
+    assert result.exit_code == 0, result.output
+    listed = {key["name"]: key for key in json.loads(run(cli_store, "list", "--json").output)}
+    for row in rows:
+        record = listed[row["name"]]
+        assert record["imported_prefix"] == row.get("prefix")
+        if "prefix" in row:
+            line = next(line for line in result.output.splitlines() if row["prefix"] in line)
+            assert line.split() == [row["prefix"], record["id"], row["name"]]
+            shown = run(cli_store, "show", record["id"])
+            # `label: value` lines, the values aligned after the longest label.
+            assert f"old prefix:  {row['prefix']}" in shown.output
+    for key in keys.values():
+        assert (key.partition(".")[2] or key) not in result.output
 
 
 @pytest.mark.sqlite

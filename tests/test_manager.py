@@ -122,6 +122,7 @@ class TestCreate:
             "allowed_ips",
             "credits",
             "credit_refill",
+            "imported_prefix",
             "environment",
         ]
         assert data["access"] == "full"
@@ -1042,6 +1043,11 @@ async def test_a_middleware_without_a_lifespan_refuses_another_pepper_and_says_w
         finally:
             await manager.aclose()
     assert "another pepper" in caplog.text
+    # Said as the configuration error it is: one plain line, not a crash's traceback.
+    told = [r for r in caplog.records if "another pepper" in r.getMessage()]
+    assert told
+    assert all(r.exc_info is None for r in told)
+    assert "unexpected error" not in caplog.text
     for secret in (TEST_PEPPER, OTHER_PEPPER):
         assert secret not in caplog.text
 

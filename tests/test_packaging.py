@@ -210,7 +210,9 @@ def test_the_wheel_serves_the_mounted_settings_page(venv: Path, dist: Path, tmp_
                 data={"csrf_token": token.group(1), "name": "From the wheel", "access": "full"},
             )
             assert created.status_code == 200
-            assert re.search(r'id="new-key-value"[^>]*value="ak_live_[0-9A-Za-z_]{51}"', created.text)
+            assert re.search(
+                r'id="new-key-value"[^>]*value="ak_live_[0-9A-Za-z_]{51}"', created.text
+            )
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)

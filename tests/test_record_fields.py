@@ -49,6 +49,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at TIMESTAMP WITH TIME ZONE,
+    imported_prefix VARCHAR(64),
     environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
@@ -77,6 +78,7 @@ CREATE TABLE apikeys_keys (
     credits BIGINT,
     credit_refill VARCHAR(32),
     credits_refilled_at DATETIME,
+    imported_prefix VARCHAR(64),
     environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
@@ -174,6 +176,7 @@ def test_to_dict_shows_the_contract_fields_in_their_order() -> None:
         "allowed_ips",
         "credits",
         "credit_refill",
+        "imported_prefix",
         "environment",
     ]
     data = _record().to_dict()

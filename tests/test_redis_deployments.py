@@ -97,6 +97,25 @@ def test_a_malformed_url_is_a_configuration_error(url: str) -> None:
         store_from_url(url)
 
 
+@pytest.mark.parametrize(
+    "base",
+    ["redis://localhost:6379/0", "redis+sentinel://s1:26379/mymaster", "redis+cluster://c1:7000"],
+    ids=["single", "sentinel", "cluster"],
+)
+def test_a_wait_longer_than_half_the_socket_timeout_is_refused_when_the_store_is_made(
+    base: str,
+) -> None:
+    # The replicas' answer would come after the connection gave up: a 503, not the
+    # `ChangeNotConfirmed` that says the change committed.
+    with pytest.raises(ConfigurationError, match=r"wait_timeout \(2 s\).*socket_timeout \(2 s\)"):
+        store_from_url(f"{base}?wait_timeout=2")
+    with pytest.raises(ConfigurationError, match="at most half"):
+        store_from_url(f"{base}?wait_timeout=1.5&socket_timeout=2")
+    for fine in (f"{base}?wait_timeout=1", f"{base}?wait_timeout=2&socket_timeout=5"):
+        store = store_from_url(fine)
+        assert isinstance(store, RedisStore)
+
+
 def test_the_store_repr_never_shows_the_password() -> None:
     store = store_from_url("redis+sentinel://:s3cret@127.0.0.1:1/svc")
     assert "s3cret" not in repr(store)

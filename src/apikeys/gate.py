@@ -49,9 +49,7 @@ from apikeys.credentials import (
     key_header,
     legacy_token,
 )
-from apikeys.credentials import (
-    legacy_schemes as legacy_scheme_words,
-)
+from apikeys.credentials import legacy_schemes as legacy_scheme_words
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
@@ -488,10 +486,8 @@ class Gate:
     ) -> None:
         if unmapped not in ("deny", "allow"):
             raise ConfigurationError("unmapped takes 'deny' or 'allow'")
-        if isinstance(trusted_proxies, bool) or not isinstance(trusted_proxies, int):
-            raise ConfigurationError("trusted_proxies takes a whole number of proxies")
-        if trusted_proxies < 0:
-            raise ConfigurationError("trusted_proxies must not be negative")
+        if type(trusted_proxies) is not int or trusted_proxies < 0:
+            raise ConfigurationError("trusted_proxies takes a whole number of proxies, 0 or more")
         self.manager = manager
         self.limiter = limiter if limiter is not None else manager.limiter
         if limiter is not None:
@@ -635,7 +631,10 @@ class Gate:
             self.manager.usage_buffer.record(record.id)
         if isinstance(exc, AuthenticationError):
             return self.refused(record, exc, rate_headers)
-        logger.exception("apikeys: unexpected error while authenticating; answering 503")
+        if isinstance(exc, ConfigurationError):  # a pepper found wrong at first use: said plainly
+            logger.error("apikeys: %s; answering 503", exc)
+        else:
+            logger.exception("apikeys: unexpected error while authenticating; answering 503")
         return AuthUnavailable()
 
     def _spending(

@@ -286,6 +286,12 @@ class KeyRecord:
         metadata=_declare(Kind.TIME, "the start of the period last refilled for", shown_as=()),
     )
     """The start of the period the credits were last refilled for."""
+    imported_prefix: str | None = field(
+        default=None,
+        metadata=_declare(Kind.TEXT, "the old system's prefix of an imported key", size=64),
+    )
+    """An imported key's prefix in the system it came from (djangorestframework-api-key's
+    `Pb7xKq2M` of `Pb7xKq2M.…`), kept to find it by; None for keys made here."""
     environment: Environment = field(
         default=LIVE,
         metadata=_declare(

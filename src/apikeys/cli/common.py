@@ -465,6 +465,8 @@ def summary_lines(record: KeyRecord) -> list[str]:
     if record.credits is not None:
         refill = f" (refilled to {record.credit_refill})" if record.credit_refill else ""
         rows.append(("credits", f"{record.credits}{refill}"))
+    if record.imported_prefix is not None:
+        rows.append(("old prefix", record.imported_prefix))
     width = max(len(label) for label, _ in rows) + 2
     return [f"{label + ':':<{width}}{value}" for label, value in rows]
 

@@ -15,6 +15,7 @@ from apikeys.cli.common import (
     echo_json,
     main,
     run_with_manager,
+    table_lines,
 )
 from apikeys.errors import ConfigurationError
 from apikeys.importing import ImportReport, import_keys, read_csv, read_drf
@@ -121,6 +122,13 @@ def import_(
         f"{would} {len(report.imported)} key(s) into {into}; "
         f"skipped {len(report.skipped)} (imported before); refused {len(report.refused)}."
     )
+    # Which new id each old key now has: its old prefix (not secret) is kept on the record.
+    mapped = [r for r in report.imported if r.imported_prefix is not None]
+    if mapped:
+        headers = ("old prefix", "new id", "name")
+        rows = [(r.imported_prefix or "", r.id, r.name) for r in mapped]
+        for line in table_lines(headers, rows):
+            click.echo(f"  {line}")
     if report.revoked:
         verb = "Would revoke" if dry_run else "Revoked"
         click.echo(

@@ -250,6 +250,7 @@ async def _import_row(
         created_at=key.created_at or now,
         expires_at=key.expires_at,
         revoked_at=now if key.revoked else None,
+        imported_prefix=key.prefix,
         environment=key.environment,
     )
     if not run.dry_run:

@@ -36,6 +36,7 @@ __all__ = [
     "SENTINEL_SCHEMES",
     "SINGLE_SCHEMES",
     "RedisTarget",
+    "check_wait_timeout",
     "connection_defaults",
     "parse_redis_url",
     "redis_client",
@@ -280,3 +281,22 @@ def redis_client(
     )
     master = sentinel.master_for(target.service_name, db=target.db)
     return master, sentinel
+
+
+def check_wait_timeout(client: Redis | RedisCluster, wait_timeout: float) -> None:
+    """The replicas' answer to WAIT comes `wait_timeout` after the change at worst: the
+    connection must wait for it at least as long again, or a slow acknowledgement reads as a
+    lost connection (503) instead of `ChangeNotConfirmed`."""
+    if not wait_timeout > 0:
+        raise ConfigurationError("wait_timeout must be > 0 seconds")
+    if isinstance(client, RedisCluster):
+        kwargs = client.get_connection_kwargs()
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+    socket_timeout = kwargs.get("socket_timeout")
+    if socket_timeout is not None and wait_timeout > float(socket_timeout) / 2:
+        raise ConfigurationError(
+            f"wait_timeout ({wait_timeout:g} s) must be at most half the connection's "
+            f"socket_timeout ({float(socket_timeout):g} s), so that the replicas' answer "
+            "arrives before the connection gives up: lower wait_timeout or raise socket_timeout"
+        )

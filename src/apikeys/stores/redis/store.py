@@ -72,6 +72,7 @@ from apikeys.stores.redis.client import (
     DEFAULT_WAIT_TIMEOUT,
     SENTINEL_SCHEMES,
     RedisTarget,
+    check_wait_timeout,
     parse_redis_url,
     redis_client,
 )
@@ -162,8 +163,7 @@ class RedisStore(KeyStore):
             raise ConfigurationError("the Redis client must be created with decode_responses=True")
         if wait_replicas is not None and wait_replicas < 0:
             raise ConfigurationError("wait_replicas must be None (auto) or >= 0")
-        if not wait_timeout > 0:
-            raise ConfigurationError("wait_timeout must be > 0 seconds")
+        check_wait_timeout(client, wait_timeout)
         self._client_object = client
         self._cluster = isinstance(client, RedisCluster)
         self._target: RedisTarget | None = None
