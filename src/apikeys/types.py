@@ -314,7 +314,7 @@ class KeyRecord:
 
     @property
     def masked(self) -> str:
-        """The masked display form, `ak_<id>_…` (the same as `prefix`)."""
+        """The masked display form, `ak_live_<id>_…` (the same as `prefix`)."""
         return self.prefix
 
     def status_at(self, now: datetime) -> Status:
