@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -330,6 +331,9 @@ def test_the_sync_api_creates_and_lists_by_environment() -> None:
 # -- import ---------------------------------------------------------------------------------
 
 
+OLD_KEY = "sandbox-old-key-0001"
+
+
 async def test_an_import_reads_the_environment_column_live_when_empty(
     tmp_path: Path, memory_manager: KeyManager
 ) -> None:
@@ -337,7 +341,9 @@ async def test_an_import_reads_the_environment_column_live_when_empty(
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["name", "hash", "environment"])
-        writer.writerow(["sandbox", "sha256:" + "a" * 64, "test"])
+        writer.writerow(
+            ["sandbox", "sha256:" + hashlib.sha256(OLD_KEY.encode()).hexdigest(), "test"]
+        )
         writer.writerow(["prod", "sha256:" + "b" * 64, ""])
         writer.writerow(["odd", "sha256:" + "c" * 64, "staging"])
     report = await import_keys(memory_manager, read_csv(path), source="csv", full_access=True)
@@ -345,6 +351,12 @@ async def test_an_import_reads_the_environment_column_live_when_empty(
     assert [(r.name, "environment" in r.reason) for r in report.refused] == [("odd", True)]
     for record in report.imported:
         assert (await memory_manager.get(record.id)).environment == record.environment
+    shown = {r.name: r.prefix for r in report.imported}
+    assert shown["sandbox"].startswith("ak_test_")
+    assert not shown["prod"].startswith(("ak_live_", "ak_test_"))
+    # The old key string verifies, as its record's environment.
+    for _ in range(2):
+        assert (await memory_manager.verify(OLD_KEY)).environment == "test"
 
 
 # -- the command line, end to end -----------------------------------------------------------
