@@ -35,7 +35,7 @@ from tests.public_surface import assert_all_is_complete, assert_exports_are_docu
 pytestmark = pytest.mark.sqlite
 
 PEPPER = "SQ-SUvFjge0pjQ9upfz5ybw7QFrEa7gr-JnfSl7h7IA"
-KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
+KEY_RE = re.compile(r"^ak_live_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
 RECORD_FIELDS = {
     "id",
     "name",
@@ -59,6 +59,7 @@ RECORD_FIELDS = {
     "credits",
     "credit_refill",
     "imported_prefix",
+    "environment",
 }
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 
@@ -137,7 +138,7 @@ def test_create_prints_only_the_key_on_stdout(store_url: str) -> None:
     assert record.scopes == ("contacts:read",)
     # The summary names the key by id and masked form, never the key itself.
     assert record.id in result.stderr
-    assert f"ak_{record.id}_…" in result.stderr
+    assert f"ak_live_{record.id}_…" in result.stderr
     assert "once" in result.stderr
     assert key not in result.stderr
     assert parse_key(key).secret not in result.stderr
@@ -161,7 +162,7 @@ def test_create_json_has_the_key_and_every_record_field(store_url: str) -> None:
     assert set(created) == {"key"} | RECORD_FIELDS
     assert KEY_RE.match(created["key"])
     assert created["id"] == parse_key(created["key"]).id
-    assert created["prefix"] == f"ak_{created['id']}_…"
+    assert created["prefix"] == f"ak_live_{created['id']}_…"
     assert created["workspace"] == "acme"
     assert created["access"] == "restricted"
     assert created["scopes"] == ["campaigns:trigger", "contacts:read", "contacts:write"]
@@ -231,14 +232,14 @@ def test_list_and_show_never_show_the_key(store_url: str) -> None:
     table = outputs[0].stdout
     assert "Zapier" in table
     assert "Ops bot" in table
-    assert f"ak_{first['id']}_…" in table
+    assert f"ak_live_{first['id']}_…" in table
     assert "never" in table  # last used
     listed = json.loads(outputs[1].stdout)
     assert [item["id"] for item in listed] == [first["id"], second["id"]]
     assert all(set(item) == RECORD_FIELDS for item in listed)
     assert first["id"] not in outputs[2].stdout
     assert second["id"] in outputs[2].stdout
-    assert f"ak_{first['id']}_…" in outputs[3].stdout
+    assert f"ak_live_{first['id']}_…" in outputs[3].stdout
     assert json.loads(outputs[4].stdout) == {k: v for k, v in first.items() if k != "key"}
 
 
@@ -458,7 +459,7 @@ def test_scan_finds_a_key_in_a_nested_file(store_url: str, tmp_path: Path) -> No
 
     assert result.exit_code == 1, result.stderr
     settings = project / "src" / "app" / "config" / "settings.py"
-    assert result.stdout == f"{settings}:5: ak_{created['id']}_…\n"
+    assert result.stdout == f"{settings}:5: ak_live_{created['id']}_…\n"
     assert created["key"] not in result.stdout + result.stderr
     assert parse_key(created["key"]).secret not in result.stdout + result.stderr
     # Scanning reports, it does not touch the key.
@@ -526,7 +527,7 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
     created = create_key(store_url)
     bystander = create_key(store_url, name="bystander")
     # A token with a valid checksum and a real id but a made-up secret, and a stranger's key.
-    forged = ParsedKey("ak", bystander["id"], generate_key().secret).token
+    forged = ParsedKey("ak_live", bystander["id"], generate_key().secret).token
     stranger = generate_key().token
     project = _tree(tmp_path, created["key"])
     (project / "forged.txt").write_text(f"{forged}\n{stranger}\n", encoding="utf-8")
@@ -535,9 +536,9 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
 
     assert result.exit_code == 1
     outcomes = _verdicts(result.stdout)
-    assert outcomes[f"ak_{created['id']}_…"] == "revoked"
+    assert outcomes[f"ak_live_{created['id']}_…"] == "revoked"
     assert outcomes[f"ak_{parse_key(stranger).id}_…"] == "unknown id in this store"
-    assert outcomes[f"ak_{bystander['id']}_…"].startswith("not revoked")
+    assert outcomes[f"ak_live_{bystander['id']}_…"].startswith("not revoked")
     with pytest.raises(KeyRevoked):
         verify(store_url, created["key"])
     # The forged token got nobody's key revoked.
@@ -547,7 +548,7 @@ def test_scan_revoke(store_url: str, tmp_path: Path) -> None:
 
     again = run(store_url, "scan", str(project), "--revoke")
     assert again.exit_code == 1
-    assert f"ak_{created['id']}_…: already revoked" in again.stdout
+    assert f"ak_live_{created['id']}_…: already revoked" in again.stdout
 
 
 def test_scan_revoke_follows_no_symlink_out_of_the_scanned_folder(
@@ -640,16 +641,16 @@ def test_scan_revoke_names_the_file_and_line_of_every_verdict(
     # Two findings of one id: the real key in one file, a lookalike in another. Each verdict
     # says where its token was, so one can tell which file held the real key.
     created = create_key(store_url)
-    lookalike = ParsedKey("ak", created["id"], generate_key().secret).token
+    lookalike = ParsedKey("ak_live", created["id"], generate_key().secret).token
     (tmp_path / "real.env").write_text(f"KEY={created['key']}\n", encoding="utf-8")
     (tmp_path / "notes.txt").write_text(f"\n\nsee {lookalike}\n", encoding="utf-8")
 
     result = run(store_url, "scan", str(tmp_path), "--revoke")
 
     verdicts = [line for line in result.stdout.splitlines() if line.count(": ") >= 2]
-    assert f"{tmp_path / 'real.env'}:1: ak_{created['id']}_…: revoked" in verdicts
+    assert f"{tmp_path / 'real.env'}:1: ak_live_{created['id']}_…: revoked" in verdicts
     assert any(
-        line.startswith(f"{tmp_path / 'notes.txt'}:3: ak_{created['id']}_…: not revoked")
+        line.startswith(f"{tmp_path / 'notes.txt'}:3: ak_live_{created['id']}_…: not revoked")
         for line in verdicts
     ), verdicts
 
@@ -906,7 +907,7 @@ def test_the_console_script(tmp_path: Path) -> None:
     with pytest.raises(KeyRevoked):
         verify(url, data["key"])
     with pytest.raises(InvalidAPIKey):
-        verify(url, ParsedKey("ak", data["id"], generate_key().secret).token)
+        verify(url, ParsedKey("ak_live", data["id"], generate_key().secret).token)
 
 
 @pytest.mark.postgres
@@ -1146,7 +1147,7 @@ def test_scan_revoke_checks_keys_hashed_with_a_pepper_in_apikeys_old_peppers(
     monkeypatch.setenv("APIKEYS_OLD_PEPPERS", PEPPER)
     (tmp_path / "leak.txt").write_text(created["key"] + "\n", encoding="utf-8")
     result = run(store_url, "scan", str(tmp_path / "leak.txt"), "--revoke")
-    assert _verdicts(result.stdout)[f"ak_{created['id']}_…"] == "revoked"
+    assert _verdicts(result.stdout)[f"ak_live_{created['id']}_…"] == "revoked"
 
 
 def test_if_the_cli_has_another_pepper_than_the_store_then_create_refuses_in_one_line(

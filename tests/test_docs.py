@@ -13,7 +13,7 @@ Conventions for the Markdown pages:
 Shell blocks: every `apikeys …` command in them must parse with the real command line, and
 each page's `apikeys …` lines and variable assignments run, in page order, in one shell in a
 fresh directory (with empty `src/`, `config/` and `logs/`): an id a command uses comes from
-a command run earlier on the page (`ID=$(echo "$KEY" | cut -d_ -f2)`), never an example id.
+a command run earlier on the page (`ID=$(echo "$KEY" | cut -d_ -f3)`), never an example id.
 Lines of other programs (curl, uvicorn, pip, git) are left to the reader, and so is a block
 after `<!-- not-run: reason -->` (one that reads another system's database). The
 problem+json bodies of the HTTP error reference must be the ones the code sends.
@@ -42,7 +42,15 @@ from hypothesis import strategies as st
 
 from apikeys import errors
 from apikeys.cli import main
-from apikeys.keys import BASE62, MalformedAPIKey, ParsedKey, checksum, generate_key, parse_key
+from apikeys.keys import (
+    BASE62,
+    MalformedAPIKey,
+    ParsedKey,
+    checksum,
+    generate_key,
+    parse_key,
+    parse_key_of,
+)
 from apikeys.problems import problem_body
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -393,7 +401,9 @@ def test_every_problem_body_in_the_error_reference_is_the_one_sent() -> None:
 def test_no_sample_key_has_a_valid_checksum() -> None:
     # Sample keys are the right shape with a wrong checksum, so `apikeys scan docs/` stays
     # quiet and nobody mistakes one for a leak.
-    pattern = re.compile(rb"(?<![0-9A-Za-z])ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{38}(?![0-9A-Za-z])")
+    pattern = re.compile(
+        rb"(?<![0-9A-Za-z])ak_(?:live_|test_)?[0-9A-Za-z]{12}_[0-9A-Za-z]{38}(?![0-9A-Za-z])"
+    )
     samples = 0
     for page in PAGES:
         for match in pattern.finditer(page.read_bytes()):
@@ -422,12 +432,12 @@ _secrets = st.text(BASE62, min_size=32, max_size=32)
 
 
 def _shape_accepted(text: str) -> bool:
-    """Whether `parse_key(…, "ak")` accepts `text` once its last 6 characters are the right
-    checksum: the shape alone, which is all a regular expression can check."""
+    """Whether `parse_key_of(…, "ak")` accepts `text` once its last 6 characters are the
+    right checksum: the shape alone, which is all a regular expression can check."""
     if len(text) < 6 or not text[:-6].isascii():
         return False
     try:
-        parse_key(text[:-6] + checksum(text[:-6]), "ak")
+        parse_key_of(text[:-6] + checksum(text[:-6]), "ak")
     except MalformedAPIKey:
         return False
     return True
@@ -435,15 +445,16 @@ def _shape_accepted(text: str) -> bool:
 
 def test_the_documented_key_pattern_matches_generated_keys() -> None:
     for _ in range(100):
-        assert KEY_PATTERN.fullmatch(generate_key().token)
+        for environment in ("live", "test", None):
+            assert KEY_PATTERN.fullmatch(generate_key(environment=environment).token)
 
 
-@given(key_id=_ids, secret=_secrets)
+@given(key_id=_ids, secret=_secrets, prefix=st.sampled_from(["ak", "ak_live", "ak_test"]))
 def test_the_documented_key_pattern_matches_every_key_parse_key_accepts(
-    key_id: str, secret: str
+    key_id: str, secret: str, prefix: str
 ) -> None:
-    token = ParsedKey("ak", key_id, secret).token
-    assert parse_key(token, "ak")
+    token = ParsedKey(prefix, key_id, secret).token
+    assert parse_key_of(token, "ak")
     assert KEY_PATTERN.fullmatch(token)
 
 
@@ -457,7 +468,7 @@ _NOT_BASE62 = st.sampled_from(["_", "-", " ", ".", "é", "\uff13", "\u0660", "\n
     position=st.integers(min_value=0),
     character=_NOT_BASE62,
     extra=st.sampled_from(BASE62),
-    prefix=st.sampled_from(["AK", "a", "akk", "ak_live", "bk", ""]),
+    prefix=st.sampled_from(["AK", "a", "akk", "ak_prod", "ak_live_live", "bk", ""]),
 )
 def test_the_documented_key_pattern_refuses_near_misses(
     key_id: str,
@@ -481,13 +492,13 @@ def test_the_documented_key_pattern_refuses_near_misses(
     assert near != token
     assert KEY_PATTERN.fullmatch(near) is None
     with pytest.raises(MalformedAPIKey):
-        parse_key(near, "ak")
+        parse_key_of(near, "ak")
 
 
 @given(
     text=st.builds(
         "{}_{}_{}".format,
-        st.sampled_from(["ak", "AK", "a", "ak_x", ""]),
+        st.sampled_from(["ak", "ak_live", "ak_test", "AK", "a", "ak_x", "ak_live_test", ""]),
         st.text(BASE62 + "_-é\uff13", min_size=10, max_size=14),
         st.text(BASE62 + "_-é\uff13", min_size=36, max_size=40),
     )

@@ -286,14 +286,16 @@ def _expected(token: str, key: str) -> str:
     """What `verify_now` answered before it split tokens by position: the full split's
     verdict first, then the held key's."""
     from apikeys.importing.foreign import is_foreign_token
-    from apikeys.keys import split_key
+    from apikeys.keys import environments_of, prefixes_splitter, split_key
 
     try:
-        _, key_id, secret = split_key(token, "ak")
+        prefix, key_id, secret = prefixes_splitter(environments_of("ak"))(token)
     except MalformedAPIKey:
         return "left to verify" if is_foreign_token(token, "ak") else "malformed"
-    if key_id != split_key(key)[1]:
-        return "left to verify"  # not held: the store decides
+    if key_id != split_key(key)[1] or prefix != split_key(key)[0]:
+        # Not held, or another prefix than the held key's: the store decides (and refuses
+        # a key of another prefix as unknown, against the decoy).
+        return "left to verify"
     return "admitted" if secret == split_key(key)[2] else "invalid"
 
 

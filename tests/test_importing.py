@@ -470,7 +470,8 @@ def test_cli_import_prints_each_old_prefix_beside_its_new_id_and_show_keeps_it(
             line = next(line for line in result.output.splitlines() if row["prefix"] in line)
             assert line.split() == [row["prefix"], record["id"], row["name"]]
             shown = run(cli_store, "show", record["id"])
-            assert f"old prefix: {row['prefix']}" in shown.output
+            # `label: value` lines, the values aligned after the longest label.
+            assert f"old prefix:  {row['prefix']}" in shown.output
     for key in keys.values():
         assert (key.partition(".")[2] or key) not in result.output
 

@@ -35,13 +35,13 @@ from apikeys import (
 )
 from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.hashing import Hasher
-from apikeys.keys import generate_key, parse_key
+from apikeys.keys import environments_of, generate_key, parse_key
 from apikeys.stores import KeyStore
 from apikeys.stores.sql.store import SQLStore
 from apikeys.types import isoformat
 from tests.conftest import TEST_PEPPER
 
-KEY_RE = re.compile(r"^ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
+KEY_RE = re.compile(r"^ak_live_[0-9A-Za-z]{12}_[0-9A-Za-z]{32}[0-9A-Za-z]{6}$")
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 
 
@@ -81,8 +81,8 @@ class TestCreate:
         created = await manager.create(name="Zapier", workspace="acme", scopes=["contacts:read"])
         assert KEY_RE.match(created.key)
         record = created.record
-        assert created.key.startswith(f"ak_{record.id}_")
-        assert record.prefix == f"ak_{record.id}_…"
+        assert created.key.startswith(f"ak_live_{record.id}_")
+        assert record.prefix == f"ak_live_{record.id}_…"
         assert (record.name, record.workspace, record.access) == ("Zapier", "acme", "restricted")
         assert record.scopes == ("contacts:read",)
         assert record.status == "active"
@@ -124,8 +124,10 @@ class TestCreate:
             "credits",
             "credit_refill",
             "imported_prefix",
+            "environment",
         ]
         assert data["access"] == "full"
+        assert data["environment"] == "live"
         assert data["rate_limit"] == "10/second"
         assert ISO_Z.match(data["created_at"])
         assert parse_key(created.key).secret not in str(data)
@@ -557,10 +559,16 @@ class TestKeyPrefixBinding:
                 KeyManager(store, hasher=hasher, prefix=other_prefix) as other,
             ):
                 created = await issuing.create(name="n", workspace="w", full_access=True)
-                parsed = parse_key(created.key, issuing_prefix)
-                forged = type(parsed)(other_prefix, parsed.id, parsed.secret).token
-                with pytest.raises(InvalidAPIKey):
-                    await other.verify(forged)
+                parsed = parse_key(created.key)
+                # Every prefix the other manager reads (its environments', its bare one)
+                # but the very token issued (`a_live` is both `a`'s live keys' and the
+                # bare prefix of a manager of `a_live`).
+                for forged_prefix in environments_of(other_prefix):
+                    if forged_prefix == parsed.prefix:
+                        continue
+                    forged = type(parsed)(forged_prefix, parsed.id, parsed.secret).token
+                    with pytest.raises(InvalidAPIKey):
+                        await other.verify(forged)
 
         asyncio.run(scenario())
 

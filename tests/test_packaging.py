@@ -111,7 +111,7 @@ def test_the_readme_first_screen_runs_as_written_in_an_empty_venv(
     )
     assert issued.returncode == 0, issued.stderr
     pepper, key = issued.stdout.split()
-    assert key.startswith("ak_")
+    assert key.startswith("ak_live_")
     port = _free_port()
     log = (tmp_path / "uvicorn.log").open("wb")
     server = subprocess.Popen(
@@ -144,7 +144,7 @@ def test_the_readme_first_screen_runs_as_written_in_an_empty_venv(
             str(venv / "bin" / "python"),
             "-c",
             "import asyncio, app\n"
-            f"print(asyncio.run(app.manager.get({key.split('_')[1]!r})).request_count)",
+            f"print(asyncio.run(app.manager.get({key.split('_')[2]!r})).request_count)",
         ],
         cwd=tmp_path,
         env={**env, "APIKEYS_PEPPER": pepper},
@@ -210,7 +210,9 @@ def test_the_wheel_serves_the_mounted_settings_page(venv: Path, dist: Path, tmp_
                 data={"csrf_token": token.group(1), "name": "From the wheel", "access": "full"},
             )
             assert created.status_code == 200
-            assert re.search(r'id="new-key-value"[^>]*value="ak_[0-9A-Za-z_]{51}"', created.text)
+            assert re.search(
+                r'id="new-key-value"[^>]*value="ak_live_[0-9A-Za-z_]{51}"', created.text
+            )
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)

@@ -106,7 +106,7 @@ def test_if_readme_management_sample_runs_then_it_prints_the_states(
 ) -> None:
     exec(compile(BLOCKS[2], "README.md", "exec"), {"__name__": "__main__"})  # noqa: S102
     lines = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"ak_\w{12}_\w{38}", lines[0])
+    assert re.fullmatch(r"ak_live_\w{12}_\w{38}", lines[0])
     assert lines[1] == "['active', 'revoked']"
 
 

@@ -1,6 +1,8 @@
 """The record's one field table (`apikeys.types.RECORD_FIELDS`): `KeyRecord` declares each
 field once, and the stores' layouts derived from it are the layouts written before it
-existed (no migration): the SQL columns, the Redis hash, the events' snapshots."""
+existed (no migration): the SQL columns, the Redis hash, the events' snapshots. A field
+added since (`environment`) is a column at the end with a default, and a row or hash
+written without it reads as that default."""
 
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ CREATE TABLE apikeys_keys (
     credit_refill VARCHAR(32),
     credits_refilled_at TIMESTAMP WITH TIME ZONE,
     imported_prefix VARCHAR(64),
+    environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
 """
@@ -76,6 +79,7 @@ CREATE TABLE apikeys_keys (
     credit_refill VARCHAR(32),
     credits_refilled_at DATETIME,
     imported_prefix VARCHAR(64),
+    environment VARCHAR(16) DEFAULT 'live' NOT NULL,
     PRIMARY KEY (id)
 )
 """
@@ -124,6 +128,7 @@ def _record(**changes: object) -> KeyRecord:
         credits=0,
         credit_refill="1000/day",
         credits_refilled_at=datetime(2026, 2, 1, tzinfo=UTC),
+        environment="test",
     )
     return dataclasses.replace(record, **changes)
 
@@ -172,6 +177,7 @@ def test_to_dict_shows_the_contract_fields_in_their_order() -> None:
         "credits",
         "credit_refill",
         "imported_prefix",
+        "environment",
     ]
     data = _record().to_dict()
     assert data["created_at"] == "2026-01-01T12:00:00.123456Z"
@@ -258,6 +264,7 @@ REDIS_HASH = {
     "credits": "0",
     "credit_refill": "1000/day",
     "credits_refilled_at": "1769904000000000",
+    "environment": "test",
     "secret_hash": "sha256$hash",
 }
 # A key with nothing but what a key must have: every other field is left out of its hash.
@@ -271,6 +278,7 @@ REDIS_BARE_HASH = {
     "state": "active",
     "created_at": "1767268800123456",
     "request_count": "0",
+    "environment": "live",
     "secret_hash": "sha256$hash",
 }
 BARE = {
@@ -288,6 +296,7 @@ BARE = {
     "credits": None,
     "credit_refill": None,
     "credits_refilled_at": None,
+    "environment": "live",
 }
 
 

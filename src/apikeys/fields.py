@@ -12,7 +12,9 @@ later than it is now: an operator's expiry is a ceiling); rate limits, credits a
 refill, the address allowlist, the owner and the metadata are entitlements the operator
 grants, so they are the operator's. An operator may hand more fields to workspace users
 (`workspace_fields`, e.g. `KeysPage(..., workspace_fields={"rate_limit"})`).
-Disabling, enabling, rolling and revoking a key are not field changes: workspace users may
+A key's workspace and environment (`live`, `test`) are set when it is made and never
+changed: no role changes them. Disabling, enabling, rolling and revoking a key are not
+field changes: workspace users may
 do all four with their workspace's keys, but a workspace user's roll makes a key that
 expires when the old one does (`workspace_roll_expiry`), never later.
 

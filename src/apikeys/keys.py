@@ -2,7 +2,9 @@
 
 A key reads `{prefix}_{id}_{secret}{checksum}`:
 
-- `prefix`: lowercase letters, digits and `_`, starting with a letter (default `ak`);
+- `prefix`: lowercase letters, digits and `_`, starting with a letter: the manager's prefix
+  (default `ak`) and the key's environment, `ak_live` or `ak_test`
+  (`environment_prefix`); a key made before environments existed has the bare `ak`;
 - `id`: 12 base62 characters, random and public (it names the key in lists and logs);
 - `secret`: 32 base62 characters from `secrets`, about 190 bits;
 - `checksum`: 6 base62 characters, zero-padded, of CRC32 over `{prefix}_{id}_{secret}`.
@@ -10,6 +12,9 @@ A key reads `{prefix}_{id}_{secret}{checksum}`:
 The checksum lets `parse_key` refuse typos and noise without a store lookup, and lets secret
 scanners tell a real key from a random string. Parsing works from the right
 (`rsplit("_", 2)`) so that a prefix may itself contain `_`.
+
+The environment a token's prefix names is never trusted alone: the key's record says what
+its environment is, and a token whose prefix names another is refused as an unknown key.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import functools
 import re
 import secrets
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from apikeys.errors import InvalidKeyParameters, MalformedAPIKey
+from apikeys.types import ENVIRONMENTS, LIVE, Environment
 
 __all__ = [
     "BASE62",
@@ -32,11 +38,16 @@ __all__ = [
     "SECRET_LENGTH",
     "ParsedKey",
     "checksum",
+    "environment_prefix",
+    "environments_of",
     "generate_id",
     "generate_key",
     "key_splitter",
+    "manager_prefix",
     "mask",
     "parse_key",
+    "parse_key_of",
+    "prefixes_splitter",
     "split_key",
     "validate_prefix",
 ]
@@ -117,10 +128,38 @@ def generate_id() -> str:
     return _random_base62(ID_LENGTH)
 
 
-def generate_key(prefix: str = DEFAULT_PREFIX, key_id: str | None = None) -> ParsedKey:
-    """Generate a new key with a fresh secret (and a fresh id unless one is given)."""
+def generate_key(
+    prefix: str = DEFAULT_PREFIX,
+    key_id: str | None = None,
+    environment: Environment | None = None,
+) -> ParsedKey:
+    """Generate a new key with a fresh secret (and a fresh id unless one is given): of
+    `environment` (`{prefix}_live_…`, `{prefix}_test_…`) when one is given, else with
+    `prefix` as it is."""
     validate_prefix(prefix)
+    if environment is not None:
+        prefix = environment_prefix(prefix, environment)
     return ParsedKey(prefix, key_id or generate_id(), _random_base62(SECRET_LENGTH))
+
+
+def environment_prefix(prefix: str, environment: str) -> str:
+    """The prefix of the keys of `environment` a manager of `prefix` makes: `ak_live`,
+    `ak_test`. `InvalidKeyParameters` for an environment other than `live` or `test`."""
+    if environment not in ENVIRONMENTS:
+        raise InvalidKeyParameters(
+            f"invalid environment {str(environment)[:20]!r}: one of {', '.join(ENVIRONMENTS)}"
+        )
+    return validate_prefix(f"{prefix}_{environment}")
+
+
+def environments_of(prefix: str) -> dict[str, Environment]:
+    """The prefixes of the tokens a manager of `prefix` reads, each with the environment it
+    names: `{prefix}_live`, `{prefix}_test`, and the bare `prefix` of keys made before
+    environments existed, which are live."""
+    named: dict[str, Environment] = {prefix: LIVE}
+    for environment in ENVIRONMENTS:
+        named[environment_prefix(prefix, environment)] = environment
+    return named
 
 
 def mask(prefix: str, key_id: str) -> str:
@@ -162,7 +201,35 @@ def key_splitter(prefix: str) -> Callable[[str], tuple[str, str]]:
     return split
 
 
+def prefixes_splitter(prefixes: Iterable[str]) -> Callable[[str], tuple[str, str, str]]:
+    """`key_splitter` for tokens of any of `prefixes`: the `(prefix, id, secret)` of a
+    token whose checksum matches, else `MalformedAPIKey`. The id and the tail hold no `_`
+    and have fixed sizes, so a token has one reading even when a prefix starts another
+    (`ak` and `ak_test`)."""
+    chosen = sorted({validate_prefix(prefix) for prefix in prefixes}, key=len, reverse=True)
+    fullmatch = re.compile(
+        f"({'|'.join(re.escape(prefix) for prefix in chosen)})_([0-9A-Za-z]{{{ID_LENGTH}}})_"
+        f"([0-9A-Za-z]{{{SECRET_LENGTH}}})([0-9A-Za-z]{{{CHECKSUM_LENGTH}}})"
+    ).fullmatch
+
+    def split(token: str) -> tuple[str, str, str]:
+        try:
+            found = fullmatch(token)
+        except TypeError:  # not a str
+            found = None
+        if found is None or checksum(token[:-CHECKSUM_LENGTH]) != found.group(4):
+            raise MalformedAPIKey()
+        return found.group(1), found.group(2), found.group(3)
+
+    return split
+
+
 _splitter = functools.lru_cache(maxsize=64)(key_splitter)
+
+
+@functools.lru_cache(maxsize=64)
+def _manager_splitter(prefix: str) -> Callable[[str], tuple[str, str, str]]:
+    return prefixes_splitter(environments_of(prefix))
 
 
 def split_key(token: str, prefix: str | None = None) -> tuple[str, str, str]:
@@ -195,3 +262,20 @@ def parse_key(token: str, prefix: str | None = None) -> ParsedKey:
     touches a store, so garbage is refused for the price of one CRC32.
     """
     return ParsedKey(*split_key(token, prefix))
+
+
+def parse_key_of(token: str, prefix: str) -> ParsedKey:
+    """`parse_key` of a token a manager of `prefix` reads: `{prefix}_live_…`,
+    `{prefix}_test_…` or the bare `{prefix}_…` of a key made before environments, else
+    `MalformedAPIKey`. The environment its prefix names is checked against the key's
+    record by `KeyManager.verify`, never here."""
+    return ParsedKey(*_manager_splitter(prefix)(token))
+
+
+def manager_prefix(key_prefix: str) -> str:
+    """The prefix of the manager that makes keys of `key_prefix`: `ak` for `ak_live` and
+    `ak_test`; any other prefix is a bare one, its own manager's."""
+    base, underscore, environment = key_prefix.rpartition("_")
+    if underscore and environment in ENVIRONMENTS and _PREFIX_RE.fullmatch(base):
+        return base
+    return key_prefix

@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, get_args
 
 from apikeys.errors import InvalidKeyParameters
-from apikeys.types import KeyRecord, Status
+from apikeys.types import ENVIRONMENTS, Environment, KeyRecord, Status
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -71,12 +71,23 @@ class KeyFilter:
     workspace: str | None = None
     owner: str | None = None
     status: Status | None = None
+    environment: Environment | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in STATUSES:
             raise InvalidKeyParameters(
                 f"invalid status {self.status!r}: one of {', '.join(STATUSES)}"
             )
+        if self.environment is not None and self.environment not in ENVIRONMENTS:
+            raise InvalidKeyParameters(
+                f"invalid environment {str(self.environment)[:20]!r}: "
+                f"one of {', '.join(ENVIRONMENTS)}"
+            )
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether it leaves out keys of its workspace (or of all workspaces)."""
+        return self.owner is not None or self.status is not None or self.environment is not None
 
     def matches(self, record: KeyRecord, now: datetime) -> bool:
         """Whether `record` passes the filter; `expired` is decided at `now`."""
@@ -84,6 +95,7 @@ class KeyFilter:
             (self.workspace is None or record.workspace == self.workspace)
             and (self.owner is None or record.owner == self.owner)
             and (self.status is None or record.status_at(now) == self.status)
+            and (self.environment is None or record.environment == self.environment)
         )
 
 

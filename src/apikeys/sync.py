@@ -52,7 +52,7 @@ from typing import Any, Concatenate, Final, Generic, ParamSpec, Self, TypeVar, o
 from apikeys.listing import DEFAULT_PAGE_SIZE
 from apikeys.manager import KeyManager as AsyncKeyManager
 from apikeys.stores.contract import KeyStore
-from apikeys.types import KeyRecord, Status
+from apikeys.types import Environment, KeyRecord, Status
 
 __all__ = ["KeyManager", "LoopThread", "SyncKeyManager"]
 
@@ -329,13 +329,19 @@ class KeyManager:
         owner: str | None = None,
         status: Status | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
+        environment: Environment | None = None,
     ) -> Iterator[KeyRecord]:
         """Every record that matches, oldest first, read `page_size` at a time
         (`list_page` without the cursors)."""
         cursor: str | None = None
         while True:
             page = self.list_page(
-                workspace, owner=owner, status=status, limit=page_size, cursor=cursor
+                workspace,
+                owner=owner,
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+                environment=environment,
             )
             yield from page.records
             if page.next_cursor is None:

@@ -13,14 +13,18 @@ __all__ = [
     "ACTIVE",
     "AUDIT_ACTIONS",
     "DISABLED",
+    "ENVIRONMENTS",
     "EXPIRED",
+    "LIVE",
     "RECORD_FIELDS",
     "REVOKED",
+    "TEST",
     "Access",
     "AuditAction",
     "AuditEvent",
     "CreatedKey",
     "DailyUsage",
+    "Environment",
     "KeyField",
     "KeyRecord",
     "Kind",
@@ -47,6 +51,12 @@ ACTIVE: StoredState = "active"
 DISABLED: StoredState = "disabled"
 REVOKED: StoredState = "revoked"
 EXPIRED: Status = "expired"
+
+Environment = Literal["live", "test"]
+"""Whether a key is for real traffic (`live`) or for trying things out (`test`)."""
+LIVE: Environment = "live"
+TEST: Environment = "test"
+ENVIRONMENTS: tuple[Environment, ...] = (LIVE, TEST)
 
 
 def utcnow() -> datetime:
@@ -180,9 +190,10 @@ class KeyRecord:
         metadata=_declare(Kind.TEXT, "the workspace it belongs to", required=True, shared=True)
     )
     prefix: str = field(
-        metadata=_declare(Kind.TEXT, "the masked display form, `ak_<id>_…`", required=True)
+        metadata=_declare(Kind.TEXT, "the masked display form, `ak_live_<id>_…`", required=True)
     )
-    """The masked display form, `ak_<id>_…`."""
+    """The masked display form, `ak_live_<id>_…` (`ak_<id>_…` for a key made before
+    environments existed)."""
     access: Access = field(
         metadata=_declare(
             Kind.TEXT,
@@ -281,15 +292,29 @@ class KeyRecord:
     )
     """An imported key's prefix in the system it came from (djangorestframework-api-key's
     `Pb7xKq2M` of `Pb7xKq2M.…`), kept to find it by; None for keys made here."""
+    environment: Environment = field(
+        default=LIVE,
+        metadata=_declare(
+            Kind.TEXT,
+            "live or test, fixed when the key is made",
+            required=True,
+            size=16,
+            shared=True,
+        ),
+    )
+    """`live` or `test`: set when the key is made (`create(environment=…)`), never changed,
+    and shown in its prefix (`ak_live_…`, `ak_test_…`). Keys made before environments
+    existed (`ak_…`) are live."""
 
     @property
     def key_prefix(self) -> str:
-        """The prefix the key's token starts with (`ak`)."""
+        """The prefix the key's token starts with: `ak_live` or `ak_test` (`ak` for a key
+        made before environments existed)."""
         return self.prefix[: -len(self.id) - 3]
 
     @property
     def masked(self) -> str:
-        """The masked display form, `ak_<id>_…` (the same as `prefix`)."""
+        """The masked display form, `ak_live_<id>_…` (the same as `prefix`)."""
         return self.prefix
 
     def status_at(self, now: datetime) -> Status:

@@ -62,7 +62,7 @@ EMAIL = "Admin@UI-Test.example"
 PASSWORD = "correct horse battery staple"
 WORKSPACE = "ui-test"
 COOKIE = "contacts_session"
-KEY_RE = re.compile(r"ak_[0-9A-Za-z]{12}_[0-9A-Za-z]{38}")
+KEY_RE = re.compile(r"ak_live_[0-9A-Za-z]{12}_[0-9A-Za-z]{38}")
 T = TypeVar("T")
 DESKTOP: ViewportSize = {"width": 1280, "height": 800}
 PHONE: ViewportSize = {"width": 390, "height": 844}
@@ -305,7 +305,7 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     expect(page.locator("button[data-copy]")).to_have_text("Copied")
     assert page.evaluate("navigator.clipboard.readText()") == key
     key_row = row(page, key)
-    expect(key_row.locator(".masked")).to_have_text(f"ak_{parse_key(key).id}_…")
+    expect(key_row.locator(".masked")).to_have_text(f"ak_live_{parse_key(key).id}_…")
     expect(key_row.locator(".cell-access")).to_contain_text("contacts:read")
     expect(key_row.locator(".cell-status")).to_contain_text("active")
     expect(key_row.locator(".cell-status")).to_contain_text("expires in 29 days")
@@ -344,7 +344,9 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
 
     # Rolled: the new key is shown once and works; the old one works during its grace.
     row(page, key).get_by_role("link", name="Roll").click()
-    expect(page.locator("h1")).to_contain_text(f"Roll key «Zapier» (ak_{parse_key(key).id}_…)?")
+    expect(page.locator("h1")).to_contain_text(
+        f"Roll key «Zapier» (ak_live_{parse_key(key).id}_…)?"
+    )
     expect(page.locator("#grace")).to_have_value("24h")
     expect(page.locator(".lifetime")).to_contain_text("The new key expires when this one does")
     page.click("button:text('Roll key')")
@@ -368,7 +370,9 @@ def test_a_key_made_in_the_browser_works_then_is_disabled_enabled_rolled_and_rev
     # Revoked, through a confirmation that names the key: 401 key_revoked.
     row(page, new_key).get_by_role("link", name="Revoke").click()
     expect(page).to_have_url(re.compile(f"{KEYS}/{parse_key(new_key).id}/revoke$"))
-    expect(page.locator("h1")).to_have_text(f"Revoke key «Zapier» (ak_{parse_key(new_key).id}_…)?")
+    expect(page.locator("h1")).to_have_text(
+        f"Revoke key «Zapier» (ak_live_{parse_key(new_key).id}_…)?"
+    )
     assert_key_absent(page, key, new_key)
     page.get_by_role("button", name="Revoke key «Zapier»").click()
     expect(page.locator("#notice")).to_contain_text("revoked")
@@ -410,7 +414,7 @@ def test_a_key_edited_in_the_browser_is_narrowed_on_its_next_request(
     page.goto(LIST)
     row(page, key).get_by_role("link", name="Edit").click()
     expect(page).to_have_url(re.compile(f"{KEYS}/{key_id}/edit$"))
-    expect(page.locator("h1")).to_have_text(f"Edit key «Sync» (ak_{key_id}_…)")
+    expect(page.locator("h1")).to_have_text(f"Edit key «Sync» (ak_live_{key_id}_…)")
     expect(page.locator("#name")).to_have_value("Sync")
     expect(page.locator("input[name=scopes][value='contacts:write']")).to_be_checked()
     expires_shown = page.input_value("#expires")
@@ -963,3 +967,16 @@ def test_a_rolled_key_shows_and_spends_the_credits_of_its_successor(
     assert "forbidden_field" in posted.text()
     with ui_service.api(key) as old_api:
         assert_problem(old_api.get("/api/v1/contacts"), 429, "credits_exhausted")
+
+
+def test_the_page_shows_each_key_as_live_or_test(ui_service: UIService, page: Page) -> None:
+    # The environment is the operator's to choose at create; the page shows it, fixed.
+    log_in(page)
+    live = ui_service.issue(WORKSPACE, "Production", scopes=["contacts:read"])
+    sandbox = ui_service.issue(WORKSPACE, "Sandbox", scopes=["contacts:read"], environment="test")
+    page.goto(LIST)
+    expect(row(page, live).locator(".environment")).to_have_text("live")
+    expect(row(page, sandbox).locator(".environment")).to_have_text("test")
+    expect(row(page, sandbox).locator(".masked")).to_have_text(f"ak_test_{parse_key(sandbox).id}_…")
+    page.goto(f"{KEYS}/{parse_key(sandbox).id}/edit")
+    expect(page.locator("#environment")).to_have_count(0)

@@ -69,7 +69,7 @@ from tests.public_surface import assert_all_is_complete, assert_exports_are_docu
 
 def contacts(request: HttpRequest) -> JsonResponse:
     key = request.apikey  # type: ignore[attr-defined]
-    return JsonResponse({"key": key.id, "workspace": key.workspace})
+    return JsonResponse({"key": key.id, "workspace": key.workspace, "environment": key.environment})
 
 
 async def async_contacts(request: HttpRequest) -> JsonResponse:
@@ -296,7 +296,7 @@ def test_the_middleware_on_every_store(on_every_store: dict[str, Any]) -> None:
 
     admitted = client.get("/api/v1/contacts", **bearer(reader.key))
     assert admitted.status_code == 200
-    assert admitted.json() == {"key": reader.record.id, "workspace": "acme"}
+    assert admitted.json() == {"key": reader.record.id, "workspace": "acme", "environment": "live"}
     assert admitted["RateLimit"].startswith('"default";r=')
     assert "RateLimit-Policy" in admitted
 
@@ -378,6 +378,14 @@ def rate_limits_and_credits() -> None:
     assert '"credits";r=0' in spent["RateLimit"]
     exhausted = client.get("/api/v1/contacts", **bearer(paying.key))
     assert problem(exhausted)["code"] == "credits_exhausted"
+
+
+def test_a_view_routes_by_request_apikey_environment(django_settings: dict[str, Any]) -> None:
+    with override_settings(APIKEYS=apikeys_settings()):
+        sandbox = get_manager().create(name="s", scopes=["contacts:read"], environment="test")
+        answer = Client().get("/api/v1/contacts", **bearer(sandbox.key))
+    assert answer.status_code == 200
+    assert answer.json()["environment"] == "test"
 
 
 def test_the_middleware_from_many_threads(django_settings: dict[str, Any]) -> None:

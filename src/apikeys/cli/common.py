@@ -440,6 +440,7 @@ def summary_lines(record: KeyRecord) -> list[str]:
         ("name", record.name),
         ("workspace", record.workspace),
         ("key", record.prefix),
+        ("environment", record.environment),
         ("access", record.access),
         ("scopes", scopes_text(record)),
         ("status", record.status),

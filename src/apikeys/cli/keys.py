@@ -32,7 +32,7 @@ from apikeys.cli.common import (
 from apikeys.durations import format_duration
 from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
 from apikeys.manager import KeyManager
-from apikeys.types import REVOKED, CreatedKey, KeyRecord, Status
+from apikeys.types import ENVIRONMENTS, LIVE, REVOKED, CreatedKey, Environment, KeyRecord, Status
 
 """`create` and `roll`: the key was made and printed, but its store's replicas did not
 confirm it in time (a failover could lose it)."""
@@ -61,6 +61,13 @@ __all__: list[str] = []
     help="Expire the key after this long: 90s, 15m, 24h, 30d, 2w (default: never).",
 )
 @policy_options(editing=False)
+@click.option(
+    "--environment",
+    type=click.Choice(list(ENVIRONMENTS)),
+    default=LIVE,
+    show_default=True,
+    help="A live key (ak_live_…) or a test key (ak_test_…); it never changes.",
+)
 @actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
@@ -73,6 +80,7 @@ def create(
     scopes: tuple[str, ...],
     rate_limit: str | None,
     expires_in: timedelta | None,
+    environment: Environment,
     actor: str | None,
     as_json: bool,
     **policies: Any,
@@ -93,6 +101,7 @@ def create(
             full_access=full_access,
             rate_limit=rate_limit,
             expires_in=expires_in,
+            environment=environment,
             actor=actor_of(actor),
             **policy,
         )
@@ -105,7 +114,8 @@ def create(
     record = created.record
     click.echo(created.key)
     click.echo(
-        f"Created API key {record.id} ({record.name!r}, workspace {record.workspace!r}): "
+        f"Created {record.environment} API key {record.id} ({record.name!r}, "
+        f"workspace {record.workspace!r}): "
         f"{'full access' if record.access == 'full' else 'scopes ' + scopes_text(record)}, "
         f"rate limit {record.rate_limit or 'default'}, expires {format_time(record.expires_at)}.",
         err=True,
@@ -227,6 +237,12 @@ def update(
     help="Only keys with this status (default: all).",
 )
 @click.option(
+    "--environment",
+    type=click.Choice(list(ENVIRONMENTS)),
+    default=None,
+    help="Only live keys, or only test keys (default: both).",
+)
+@click.option(
     "--limit",
     type=click.IntRange(1, MAX_PAGE_SIZE),
     default=None,
@@ -249,6 +265,7 @@ def list_keys(
     workspace: str | None,
     owner: str | None,
     status: Status | None,
+    environment: Environment | None,
     limit: int | None,
     cursor: str | None,
     as_json: bool,
@@ -267,8 +284,12 @@ def list_keys(
                 status=status,
                 limit=limit or DEFAULT_PAGE_SIZE,
                 cursor=cursor,
+                environment=environment,
             )
-        return KeyPage(await manager.list(workspace, owner=owner, status=status), None)
+        return KeyPage(
+            await manager.list(workspace, owner=owner, status=status, environment=environment),
+            None,
+        )
 
     page = run_with_manager(ctx, work)
     records = page.records
@@ -279,7 +300,7 @@ def list_keys(
     if not records:
         where = f" in workspace {workspace!r}" if workspace is not None else ""
         whose = f" of owner {owner!r}" if owner is not None else ""
-        which = f" {status}" if status is not None else ""
+        which = "".join(f" {word}" for word in (status, environment) if word is not None)
         more = " on this page" if paged else ""
         click.echo(f"No{which} API keys{whose}{where}{more}.")
     else:

@@ -41,6 +41,7 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
         echo_json(
             {
                 "key_id": record.id,
+                "environment": record.environment,
                 "days": [day.to_dict() for day in history],
                 "admitted": sum(day.admitted for day in history),
                 "refused": sum(day.total - day.admitted for day in history),
@@ -60,7 +61,10 @@ def usage(ctx: click.Context, key_id: str, days: int, as_json: bool) -> None:
         )
         for day in history
     ]
-    click.echo(f"API key {record.id} ({record.name!r}), the last {days} UTC days:")
+    click.echo(
+        f"{record.environment.capitalize()} API key {record.id} ({record.name!r}), "
+        f"the last {days} UTC days:"
+    )
     for line in table_lines(("day", "admitted", *codes, *extra), rows):
         click.echo(line)
     admitted = sum(day.admitted for day in history)

@@ -20,10 +20,10 @@ from apikeys.importing.foreign import (
     valid_prefix,
 )
 from apikeys.importing.sources import ForeignKey, Refusal
-from apikeys.keys import mask
+from apikeys.keys import environment_prefix, mask
 from apikeys.policies import check_text
 from apikeys.scopes import validate_scopes
-from apikeys.types import ACTIVE, REVOKED, KeyRecord, StoredKey, utcnow
+from apikeys.types import ACTIVE, LIVE, REVOKED, KeyRecord, StoredKey, utcnow
 
 if TYPE_CHECKING:
     from apikeys.manager import KeyManager
@@ -242,7 +242,14 @@ async def _import_row(
         id=key_id,
         name=name,
         workspace=workspace,
-        prefix=mask(manager.prefix, key_id),
+        # Shown as a key of this manager's: the bare prefix for a live key (as keys made
+        # before environments), `ak_test_` for a test key, so its environment reads alike.
+        prefix=mask(
+            manager.prefix
+            if key.environment == LIVE
+            else environment_prefix(manager.prefix, key.environment),
+            key_id,
+        ),
         access="full" if run.full_access else "restricted",
         scopes=run.scopes,
         state=REVOKED if key.revoked else ACTIVE,
@@ -251,6 +258,7 @@ async def _import_row(
         expires_at=key.expires_at,
         revoked_at=now if key.revoked else None,
         imported_prefix=key.prefix,
+        environment=key.environment,
     )
     if not run.dry_run:
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from apikeys.errors import ConfigurationError
+from apikeys.types import ENVIRONMENTS, LIVE, Environment
 
 __all__ = [
     "DRF_TABLE",
@@ -30,7 +31,15 @@ __all__ = [
 
 DRF_TABLE: Final = "rest_framework_api_key_apikey"
 """The table djangorestframework-api-key keeps its keys in."""
-CSV_COLUMNS: Final = ("name", "hash", "expires_at", "prefix", "created_at", "revoked")
+CSV_COLUMNS: Final = (
+    "name",
+    "hash",
+    "expires_at",
+    "prefix",
+    "created_at",
+    "revoked",
+    "environment",
+)
 _DRF_COLUMNS: Final = ("prefix", "hashed_key", "created", "name", "revoked", "expiry_date")
 _IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _IDENTIFIER_RE: Final = re.compile(_IDENTIFIER)
@@ -59,6 +68,8 @@ class ForeignKey:
     revoked: bool = False
     workspace: str | None = None
     """The workspace named by the row (a workspace column), or None: the import's own."""
+    environment: Environment = LIVE
+    """`live` or `test` (the CSV's `environment` column; live when it is empty or absent)."""
 
     def __repr__(self) -> str:
         return f"ForeignKey(row={self.row}, name={self.name!r}, hashed='…')"
@@ -127,6 +138,16 @@ def check_table(table: str) -> str:
             f"e.g. {DRF_TABLE} or billing.api_keys"
         )
     return table
+
+
+def _environment(value: str | None) -> Environment:
+    text = (value or "").strip().lower()
+    if not text:
+        return LIVE
+    for environment in ENVIRONMENTS:
+        if text == environment:
+            return environment
+    raise ValueError(f"the environment column is {' or '.join(ENVIRONMENTS)}")
 
 
 def check_column(column: str) -> str:
@@ -251,7 +272,8 @@ def read_csv(
     path: str | Path, *, workspace_column: str | None = None
 ) -> Iterator[ForeignKey | Refusal]:
     """The rows of a CSV file with a header line: `name,hash` and optionally `expires_at`,
-    `prefix`, `created_at` and `revoked` (times in ISO 8601; naive means UTC).
+    `prefix`, `created_at`, `revoked` and `environment` (times in ISO 8601, naive means
+    UTC; the environment `live` or `test`, live when empty).
 
     `workspace_column` gives each key the workspace named by that column of its row
     (`ForeignKey.workspace`). Raises `ConfigurationError` when the file cannot be read or
@@ -316,6 +338,7 @@ def _csv_row(
             created_at=_moment(fields.get("created_at"), "created_at"),
             expires_at=_moment(fields.get("expires_at"), "expires_at"),
             revoked=_revoked(fields.get("revoked")),
+            environment=_environment(fields.get("environment")),
             workspace=None
             if workspace_column is None
             else _workspace(fields.get(workspace_column), workspace_column),

@@ -30,7 +30,7 @@ from apikeys.errors import (
     RateLimited,
     RequestRefused,
 )
-from apikeys.keys import parse_key
+from apikeys.keys import parse_key_of
 from apikeys.leaks.http import parse_json, read_body, require_json, send_json
 from apikeys.leaks.verdicts import act_on_leak
 from apikeys.manager import KeyManager
@@ -179,7 +179,7 @@ class BulkRevoke:
                 revoked += 1
                 logger.warning(
                     "bulk revoke: %s revoked as leaked, reported from %s",
-                    parse_key(token, self.manager.prefix).masked,
+                    parse_key_of(token, self.manager.prefix).masked,
                     bucket,
                 )
         logger.info("bulk revoke: %d keys received, %d revoked", len(tokens), revoked)

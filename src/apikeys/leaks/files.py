@@ -36,7 +36,15 @@ from apikeys.errors import (
     MalformedAPIKey,
     StoreUnavailable,
 )
-from apikeys.keys import CHECKSUM_LENGTH, ID_LENGTH, SECRET_LENGTH, ParsedKey, parse_key
+from apikeys.keys import (
+    CHECKSUM_LENGTH,
+    ID_LENGTH,
+    SECRET_LENGTH,
+    ParsedKey,
+    environments_of,
+    manager_prefix,
+    parse_key,
+)
 from apikeys.manager import KeyManager
 
 __all__ = [
@@ -110,9 +118,11 @@ _LINK_ERRORS: Final = frozenset({errno.ELOOP, errno.EMLINK})
 
 
 def key_pattern(prefixes: Iterable[str]) -> re.Pattern[bytes]:
-    """Tokens in the key format for these prefixes, not glued to other letters or digits."""
+    """Tokens in the key format of managers of these prefixes (`ak`: `ak_live_…`,
+    `ak_test_…` and the bare `ak_…`), not glued to other letters or digits."""
+    every = {read for prefix in prefixes for read in environments_of(prefix)}
     alternatives = b"|".join(
-        re.escape(prefix.encode("ascii")) for prefix in sorted(set(prefixes), key=len, reverse=True)
+        re.escape(prefix.encode("ascii")) for prefix in sorted(every, key=len, reverse=True)
     )
     return re.compile(
         rb"(?<![0-9A-Za-z])(?:"
@@ -251,8 +261,9 @@ async def revoke_found(
     The secret is checked first: a key id is public, so a planted token with a valid
     checksum but a made-up secret must not get someone else's key revoked.
     """
-    # `verify` checks the manager's own prefix: one checker per prefix, on the same store.
-    # Without a cache and recording no usage, they hold nothing of their own to close.
+    # `verify` checks the manager's own prefixes: one checker per manager prefix (`ak` for
+    # `ak_live_…` and `ak_test_…`), on the same store. Without a cache and recording no
+    # usage, they hold nothing of their own to close.
     checkers: dict[str, KeyManager] = {manager.prefix: manager}
     try:
         return await _revoke_found(manager, keys, checkers, actor)
@@ -270,12 +281,11 @@ async def _revoke_found(
 ) -> dict[str, str]:
     outcomes: dict[str, str] = {}
     for parsed in keys:
-        checker = checkers.get(parsed.prefix)
+        prefix = manager_prefix(parsed.prefix)
+        checker = checkers.get(prefix)
         if checker is None:
-            checker = KeyManager(
-                manager.store, hasher=manager.hasher, prefix=parsed.prefix, cache=False
-            )
-            checkers[parsed.prefix] = checker
+            checker = KeyManager(manager.store, hasher=manager.hasher, prefix=prefix, cache=False)
+            checkers[prefix] = checker
         try:
             await checker.verify(parsed.token, record_usage=False)
         except KeyRevoked:

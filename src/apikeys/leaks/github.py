@@ -61,7 +61,7 @@ from apikeys.errors import (
     RequestRefused,
     SigningKeysUnavailable,
 )
-from apikeys.keys import parse_key
+from apikeys.keys import parse_key_of
 from apikeys.leaks.http import header_values, parse_json, read_body, require_json, send_json
 from apikeys.leaks.verdicts import LEAK_ACTIONS, LeakAction, act_on_leak
 from apikeys.manager import KeyManager
@@ -407,7 +407,7 @@ class SecretScanningReceiver:
         outcome = await act_on_leak(self.manager, alert.token, action=self.action, actor=self.actor)
         if outcome == "not confirmed":
             try:
-                masked = parse_key(alert.token, self.manager.prefix).masked
+                masked = parse_key_of(alert.token, self.manager.prefix).masked
             except MalformedAPIKey:
                 logger.info("secret scanning: %s: not in the key format", FALSE_POSITIVE)
             else:
@@ -418,7 +418,7 @@ class SecretScanningReceiver:
         logger.warning(
             "secret scanning: %s: %s found in public (%r, type %r, source %r), %s",
             TRUE_POSITIVE,
-            parse_key(alert.token, self.manager.prefix).masked,
+            parse_key_of(alert.token, self.manager.prefix).masked,
             alert.url,
             alert.type,
             alert.source,

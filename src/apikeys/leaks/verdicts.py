@@ -21,7 +21,7 @@ from apikeys.errors import (
     KeyRevoked,
     MalformedAPIKey,
 )
-from apikeys.keys import parse_key
+from apikeys.keys import parse_key_of
 from apikeys.manager import KeyManager
 
 __all__ = ["LEAK_ACTIONS", "LeakAction", "Outcome", "act_on_leak"]
@@ -54,7 +54,7 @@ async def act_on_leak(
     key store cannot be reached; nothing else.
     """
     try:
-        parsed = parse_key(token, manager.prefix)
+        parsed = parse_key_of(token, manager.prefix)
     except MalformedAPIKey:
         return "not confirmed"  # the shape or the checksum is wrong: no store lookup
     state = "active"

@@ -33,6 +33,10 @@ class KeyManager(KeyChanges, KeyVerification):
     (HMAC-SHA256 keyed with `APIKEYS_PEPPER`). Request counts are buffered and written every
     `usage_flush_interval` seconds; `aclose()` (or leaving `async with`) writes the rest.
 
+    `prefix` (default `ak`) starts every key it makes, followed by the key's environment:
+    `ak_live_…` for a live key, `ak_test_…` for a test key (`create(environment="test")`).
+    It reads those and the bare `ak_…` of keys made before environments existed (live).
+
     `limiter` is the `RateLimiter` the integrations (the Starlette backend, the FastAPI
     dependency) share by default: a `RateLimiter`, or its storage URL; without one,
     `APIKEYS_LIMITER_URL` (`memory://` when it is unset), made on first use with the default

@@ -18,6 +18,7 @@ from apikeys.errors import (
 )
 from apikeys.fields import KEY_FIELDS
 from apikeys.keys import (
+    environment_prefix,
     generate_key,
 )
 from apikeys.lifecycle import TRANSITIONS, refusal
@@ -29,10 +30,12 @@ from apikeys.scopes import validate_scopes
 from apikeys.stores.contract import MAX_ROLL_HOPS
 from apikeys.types import (
     ACTIVE,
+    LIVE,
     REVOKED,
     AuditAction,
     AuditEvent,
     CreatedKey,
+    Environment,
     KeyRecord,
     StoredKey,
     jsonable,
@@ -161,9 +164,14 @@ class KeyChanges(KeyReading):
         allowed_ips: Iterable[str] | None = None,
         credits: int | None = None,
         credit_refill: str | None = None,
+        environment: Environment = LIVE,
         actor: str | None = None,
     ) -> CreatedKey:
         """Create a key. The returned `CreatedKey.key` is the only time the key is shown.
+
+        `environment` is `live` (the default) or `test`: the key's token starts with it
+        (`ak_live_…`, `ak_test_…`), the application reads it as
+        `scope["apikey"].environment`, and it never changes (a roll keeps it).
 
         A key has `full_access` (every scope, including scopes added later) or the given
         `scopes`; a restricted key without scopes is refused. `rate_limit` overrides the
@@ -184,6 +192,7 @@ class KeyChanges(KeyReading):
         """
         check_text(name, "name")
         check_text(workspace, "workspace")
+        environment_prefix(self.prefix, environment)  # InvalidKeyParameters unless one
         scope_tuple = validate_scopes(scopes)
         if full_access and scope_tuple:
             raise InvalidKeyParameters("a full-access key takes no scopes")
@@ -211,6 +220,7 @@ class KeyChanges(KeyReading):
             created_at=now,
             expires_at=expiry,
             policy=policy,
+            environment=environment,
             actor=actor,
         )
 
@@ -238,11 +248,12 @@ class KeyChanges(KeyReading):
         expires_at: datetime | None,
         replaces: str | None = None,
         policy: Mapping[str, Any] | None = None,
+        environment: Environment = LIVE,
         actor: str | None = None,
     ) -> CreatedKey:
         self._use()
         for _ in range(_INSERT_ATTEMPTS):
-            parsed = generate_key(self.prefix)
+            parsed = generate_key(self.prefix, environment=environment)
             record = KeyRecord(
                 id=parsed.id,
                 name=name,
@@ -255,6 +266,7 @@ class KeyChanges(KeyReading):
                 created_at=created_at,
                 expires_at=expires_at,
                 replaces=replaces,
+                environment=environment,
                 **(policy or {}),
             )
             # What the key was made with: its grants and policies, never its secret.
@@ -324,6 +336,7 @@ class KeyChanges(KeyReading):
                 "access": record.access,
                 "scopes": list(record.scopes),
                 "state": record.state,
+                "environment": record.environment,
                 "imported_from": source,
                 "scheme": scheme,
             },
@@ -552,6 +565,7 @@ class KeyChanges(KeyReading):
                 "credits": None if old.credits is None else 0,
                 "credits_refilled_at": old.credits_refilled_at,
             },
+            environment=old.environment,
             actor=actor,
         )
         # The new key exists before the old one is cut short: a failure here never leaves

@@ -29,7 +29,8 @@ from apikeys.keys import (
     DEFAULT_PREFIX,
     ID_LENGTH,
     SECRET_LENGTH,
-    key_splitter,
+    environments_of,
+    prefixes_splitter,
     validate_prefix,
 )
 from apikeys.ratelimit import RateLimiter
@@ -118,8 +119,9 @@ class ManagerBase:
     _warned = False
     _deliverer: Deliverer | None = None
     # key id -> (the version of the key last held, its hash's prepared check or None, the
-    # checksum of the one token whose secret that check matched, once a request brought it)
-    _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None, str | None]]
+    # checksum of the one token whose secret that check matched, once a request brought it,
+    # and the prefix a token of the key has)
+    _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None, str | None, str]]
     _decoy: str | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
@@ -154,13 +156,17 @@ class ManagerBase:
         self._where = safe_url(store) if isinstance(store, str) else repr(store)
         self.hasher = hasher if hasher is not None else Hasher()
         self.prefix = validate_prefix(prefix)
-        self._split = key_splitter(prefix)
-        # Where a token of this prefix has its parts (`{prefix}_{id}_{secret}{checksum}`), for
-        # `verify_now`'s split by position.
-        self._head = f"{prefix}_"
-        self._id_end = len(self._head) + ID_LENGTH
-        self._secret_end = self._id_end + 1 + SECRET_LENGTH
-        self._length = self._secret_end + CHECKSUM_LENGTH
+        # The prefixes of the tokens it reads, `ak_live`, `ak_test` and the bare `ak` of
+        # keys made before environments, each with the environment it names.
+        self._environments = environments_of(prefix)
+        self._split = prefixes_splitter(self._environments)
+        # Where a token has its parts, counted from its end (`{prefix}_{id}_{secret}…`,
+        # whatever its prefix), for `verify_now`'s split by position: the `_` after the
+        # prefix, the id, the `_` after it, the secret.
+        self._secret_at = -(SECRET_LENGTH + CHECKSUM_LENGTH)
+        self._id_end = self._secret_at - 1
+        self._id_at = self._id_end - ID_LENGTH
+        self._prefix_end = self._id_at - 1
         self._plain = {}
         self.telemetry = Telemetry(metrics=metrics, on_event=on_event, store=_kind(self.store))
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)

@@ -26,6 +26,7 @@ from apikeys.stores.shared import ADMITTED, LEGACY_SCHEME, days_of
 from apikeys.types import (
     AuditEvent,
     DailyUsage,
+    Environment,
     KeyRecord,
     Status,
     utcnow,
@@ -52,14 +53,16 @@ class KeyReading(ManagerBase):
         *,
         owner: str | None = None,
         status: Status | None = None,
+        environment: Environment | None = None,
     ) -> list[KeyRecord]:
         """Every record of `workspace` (or of all workspaces), oldest first, in one read;
-        `owner` and `status` keep only the keys with that owner and status.
+        `owner`, `status` and `environment` keep only the keys with that owner, status and
+        environment (`live` or `test`).
 
         For many keys, read them a page at a time: `list_page`, or `iter_keys`.
         """
         self._use()
-        where = KeyFilter(workspace, owner, status)
+        where = KeyFilter(workspace, owner, status, environment)
         now = utcnow()
         records = await self.store.list(workspace)
         by_id = {record.id: record for record in records}
@@ -77,6 +80,7 @@ class KeyReading(ManagerBase):
         status: Status | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
+        environment: Environment | None = None,
     ) -> KeyPage:
         """One page of the records that match, oldest first (by `created_at`, then id).
 
@@ -87,7 +91,7 @@ class KeyReading(ManagerBase):
         pages guarantees while keys change is in `apikeys.listing`.
         """
         self._use()
-        where = KeyFilter(workspace, owner, status)
+        where = KeyFilter(workspace, owner, status, environment)
         size = check_page_size(limit)
         start = None if cursor is None else decode_cursor(cursor)
         found = await self.store.list_page(where, start=start, limit=size + 1, now=utcnow())
@@ -106,13 +110,19 @@ class KeyReading(ManagerBase):
         owner: str | None = None,
         status: Status | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
+        environment: Environment | None = None,
     ) -> AsyncIterator[KeyRecord]:
         """Every record that matches, oldest first, read `page_size` at a time
         (`list_page` without the cursors)."""
         cursor: str | None = None
         while True:
             page = await self.list_page(
-                workspace, owner=owner, status=status, limit=page_size, cursor=cursor
+                workspace,
+                owner=owner,
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+                environment=environment,
             )
             for record in page.records:
                 yield record

@@ -145,23 +145,24 @@ class KeyVerification(ManagerBase):
         if self.telemetry.active:
             return None
         unchecked: str | None
+        prefix_end = self._prefix_end
         if (
             token.__class__ is str
-            and len(token) == self._length
+            and (key_prefix := token[:prefix_end]) in self._environments
+            and token[prefix_end] == "_"
             and token[self._id_end] == "_"
-            and token.startswith(self._head)
             and token.isascii()
         ):
-            # Split by position. The token's alphabet and checksum are checked by the full
-            # split (`_split`), unless its secret matches the held key's hash and its
-            # checksum is the one of the token that matched before: then it is that token.
-            end = self._id_end
-            key_id = token[len(self._head) : end]
-            secret = token[end + 1 : self._secret_end]
+            # Split by position, from the end. The token's alphabet and checksum are checked
+            # by the full split (`_split`), unless its secret matches the held key's hash
+            # and its checksum is the one of the token that matched before: then it is that
+            # token.
+            key_id = token[self._id_at : self._id_end]
+            secret = token[self._secret_at : -CHECKSUM_LENGTH]
             unchecked = token
         else:
             try:
-                key_id, secret = self._split(token)
+                key_prefix, key_id, secret = self._split(token)
             except MalformedAPIKey:
                 if is_foreign_token(token, self.prefix):
                     return None  # perhaps an imported key's old string: `verify` looks it up
@@ -181,7 +182,7 @@ class KeyVerification(ManagerBase):
                 self._well_formed(unchecked)  # a malformed token is refused as such
             return None
         # With `now`, the decision is a record or None (left to `verify`).
-        return self._decide(key_id, secret, stored, count, unchecked, True)  # type: ignore[return-value]
+        return self._decide(key_id, key_prefix, secret, stored, count, unchecked, True)  # type: ignore[return-value]
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` from the store: the token split (its checksum checked), the key loaded,
@@ -189,7 +190,7 @@ class KeyVerification(ManagerBase):
         if not self._pepper_checked:
             await self._check_pepper_once()
         try:
-            key_id, secret = self._split(token)
+            key_prefix, key_id, secret = self._split(token)
         except MalformedAPIKey:
             return await self._verify_foreign(token, record_usage)
         if not self._in_use:
@@ -197,7 +198,7 @@ class KeyVerification(ManagerBase):
         if self._deliverer is not None:
             self._deliverer.start()  # (again, when the manager moved to another loop)
         stored = await self._load(key_id)
-        return await self._settle(key_id, secret, stored, record_usage)
+        return await self._settle(key_id, key_prefix, secret, stored, record_usage)
 
     async def _load(self, key_id: str) -> StoredKey | None:
         """The key to verify, from the key cache, or read from the store (a store that
@@ -218,6 +219,7 @@ class KeyVerification(ManagerBase):
     async def _settle(
         self,
         key_id: str,
+        key_prefix: str,
         secret: str,
         stored: StoredKey | None,
         count: bool,
@@ -225,19 +227,18 @@ class KeyVerification(ManagerBase):
     ) -> KeyRecord:
         """`_decide` with the awaits it asks for: the decoy hash made, a slow hash checked
         off the event loop, a hash moved to the current scheme."""
+        at = key_id, key_prefix, secret
         if stored is not None:
-            decided = self._decide(key_id, secret, stored, count, None, False, imported)
+            decided = self._decide(*at, stored, count, None, False, imported)
         else:
-            decided = self._decide_unusual(key_id, secret, None, count, None, False, imported)
+            decided = self._decide_unusual(*at, None, count, None, False, imported)
         if decided is None:
             # An unknown id (or a key of another prefix) before the decoy hash was made.
             await self._decoy_hash()
-            decided = self._decide_unusual(key_id, secret, None, count, None, False, imported)
+            decided = self._decide_unusual(*at, None, count, None, False, imported)
         if isinstance(decided, _SlowCheck):
             verified = await self.hasher.averify(secret, decided.secret_hash)
-            decided = self._decide_unusual(
-                key_id, secret, stored, count, None, False, imported, verified
-            )
+            decided = self._decide_unusual(*at, stored, count, None, False, imported, verified)
         if isinstance(decided, _Rehash):
             new_hash = decided.new_hash or await self.hasher.ahash(secret)
             await self._rehash(key_id, decided.old_hash, new_hash)
@@ -253,6 +254,7 @@ class KeyVerification(ManagerBase):
     def _decide(
         self,
         key_id: str,
+        key_prefix: str,
         secret: str,
         stored: StoredKey,
         count: bool,
@@ -262,6 +264,7 @@ class KeyVerification(ManagerBase):
     ) -> KeyRecord | _SlowCheck | _Rehash | None:
         """Whether `secret` opens `stored`, the key of `key_id`, and the key may be used:
         its record (the request counted when `count`), or a refusal raised. No I/O.
+        `key_prefix` is the token's (`ak_live`): the key's own, or the key is not found.
 
         `unchecked` is the whole token when it was split by position only: its format and
         checksum are checked before any answer but a match with a checksum seen before.
@@ -272,13 +275,16 @@ class KeyVerification(ManagerBase):
         `_plain`): then a request costs its hash and its expiry, nothing else.
         """
         try:
-            version, matches, checked = self._plain[key_id]
+            version, matches, checked, opened_by = self._plain[key_id]
         except KeyError:
             version = None
         if version is not stored:
             matches, checked = self._plain_version(key_id, stored), None
-        if matches is None:
-            return self._decide_unusual(key_id, secret, stored, count, unchecked, now, imported)
+            opened_by = stored.record.key_prefix
+        if matches is None or (key_prefix != opened_by and not imported):
+            return self._decide_unusual(
+                key_id, key_prefix, secret, stored, count, unchecked, now, imported
+            )
         if not matches(secret):
             if unchecked is not None and not self._well_formed(unchecked):
                 return None
@@ -288,7 +294,7 @@ class KeyVerification(ManagerBase):
             # the first time for this version, the whole token's format and checksum.
             if not self._well_formed(unchecked):
                 return None
-            self._plain[key_id] = (stored, matches, unchecked[-CHECKSUM_LENGTH:])
+            self._plain[key_id] = (stored, matches, unchecked[-CHECKSUM_LENGTH:], opened_by)
         # `check_usable` of a key known active (`_plain_version`): its expiry is left.
         record = stored.record
         if record.expires_at is not None and record.expires_at <= utcnow():
@@ -300,6 +306,7 @@ class KeyVerification(ManagerBase):
     def _decide_unusual(
         self,
         key_id: str,
+        key_prefix: str,
         secret: str,
         stored: StoredKey | None,
         count: bool,
@@ -309,18 +316,15 @@ class KeyVerification(ManagerBase):
         verified: Verification | None = None,
     ) -> KeyRecord | _SlowCheck | _Rehash | None:
         """`_decide` of an unknown id (`stored` None), or of a key that is not active, not
-        of this manager's prefix, or whose hash is another scheme's or another pepper's.
+        of the token's prefix, or whose hash is another scheme's or another pepper's.
         `verified`: the slow check `_SlowCheck` asked for."""
         if unchecked is not None and not self._well_formed(unchecked):
             return None
-        # The prefix is part of the key: a test key re-prefixed as live is another key.
-        # `prefix` is "{key_prefix}_{id}_…" and an id is ID_LENGTH long, so the slice is
-        # KeyRecord.key_prefix. (An imported key's old string has no prefix of ours.)
-        if (
-            stored is not None
-            and not imported
-            and stored.record.prefix[:_PREFIX_END] != self.prefix
-        ):
+        # The prefix is part of the key: a test key re-prefixed as live is another key, so
+        # the key is not found (the same answer as an unknown id, after the same work). The
+        # environment is the record's: a key whose prefix names another is not ours either.
+        # (An imported key's old string has no prefix of ours.)
+        if stored is not None and not imported and not self._opens(stored.record, key_prefix):
             stored = None
         if stored is not None:
             secret_hash = stored.secret_hash
@@ -345,6 +349,16 @@ class KeyVerification(ManagerBase):
             self.usage_buffer.record(key_id)
         return record
 
+    def _opens(self, record: KeyRecord, key_prefix: str) -> bool:
+        """Whether a token of `key_prefix` names `record`: the record's own prefix, one of
+        this manager's, naming the record's environment."""
+        # `prefix` is "{key_prefix}_{id}_…" and an id is ID_LENGTH long: the slice is
+        # `KeyRecord.key_prefix`.
+        return (
+            record.prefix[:_PREFIX_END] == key_prefix
+            and self._environments.get(key_prefix) == record.environment
+        )
+
     def _well_formed(self, token: str) -> bool:
         """The full split's verdict on a token `verify_now` split by position: True when
         well formed; False when it is not but may be an imported key's old string (then
@@ -359,15 +373,17 @@ class KeyVerification(ManagerBase):
 
     def _plain_version(self, key_id: str, stored: StoredKey) -> Callable[[str], bool] | None:
         """The prepared check of `stored`'s hash, when nothing but the hash and the expiry is
-        left to decide at each request: an active key of this manager's prefix (a token's
-        prefix is the manager's, which its split checked) whose hash is the hasher's
-        current one. None otherwise: `_decide_unusual` decides its every request.
-        Remembered for the key's next requests, until the key (its `StoredKey`) changes."""
+        left to decide at each request: an active key of one of this manager's prefixes,
+        naming its environment, whose hash is the hasher's current one (`_decide` then
+        checks that a token has the key's prefix). None otherwise: `_decide_unusual`
+        decides its every request. Remembered for the key's next requests, until the key
+        (its `StoredKey`) changes."""
         record = stored.record
         matches = None
-        if record.state == ACTIVE and record.prefix[:_PREFIX_END] == self.prefix:
+        key_prefix = record.key_prefix
+        if record.state == ACTIVE and self._opens(record, key_prefix):
             matches = self.hasher.matcher(stored.secret_hash)
-        remember(self._plain, key_id, (stored, matches, None), _PLAIN_LIMIT)
+        remember(self._plain, key_id, (stored, matches, None, key_prefix), _PLAIN_LIMIT)
         return matches
 
     async def _verify_foreign(self, token: str, record_usage: bool) -> KeyRecord:
@@ -383,13 +399,13 @@ class KeyVerification(ManagerBase):
             raise MalformedAPIKey()
         unknown_id, candidates = imported
         if not candidates:
-            return await self._settle(unknown_id, token, None, record_usage, True)
+            return await self._settle(unknown_id, "", token, None, record_usage, True)
         fast = self.hasher.is_fast
         ordered = sorted(candidates, key=lambda found: not fast(found[1].secret_hash))
         refusal: KeyRevoked | KeyDisabled | KeyExpired | None = None
         for key_id, stored in ordered:
             try:
-                return await self._settle(key_id, token, stored, record_usage, True)
+                return await self._settle(key_id, "", token, stored, record_usage, True)
             except InvalidAPIKey:
                 continue  # not this candidate's secret
             except (KeyRevoked, KeyDisabled, KeyExpired) as exc:  # its secret, not usable

@@ -18,7 +18,7 @@ from apikeys.hashing import Hasher
 from apikeys.keys import DEFAULT_PREFIX
 from apikeys.manager import KeyManager
 from apikeys.stores.memory.store import MemoryStore
-from apikeys.types import CreatedKey, KeyRecord, Status, utcnow
+from apikeys.types import LIVE, CreatedKey, Environment, KeyRecord, Status, utcnow
 
 __all__ = [
     "TEST_PEPPER",
@@ -123,6 +123,7 @@ class KeyFactory:
         workspace: str = "default",
         name: str | None = None,
         expires_in: timedelta | None = None,
+        environment: Environment = LIVE,
     ) -> Coroutine[Any, Any, CreatedKey]:
         """Create a key; await the result. Arguments as `KeyManager.create`, plus `status`."""
         if status not in _STATUSES:
@@ -135,6 +136,7 @@ class KeyFactory:
             workspace=workspace,
             name=name if name is not None else f"test key {next(self._numbers)}",
             expires_in=expires_in,
+            environment=environment,
         )
 
     def sync(
@@ -147,6 +149,7 @@ class KeyFactory:
         workspace: str = "default",
         name: str | None = None,
         expires_in: timedelta | None = None,
+        environment: Environment = LIVE,
     ) -> CreatedKey:
         """The same as `await factory(...)`, for synchronous tests (`TestClient`)."""
         return run_sync(
@@ -158,6 +161,7 @@ class KeyFactory:
                 workspace=workspace,
                 name=name,
                 expires_in=expires_in,
+                environment=environment,
             )
         )
 
@@ -171,6 +175,7 @@ class KeyFactory:
         workspace: str,
         name: str,
         expires_in: timedelta | None,
+        environment: Environment,
     ) -> CreatedKey:
         manager = self.manager
         created = await manager.create(
@@ -180,6 +185,7 @@ class KeyFactory:
             full_access=full_access,
             rate_limit=rate_limit,
             expires_in=expires_in,
+            environment=environment,
         )
         key_id = created.record.id
         record: KeyRecord

@@ -544,16 +544,15 @@ class RedisStore(KeyStore):
         # by rank from just after the cursor's own entry (ZRANK), however many keys share
         # its creation time; `after` drops anything the cursor has passed (an entry added
         # before it meanwhile shifts the ranks by one). Only the hashes of the ids read are
-        # fetched: a page costs about its own size, more when `owner` or `status` leave
-        # keys out.
+        # fetched: a page costs about its own size, more when `owner`, `status` or
+        # `environment` leave keys out.
         index = (
             self._all_index
             if where.workspace is None
             else self.workspace_index_name(where.workspace)
         )
-        # Room for the cursor's own entry; with `owner` or `status`, for keys left out.
-        narrowed = where.owner is not None or where.status is not None
-        batch = min(max(limit * 2, 64), 1000) if narrowed else limit + 1
+        # Room for the cursor's own entry; with a narrowing filter, for keys left out.
+        batch = min(max(limit * 2, 64), 1000) if where.narrowed else limit + 1
         records: builtins.list[KeyRecord] = []
         async with self.calls():
             rank = 0 if start is None else await self._rank_after(index, start)
