@@ -270,6 +270,23 @@ def test_cli_text_with_bytes_that_are_not_utf8_exits_2_naming_the_field_not_the_
     assert _cli(store_url, "list", "--json").stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("list", "--workspace"), ("list", "--owner"), ("audit", "--workspace")],
+    ids=["list workspace", "list owner", "audit workspace"],
+)
+def test_cli_filters_with_bytes_that_are_not_utf8_exit_2_naming_the_field_not_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, str]
+) -> None:
+    monkeypatch.setenv("APIKEYS_PEPPER", "a12lhJ1ZtUxBc1-MiScXH5OOydqusf6GqQcSM1w6H6Q")
+    monkeypatch.delenv("APIKEYS_STORE_URL", raising=False)
+    store_url = f"sqlite:///{tmp_path / 'k.db'}"
+    result = _cli(store_url, *args, "a\udcffb")
+    assert result.exit_code == 2, result.output
+    assert args[1].removeprefix("--") in result.stderr
+    assert "store" not in result.stderr
+
+
 def test_a_lone_surrogate_in_a_name_workspace_or_owner_is_refused() -> None:
     for text in ("a\ud800", "\udcff", "x\udfffy"):
         with pytest.raises(InvalidKeyParameters, match="Unicode"):

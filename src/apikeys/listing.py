@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, get_args
 
 from apikeys.errors import InvalidKeyParameters
+from apikeys.policies import check_owner, check_text
 from apikeys.types import ENVIRONMENTS, Environment, KeyRecord, Status
 
 __all__ = [
@@ -74,6 +75,12 @@ class KeyFilter:
     environment: Environment | None = None
 
     def __post_init__(self) -> None:
+        # Text no store can hold (a lone surrogate from bytes that were not UTF-8, a control
+        # character) names no key: refused as the bad parameter it is, not a store error.
+        if self.workspace is not None:
+            check_text(self.workspace, "workspace")
+        if self.owner is not None:
+            check_owner(self.owner)
         if self.status is not None and self.status not in STATUSES:
             raise InvalidKeyParameters(
                 f"invalid status {self.status!r}: one of {', '.join(STATUSES)}"

@@ -21,6 +21,7 @@ from apikeys.listing import (
     position,
 )
 from apikeys.manager.construction import ManagerBase
+from apikeys.policies import check_text
 from apikeys.stores.contract import MAX_ROLL_HOPS
 from apikeys.stores.shared import ADMITTED, LEGACY_SCHEME, days_of
 from apikeys.types import (
@@ -183,5 +184,9 @@ class KeyReading(ManagerBase):
         since: datetime | None = None,
         limit: int = 1000,
     ) -> builtins.list[AuditEvent]:
-        """The audit trail: the newest `limit` changes that match, oldest first."""
+        """The audit trail: the newest `limit` changes that match, oldest first. A
+        `workspace` no key can have (control characters, text that is not Unicode) raises
+        `InvalidKeyParameters`."""
+        if workspace is not None:
+            check_text(workspace, "workspace")
         return await self.store.audit(workspace=workspace, key_id=key_id, since=since, limit=limit)
