@@ -237,8 +237,8 @@ def test_a_counter_names_its_key_and_policy(tag: bool) -> None:
     limiter = RateLimiter(key_prefix="app/limits")
     limiter._tag = tag  # as on a Redis Cluster: the key's id is the counter's hash tag
     for policy in parse_policies("100/minute") + parse_policies("burst=5/second, day=9/day"):
-        counter = limiter._policy_plan("3xK9pQ2mZ7aB", policy)[0]
-        assert limiter._counter_owner(counter) == ("3xK9pQ2mZ7aB", policy.name)
+        counter = limiter.plan("3xK9pQ2mZ7aB", [policy])[0][0]
+        assert limiter._counter_owner(counter) == ("3xK9pQ2mZ7aB", policy.name, None)
     assert limiter._counter_owner("elsewhere/3xK9pQ2mZ7aB/60") is None
 
 

@@ -5,7 +5,8 @@
   (`ThresholdCrossing`).
 - `counting`: fixed windows counted in this process (`memory://`).
 - `leases`: Redis' windows, leased by slices and spent in this process.
-- `limiter`: `RateLimiter`, whose `charge` is the one way a request is charged.
+- `limiter`: `RateLimiter`, whose `charge` is the one way a request is charged (over a
+  key's policies and, for a key of an identity, the identity's too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from apikeys.ratelimit.decisions import (
     ThresholdCrossing,
 )
 from apikeys.ratelimit.leases import LEASE_FRACTION, LEASE_MAX, LEASE_THRESHOLD
-from apikeys.ratelimit.limiter import RateLimiter
+from apikeys.ratelimit.limiter import IDENTITY_POLICY_PREFIX, RateLimiter
 from apikeys.ratelimit.notation import (
     DEFAULT_POLICY,
     DEFAULT_RATE_LIMIT,
@@ -40,6 +41,7 @@ from apikeys.ratelimit.notation import (
 __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_RATE_LIMIT",
+    "IDENTITY_POLICY_PREFIX",
     "LEASE_FRACTION",
     "LEASE_MAX",
     "LEASE_THRESHOLD",

@@ -50,7 +50,8 @@ class PolicyStatus(NamedTuple):
 
 
 class PolicyDecision(NamedTuple):
-    """The limiter's answer for one request over all of a key's policies.
+    """The limiter's answer for one request over all of a key's policies (and its
+    identity's, named `identity.<name>`, after the key's).
 
     `allowed` only if every policy admitted it; a refused request is charged to none.
     `violated` names the policies that refused it, and `retry_after` is the longest of
@@ -64,10 +65,12 @@ class PolicyDecision(NamedTuple):
 
 
 class ThresholdCrossing(NamedTuple):
-    """A key's window of one policy reaching a percentage of its limit: what
-    `RateLimiter.on_threshold` is told, once per key, policy, threshold and window."""
+    """A key's (or an identity's) window of one policy reaching a percentage of its limit:
+    what `RateLimiter.on_threshold` is told, once per key (or identity), policy, threshold
+    and window."""
 
     key_id: str
+    """The key whose policy it is; empty for an identity's policy (see `identity`)."""
     policy: str
     """The policy's name (`default` for a key's one unnamed limit)."""
     threshold: int
@@ -81,6 +84,9 @@ class ThresholdCrossing(NamedTuple):
     """When the window ends, in seconds since 1970 (UTC)."""
     at: float
     """When the threshold was reached, in seconds since 1970 (UTC)."""
+    identity: str | None = None
+    """The identity whose policy it is (then `key_id` is empty, and `policy` is the
+    identity's own name for it, without `identity.`); None for a key's own policy."""
 
 
 Observer = Callable[[ThresholdCrossing], None]

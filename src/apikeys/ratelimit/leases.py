@@ -2,8 +2,10 @@
 script (grant at most what is left, return the window's end in milliseconds) and spends it
 here, so a busy key costs a round trip per slice, not per request. Slices shrink as the
 window fills and are a single unit when little is left, so small limits are exactly as
-strict as one increment per request. A key's several policies are leased by one script that
-grants nothing unless each of them has a unit left, and spent all at once or not at all."""
+strict as one increment per request. A key's several policies (and its identity's, whose
+counters share the key's slot on a Cluster: `RateLimiter.plan`) are leased by one script that
+grants nothing unless each of them has what the request lacks, and spent all at once or not
+at all: a refused request leases nothing, so no other process is refused for its sake."""
 
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ LEASE_FRACTION = 16
 LEASE_MAX = 1000
 LEASE_THRESHOLD = 64
 
-# All or nothing: grants units only if every counter has one left. Asking 0 units reads.
+# All or nothing: grants units only if every counter has what the request lacks there (the
+# units needed: a request's cost less what this process holds). Asking 0 units reads.
+# ARGV per counter: amount, window in ms, units asked, units needed.
 # Returns {granted, count after, PTTL in ms} for each counter, flattened.
 LEASE_SCRIPT = """
 local counts, ttls = {}, {}
@@ -41,11 +45,11 @@ for i = 1, #KEYS do
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl < 0 then
     count = 0
-    ttl = tonumber(ARGV[3 * i - 1])
+    ttl = tonumber(ARGV[4 * i - 2])
   end
   counts[i] = count
   ttls[i] = ttl
-  if count >= tonumber(ARGV[3 * i - 2]) then
+  if count + tonumber(ARGV[4 * i]) > tonumber(ARGV[4 * i - 3]) then
     open = false
   end
 end
@@ -53,7 +57,7 @@ local result = {}
 for i = 1, #KEYS do
   local granted = 0
   if open then
-    granted = math.min(tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i - 2]) - counts[i])
+    granted = math.min(tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i - 3]) - counts[i])
   end
   if granted > 0 then
     if counts[i] == 0 then
@@ -207,8 +211,12 @@ class LeasedWindows:
             leases.append((lease, current))
             self.slices[counter] = lease
             keys.append(self.prefixed(counter))
-            ask = 0 if read_only else lease_size(amount, previous, now, cost)
-            args += (amount, window * 1000, ask)
+            if read_only:
+                ask = need = 0
+            else:
+                ask = lease_size(amount, previous, now, cost)
+                need = max(0, cost - lease.left) if current else cost
+            args += (amount, window * 1000, ask, need)
         if len(self.slices) > 100_000:
             # Full: keep only this script's leases (clearing before one of them could drop
             # another already set, with the units it holds).

@@ -9,8 +9,10 @@ what is really left (never higher).
 
 A key may have several named limits (*policies*), `burst=10/second, daily=10000/day`: a
 request is admitted only if every policy admits it, and a refused request is charged to
-none. `RateLimiter.charge` is the one way a request is charged: it answers at once when
-this process can decide (the in-process windows, or units it holds of Redis' windows), and
+none. A key that belongs to an identity is also charged to the identity's policies, which
+every key of the identity shares, in the same all-or-nothing charge (`RateLimiter.plan`).
+`RateLimiter.charge` is the one way a request is charged: it answers at once when this
+process can decide (the in-process windows, or units it holds of Redis' windows), and
 otherwise hands back what asks the server.
 """
 
@@ -53,7 +55,12 @@ from apikeys.ratelimit.notation import (
     parse_policies,
 )
 
-__all__ = ["RateLimiter"]
+__all__ = ["IDENTITY_POLICY_PREFIX", "RateLimiter"]
+
+IDENTITY_POLICY_PREFIX = "identity."
+"""What the name of an identity's policy starts with in a decision and its headers
+(`identity.daily`; `identity.default` for its one unnamed limit): a key's policy names
+(`[a-z][a-z0-9_-]*`) never hold a dot, so the two never mix."""
 
 logger = logging.getLogger("apikeys")
 
@@ -114,10 +121,10 @@ class RateLimiter:
     they are checked, then charged, and a charge that overshot is taken back.
 
     `on_threshold`, None by default, is called with a `ThresholdCrossing` when a key's
-    window of a policy reaches a percentage of `THRESHOLDS` of its limit, once per key,
-    policy, threshold and window. It runs on the request path: it must return at once and
-    never raise (what it raises is logged and ignored). The `KeyManager` sets it while an
-    endpoint wants `key.usage_threshold` webhooks.
+    (or an identity's) window of a policy reaches a percentage of `THRESHOLDS` of its limit,
+    once per key (or identity), policy, threshold and window. It runs on the request path:
+    it must return at once and never raise (what it raises is logged and ignored). The
+    `KeyManager` sets it while an endpoint wants `key.usage_threshold` webhooks.
     """
 
     def __init__(
@@ -165,8 +172,8 @@ class RateLimiter:
         self._tag = isinstance(storage, RedisClusterStorage)
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
-        # (key id, limit or policies) -> one plan per policy
-        self._plans: dict[tuple[str, object], Plan] = {}
+        # (key id, limit or policies[, identity, its limit or policies]) -> one plan per policy
+        self._plans: dict[tuple[object, ...], Plan] = {}
         self.on_threshold: Observer | None = None
 
     def __repr__(self) -> str:
@@ -176,13 +183,39 @@ class RateLimiter:
         """The policies of a key whose `rate_limit` is `limit` (None: the default)."""
         return parse_policies(limit or self.default)
 
-    def plan(self, key_id: str, policies: str | Sequence[Policy] | None = None) -> Plan:
+    def plan(
+        self,
+        key_id: str,
+        policies: str | Sequence[Policy] | None = None,
+        *,
+        identity: str | None = None,
+        identity_policies: str | Sequence[Policy] | None = None,
+    ) -> Plan:
         """`key_id`'s policies as this limiter counts them, what `charge` takes: `policies`
         is a key's `rate_limit` text (None: the default) or `Policy` items. Made once per
-        key and limit."""
+        key and limit.
+
+        For a key that belongs to an `identity` (a text without `/`, `{` or `}`), the plan
+        also holds `identity_policies` (the identity's limits, same forms; None: it has
+        none), named `IDENTITY_POLICY_PREFIX` + name in decisions. Their counters are named
+        by the identity, so every key of the identity charges the same ones, and `charge`
+        admits a request only if the key's policies and the identity's all admit it.
+
+        On a Redis Cluster one script must see all of them, so they are all in the
+        identity's slot: the key's own counters carry the identity's hash tag
+        (`{i:<identity>}`) instead of the key's. So on a Cluster, a key moved to another
+        identity (or into or out of one) starts its own windows afresh; elsewhere its
+        counters keep their names.
+        """
         if policies.__class__ is list:
             policies = tuple(policies)  # hashable, as the plans are cached by it
-        return self._plans.get((key_id, policies)) or self._plan_set(key_id, policies)
+        if identity is None:
+            return self._plans.get((key_id, policies)) or self._plan_set(key_id, policies)
+        if identity_policies.__class__ is list:
+            identity_policies = tuple(identity_policies)
+        return self._plans.get(
+            (key_id, policies, identity, identity_policies)
+        ) or self._identity_plan_set(key_id, policies, identity, identity_policies)
 
     def charge(self, plan: Plan, cost: int = 1) -> Charge | Awaitable[Charge]:
         """Charge one request of `cost` units to every policy of `plan` (`plan(key_id,
@@ -251,22 +284,35 @@ class RateLimiter:
         return RateDecision(allowed, amount, window, remaining, reset_after)
 
     async def hit_policies(
-        self, key_id: str, policies: str | Sequence[Policy] | None = None
+        self,
+        key_id: str,
+        policies: str | Sequence[Policy] | None = None,
+        *,
+        identity: str | None = None,
+        identity_policies: str | Sequence[Policy] | None = None,
+        cost: int = 1,
     ) -> PolicyDecision:
         """Check and charge one request of `key_id` against every one of its policies.
 
-        `policies` is a key's `rate_limit` text (None: the default) or `Policy` items. The
-        request is admitted only if every policy admits it, and then charged one unit of
-        each; a refused request is charged to none.
+        `policies` is a key's `rate_limit` text (None: the default) or `Policy` items, and
+        `identity` and `identity_policies` those of the identity the key belongs to (see
+        `plan`). The request is admitted only if every policy admits it, and then charged
+        `cost` units of each; a refused request is charged to none.
         """
-        plan = self.plan(key_id, policies)
-        charged = self.charge(plan)
+        plan = self.plan(key_id, policies, identity=identity, identity_policies=identity_policies)
+        charged = self.charge(plan, cost)
         if not isinstance(charged, tuple):
             charged = await charged
         return decision(plan, charged)
 
     async def refund(
-        self, key_id: str, policies: str | Sequence[Policy] | None = None, cost: int = 1
+        self,
+        key_id: str,
+        policies: str | Sequence[Policy] | None = None,
+        cost: int = 1,
+        *,
+        identity: str | None = None,
+        identity_policies: str | Sequence[Policy] | None = None,
     ) -> None:
         """Give back the `cost` units of each policy that an admitted request of `key_id`
         was charged.
@@ -275,9 +321,10 @@ class RateLimiter:
         credits left). Call it while handling that request, with the `rate_limit` it was
         checked with: the units go back to the current window of each policy, and nothing
         once that window has ended. With Redis, they return to this process's slice of the
-        window (no round trip).
+        window (no round trip). A key of an identity gives back to the identity's policies
+        too (`identity`, `identity_policies`: as the request was charged).
         """
-        plan = self.plan(key_id, policies)
+        plan = self.plan(key_id, policies, identity=identity, identity_policies=identity_policies)
         if self._local is not None:
             refund_here(self._local, plan, cost)
             return
@@ -331,33 +378,39 @@ class RateLimiter:
             raise LimiterUnavailable(exc) from exc
         return used, admit
 
-    def _policy_plan(self, key_id: str, policy: Policy) -> PolicyPlan:
+    def _policy_plan(self, owner: str, policy: Policy, tag: str | None) -> PolicyPlan:
+        """The counter of `owner`'s (a key id, or `i:<identity>`) `policy`, with the Cluster
+        hash tag `tag` (None: none; the owner's own: `{owner}`; else `{tag}owner`)."""
         amount, window = policy.item.amount, policy.item.get_expiry()
         # A counter is named by its window, not its amount: a limit changed to another
         # amount (10/minute to 5/minute) keeps counting what its window has already used.
-        key = f"{{{key_id}}}" if self._tag else key_id
+        key = owner if tag is None else f"{{{tag}}}" if tag == owner else f"{{{tag}}}{owner}"
         counter = f"{self._key_prefix}/{key}/{window}"
         if policy.name != DEFAULT_POLICY:
             counter = f"{self._key_prefix}/{key}/{policy.name}/{window}"
         return counter, amount, window, policy.name
 
-    def _counter_owner(self, counter: str) -> tuple[str, str] | None:
-        """`(key id, policy name)` of a counter `_policy_plan` named, read back from the
-        name (a policy name holds no `/`, nor does a key id apikeys makes): no map to fill
-        on the request path, and none to lose when a cache of plans is cleared."""
+    def _counter_owner(self, counter: str) -> tuple[str, str, str | None] | None:
+        """`(key id, policy name, None)` of a key's counter `_policy_plan` named, or `("",
+        policy name, identity)` of an identity's, read back from the name (a policy name
+        holds no `/`, nor does a key id apikeys makes, nor an identity): no map to fill on
+        the request path, and none to lose when a cache of plans is cleared."""
         head = self._key_prefix + "/"
         if not counter.startswith(head):
             return None
         parts = counter[len(head) :].split("/")
         if len(parts) == 2:
-            key, name = parts[0], DEFAULT_POLICY
+            owner, name = parts[0], DEFAULT_POLICY
         elif len(parts) == 3:
-            key, name = parts[0], parts[1]
+            owner, name = parts[0], parts[1]
         else:
             return None
-        if self._tag:
-            key = key[1:-1]
-        return key, name
+        if self._tag and owner.startswith("{"):
+            tag, _, rest = owner[1:].partition("}")
+            owner = rest or tag  # `{i:<identity>}key id` is a key's counter in its identity's slot
+        if owner.startswith("i:"):
+            return "", name, owner[2:]
+        return owner, name, None
 
     def _crossed(
         self,
@@ -380,8 +433,9 @@ class RateLimiter:
             owner = self._counter_owner(counter)
             if observer is None or owner is None:
                 return
+            key_id, name, identity = owner
             crossing = ThresholdCrossing(
-                owner[0], owner[1], threshold, after, amount, window, window_end, at
+                key_id, name, threshold, after, amount, window, window_end, at, identity
             )
             try:
                 observer(crossing)
@@ -391,19 +445,46 @@ class RateLimiter:
                     "apikeys: the rate limit threshold observer failed: %s", type(exc).__name__
                 )
 
-    def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> Plan:
+    def _parsed(self, policies: str | Sequence[Policy] | None) -> tuple[tuple[Policy, ...], object]:
+        """The `Policy` items of `policies` (as `plan` takes them), and what caches them."""
         if policies is None or isinstance(policies, str):
-            parsed = self.policies(policies)
-            cache_key: object = policies
-        else:
-            parsed = tuple(policies)
-            if not parsed or not all(isinstance(policy, Policy) for policy in parsed):
-                raise InvalidKeyParameters("policies must be rate limit text or Policy items")
-            if len({policy.name for policy in parsed}) != len(parsed):
-                raise InvalidKeyParameters("policy names must be unique")
-            cache_key = parsed
-        plans = tuple(self._policy_plan(key_id, policy) for policy in parsed)
+            return self.policies(policies), policies
+        parsed = tuple(policies)
+        if not parsed or not all(isinstance(policy, Policy) for policy in parsed):
+            raise InvalidKeyParameters("policies must be rate limit text or Policy items")
+        if len({policy.name for policy in parsed}) != len(parsed):
+            raise InvalidKeyParameters("policy names must be unique")
+        return parsed, parsed
+
+    def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> Plan:
+        parsed, cache_key = self._parsed(policies)
+        tag = key_id if self._tag else None
+        plans = tuple(self._policy_plan(key_id, policy, tag) for policy in parsed)
         return remember(self._plans, (key_id, cache_key), plans, 100_000)
+
+    def _identity_plan_set(
+        self,
+        key_id: str,
+        policies: str | Sequence[Policy] | None,
+        identity: str,
+        identity_policies: str | Sequence[Policy] | None,
+    ) -> Plan:
+        if not isinstance(identity, str) or not identity or not identity.isprintable():
+            raise InvalidKeyParameters("an identity must be a non-empty printable text")
+        if "/" in identity or "{" in identity or "}" in identity:
+            raise InvalidKeyParameters("an identity must not hold '/', '{' or '}'")
+        parsed, key_cache = self._parsed(policies)
+        owner = "i:" + identity
+        tag = owner if self._tag else None
+        plans = [self._policy_plan(key_id, policy, tag) for policy in parsed]
+        identity_cache: object = identity_policies  # None, "" or (): the identity has none
+        if identity_policies:
+            shared, identity_cache = self._parsed(identity_policies)
+            for policy in shared:
+                counter, amount, window, name = self._policy_plan(owner, policy, tag)
+                plans.append((counter, amount, window, IDENTITY_POLICY_PREFIX + name))
+        cache_key = (key_id, key_cache, identity, identity_cache)
+        return remember(self._plans, cache_key, tuple(plans), 100_000)
 
     # -- several policies ------------------------------------------------------------------
 
