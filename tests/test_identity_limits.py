@@ -221,6 +221,19 @@ def test_on_a_cluster_every_counter_of_a_key_of_an_identity_is_in_the_identity_s
     assert limiter._counter_owner("app/{keyA}/1") == ("keyA", "default", None)
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["single", "cluster"])
+def test_a_key_moved_to_another_identity_starts_afresh_only_on_a_cluster(cluster: bool) -> None:
+    limiter = RateLimiter(key_prefix="app")
+    limiter._tag = cluster
+    alone = limiter.plan("keyA", "5/second")[0][0]
+    acme = limiter.plan("keyA", "5/second", identity="acme", identity_policies="9/day")[0][0]
+    umbrella = limiter.plan("keyA", "5/second", identity="umbrella")[0][0]
+    if cluster:
+        assert len({alone, acme, umbrella}) == 3
+    else:
+        assert alone == acme == umbrella == "app/keyA/1"
+
+
 @pytest.mark.parametrize("identity", ["", "a/b", "a{b", "a}b", "a\nb"])
 def test_an_identity_that_cannot_name_a_counter_is_refused(identity: str) -> None:
     with pytest.raises(InvalidKeyParameters):
