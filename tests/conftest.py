@@ -217,6 +217,8 @@ async def delete_redis_prefix(url: str, prefix: str) -> None:
     client, sentinel = redis_client(target)
     try:
         if target.kind == "cluster":
+            # A new cluster client knows no node until it has read the slot map.
+            await client.initialize()  # type: ignore[union-attr]
             names = []
             for node in client.get_primaries():  # type: ignore[union-attr]
                 async for name in client.scan_iter(
