@@ -396,6 +396,17 @@ async def warm(workers: Sequence[Worker], tokens: Sequence[str]) -> None:
         worker.answers.clear()
 
 
+async def load_flowing(workers: Sequence[Worker]) -> None:
+    """Until every worker answered a request since now: the revoke that follows meets load
+    on all of them (a worker cut off from the store answers once its read times out)."""
+    since = time.monotonic()
+    deadline = since + ANSWERS_WITHIN
+    while not all(any(a.received > since for a in worker.answers) for worker in workers):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no answer from every worker within {ANSWERS_WITHIN} s")
+        await asyncio.sleep(0.02)
+
+
 async def revoke_under_load(
     deployment: Deployment,
     workers: Sequence[Worker],
@@ -432,7 +443,7 @@ async def revoke_under_load(
                 partition()
                 await asyncio.sleep(delays[index] if index < len(delays) else 0.3)
             else:
-                await asyncio.sleep(0.3)
+                await load_flowing(workers)
             # The writer's own times: a request sent after `returned` (by the same clock)
             # was sent after `revoke` returned.
             try:
