@@ -145,7 +145,7 @@ def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
     if store_kind == "sqlite":
         return f"sqlite:///{tmp_path / 'keys.db'}"
     if store_kind == "postgres":
-        # Each test gets its own table name inside the session's database.
+        # Each test gets a set of tables of its own in the session's database (store_options).
         base: str = request.getfixturevalue("postgres_url")
         return base
     if store_kind == "redis":
