@@ -12,6 +12,7 @@ from hypothesis import settings
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import redis_servers, services
+from tests.pg_tables import PostgresTables
 from tests.pgbouncer import PgBouncer
 
 # A property test is about inputs, not speed: no deadline, so a loaded machine (CI, two
@@ -144,7 +145,7 @@ def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
     if store_kind == "sqlite":
         return f"sqlite:///{tmp_path / 'keys.db'}"
     if store_kind == "postgres":
-        # Each test gets its own table name inside the session's database.
+        # Each test gets a set of tables of its own in the session's database (store_options).
         base: str = request.getfixturevalue("postgres_url")
         return base
     if store_kind == "redis":
@@ -156,14 +157,28 @@ def store_url(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -
     raise AssertionError(store_kind)
 
 
+@pytest.fixture(scope="session")
+def postgres_tables(postgres_url: str) -> PostgresTables:
+    """The store's table sets in the session's database, made once and emptied after each
+    test that had one (`tests/pg_tables.py`)."""
+    return PostgresTables(postgres_url)
+
+
 @pytest.fixture
-def store_options(store_kind: str, request: pytest.FixtureRequest) -> dict[str, str]:
-    """Extra keyword arguments that isolate one test's data on a shared server."""
+def store_options(store_kind: str, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """Extra keyword arguments that isolate one test's data on a shared server.
+
+    On PostgreSQL a set of tables of the test's own, empty when the test starts.
+    """
     if store_kind.startswith("redis"):
-        return {"key_prefix": str(request.getfixturevalue("redis_key_prefix"))}
-    if store_kind == "postgres":
-        return {"table_name": f"apikeys_keys_{uuid.uuid4().hex[:10]}"}
-    return {}
+        yield {"key_prefix": str(request.getfixturevalue("redis_key_prefix"))}
+    elif store_kind == "postgres":
+        tables: PostgresTables = request.getfixturevalue("postgres_tables")
+        name = tables.take()
+        yield {"table_name": name}
+        tables.give_back(name)
+    else:
+        yield {}
 
 
 async def redis_keys(url: str, pattern: str) -> list[str]:

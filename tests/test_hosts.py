@@ -396,6 +396,36 @@ async def warm(workers: Sequence[Worker], tokens: Sequence[str]) -> None:
         worker.answers.clear()
 
 
+async def load_flowing(workers: Sequence[Worker]) -> None:
+    """Until every worker answered a request since now: the revoke that follows meets load
+    on all of them (a worker cut off from the store answers once its read times out)."""
+    since = time.monotonic()
+    deadline = since + ANSWERS_WITHIN
+    while not all(any(a.received > since for a in worker.answers) for worker in workers):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no answer from every worker within {ANSWERS_WITHIN} s")
+        await asyncio.sleep(0.02)
+
+
+async def cached_again(workers: Sequence[Worker], host: str, token: int) -> None:
+    """Until every worker of `host` says its cache is proven fresh, and then admitted the
+    key `token` (of the load's) again: a partition made now meets a cache holding it."""
+    deadline = time.monotonic() + RECOVERY_WITHIN
+    for worker in [w for w in workers if w.host == host]:
+        while not (await worker.client.get("/_test/cache")).json()["fresh"]:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{worker.name}'s cache was not proven fresh again")
+            await asyncio.sleep(0.05)
+    since = time.monotonic()
+    for worker in [w for w in workers if w.host == host]:
+        while not any(
+            a.token == token and a.status == 200 and a.sent > since for a in worker.answers
+        ):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{worker.name} did not admit key {token} again")
+            await asyncio.sleep(0.02)
+
+
 async def revoke_under_load(
     deployment: Deployment,
     workers: Sequence[Worker],
@@ -428,11 +458,11 @@ async def revoke_under_load(
             if partition is not None and heal is not None:
                 if index:
                     await wait_for_channels(deployment.b)
-                    await asyncio.sleep(1.5)  # proofs renewed, keys cached again by the load
+                    await cached_again(workers, "b", index)
                 partition()
                 await asyncio.sleep(delays[index] if index < len(delays) else 0.3)
             else:
-                await asyncio.sleep(0.3)
+                await load_flowing(workers)
             # The writer's own times: a request sent after `returned` (by the same clock)
             # was sent after `revoke` returned.
             try:
