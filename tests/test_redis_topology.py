@@ -402,14 +402,14 @@ async def test_a_frozen_sentinel_neither_holds_requests_nor_keeps_the_cache_unpr
 
 async def test_the_sentinel_connections_get_the_store_timeouts_and_no_retries() -> None:
     store = store_from_url(
-        "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc?socket_timeout=1.5&socket_connect_timeout=0.5"
+        "redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc?socket_timeout=3&socket_connect_timeout=0.5"
     )
     assert isinstance(store, RedisStore)
     try:
         assert store._sentinel is not None
         for sentinel in store._sentinel.sentinels:
             kwargs = sentinel.connection_pool.connection_kwargs
-            assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (1.5, 0.5)
+            assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (3.0, 0.5)
             assert kwargs["retry"].get_retries() == 0
     finally:
         await store.aclose()
