@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from datetime import UTC, date, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 __all__ = [
     "ACTIVE",
@@ -416,17 +416,7 @@ AuditAction = Literal[
     "rehashed",
     "leak_revoked",
 ]
-AUDIT_ACTIONS: tuple[AuditAction, ...] = (
-    "created",
-    "imported",
-    "updated",
-    "disabled",
-    "enabled",
-    "rolled",
-    "revoked",
-    "rehashed",
-    "leak_revoked",
-)
+AUDIT_ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
 
 
 @dataclass(frozen=True, slots=True)
