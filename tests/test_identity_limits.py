@@ -240,6 +240,23 @@ def test_an_identity_that_cannot_name_a_counter_is_refused(identity: str) -> Non
         RateLimiter().plan("keyA", "5/second", identity=identity, identity_policies="1/minute")
 
 
+@pytest.mark.parametrize("tagged", [False, True], ids=["single node", "cluster"])
+@pytest.mark.parametrize("key_id", ["i:acme", "i:acme/daily", "/daily", ""])
+def test_a_key_id_that_could_name_an_identitys_counters_is_refused(
+    key_id: str, tagged: bool
+) -> None:
+    # Else key `i:acme` would spend identity acme's window, and key `i:y` of identity y
+    # would charge one counter twice.
+    limiter = RateLimiter()
+    limiter._tag = tagged
+    with pytest.raises(InvalidKeyParameters, match="key id"):
+        limiter.plan(key_id, "100/minute")
+    with pytest.raises(InvalidKeyParameters, match="key id"):
+        limiter.plan(key_id, "100/minute", identity="acme", identity_policies="daily=4/day")
+    owned = limiter.plan("keyA", "100/minute", identity="acme", identity_policies="daily=4/day")
+    assert len({counter for counter, *_ in owned}) == len(owned)
+
+
 # -- one charge, all or nothing ---------------------------------------------------------------
 
 

@@ -102,6 +102,17 @@ def _storage_uri(url: str) -> tuple[str, dict[str, Any]]:
     )
 
 
+def _check_key_id(key_id: str) -> None:
+    """Refuse a key id whose counters could be an identity's: identities' counters are
+    named `i:<identity>` where a key's are named by its id, and on a Cluster follow the
+    identity's `{i:<identity>}` tag with `/` (apikeys' own ids are 12 base62 characters)."""
+    if not isinstance(key_id, str) or not key_id or key_id.startswith(("i:", "/")):
+        raise InvalidKeyParameters(
+            "a key id must be a non-empty text not starting with 'i:' or '/' "
+            "(the names of identities' counters)"
+        )
+
+
 class RateLimiter:
     """Counts requests per key in a `limits` storage and decides admission.
 
@@ -457,6 +468,7 @@ class RateLimiter:
         return parsed, parsed
 
     def _plan_set(self, key_id: str, policies: str | Sequence[Policy] | None) -> Plan:
+        _check_key_id(key_id)
         parsed, cache_key = self._parsed(policies)
         tag = key_id if self._tag else None
         plans = tuple(self._policy_plan(key_id, policy, tag) for policy in parsed)
@@ -473,6 +485,7 @@ class RateLimiter:
             raise InvalidKeyParameters("an identity must be a non-empty printable text")
         if "/" in identity or "{" in identity or "}" in identity:
             raise InvalidKeyParameters("an identity must not hold '/', '{' or '}'")
+        _check_key_id(key_id)
         parsed, key_cache = self._parsed(policies)
         owner = "i:" + identity
         tag = owner if self._tag else None
