@@ -21,6 +21,8 @@ from apikeys.errors import AuthenticationError, ConfigurationError, MalformedAPI
 
 __all__ = [
     "MAX_AUTHORIZATION_LENGTH",
+    "KeyReader",
+    "LegacyToken",
     "bearer_token",
     "carries_key",
     "header_error",
@@ -158,3 +160,63 @@ def carries_key(
             if scheme == b"bearer" or scheme + b" " in legacy:
                 return True
     return False
+
+
+class LegacyToken(Exception):
+    """`KeyReader.read` found the key under a legacy scheme (`Api-Key <key>`). Raised, not
+    returned, so that the usual Bearer request pays nothing for the legacy schemes."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+class KeyReader:
+    """Reads the key from a request's one key header: `Authorization: Bearer <key>` (and the
+    `legacy_schemes` a migration turns on), or the bare key in another `header`.
+
+    Raises `ConfigurationError` for a header or scheme word that cannot be one.
+    """
+
+    __slots__ = ("bearer", "header", "header_name", "legacy")
+
+    def __init__(self, header: str = "Authorization", schemes: Sequence[str] = ()) -> None:
+        self.header = header
+        self.header_name = key_header(header)
+        """The lower-case name of the header the key is read from."""
+        self.bearer = self.header_name == b"authorization"
+        self.legacy = legacy_schemes(schemes, header)
+
+    def read(self, headers: Iterable[tuple[bytes, bytes]]) -> str:
+        """The key in `headers`' one key header, read as `bearer_token` and `header_token`
+        read it; their errors for a missing, doubled or malformed header; `LegacyToken`
+        for a key under a legacy scheme."""
+        header_name = self.header_name
+        value: bytes | None = None
+        for name, found in headers:
+            if name == header_name:
+                if value is not None:
+                    value = None
+                    break  # two: refused by the readers below
+                value = found
+        if value is not None:
+            value = value.strip(b" \t")
+            if len(value) <= MAX_AUTHORIZATION_LENGTH and value.isascii():
+                if not self.bearer:
+                    return value.decode("ascii")
+                # The usual spelling first, sparing the two objects of the slice and lower().
+                if value.startswith(b"Bearer ") or value[:7].lower() == b"bearer ":
+                    return value[7:].decode("ascii")
+                if self.legacy:
+                    legacy = legacy_token(value, self.legacy)
+                    if legacy is not None:
+                        raise LegacyToken(legacy)
+        values = [found for name, found in headers if name == header_name]
+        return bearer_token(values) if self.bearer else header_token(values, self.header)
+
+    def reads(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """True when `headers` carry a key this reader reads (see `carries_key`)."""
+        return carries_key(headers, self.header_name, self.legacy)
+
+    def error(self, exc: AuthenticationError) -> AuthenticationError:
+        """`exc` as this reader's header names it (see `header_error`)."""
+        return exc if self.bearer else header_error(exc, self.header)

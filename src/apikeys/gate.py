@@ -29,52 +29,49 @@ request (docs/performance.md measures the path).
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import Final, Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
 from apikeys.addresses import Allowlist, client_address
 from apikeys.bounded import remember
-from apikeys.credentials import (
-    MAX_AUTHORIZATION_LENGTH,
-    bearer_token,
-    carries_key,
-    header_error,
-    header_token,
-    key_header,
-    legacy_token,
-)
-from apikeys.credentials import legacy_schemes as legacy_scheme_words
+from apikeys.credentials import KeyReader, LegacyToken
 from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
     ConfigurationError,
-    CreditsExhausted,
     InsufficientScope,
     IPNotAllowed,
     RateLimited,
 )
 from apikeys.manager import KeyManager
-from apikeys.policies import Refill, parse_refill
+from apikeys.policies import parse_refill
 from apikeys.problems import Headers
 from apikeys.ratelimit import (
-    DEFAULT_POLICY,
     Charge,
     Plan,
-    PolicyDecision,
     RateDecision,
     RateLimiter,
 )
-from apikeys.ratelimit.decisions import charge_of, decision
+from apikeys.ratelimit.decisions import decision
+from apikeys.ratelimit.headers import (
+    OnePolicy,
+    PolicySet,
+    credit_headers,
+    credits_exhausted,
+    policies_headers,
+    policy_name_text,
+    rate_limit_headers,
+    rate_limited,
+    shape_for,
+    single_headers,
+)
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
 from apikeys.stores.shared import LEGACY_SCHEME
-from apikeys.types import KeyRecord, Scope, utcnow
+from apikeys.types import KeyRecord, Scope
 
 __all__ = [
     "REFUSED_AFTER_AUTHENTICATION",
@@ -137,98 +134,12 @@ class APIKeyAuth(AuthCredentials):
         raise AttributeError("an APIKeyAuth cannot be changed")
 
 
-def _policy_name_text(name: str) -> str:
-    """`name` as it can stand in a structured-field string: printable ASCII, no `"` or `\\`."""
-    return "".join(char for char in name if " " <= char <= "~" and char not in '"\\')
-
-
-@functools.lru_cache(maxsize=256)
-def _policy_header(name: str, limit: int, window: int) -> tuple[bytes, bytes]:
-    return b"ratelimit-policy", f'"{name}";q={limit};w={window}'.encode()
-
-
-class _OnePolicy(NamedTuple):
-    """How the headers show a key's one policy, built once per limit: its name, its
-    RateLimit-Policy header and the start of its RateLimit value."""
-
-    name: str
-    policy_header: tuple[bytes, bytes]
-    start: bytes  # b'"name";r='
-
-
-class _PolicySet(NamedTuple):
-    """How the headers show a key's several policies: their names and RateLimit-Policy."""
-
-    names: tuple[str, ...]
-    policy_header: tuple[bytes, bytes]
-
-
-_NO_POLICY = _OnePolicy("", (b"", b""), b"")
-
-
-@functools.lru_cache(maxsize=256)
-def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> _PolicySet:
-    items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
-    return _PolicySet(
-        tuple(name for name, _, _ in policies),
-        (b"ratelimit-policy", ", ".join(items).encode()),
-    )
-
-
-def _single_headers(decision: RateDecision, policy_name: str) -> Headers:
-    _, limit, window, remaining, reset_after = decision
-    value = b'"%s";r=%d;t=%d' % (policy_name.encode(), remaining, reset_after)
-    return [_policy_header(policy_name, limit, window), (b"ratelimit", value)]
-
-
-def _policies_headers(charged: Charge, shown: _PolicySet) -> Headers:
-    pairs = iter(charged)  # (remaining, reset_after) for each policy in turn
-    value = ", ".join(
-        [
-            f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}'
-            for name, remaining, reset_after in zip(shown.names, pairs, pairs, strict=True)
-        ]
-    )
-    return [shown.policy_header, (b"ratelimit", value.encode())]
-
-
-def rate_limit_headers(
-    decision: RateDecision | PolicyDecision, policy_name: str = "default"
-) -> Headers:
-    """`RateLimit-Policy` and `RateLimit` (draft-ietf-httpapi-ratelimit-headers-11).
-
-    One list item per policy: `"burst";q=10;w=1, "daily";q=10000;w=86400` and
-    `"burst";r=3;t=1, "daily";r=9120;t=40210`. The policy named `default` (a key's one
-    unnamed limit) is shown as `policy_name`.
-    """
-    if isinstance(decision, PolicyDecision):
-        return _policies_headers(charge_of(decision), _shown(decision, policy_name))
-    return _single_headers(decision, policy_name)
-
-
-def _shown(decision: PolicyDecision, policy_name: str) -> _PolicySet:
-    return _policy_set(
-        tuple(
-            (policy_name if status.name == DEFAULT_POLICY else status.name, *status[2:4])
-            for status in decision.policies
-        )
-    )
-
-
 # What the core asks the shell to load (`Admission.need`), in the order of the checks.
 _KEY = 1  # the key from the store: `await manager.verify(token)`
 _CHARGE = 2  # the limiter's server's charge: the awaitable `RateLimiter.charge` handed back
 _SPEND = 3  # the key's credits: `await manager.spend_credits(record, cost)`
 _REFUND = 4  # the rate limits' charge given back, credits refused: `await limiter.refund(…)`
 _LEGACY = 5  # an imported key sent under a legacy scheme: `await manager.verify_imported(…)`
-
-
-class _LegacyToken(Exception):
-    """`Gate._token` found the key under a legacy scheme (`Api-Key <key>`). Raised, not
-    returned, so that the usual Bearer request pays nothing for the legacy schemes."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
 
 
 # (method, path) -> the scopes a key lacks for that route (None: it may take it)
@@ -249,7 +160,7 @@ class _Prepared(NamedTuple):
     user: APIKeyUser
     routes: _RouteAnswers
     plan: Plan
-    shape: _OnePolicy | _PolicySet
+    shape: OnePolicy | PolicySet
 
 
 class Admission:
@@ -302,30 +213,8 @@ async def spend_credit(
     refill = parse_refill(record.credit_refill) if record.credit_refill else None
     if left is None:
         await limiter.refund(record.id, record.rate_limit)
-        raise _credits_exhausted(refill)
+        raise credits_exhausted(refill)
     return credit_headers(headers, left, refill)
-
-
-def credit_headers(
-    headers: Headers, left: int, refill: Refill | None, now: datetime | None = None
-) -> Headers:
-    """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
-    seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
-    item = f'"credits";r={left}'
-    policy = None
-    if refill is not None:
-        now = now or utcnow()
-        start, end = refill.period_start(now), refill.next_start(now)
-        item += f";t={max(1, math.ceil((end - now).total_seconds()))}"
-        policy = f'"credits";q={refill.amount};w={int((end - start).total_seconds())}'
-    updated: Headers = []
-    for name, value in headers:
-        if name == b"ratelimit":
-            value = value + b", " + item.encode()
-        elif name == b"ratelimit-policy" and policy is not None:
-            value = value + b", " + policy.encode()
-        updated.append((name, value))
-    return updated
 
 
 async def check_rate_limits(
@@ -340,13 +229,13 @@ async def check_rate_limits(
     charged = limiter.charge(plan)
     if not isinstance(charged, tuple):
         charged = await charged
-    shape = _shape_for(limiter, record.rate_limit, policy_name)
-    if isinstance(shape, _OnePolicy):
+    shape = shape_for(limiter, record.rate_limit, policy_name)
+    if isinstance(shape, OnePolicy):
         policy = decision(plan, charged).policies[0]
-        headers = _single_headers(RateDecision(*policy[1:]), shape.name)
+        headers = single_headers(RateDecision(*policy[1:]), shape.name)
     else:
-        headers = _policies_headers(charged, shape)
-    refusal = _rate_limited(charged, shape) if min(charged[::2]) < 0 else None
+        headers = policies_headers(charged, shape)
+    refusal = rate_limited(charged, shape) if min(charged[::2]) < 0 else None
     return headers, refusal
 
 
@@ -368,24 +257,6 @@ REFUSED_AFTER_AUTHENTICATION: frozenset[str] = frozenset(
 """The refusals of a request whose key was verified: its usage history counts them."""
 # What the limiter telemetry reports as refused (the other refusals are not the limiter's).
 _LIMITER_CODES = frozenset({"rate_limited", "credits_exhausted"})
-
-
-def _rate_limited(charged: Charge, shape: _OnePolicy | _PolicySet) -> RateLimited:
-    """The refusal of a charge the limits refused: the policies it violated, and
-    `Retry-After` the longest of their resets."""
-    names = (shape.name,) if isinstance(shape, _OnePolicy) else shape.names
-    violated = [index for index in range(len(names)) if charged[2 * index] < 0]
-    retry_after = max(charged[2 * index + 1] for index in violated)
-    return RateLimited(retry_after, tuple(names[index] for index in violated))
-
-
-def _credits_exhausted(refill: Refill | None) -> CreditsExhausted:
-    """The refusal of a key without credits left; `Retry-After` the next refill, if any."""
-    retry = None
-    if refill is not None:
-        now = utcnow()
-        retry = math.ceil((refill.next_start(now) - now).total_seconds())
-    return CreditsExhausted(retry)
 
 
 def _waiting(
@@ -424,25 +295,7 @@ def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
             return credit_headers(admission.headers or [], admission.left, refill)
         admission.need = _REFUND  # a refused request is charged to nothing
         return admission
-    raise _credits_exhausted(refill)
-
-
-def _shape_for(
-    limiter: RateLimiter, limit: str | None, policy_name: str
-) -> _OnePolicy | _PolicySet:
-    """How the headers show the policies of `limit`, the default one named `policy_name`."""
-    shown = tuple(
-        (
-            policy_name if policy.name == DEFAULT_POLICY else policy.name,
-            policy.item.amount,
-            policy.item.get_expiry(),
-        )
-        for policy in limiter.policies(limit)
-    )
-    if len(shown) == 1:
-        name = shown[0][0]
-        return _OnePolicy(name, _policy_header(*shown[0]), b'"%s";r=' % name.encode())
-    return _policy_set(shown)
+    raise credits_exhausted(refill)
 
 
 class Gate:
@@ -503,16 +356,16 @@ class Gate:
             if costs
             else None
         )
+        self.reader = KeyReader(header, legacy_schemes)
+        """Reads the key from a request's headers."""
         self.header = header
-        self.header_name = key_header(header)
+        self.header_name = self.reader.header_name
         """The lower-case name of the header the key is read from."""
-        self._bearer = self.header_name == b"authorization"
-        self._legacy = legacy_scheme_words(legacy_schemes, header)
         self.legacy_schemes = tuple(legacy_schemes)  # as given
-        self.policy_name = _policy_name_text(policy_name)
+        self.policy_name = policy_name_text(policy_name)
         self.trusted_proxies = trusted_proxies
         # a key's rate_limit -> the name its one policy is shown with, or those of its policies
-        self._shapes: dict[str | None, _OnePolicy | _PolicySet] = {}
+        self._shapes: dict[str | None, OnePolicy | PolicySet] = {}
         # key id -> what the core needs of the key's latest version seen
         self._prepared: dict[str, _Prepared] = {}
         # a key's grants -> its `scope["auth"]` and its answers by route: they follow from
@@ -548,7 +401,7 @@ class Gate:
         rate_headers: Headers | None = None
         try:
             if admission is None:
-                token = self._token(scope)
+                token = self.reader.read(scope["headers"])
                 # Format, checksum, hash, state and expiry; counted once the core answers.
                 record = manager.verify_now(token, count=False)
                 if record is None:
@@ -573,16 +426,16 @@ class Gate:
             if loaded <= _CHARGE:
                 # The limits' headers, then their refusal (a remaining below 0, `~left`).
                 shape = prepared.shape
-                if type(shape) is _OnePolicy:
+                if type(shape) is OnePolicy:
                     least = remaining = charged[0]
                     shown = remaining if remaining >= 0 else ~remaining
                     value = b"%s%d;t=%d" % (shape.start, shown, charged[1])
                     rate_headers = [shape.policy_header, (b"ratelimit", value)]
                 else:
-                    rate_headers = _policies_headers(charged, shape)  # type: ignore[arg-type]
+                    rate_headers = policies_headers(charged, shape)  # type: ignore[arg-type]
                     least = min(charged[::2])
                 if least < 0:
-                    raise _rate_limited(charged, shape)
+                    raise rate_limited(charged, shape)
                 # The scopes: the route table's answer for this key version and route,
                 # worked out once, then what the endpoint requires.
                 route = (scope.get("method", "GET"), path)
@@ -616,7 +469,7 @@ class Gate:
     ) -> Admission:
         """What the core raised: a key under a legacy scheme, to load (an imported key's,
         from the store); else the refusal, raised."""
-        if type(exc) is _LegacyToken:
+        if type(exc) is LegacyToken:
             return Admission(_LEGACY, exc.token)
         raise self._refusal(record, exc, rate_headers) from None
 
@@ -701,32 +554,6 @@ class Gate:
         """
         return await self.complete(scope, path, required, self.decide(scope, path, required))
 
-    def _token(self, scope: Scope) -> str:
-        """The key in the request's one key header, read as `bearer_token` and
-        `header_token` read it; their errors for a missing, doubled or malformed header."""
-        header_name = self.header_name
-        value: bytes | None = None
-        for name, found in scope["headers"]:
-            if name == header_name:
-                if value is not None:
-                    value = None
-                    break  # two: refused by the readers below
-                value = found
-        if value is not None:
-            value = value.strip(b" \t")
-            if len(value) <= MAX_AUTHORIZATION_LENGTH and value.isascii():
-                if not self._bearer:
-                    return value.decode("ascii")
-                # The usual spelling first, sparing the two objects of the slice and lower().
-                if value.startswith(b"Bearer ") or value[:7].lower() == b"bearer ":
-                    return value[7:].decode("ascii")
-                if self._legacy:
-                    legacy = legacy_token(value, self._legacy)
-                    if legacy is not None:
-                        raise _LegacyToken(legacy)
-        values = [found for name, found in scope["headers"] if name == header_name]
-        return bearer_token(values) if self._bearer else header_token(values, self.header)
-
     def _lacking(self, prepared: _Prepared, route: tuple[str, str]) -> tuple[str, ...] | None:
         """The scopes the route table says the key of `prepared` lacks for `route` (method,
         path), None when it may take it (or the gate has no table); remembered: what a
@@ -767,7 +594,7 @@ class Gate:
     def reads(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """True when `headers` carry a key this gate reads: its key header, and for
         Authorization one of its schemes (Bearer, its legacy ones); not `Basic`, `Token`…"""
-        return carries_key(headers, self.header_name, self._legacy)
+        return self.reader.reads(headers)
 
     def refused(
         self,
@@ -788,12 +615,11 @@ class Gate:
             self.manager.usage_buffer.refused(record.id, exc.code)
             if self.manager.telemetry.active and exc.code in _LIMITER_CODES:
                 self.manager.telemetry.limiter(record.id, exc.code)
-        if not self._bearer:
-            exc = header_error(exc, self.header)
+        exc = self.reader.error(exc)
         if rate_headers:
             exc.headers = (*exc.headers, *rate_headers)
         return exc
 
-    def _shape(self, limit: str | None) -> _OnePolicy | _PolicySet:
-        shape = _shape_for(self.limiter, limit, self.policy_name)
+    def _shape(self, limit: str | None) -> OnePolicy | PolicySet:
+        shape = shape_for(self.limiter, limit, self.policy_name)
         return remember(self._shapes, limit, shape, 10_000)
