@@ -6,7 +6,6 @@ is the reference: every other store must answer exactly as it does.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,8 +16,11 @@ from apikeys.errors import DuplicateIdentity, IdentityNotFound
 from apikeys.identities import IdentityRecord
 from apikeys.listing import position
 from apikeys.stores import KeyStore
-from apikeys.stores.contract import IdentityStore, parse_notice
+from apikeys.stores.contract import Channel, IdentityStore, parse_notice
+from apikeys.stores.redis import RedisStore
+from apikeys.stores.sql import SQLStore
 from apikeys.types import AuditEvent, identity_subject
+from tests.stores.test_change_log import run_sql
 
 T0 = datetime(2026, 1, 31, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -200,21 +202,21 @@ class TestChanges:
 
 
 class Heard:
-    """The identity notices a store's channel delivers, as `parse_notice` names them."""
+    """The notices a store's channel delivers, by the name `parse_notice` gives them."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
         self.names: list[str] = []
-        self.arrived = asyncio.Event()
 
     def __call__(self, notice: str) -> None:
         self.names.append(parse_notice(notice)[1])
-        self.arrived.set()
 
-    async def wait_for(self, name: str) -> None:
-        async with asyncio.timeout(10):
-            while name not in self.names:
-                self.arrived.clear()
-                await self.arrived.wait()
+    async def heard(self) -> list[str]:
+        """The names heard since the last call, once every committed change has arrived
+        (`Channel.probe`)."""
+        await self.channel.probe()
+        names, self.names = self.names, []
+        return names
 
 
 @pytest.fixture
@@ -222,7 +224,7 @@ async def heard(store: KeyStore) -> AsyncIterator[Heard]:
     channel = store.channel()
     if channel is None:
         pytest.skip("the memory store has no channel: nothing to tell")
-    listener = Heard()
+    listener = Heard(channel)
     channel.bind()
     await channel.connect("reader", listener)
     try:
@@ -234,14 +236,43 @@ async def heard(store: KeyStore) -> AsyncIterator[Heard]:
 class TestNotices:
     async def test_every_write_publishes_its_notice(self, store: KeyStore, heard: Heard) -> None:
         identities = identities_of(store)
-        await identities.insert(make_identity())
-        await heard.wait_for("i:acme")
-        heard.names.clear()
 
+        await identities.insert(make_identity())
+        assert "i:acme" in await heard.heard()
         await identities.update("acme", {"name": "x"}, notice="writer:1:i:acme")
-        await heard.wait_for("i:acme")
-        heard.names.clear()
+        assert "i:acme" in await heard.heard()
         await identities.set_state(
             "acme", "disabled", allowed_from=("active",), at=T0, notice="writer:2:i:acme"
         )
-        await heard.wait_for("i:acme")
+        assert "i:acme" in await heard.heard()
+        # A change that changes nothing still publishes the notice it was given.
+        await identities.update("acme", {}, notice="writer:3:i:acme")
+        assert "i:acme" in await heard.heard()
+
+    async def test_if_another_client_writes_an_identity_then_it_is_heard(
+        self, store: KeyStore, heard: Heard
+    ) -> None:
+        # Whoever writes (CONTRACT section 3): `psql`, `sqlite3`, `redis-cli` on the row or
+        # hash of an identity reach every reader as `i:<id>`, as for a key.
+        identities = identities_of(store)
+        await identities.insert(make_identity())
+        await heard.heard()
+
+        await write_by_hand(store, "acme", "state", "disabled")
+
+        assert "i:acme" in await heard.heard()
+        got = await identities.get("acme")
+        assert got is not None
+        assert got.state == "disabled"
+
+
+async def write_by_hand(store: KeyStore, identity_id: str, field: str, value: str) -> None:
+    """Set one field of an identity as another client would: `sqlite3`, `psql`,
+    `redis-cli HSET`, with no apikeys code on the way."""
+    if isinstance(store, SQLStore):
+        table = f"{store.table.name}_identities"
+        sql = f'UPDATE "{table}" SET "{field}" = $1 WHERE id = $2'  # noqa: S608
+        await run_sql(store, sql, value, identity_id)
+        return
+    assert isinstance(store, RedisStore)
+    await store.client.hset(store.identity_name(identity_id), field, value)
