@@ -20,7 +20,16 @@ from apikeys.stores.contract import Channel, IdentityStore, parse_notice
 from apikeys.stores.redis import RedisStore
 from apikeys.stores.sql import SQLStore
 from apikeys.types import AuditEvent, identity_subject
+from tests.conftest import SCALE_OUT_STORES, STORES
 from tests.stores.test_change_log import run_sql
+
+
+@pytest.fixture(params=[*STORES, SCALE_OUT_STORES[0]])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store of the table, and the Redis store on a cluster (an identity's hash and
+    audit list share its `{i:<id>}` slot)."""
+    return str(request.param)
+
 
 T0 = datetime(2026, 1, 31, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -275,4 +284,4 @@ async def write_by_hand(store: KeyStore, identity_id: str, field: str, value: st
         await run_sql(store, sql, value, identity_id)
         return
     assert isinstance(store, RedisStore)
-    await store.client.hset(store.identity_name(identity_id), field, value)
+    await store.client.hset(store.identities().hash_name(identity_id), field, value)
