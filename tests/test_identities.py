@@ -89,8 +89,8 @@ async def test_update_and_state_changes_and_revoked_is_final(manager: KeyManager
         await manager.enable_identity("acme")
     with pytest.raises(InvalidTransition):
         await manager.update_identity("acme", name="late")
-    with pytest.raises(InvalidKeyParameters, match="not a field of an identity: workspace"):
-        await manager.update_identity("acme", workspace="w2")
+    with pytest.raises(TypeError):
+        await manager.update_identity("acme", workspace="w2")  # type: ignore[call-arg]
     with pytest.raises(IdentityNotFound):
         await manager.disable_identity("nobody")
     actions = [event.action for event in await manager.audit(workspace="w1")]

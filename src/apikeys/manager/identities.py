@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from apikeys.errors import (
     ConfigurationError,
@@ -21,7 +21,18 @@ from apikeys.policies import check_text
 from apikeys.stores.contract import IdentityStore
 from apikeys.types import ACTIVE, REVOKED, AuditAction, AuditEvent, jsonable, utcnow
 
-__all__ = ["IdentityManagement"]
+__all__ = ["KEEP", "IdentityManagement"]
+
+
+class _Keep:
+    """The default of `update_identity`'s arguments, for which None means something."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Final = _Keep()
+"""`update_identity`'s default: the field keeps its value."""
 
 _STATE_ACTIONS: dict[str, AuditAction] = {
     "disable": "identity.disabled",
@@ -100,12 +111,28 @@ class IdentityManagement(ManagerBase):
         return await self.identities.list(workspace)
 
     async def update_identity(
-        self, identity_id: str, *, actor: str | None = None, **changes: Any
+        self,
+        identity_id: str,
+        *,
+        name: str | _Keep | None = KEEP,
+        metadata: Mapping[str, Any] | _Keep | None = KEEP,
+        rate_limit: str | _Keep | None = KEEP,
+        credits: int | _Keep | None = KEEP,
+        credit_refill: str | _Keep | None = KEEP,
+        actor: str | None = None,
     ) -> IdentityRecord:
-        """Edit an identity: `name`, `metadata`, `rate_limit`, `credits`, `credit_refill`
-        (None clears one; a new refill starts now, full). Refused for a revoked identity.
-        Returns once every caching process has dropped the old record."""
+        """Edit an identity: only what is given changes; None clears a field (`metadata`
+        `{}`, `credits` unlimited); a new refill starts now, full. Refused for a revoked
+        identity. Returns once every caching process has dropped the old record."""
         before = await self.get_identity(identity_id)
+        given = {
+            "name": name,
+            "metadata": metadata,
+            "rate_limit": rate_limit,
+            "credits": credits,
+            "credit_refill": credit_refill,
+        }
+        changes = {k: v for k, v in given.items() if not isinstance(v, _Keep)}
         fields = identity_changes(changes, utcnow())
         event = self._identity_event("identity.updated", before, actor, fields) if fields else None
         record = await self._change(
