@@ -132,17 +132,17 @@ async def test_if_identity_is_unknown_elsewhere_or_revoked_then_the_key_is_refus
     await manager.revoke_identity("gone")
     key = await manager.create(name="k", workspace="w1", full_access=True)
 
-    for identity, why in [
-        ("nobody", "no such identity in workspace 'w1'"),
-        ("gone", "is revoked"),
-        ("bad id", "invalid identity"),
+    for identity, error, why in [
+        ("nobody", IdentityNotFound, "no identity with id 'nobody' in workspace 'w1'"),
+        ("gone", InvalidTransition, "cannot add a key to identity 'gone': it is revoked"),
+        ("bad id", InvalidKeyParameters, "invalid identity"),
     ]:
-        with pytest.raises(InvalidKeyParameters, match=why):
+        with pytest.raises(error, match=why):
             await manager.create(name="k", workspace="w1", full_access=True, identity=identity)
-        with pytest.raises(InvalidKeyParameters, match=why):
+        with pytest.raises(error, match=why):
             await manager.update(key.record.id, identity=identity)
     # Another workspace's identity answers as an unknown one.
-    with pytest.raises(InvalidKeyParameters, match="no such identity in workspace 'w2'"):
+    with pytest.raises(IdentityNotFound, match="no identity with id 'acme' in workspace 'w2'"):
         await manager.create(name="k", workspace="w2", full_access=True, identity="acme")
     assert len(await manager.list()) == 1
     assert (await manager.get(key.record.id)).identity is None

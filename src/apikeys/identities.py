@@ -40,6 +40,7 @@ from apikeys.types import (
 )
 
 __all__ = [
+    "EDITABLE_FIELDS",
     "IDENTITY_FIELDS",
     "IDENTITY_ID_PATTERN",
     "MAX_IDENTITY_ID_LENGTH",
@@ -167,9 +168,10 @@ and `update` derive theirs from."""
 
 _SHOWN: Final = tuple(name for one in IDENTITY_FIELDS for name in one.shown_as)
 
-EDITABLE: Final[Mapping[str, KeyField]] = MappingProxyType(
+EDITABLE_FIELDS: Final[Mapping[str, KeyField]] = MappingProxyType(
     {one.name: one for one in IDENTITY_FIELDS if one.changed_by is not None}
 )
+"""The fields an identity's create or update may set (every one the operator's), in order."""
 
 
 def _rate_limit(value: object) -> str:
@@ -202,14 +204,14 @@ def identity_changes(given: Mapping[str, object], now: datetime) -> dict[str, An
     None clears a field (`{}` for metadata, unlimited credits). A refill set now starts
     now: full, unless `credits` says otherwise. A name outside `IDENTITY_FIELDS`' editable
     fields is refused."""
-    unknown = sorted(given.keys() - EDITABLE.keys())
+    unknown = sorted(given.keys() - EDITABLE_FIELDS.keys())
     if unknown:
         raise InvalidKeyParameters(
             f"not a field of an identity: {', '.join(unknown)}; "
-            f"the fields are {', '.join(EDITABLE)}"
+            f"the fields are {', '.join(EDITABLE_FIELDS)}"
         )
     changes: dict[str, Any] = {
-        name: EDITABLE[name].empty() if value is None else _PARSERS[name](value)
+        name: EDITABLE_FIELDS[name].empty() if value is None else _PARSERS[name](value)
         for name, value in given.items()
     }
     refill = parse_refill(changes.get("credit_refill"))

@@ -11,7 +11,6 @@ from typing import Any, Final
 from apikeys.errors import (
     ConfigurationError,
     IdentityNotFound,
-    InvalidKeyParameters,
     InvalidTransition,
 )
 from apikeys.identities import IdentityRecord, check_identity_id, identity_changes
@@ -190,17 +189,19 @@ class IdentityManagement(ManagerBase):
         return record
 
     async def check_identity(self, identity_id: str, workspace: str) -> str:
-        """`identity_id` if a key of `workspace` may belong to it: it exists, in that
-        workspace, and is not revoked; else `InvalidKeyParameters` saying why."""
+        """`identity_id` if a key of `workspace` may belong to it: a valid id
+        (`InvalidKeyParameters`) of an identity of that workspace (`IdentityNotFound`: another
+        workspace's answers as an unknown one) that is not revoked (`InvalidTransition`)."""
         check_identity_id(identity_id)
         record = await self.identities.get(identity_id)
         if record is None or record.workspace != workspace:
-            # Another workspace's identity answers as an unknown one.
-            raise InvalidKeyParameters(
-                f"identity {identity_id!r}: no such identity in workspace {workspace!r}"
+            raise IdentityNotFound(
+                identity_id, f"no identity with id {identity_id!r} in workspace {workspace!r}"
             )
         if record.state == REVOKED:
-            raise InvalidKeyParameters(f"identity {identity_id!r} is revoked")
+            raise InvalidTransition(
+                identity_id, REVOKED, "add a key to", "it is revoked", subject="identity"
+            )
         return identity_id
 
     @staticmethod
