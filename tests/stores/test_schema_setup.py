@@ -215,3 +215,31 @@ def test_setup_widens_the_audit_and_change_log_columns_of_an_earlier_release(
         f"{table}_audit.action": 32,
         f"{table}_changes.notice": 128,
     }
+
+
+async def test_setup_makes_the_identities_table_of_a_store_made_before_it(tmp_path: Path) -> None:
+    # A new table, not a column change: a store whose tables an earlier release made gets
+    # it (and its change log triggers) from `setup()`, and writes to it are logged.
+    from apikeys.identities import IdentityRecord
+    from apikeys.types import utcnow
+
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    store = SQLStore(url)
+    await store.setup()
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as connection:
+        connection.execute('DROP TABLE "apikeys_keys_identities"')
+
+    store = SQLStore(url)
+    try:
+        await store.setup()
+        record = IdentityRecord(id="acme", workspace="w", state="active", created_at=utcnow())
+        await store.identities().insert(record)
+        assert await store.identities().get("acme") == record
+    finally:
+        await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as connection:
+        notices = [
+            row[0] for row in connection.execute('SELECT notice FROM "apikeys_keys_changes"')
+        ]
+    assert "store:0:i:acme" in notices
