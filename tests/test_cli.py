@@ -60,6 +60,7 @@ RECORD_FIELDS = {
     "credit_refill",
     "imported_prefix",
     "environment",
+    "identity",
 }
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 

@@ -37,7 +37,15 @@ from apikeys.ui.forms import iso
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-OPERATOR_FIELDS = ("rate_limit", "credits", "credit_refill", "allowed_ips", "owner", "metadata")
+OPERATOR_FIELDS = (
+    "rate_limit",
+    "credits",
+    "credit_refill",
+    "allowed_ips",
+    "owner",
+    "metadata",
+    "identity",
+)
 WORKSPACE_FIELDS = ("name", "access", "scopes", "expires_at")
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -70,6 +78,7 @@ VALUES: dict[str, object] = {
     "allowed_ips": (),
     "owner": "user_1",
     "metadata": {"plan": "enterprise"},
+    "identity": "acme",
 }
 
 

@@ -51,6 +51,7 @@ CREATE TABLE apikeys_keys (
     credits_refilled_at TIMESTAMP WITH TIME ZONE,
     imported_prefix VARCHAR(64),
     environment VARCHAR(16) DEFAULT 'live' NOT NULL,
+    identity VARCHAR(64),
     PRIMARY KEY (id)
 )
 """
@@ -80,6 +81,7 @@ CREATE TABLE apikeys_keys (
     credits_refilled_at DATETIME,
     imported_prefix VARCHAR(64),
     environment VARCHAR(16) DEFAULT 'live' NOT NULL,
+    identity VARCHAR(64),
     PRIMARY KEY (id)
 )
 """
@@ -178,6 +180,7 @@ def test_to_dict_shows_the_contract_fields_in_their_order() -> None:
         "credit_refill",
         "imported_prefix",
         "environment",
+        "identity",
     ]
     data = _record().to_dict()
     assert data["created_at"] == "2026-01-01T12:00:00.123456Z"

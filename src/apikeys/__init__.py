@@ -15,8 +15,10 @@ from apikeys.errors import (
     ConfigurationError,
     CreditsExhausted,
     DeliveryInProgress,
+    DuplicateIdentity,
     DuplicateKeyId,
     ForbiddenField,
+    IdentityNotFound,
     InsufficientScope,
     InvalidAPIKey,
     InvalidKeyParameters,
@@ -43,6 +45,7 @@ from apikeys.errors import (
     WebhookTargetRefused,
 )
 from apikeys.hashing import Hasher, slow_context
+from apikeys.identities import IdentityRecord
 from apikeys.keys import ParsedKey, generate_key, parse_key
 from apikeys.lifecycle import check_usable
 from apikeys.listing import KeyFilter, KeyPage
@@ -60,7 +63,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
-from apikeys.stores.contract import Channel, ChannelError
+from apikeys.stores.contract import Channel, ChannelError, IdentityStore
 from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
@@ -80,11 +83,15 @@ __all__ = [
     "CreatedKey",
     "CreditsExhausted",
     "DeliveryInProgress",
+    "DuplicateIdentity",
     "DuplicateKeyId",
     "ForbiddenField",
     "GrantedScopes",
     "Hasher",
     "IPNotAllowed",
+    "IdentityNotFound",
+    "IdentityRecord",
+    "IdentityStore",
     "InsufficientScope",
     "InvalidAPIKey",
     "InvalidKeyParameters",

@@ -5,8 +5,10 @@ APIKeyError                       root of everything apikeys raises
 ├── ConfigurationError            bad settings: unknown store scheme, missing extra, bad pepper
 ├── InvalidKeyParameters          bad arguments to create / roll (scope, rate limit, expiry)
 ├── KeyNotFound                   a management call named an id the store does not hold
+│   └── IdentityNotFound          … an identity's id
 ├── InvalidTransition             a state change the key's state forbids (enable a revoked key)
 ├── DuplicateKeyId                a store refused an id it already holds
+│   └── DuplicateIdentity         … an identity's id
 ├── DeliveryInProgress            a webhook delivery cannot be replayed while it is being sent
 ├── WebhookTargetRefused          a webhook URL is, or resolves to, an internal address
 └── RequestRefused                an HTTP request is refused; carries `status` and `code`
@@ -53,9 +55,11 @@ __all__ = [
     "ConfigurationError",
     "CreditsExhausted",
     "DeliveryInProgress",
+    "DuplicateIdentity",
     "DuplicateKeyId",
     "ForbiddenField",
     "IPNotAllowed",
+    "IdentityNotFound",
     "InsufficientScope",
     "InvalidAPIKey",
     "InvalidKeyParameters",
@@ -102,11 +106,27 @@ class KeyNotFound(APIKeyError, LookupError):
         self.key_id = key_id
 
 
-class InvalidTransition(APIKeyError):
-    """The key's current state does not allow the requested change."""
+class IdentityNotFound(KeyNotFound):
+    """No identity with this id exists in the store (or in the workspace asked about)."""
 
-    def __init__(self, key_id: str, status: str, action: str, why: str | None = None) -> None:
-        super().__init__(f"cannot {action} API key {key_id!r}: {why or f'it is {status}'}")
+    def __init__(self, identity_id: str, why: str | None = None) -> None:
+        APIKeyError.__init__(self, why or f"no identity with id {identity_id!r}")
+        self.key_id = identity_id
+
+
+class InvalidTransition(APIKeyError):
+    """The key's (or identity's) current state does not allow the requested change."""
+
+    def __init__(
+        self,
+        key_id: str,
+        status: str,
+        action: str,
+        why: str | None = None,
+        *,
+        subject: str = "API key",
+    ) -> None:
+        super().__init__(f"cannot {action} {subject} {key_id!r}: {why or f'it is {status}'}")
         self.key_id = key_id
         self.status = status
         self.action = action
@@ -115,6 +135,14 @@ class InvalidTransition(APIKeyError):
 
 class DuplicateKeyId(APIKeyError):
     """The store already holds a key with this id."""
+
+
+class DuplicateIdentity(DuplicateKeyId):
+    """The store already holds an identity with this id."""
+
+    def __init__(self, identity_id: str) -> None:
+        super().__init__(f"an identity with id {identity_id!r} exists already")
+        self.identity_id = identity_id
 
 
 class DeliveryInProgress(APIKeyError):

@@ -26,9 +26,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final, get_args
+from typing import Final, Protocol, get_args
 
 from apikeys.errors import InvalidKeyParameters
+from apikeys.identities import check_identity_id
 from apikeys.policies import check_owner, check_text
 from apikeys.types import ENVIRONMENTS, Environment, KeyRecord, Status
 
@@ -39,6 +40,7 @@ __all__ = [
     "KeyFilter",
     "KeyPage",
     "Position",
+    "Sorted",
     "after",
     "check_page_size",
     "decode_cursor",
@@ -57,6 +59,17 @@ STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 Position = tuple[datetime, str]
 """Where a key sorts: its `(created_at, id)`."""
 
+
+class Sorted(Protocol):
+    """What a listing sorts by: a key's or an identity's `(created_at, id)`."""
+
+    @property
+    def created_at(self) -> datetime: ...
+
+    @property
+    def id(self) -> str: ...
+
+
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _VERSION: Final = "1"
 # Ids are base62 (12 characters) for keys made here; imported ones may differ, so any
@@ -73,6 +86,7 @@ class KeyFilter:
     owner: str | None = None
     status: Status | None = None
     environment: Environment | None = None
+    identity: str | None = None
 
     def __post_init__(self) -> None:
         # Text no store can hold (a lone surrogate from bytes that were not UTF-8, a control
@@ -85,6 +99,8 @@ class KeyFilter:
             raise InvalidKeyParameters(
                 f"invalid status {self.status!r}: one of {', '.join(STATUSES)}"
             )
+        if self.identity is not None:
+            check_identity_id(self.identity)
         if self.environment is not None and self.environment not in ENVIRONMENTS:
             raise InvalidKeyParameters(
                 f"invalid environment {str(self.environment)[:20]!r}: "
@@ -94,7 +110,12 @@ class KeyFilter:
     @property
     def narrowed(self) -> bool:
         """Whether it leaves out keys of its workspace (or of all workspaces)."""
-        return self.owner is not None or self.status is not None or self.environment is not None
+        return (
+            self.owner is not None
+            or self.status is not None
+            or self.environment is not None
+            or self.identity is not None
+        )
 
     def matches(self, record: KeyRecord, now: datetime) -> bool:
         """Whether `record` passes the filter; `expired` is decided at `now`."""
@@ -103,6 +124,7 @@ class KeyFilter:
             and (self.owner is None or record.owner == self.owner)
             and (self.status is None or record.status_at(now) == self.status)
             and (self.environment is None or record.environment == self.environment)
+            and (self.identity is None or record.identity == self.identity)
         )
 
 
@@ -115,12 +137,12 @@ class KeyPage:
     next_cursor: str | None
 
 
-def position(record: KeyRecord) -> Position:
+def position(record: Sorted) -> Position:
     """Where `record` sorts in every listing."""
     return record.created_at, record.id
 
 
-def after(record: KeyRecord, start: Position | None) -> bool:
+def after(record: Sorted, start: Position | None) -> bool:
     """Whether `record` sorts after `start` (everything does when `start` is None)."""
     return start is None or (_micros(record.created_at), record.id) > (
         _micros(start[0]),

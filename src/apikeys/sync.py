@@ -321,6 +321,14 @@ class KeyManager:
     flush = _Blocking(AsyncKeyManager.flush)
     import_lookup_secret = _Blocking(AsyncKeyManager.import_lookup_secret)
     add_imported = _Blocking(AsyncKeyManager.add_imported)
+    create_identity = _Blocking(AsyncKeyManager.create_identity)
+    get_identity = _Blocking(AsyncKeyManager.get_identity)
+    list_identities = _Blocking(AsyncKeyManager.list_identities)
+    update_identity = _Blocking(AsyncKeyManager.update_identity)
+    disable_identity = _Blocking(AsyncKeyManager.disable_identity)
+    enable_identity = _Blocking(AsyncKeyManager.enable_identity)
+    revoke_identity = _Blocking(AsyncKeyManager.revoke_identity)
+    check_identity = _Blocking(AsyncKeyManager.check_identity)
 
     def iter_keys(
         self,

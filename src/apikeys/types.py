@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from datetime import UTC, date, datetime
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 __all__ = [
     "ACTIVE",
@@ -32,7 +32,11 @@ __all__ = [
     "Status",
     "StoredKey",
     "UsageDelta",
+    "declare",
+    "field_table",
+    "identity_subject",
     "isoformat",
+    "json_value",
     "jsonable",
     "utcnow",
 ]
@@ -110,7 +114,8 @@ _MISSING: Any = _NoDefault()
 
 @dataclass(frozen=True, slots=True)
 class KeyField:
-    """One field of `KeyRecord` as `RECORD_FIELDS` declares it.
+    """One field of a record as its table declares it: of `KeyRecord` (`RECORD_FIELDS`) or
+    of `IdentityRecord` (`apikeys.identities.IDENTITY_FIELDS`).
 
     `changed_by` says who may set it through `create`/`update` (None: nobody, apikeys
     keeps it); `kind`, `required` and `size` say how it is stored (`required`: always
@@ -146,7 +151,7 @@ class KeyField:
         return None
 
 
-def _declare(
+def declare(
     kind: Kind,
     description: str,
     changed_by: Role | None = None,
@@ -156,7 +161,8 @@ def _declare(
     shared: bool = False,
     shown_as: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """A field's entry of `RECORD_FIELDS`, as the `metadata` of its dataclass field."""
+    """A field's entry of its record's field table (`RECORD_FIELDS`, `IDENTITY_FIELDS`), as
+    the `metadata` of its dataclass field; `field_table` reads them back."""
     return {
         "apikeys": {
             "kind": kind,
@@ -182,20 +188,18 @@ class KeyRecord:
     here: stores, events, `to_dict` and `update` derive from it.
     """
 
-    id: str = field(metadata=_declare(Kind.TEXT, "the key's id", required=True, size=12))
-    name: str = field(
-        metadata=_declare(Kind.TEXT, "the key's label", Role.WORKSPACE, required=True)
-    )
+    id: str = field(metadata=declare(Kind.TEXT, "the key's id", required=True, size=12))
+    name: str = field(metadata=declare(Kind.TEXT, "the key's label", Role.WORKSPACE, required=True))
     workspace: str = field(
-        metadata=_declare(Kind.TEXT, "the workspace it belongs to", required=True, shared=True)
+        metadata=declare(Kind.TEXT, "the workspace it belongs to", required=True, shared=True)
     )
     prefix: str = field(
-        metadata=_declare(Kind.TEXT, "the masked display form, `ak_live_<id>_…`", required=True)
+        metadata=declare(Kind.TEXT, "the masked display form, `ak_live_<id>_…`", required=True)
     )
     """The masked display form, `ak_live_<id>_…` (`ak_<id>_…` for a key made before
     environments existed)."""
     access: Access = field(
-        metadata=_declare(
+        metadata=declare(
             Kind.TEXT,
             "full access, or restricted to its scopes",
             Role.WORKSPACE,
@@ -205,7 +209,7 @@ class KeyRecord:
         )
     )
     scopes: tuple[str, ...] = field(
-        metadata=_declare(
+        metadata=declare(
             Kind.NAMES,
             "what a restricted key may do; never beyond the caller's own key's",
             Role.WORKSPACE,
@@ -213,7 +217,7 @@ class KeyRecord:
         )
     )
     state: StoredState = field(
-        metadata=_declare(
+        metadata=declare(
             Kind.TEXT,
             "active, disabled or revoked",
             required=True,
@@ -223,7 +227,7 @@ class KeyRecord:
         )
     )
     rate_limit: str | None = field(
-        metadata=_declare(
+        metadata=declare(
             Kind.TEXT,
             "requests per period, one or more policies",
             Role.OPERATOR,
@@ -231,70 +235,70 @@ class KeyRecord:
             shown_as=("rate_limit", "rate_limits"),
         )
     )
-    created_at: datetime = field(metadata=_declare(Kind.TIME, "when it was made", required=True))
+    created_at: datetime = field(metadata=declare(Kind.TIME, "when it was made", required=True))
     expires_at: datetime | None = field(
         default=None,
-        metadata=_declare(
+        metadata=declare(
             Kind.TIME, "when the key stops working; never later than it is now", Role.WORKSPACE
         ),
     )
     last_used_at: datetime | None = field(
-        default=None, metadata=_declare(Kind.TIME, "its latest request")
+        default=None, metadata=declare(Kind.TIME, "its latest request")
     )
     request_count: int = field(
-        default=0, metadata=_declare(Kind.COUNT, "requests it authenticated", required=True)
+        default=0, metadata=declare(Kind.COUNT, "requests it authenticated", required=True)
     )
     revoked_at: datetime | None = field(
-        default=None, metadata=_declare(Kind.TIME, "when it was revoked")
+        default=None, metadata=declare(Kind.TIME, "when it was revoked")
     )
     replaces: str | None = field(
-        default=None, metadata=_declare(Kind.TEXT, "the key it replaces", size=12)
+        default=None, metadata=declare(Kind.TEXT, "the key it replaces", size=12)
     )
     """For a key made by `roll`: the id of the key it replaces."""
     replaced_by: str | None = field(
-        default=None, metadata=_declare(Kind.TEXT, "the key that replaces it", size=12)
+        default=None, metadata=declare(Kind.TEXT, "the key that replaces it", size=12)
     )
     """For a rolled key: the id of the key that replaces it."""
     owner: str | None = field(
-        default=None, metadata=_declare(Kind.TEXT, "who the key is for", Role.OPERATOR)
+        default=None, metadata=declare(Kind.TEXT, "who the key is for", Role.OPERATOR)
     )
     """Who the key is for (a user id, an e-mail address): the application's to set."""
     metadata: Mapping[str, Any] = field(
         default_factory=dict,
         hash=False,
-        metadata=_declare(Kind.OBJECT, "the application's data about the key", Role.OPERATOR),
+        metadata=declare(Kind.OBJECT, "the application's data about the key", Role.OPERATOR),
     )
     """A JSON object of the application's (at most 4 KiB). Not secret: never put one here."""
     allowed_ips: tuple[str, ...] = field(
         default=(),
-        metadata=_declare(Kind.NAMES, "the addresses the key may be used from", Role.OPERATOR),
+        metadata=declare(Kind.NAMES, "the addresses the key may be used from", Role.OPERATOR),
     )
     """CIDR ranges the key may be used from; empty: any address."""
     credits: int | None = field(
-        default=None, metadata=_declare(Kind.COUNT, "uses left", Role.OPERATOR)
+        default=None, metadata=declare(Kind.COUNT, "uses left", Role.OPERATOR)
     )
     """Uses left (spent one per admitted request); None: unlimited."""
     credit_refill: str | None = field(
         default=None,
-        metadata=_declare(
+        metadata=declare(
             Kind.TEXT, "the credits set back each day or month", Role.OPERATOR, size=32, shared=True
         ),
     )
     """`"1000/day"` or `"5000/month"`: credits are set back to that amount each UTC period."""
     credits_refilled_at: datetime | None = field(
         default=None,
-        metadata=_declare(Kind.TIME, "the start of the period last refilled for", shown_as=()),
+        metadata=declare(Kind.TIME, "the start of the period last refilled for", shown_as=()),
     )
     """The start of the period the credits were last refilled for."""
     imported_prefix: str | None = field(
         default=None,
-        metadata=_declare(Kind.TEXT, "the old system's prefix of an imported key", size=64),
+        metadata=declare(Kind.TEXT, "the old system's prefix of an imported key", size=64),
     )
     """An imported key's prefix in the system it came from (djangorestframework-api-key's
     `Pb7xKq2M` of `Pb7xKq2M.…`), kept to find it by; None for keys made here."""
     environment: Environment = field(
         default=LIVE,
-        metadata=_declare(
+        metadata=declare(
             Kind.TEXT,
             "live or test, fixed when the key is made",
             required=True,
@@ -305,6 +309,14 @@ class KeyRecord:
     """`live` or `test`: set when the key is made (`create(environment=…)`), never changed,
     and shown in its prefix (`ak_live_…`, `ak_test_…`). Keys made before environments
     existed (`ak_…`) are live."""
+    identity: str | None = field(
+        default=None,
+        metadata=declare(
+            Kind.TEXT, "the identity the key belongs to", Role.OPERATOR, size=64, shared=True
+        ),
+    )
+    """The id of the identity (`apikeys.identities.IdentityRecord`) the key belongs to, in
+    its workspace; None for a key of no identity. The operator's to set and change."""
 
     @property
     def key_prefix(self) -> str:
@@ -355,7 +367,7 @@ class KeyRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready data, with the field names of the contract."""
-        return {name: _json_value(getattr(self, name)) for name in _SHOWN}
+        return {name: json_value(getattr(self, name)) for name in _SHOWN}
 
     def with_usage(self, count: int, last_used_at: datetime | None) -> KeyRecord:
         """This record with `count` more requests and a later `last_used_at`, if any."""
@@ -375,7 +387,7 @@ class StoredKey:
     secret_hash: str = field(repr=False)
 
 
-def _key_field(declared: Field[Any]) -> KeyField:
+def _table_field(declared: Field[Any]) -> KeyField:
     spec = dict(declared.metadata["apikeys"])
     if spec["shown_as"] is None:
         spec["shown_as"] = (declared.name,)
@@ -388,14 +400,22 @@ def _key_field(declared: Field[Any]) -> KeyField:
     )
 
 
-RECORD_FIELDS: tuple[KeyField, ...] = tuple(_key_field(one) for one in fields(KeyRecord))
+def field_table(record_class: type[Any]) -> tuple[KeyField, ...]:
+    """The field table of a record dataclass whose fields are each made with `declare`: a
+    `KeyField` per field, in order."""
+    return tuple(_table_field(one) for one in fields(record_class))
+
+
+RECORD_FIELDS: tuple[KeyField, ...] = field_table(KeyRecord)
 """Every field of `KeyRecord`, in its order: the one declaration stores, events, `to_dict`,
 the CLI, the page and `update` derive theirs from."""
 
 _SHOWN: tuple[str, ...] = tuple(name for one in RECORD_FIELDS for name in one.shown_as)
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A record field's value as JSON-ready data: times as ISO 8601 with `Z`, tuples as
+    lists, mappings as dicts."""
     if isinstance(value, datetime):
         return isoformat(value)
     if isinstance(value, tuple):
@@ -415,26 +435,49 @@ AuditAction = Literal[
     "revoked",
     "rehashed",
     "leak_revoked",
+    "identity.created",
+    "identity.updated",
+    "identity.disabled",
+    "identity.enabled",
+    "identity.revoked",
 ]
 AUDIT_ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
+
+_IDENTITY_SUBJECT: Final = "i:"
+
+
+def identity_subject(identity_id: str) -> str:
+    """The name of identity `identity_id` where keys are named by their id: `i:<id>`, in
+    its audit events' `key_id`, its notices and the key cache (key ids never hold `:`)."""
+    return _IDENTITY_SUBJECT + identity_id
 
 
 @dataclass(frozen=True, slots=True)
 class AuditEvent:
-    """One change to a key, as the audit trail keeps it: never a secret, never a hash.
+    """One change to a key or an identity, as the audit trail keeps it: never a secret,
+    never a hash.
 
     A store writes it in the same transaction (or script) as the change it records, and
-    only when the change happened.
+    only when the change happened. An identity's events have an `identity.*` action and
+    `key_id` `i:<identity id>` (`identity_subject`; `identity` gives the id back).
     """
 
     time: datetime
     key_id: str
+    """The key's id, or `i:<identity id>` for an identity's event."""
     workspace: str
     action: AuditAction
     actor: str | None
     """Who made the change: a user, `cli:<os user>`, `github-secret-scanning`, or None."""
     changes: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """What changed: field names and their new values."""
+
+    @property
+    def identity(self) -> str | None:
+        """The identity's id for an identity's event, else None."""
+        if self.key_id.startswith(_IDENTITY_SUBJECT):
+            return self.key_id[len(_IDENTITY_SUBJECT) :]
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """The event as JSON-ready data (CONTRACT section 9)."""

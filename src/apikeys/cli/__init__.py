@@ -7,6 +7,8 @@ apikeys roll 3xK9pQ2mZ7aB --grace 24h
 apikeys revoke 3xK9pQ2mZ7aB --yes
 apikeys scan . --revoke
 apikeys import --from drf-api-key postgresql://localhost/django --full-access
+apikeys identities create acme --workspace acme --rate-limit 1000/hour
+apikeys create --name Zapier --workspace acme --full-access --identity acme
 ```
 
 The store is `--store URL` or `APIKEYS_STORE_URL` (default `sqlite:///apikeys.db`, the one
@@ -22,7 +24,16 @@ output shows the masked form `ak_<id>_…`.
 
 from __future__ import annotations
 
-from apikeys.cli import audit, importing, keys, migration, scan, usage, webhooks  # noqa: F401 - importing them adds their commands
+from apikeys.cli import (  # noqa: F401 - importing them adds their commands
+    audit,
+    identities,
+    importing,
+    keys,
+    migration,
+    scan,
+    usage,
+    webhooks,
+)
 from apikeys.cli.common import main
 
 __all__ = ["main"]

@@ -15,8 +15,9 @@ from apikeys.cli.common import (
     run_with_manager,
     table_lines,
 )
+from apikeys.cli.identities import identity_id_callback
 from apikeys.manager import KeyManager
-from apikeys.types import AuditEvent, utcnow
+from apikeys.types import AuditEvent, identity_subject, utcnow
 
 __all__: list[str] = []
 
@@ -29,6 +30,13 @@ def _changes_text(event: AuditEvent, limit: int = 60) -> str:
 @main.command()
 @click.option("--workspace", default=None, help="Only this workspace's keys (default: all).")
 @click.option("--key", "key_id", default=None, metavar="ID", help="Only this key's events.")
+@click.option(
+    "--identity",
+    default=None,
+    metavar="ID",
+    callback=identity_id_callback,
+    help="Only this identity's events (identity.created, identity.disabled, …).",
+)
 @click.option(
     "--since",
     callback=duration_callback(),
@@ -48,16 +56,23 @@ def audit(
     ctx: click.Context,
     workspace: str | None,
     key_id: str | None,
+    identity: str | None,
     since: timedelta | None,
     limit: int,
     as_json: bool,
 ) -> None:
-    """Show the audit trail: every change to a key, oldest first, with who made it.
+    """Show the audit trail: every change to a key or an identity, oldest first, with who
+    made it.
 
-    Events are created, imported, updated, disabled, enabled, rolled, revoked, rehashed
-    and leak_revoked. They never hold a secret or a hash.
+    Events of keys are created, imported, updated, disabled, enabled, rolled, revoked,
+    rehashed and leak_revoked; of identities (key i:<id>), identity.created, .updated,
+    .disabled, .enabled and .revoked. They never hold a secret or a hash.
     """
+    if key_id is not None and identity is not None:
+        raise click.UsageError("--key and --identity exclude each other", ctx)
     wanted = key_id_of(key_id) if key_id is not None else None
+    if identity is not None:
+        wanted = identity_subject(identity)
     start = utcnow() - since if since is not None else None
 
     async def work(manager: KeyManager) -> list[AuditEvent]:

@@ -467,6 +467,8 @@ def summary_lines(record: KeyRecord) -> list[str]:
         rows.append(("credits", f"{record.credits}{refill}"))
     if record.imported_prefix is not None:
         rows.append(("old prefix", record.imported_prefix))
+    if record.identity is not None:
+        rows.append(("identity", record.identity))
     width = max(len(label) for label, _ in rows) + 2
     return [f"{label + ':':<{width}}{value}" for label, value in rows]
 

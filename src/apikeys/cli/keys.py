@@ -29,6 +29,7 @@ from apikeys.cli.common import (
     summary_lines,
     table_lines,
 )
+from apikeys.cli.identities import identity_option
 from apikeys.durations import format_duration
 from apikeys.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, STATUSES, KeyPage
 from apikeys.manager import KeyManager
@@ -68,6 +69,7 @@ __all__: list[str] = []
     show_default=True,
     help="A live key (ak_live_…) or a test key (ak_test_…); it never changes.",
 )
+@identity_option("Make it a key of this identity of its workspace (apikeys identities).")
 @actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: key and record.")
 @click.pass_context
@@ -81,6 +83,7 @@ def create(
     rate_limit: str | None,
     expires_in: timedelta | None,
     environment: Environment,
+    identity: str | None,
     actor: str | None,
     as_json: bool,
     **policies: Any,
@@ -102,6 +105,7 @@ def create(
             rate_limit=rate_limit,
             expires_in=expires_in,
             environment=environment,
+            identity=identity,
             actor=actor_of(actor),
             **policy,
         )
@@ -166,6 +170,8 @@ def _warn_if_unconfirmed(created: CreatedKey) -> None:
 )
 @click.option("--no-expiry", is_flag=True, help="Make the key never expire.")
 @policy_options(editing=True)
+@identity_option("Move the key to this identity of its workspace.")
+@click.option("--no-identity", is_flag=True, help="Take the key out of its identity.")
 @actor_option
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
 @click.pass_context
@@ -180,12 +186,14 @@ def update(
     default_rate_limit: bool,
     expires_in: timedelta | None,
     no_expiry: bool,
+    identity: str | None,
+    no_identity: bool,
     actor: str | None,
     as_json: bool,
     **policies: Any,
 ) -> None:
     """Edit a key: its name, scopes or full access, rate limit, expiry, and its policies:
-    owner, metadata, allowed addresses, credits.
+    owner, metadata, allowed addresses, credits, identity.
 
     Only what is given changes. Narrowing a key (fewer scopes, a sooner expiry) holds for
     its very next request, in every process. A revoked key cannot be edited.
@@ -195,6 +203,7 @@ def update(
         (full_access, scopes, "--full-access", "--scope"),
         (rate_limit, default_rate_limit, "--rate-limit", "--default-rate-limit"),
         (expires_in, no_expiry, "--expires-in", "--no-expiry"),
+        (identity, no_identity, "--identity", "--no-identity"),
     ):
         if first and second:
             raise click.UsageError(f"{a} and {b} exclude each other", ctx)
@@ -211,6 +220,8 @@ def update(
         options["expires_in"] = expires_in
     if no_expiry:
         options["expires_at"] = None
+    if identity is not None or no_identity:
+        options["identity"] = identity
     options.update(policy_changes(ctx, policies, editing=True))
     if not options:
         raise click.UsageError("say what to change: --name, --scope, --rate-limit, …", ctx)
@@ -242,6 +253,7 @@ def update(
     default=None,
     help="Only live keys, or only test keys (default: both).",
 )
+@identity_option("Only the keys of this identity.")
 @click.option(
     "--limit",
     type=click.IntRange(1, MAX_PAGE_SIZE),
@@ -266,6 +278,7 @@ def list_keys(
     owner: str | None,
     status: Status | None,
     environment: Environment | None,
+    identity: str | None,
     limit: int | None,
     cursor: str | None,
     as_json: bool,
@@ -285,9 +298,12 @@ def list_keys(
                 limit=limit or DEFAULT_PAGE_SIZE,
                 cursor=cursor,
                 environment=environment,
+                identity=identity,
             )
         return KeyPage(
-            await manager.list(workspace, owner=owner, status=status, environment=environment),
+            await manager.list(
+                workspace, owner=owner, status=status, environment=environment, identity=identity
+            ),
             None,
         )
 
@@ -300,6 +316,7 @@ def list_keys(
     if not records:
         where = f" in workspace {workspace!r}" if workspace is not None else ""
         whose = f" of owner {owner!r}" if owner is not None else ""
+        whose += f" of identity {identity!r}" if identity is not None else ""
         which = "".join(f" {word}" for word in (status, environment) if word is not None)
         more = " on this page" if paged else ""
         click.echo(f"No{which} API keys{whose}{where}{more}.")

@@ -23,6 +23,7 @@ from apikeys.keys import (
 )
 from apikeys.lifecycle import TRANSITIONS, refusal
 from apikeys.manager.construction import logger
+from apikeys.manager.identities import IdentityManagement
 from apikeys.manager.reading import KeyReading
 from apikeys.policies import POLICY_PARSERS, check_text, parse_refill, policy_fields
 from apikeys.ratelimit import format_policies, parse_policies
@@ -144,7 +145,7 @@ def _expiry(
     return expires_at
 
 
-class KeyChanges(KeyReading):
+class KeyChanges(KeyReading, IdentityManagement):
     """The changes a `KeyManager` makes: each one written with its audit event, announced,
     and seen by every process on its next request."""
 
@@ -165,9 +166,13 @@ class KeyChanges(KeyReading):
         credits: int | None = None,
         credit_refill: str | None = None,
         environment: Environment = LIVE,
+        identity: str | None = None,
         actor: str | None = None,
     ) -> CreatedKey:
         """Create a key. The returned `CreatedKey.key` is the only time the key is shown.
+
+        `identity` makes it one of that identity's keys (`create_identity`): one that
+        exists in `workspace` and is not revoked, else `InvalidKeyParameters`.
 
         `environment` is `live` (the default) or `test`: the key's token starts with it
         (`ak_live_…`, `ak_test_…`), the application reads it as
@@ -211,6 +216,8 @@ class KeyChanges(KeyReading):
         if refill is not None:
             policy.setdefault("credits", refill.amount)
             policy["credits_refilled_at"] = refill.period_start(now)
+        if identity is not None:
+            policy["identity"] = await self.check_identity(identity, workspace)
         return await self._issue(
             name=name,
             workspace=workspace,
@@ -423,11 +430,13 @@ class KeyChanges(KeyReading):
         allowed_ips: Iterable[str] | _Unset | None = UNSET,
         credits: int | _Unset | None = UNSET,
         credit_refill: str | _Unset | None = UNSET,
+        identity: str | _Unset | None = UNSET,
         actor: str | None = None,
     ) -> KeyRecord:
         """Edit a key: its name, access and scopes, rate limit or expiry, and its policies
         (None clears `owner`, `metadata`, `allowed_ips` and `credit_refill`, and makes
-        `credits` unlimited). Refused when revoked.
+        `credits` unlimited). Refused when revoked. `identity` moves the key to another
+        identity of its workspace (not a revoked one), or out of any (None).
 
         Only what is given changes. `scopes=[…]` makes the key restricted to those scopes;
         `full_access=True` gives it every scope; `rate_limit=None` returns it to the
@@ -445,6 +454,8 @@ class KeyChanges(KeyReading):
         changes.update(_policy_changes(policies))
         if _BALANCE_FIELDS & changes.keys():
             await self._check_own_balance(key_id, changes)
+        if not isinstance(identity, _Unset):
+            changes["identity"] = await self._identity_change(key_id, identity)
         _start_refill(changes, utcnow())
         # An update that changes nothing is no event on any store (nor a webhook).
         event = await self._event("updated", key_id, actor, changes) if changes else None
@@ -459,6 +470,15 @@ class KeyChanges(KeyReading):
             await self._share_with_predecessors(record, actor)
         # As `get` shows it: a rolled key with the balance it spends from, its successor's.
         return self.usage_buffer.apply(await self._shared_credits(record, {}))
+
+    async def _identity_change(self, key_id: str, identity: str | None) -> str | None:
+        """The identity `update` moves the key to, checked in the key's workspace."""
+        if identity is None:
+            return None
+        stored = await self.store.get(key_id)
+        if stored is None:
+            raise KeyNotFound(key_id)
+        return await self.check_identity(identity, stored.record.workspace)
 
     async def _share_with_predecessors(self, record: KeyRecord, actor: str | None) -> None:
         """Copy `record`'s credit settings to the keys it replaces, which spend its balance:
@@ -564,6 +584,7 @@ class KeyChanges(KeyReading):
                 # key's credits once the old key spends from it (below).
                 "credits": None if old.credits is None else 0,
                 "credits_refilled_at": old.credits_refilled_at,
+                "identity": old.identity,
             },
             environment=old.environment,
             actor=actor,

@@ -55,15 +55,16 @@ class KeyReading(ManagerBase):
         owner: str | None = None,
         status: Status | None = None,
         environment: Environment | None = None,
+        identity: str | None = None,
     ) -> list[KeyRecord]:
         """Every record of `workspace` (or of all workspaces), oldest first, in one read;
-        `owner`, `status` and `environment` keep only the keys with that owner, status and
-        environment (`live` or `test`).
+        `owner`, `status`, `environment` and `identity` keep only the keys with that owner,
+        status, environment (`live` or `test`) and identity (its id).
 
         For many keys, read them a page at a time: `list_page`, or `iter_keys`.
         """
         self._use()
-        where = KeyFilter(workspace, owner, status, environment)
+        where = KeyFilter(workspace, owner, status, environment, identity)
         now = utcnow()
         records = await self.store.list(workspace)
         by_id = {record.id: record for record in records}
@@ -82,6 +83,7 @@ class KeyReading(ManagerBase):
         limit: int = DEFAULT_PAGE_SIZE,
         cursor: str | None = None,
         environment: Environment | None = None,
+        identity: str | None = None,
     ) -> KeyPage:
         """One page of the records that match, oldest first (by `created_at`, then id).
 
@@ -92,7 +94,7 @@ class KeyReading(ManagerBase):
         pages guarantees while keys change is in `apikeys.listing`.
         """
         self._use()
-        where = KeyFilter(workspace, owner, status, environment)
+        where = KeyFilter(workspace, owner, status, environment, identity)
         size = check_page_size(limit)
         start = None if cursor is None else decode_cursor(cursor)
         found = await self.store.list_page(where, start=start, limit=size + 1, now=utcnow())

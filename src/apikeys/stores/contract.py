@@ -1,4 +1,5 @@
-"""The contract every backend implements: `KeyStore`, `WebhookStore` and `Channel`.
+"""The contract every backend implements: `KeyStore`, `IdentityStore`, `WebhookStore` and
+`Channel`.
 
 A backend is one folder (`apikeys.stores.memory`, `.sql`, `.redis`) holding its key store,
 its webhook store, its change channel and its scripts; this module is all they share with
@@ -43,6 +44,7 @@ from apikeys.listing import KeyFilter, Position, after
 from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
+    from apikeys.identities import IdentityRecord
     from apikeys.webhooks.model import Claimed, Delivery, DeliveryStatus, Endpoint, Timed
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "USAGE_BATCH_RETENTION",
     "Channel",
     "ChannelError",
+    "IdentityStore",
     "KeyStore",
     "WebhookStore",
     "parse_notice",
@@ -120,6 +123,13 @@ class KeyStore(abc.ABC):
     def webhooks(self) -> WebhookStore | None:
         """Where this store keeps webhook endpoints and deliveries; None when it keeps none
         (then no webhook is sent: the default, so a store of your own works unchanged)."""
+        return None
+
+    def identities(self) -> IdentityStore | None:
+        """Where this store keeps identities (`apikeys.identities`), beside its keys and in
+        the same transactions' reach; None when it keeps none (the default, so a store of
+        your own works unchanged; `KeyManager`'s identity calls then raise
+        `ConfigurationError`)."""
         return None
 
     async def setup(self) -> None:  # noqa: B027 - optional hook with a sensible default
@@ -389,6 +399,85 @@ class KeyStore(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook with a sensible default
         """Release connections. The store is not used afterwards."""
+
+
+class IdentityStore(abc.ABC):
+    """The identity side of a store: `IdentityRecord`s by id, and their changes.
+
+    The guarantees of `KeyStore` hold here as well: a write is seen by every later `get` in
+    every process; each change is atomic, with its audit event (an `identity.*` action,
+    `key_id` `i:<id>`, kept in the store's one audit trail, so `KeyStore.audit` returns it)
+    written in the same transaction or script, and only when the change happened; and a
+    store with a channel publishes the change's `notice` with it. Whoever writes: a plain
+    SQL `UPDATE` of an identity's row, or any client's write to its Redis hash, reaches the
+    channel too, as the notice `…:i:<id>`, as for keys. Failures raise `StoreUnavailable`.
+    """
+
+    @abc.abstractmethod
+    async def insert(self, record: IdentityRecord, *, event: AuditEvent | None = None) -> None:
+        """Add a new identity, its record as given; `DuplicateIdentity` if the id exists
+        (in any workspace: ids are the store's, not a workspace's)."""
+
+    @abc.abstractmethod
+    async def get(self, identity_id: str) -> IdentityRecord | None:
+        """The identity with this id, or None, in one round trip."""
+
+    async def get_to_cache(self, identity_id: str) -> tuple[IdentityRecord | None, bool]:
+        """`get`, for a process's cache (under the name `i:<id>`): the identity (or None),
+        and whether the cache may keep it (as `KeyStore.get_to_cache`)."""
+        return await self.get(identity_id), True
+
+    @abc.abstractmethod
+    async def list(self, workspace: str | None = None) -> builtins.list[IdentityRecord]:
+        """The identities of one workspace (or all), oldest first (by `created_at`, then id)."""
+
+    async def list_page(
+        self, workspace: str | None, *, start: Position | None, limit: int
+    ) -> builtins.list[IdentityRecord]:
+        """Up to `limit` identities of `workspace` (or all) that sort after `start`, in the
+        order of `list` (a cursor's `Position`, as for keys). The default reads `list`."""
+        records = await self.list(workspace)
+        return [r for r in records if after(r, start)][:limit]
+
+    @abc.abstractmethod
+    async def update(
+        self,
+        identity_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> IdentityRecord:
+        """Atomically set the fields in `changes` (values as `IdentityRecord` holds them:
+        `name`, `metadata`, `rate_limit`, `credits`, `credit_refill`, `credits_refilled_at`),
+        unless the identity is revoked: then it is left as it is. Returns the record
+        afterwards (the caller checks its state); raises `IdentityNotFound`. The `notice`
+        is published with the change (also when nothing changed)."""
+
+    @abc.abstractmethod
+    async def set_state(
+        self,
+        identity_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> IdentityRecord:
+        """Atomically move an identity to `state` if its current state is in
+        `allowed_from`, as `KeyStore.set_state` does for a key (`TRANSITIONS`' `disable`,
+        `enable`, `revoke`): `revoked` is final and sets `revoked_at` to `at`; an identity
+        already in `state` is left as it is, without its event. Returns the record
+        afterwards; raises `IdentityNotFound`. The `notice` is published with the change."""
+
+    async def spend_credits(
+        self, identity_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
+    ) -> int | None:
+        """Atomically take `cost` of the identity's credits, as `KeyStore.spend_credits`
+        does for a key (without rolled pairs): how many are left, or None (nothing taken).
+        Not yet kept by any store: the request path's identity credits come with it."""
+        raise NotImplementedError(f"{type(self).__name__} does not spend identity credits yet")
 
 
 class WebhookStore(abc.ABC):

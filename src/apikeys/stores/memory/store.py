@@ -12,6 +12,7 @@ from typing import Any, Literal
 from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.lifecycle import may_take
 from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
+from apikeys.stores.memory.identities import MemoryIdentities
 from apikeys.stores.memory.webhooks import MemoryWebhooks
 from apikeys.stores.shared import days_of, select_events
 from apikeys.types import (
@@ -63,6 +64,7 @@ class MemoryStore(KeyStore):
         # one-time token -> (deadline on time.monotonic(), value), oldest first
         self._once: dict[str, tuple[float, str]] = {}
         self._webhooks = MemoryWebhooks(self)
+        self._identities = MemoryIdentities(self._audit.append)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -108,6 +110,10 @@ class MemoryStore(KeyStore):
         self._keys[key_id] = stored
         self._by_workspace.setdefault(stored.record.workspace, {})[key_id] = None
         self._record(event, stored.record)
+
+    def identities(self) -> MemoryIdentities:
+        """Identities kept in the process (`apikeys.stores.memory.identities`)."""
+        return self._identities
 
     def webhooks(self) -> MemoryWebhooks:
         """Webhooks kept in the process (`apikeys.stores.memory.webhooks`): for a single-process

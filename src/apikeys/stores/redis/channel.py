@@ -11,7 +11,8 @@
   the subscription connection turns on `CLIENT TRACKING ... BCAST PREFIX <prefix>key:` with
   itself as the target, so Redis pushes an invalidation on `__redis__:invalidate` for every
   modification of any key's record, by any client, and a null one when a database is
-  flushed (which drops the whole cache). The server does this itself: nothing a writer does
+  flushed (which drops the whole cache). A second prefix, `<prefix>{i:`, covers identities'
+  hashes (`<prefix>{i:<id>}`), heard as `i:<id>`. The server does this itself: nothing a writer does
   or forgets to do can keep a reader from hearing of a change.
 - A probe is a `PING` sent on the subscription connection: Redis answers it in order with the
   messages it pushes to that connection (notices and invalidations alike), so its reply
@@ -171,6 +172,7 @@ class RedisChannel(Channel):
         self.native = native
         self._notices = notices_channel(key_prefix)
         self._tracked = f"{key_prefix}key:"
+        self._tracked_identities = f"{key_prefix}{{i:"
         self._acks_prefix = f"{key_prefix}acks:"
         self._registry = f"{key_prefix}readers"
         self._client: Redis | None = None
@@ -258,7 +260,16 @@ class RedisChannel(Channel):
         await connection.send_command("CLIENT", "ID")
         own_id = await connection.read_response()
         await connection.send_command(
-            "CLIENT", "TRACKING", "ON", "REDIRECT", own_id, "BCAST", "PREFIX", self._tracked
+            "CLIENT",
+            "TRACKING",
+            "ON",
+            "REDIRECT",
+            own_id,
+            "BCAST",
+            "PREFIX",
+            self._tracked,
+            "PREFIX",
+            self._tracked_identities,
         )
         reply = await connection.read_response()
         if reply not in ("OK", b"OK"):
@@ -302,6 +313,9 @@ class RedisChannel(Channel):
                 name = name.decode("utf-8", "replace")
             if name.startswith(self._tracked):
                 on_notice(f"{STORE_WRITER}:0:{_key_id(name[start:])}")
+            elif name.startswith(self._tracked_identities) and name.endswith("}"):
+                # `<prefix>{i:<id>}`: the identity's hash, named `i:<id>` as notices name it.
+                on_notice(f"{STORE_WRITER}:0:{name[len(self._tracked_identities) - 2 : -1]}")
 
     async def probe(self) -> None:
         pubsub, reader = self._pubsub, self._reader

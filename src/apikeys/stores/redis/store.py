@@ -99,6 +99,7 @@ from apikeys.types import (
 from apikeys.webhooks.events import EVENT_OF_ACTION
 
 if TYPE_CHECKING:
+    from apikeys.stores.redis.identities import RedisIdentities
     from apikeys.stores.redis.webhooks import RedisWebhooks
 
 __all__ = ["DEFAULT_KEY_PREFIX", "RedisStore"]
@@ -186,6 +187,7 @@ class RedisStore(KeyStore):
         self._take_once = client.register_script(script("take_once"))
         self._get_to_cache = client.register_script(script("get_to_cache"))
         self._usage = RedisUsage(self, client.register_script(script("add_usage")))
+        self._identities: RedisIdentities | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisStore:
@@ -332,6 +334,14 @@ class RedisStore(KeyStore):
         of its changes (`apikeys.stores.redis.webhooks`)."""
         return f"{self._prefix}events-pending"
 
+    def identities(self) -> RedisIdentities:
+        """Identities on this store's server (`apikeys.stores.redis.identities`)."""
+        if self._identities is None:
+            from apikeys.stores.redis.identities import RedisIdentities
+
+            self._identities = RedisIdentities(self)
+        return self._identities
+
     def webhooks(self) -> RedisWebhooks:
         """Endpoints and deliveries on this store's server (`apikeys.stores.redis.webhooks`)."""
         from apikeys.stores.redis.webhooks import RedisWebhooks
@@ -390,16 +400,16 @@ class RedisStore(KeyStore):
     async def _change(
         self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
     ) -> Any:
-        """Run a change script (see `_change_once`). On a cluster the index of keys with
+        """Run a change script (see `change_once`). On a cluster the index of keys with
         webhook events is in another slot: the id is added to it right after the script
         (a process that dies in between leaves it to `RedisWebhooks.expiring` to find)."""
-        reply = await self._change_once(script, keys, args)
+        reply = await self.change_once(script, keys, args)
         if self._cluster and args[-4]:
             key_id = keys[0][len(self._prefix) + len("key:{") : -1]
             await self._client.zincrby(self.outbox_index_name, 1, key_id)
         return reply
 
-    async def _change_once(
+    async def change_once(
         self, script: AsyncScript, keys: builtins.list[str], args: builtins.list[Any]
     ) -> Any:
         """Run a change script; with `wait_replicas`, wait on the same connection until that
@@ -686,6 +696,8 @@ class RedisStore(KeyStore):
     ) -> builtins.list[AuditEvent]:
         async with self.calls():
             ids = [key_id] if key_id is not None else await self._ids(workspace)
+            if key_id is None:  # and the identities' events (their lists: `audit:{i:<id>}`)
+                ids += await self.identities().subjects(workspace)
             async with self._client.pipeline(transaction=False) as pipe:
                 for one in ids:
                     pipe.lrange(self.audit_list_name(one), 0, -1)

@@ -38,6 +38,8 @@ def page_statement(
         conditions.append(c.owner == where.owner)
     if where.environment is not None:
         conditions.append(c.environment == where.environment)
+    if where.identity is not None:
+        conditions.append(c.identity == where.identity)
     if where.status == ACTIVE:
         conditions += [c.state == ACTIVE, sa.or_(c.expires_at.is_(None), c.expires_at > now)]
     elif where.status == EXPIRED:

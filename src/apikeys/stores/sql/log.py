@@ -65,12 +65,14 @@ from apikeys.stores.contract import STORE_WRITER
 
 __all__ = [
     "CHANGES_STORAGE",
+    "IDENTITY_PREFIX",
     "KEEP_CHANGES",
     "POSTGRES_TRIGGERS",
     "SECRET_COLUMNS",
     "USAGE_COLUMNS",
     "channel_base_name",
     "check_change_log_sql",
+    "combined_check_sql",
     "install_change_log",
     "notice_channel_name",
     "table_schema",
@@ -114,9 +116,14 @@ def _table(connection: sa.Connection, table: sa.Table) -> str:
 
 
 def install_change_log(
-    connection: sa.Connection, keys: sa.Table, changes: sa.Table, log: sa.Table
+    connection: sa.Connection,
+    keys: sa.Table,
+    changes: sa.Table,
+    log: sa.Table,
+    identities: sa.Table | None = None,
 ) -> None:
-    """Make the log's row and the triggers on `keys`, unless they are there (idempotent).
+    """Make the log's row and the triggers on `keys` (and on `identities`, whose changes
+    are logged as `i:<id>`), unless they are there (idempotent).
 
     Run inside the store's schema creation (which takes turns between processes).
     """
@@ -138,16 +145,138 @@ def install_change_log(
         )
     if connection.dialect.name == "postgresql":
         _install_postgres(connection, keys, changes, log)
+        if identities is not None:
+            _install_postgres_identities(connection, keys, identities, changes, log)
     elif connection.dialect.name == "sqlite":
         _install_sqlite(connection, keys, changes)
+        if identities is not None:
+            _install_sqlite_identities(connection, identities, changes)
 
 
 def trigger_names(keys: sa.Table, dialect: str) -> tuple[str, ...]:
-    """The names of the triggers that log changes to `keys` on `dialect`."""
+    """The names of the triggers that log changes to `keys` (or to the identities table)
+    on `dialect`."""
     if dialect == "postgresql":
         return POSTGRES_TRIGGERS
     base = f"{keys.name}_log_{_digest(_SQLITE_VERSION, *_watched(keys))}"
     return (f"{base}_insert", f"{base}_delete", f"{base}_update")
+
+
+def combined_check_sql(
+    tables: Sequence[tuple[str, Sequence[str]]], schema: str | None, dialect: str
+) -> tuple[str, int]:
+    """`check_change_log_sql` of several tables (name and trigger names) as one SELECT of
+    the sum, and the count it has when every one's log is kept."""
+    parts = [
+        "(" + check_change_log_sql(name, schema, dialect, names) + ")" for name, names in tables
+    ]
+    return "SELECT " + " + ".join(parts), sum(len(names) for _, names in tables)
+
+
+def _identity_notice(row: str) -> str:
+    return f"'{STORE_WRITER}:0:{IDENTITY_PREFIX}' || {row}.id"
+
+
+IDENTITY_PREFIX: Final = "i:"
+"""What an identity's id follows in the notices of its row's changes (`i:<id>`)."""
+
+
+def _install_sqlite_identities(
+    connection: sa.Connection, identities: sa.Table, changes: sa.Table
+) -> None:
+    """Triggers that log every insert, delete and update (but of the credit count alone)
+    of an identity's row as the notice `store:0:i:<id>`; no webhook event."""
+    quote = connection.dialect.identifier_preparer
+    inserted, deleted, updated = trigger_names(identities, "sqlite")
+    table, changes_name = _table(connection, identities), _table(connection, changes)
+    differ = " OR ".join(
+        [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(identities)]
+        + ["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"]
+    )
+    for name, when, rows in (
+        (inserted, "AFTER INSERT", ("NEW",)),
+        (deleted, "AFTER DELETE", ("OLD",)),
+        (updated, f"AFTER UPDATE ON {table} WHEN {differ}", ("OLD", "NEW")),
+    ):
+        on = "" if "UPDATE" in when else f" ON {table}"
+        inserts = " ".join(
+            f"INSERT INTO {changes_name} (notice) SELECT {_identity_notice(row)}"
+            + (" WHERE NEW.id IS NOT OLD.id;" if row == "NEW" and len(rows) == 2 else ";")
+            for row in rows
+        )
+        connection.execute(
+            sa.text(
+                f"CREATE TRIGGER IF NOT EXISTS {quote.quote(name)} {when}{on} BEGIN {inserts} END"
+            )
+        )
+
+
+def _install_postgres_identities(
+    connection: sa.Connection,
+    keys: sa.Table,
+    identities: sa.Table,
+    changes: sa.Table,
+    log: sa.Table,
+) -> None:
+    """The PostgreSQL log of the identities table: the keys' triggers (same names, shape
+    and sequence), with a function that names the row `i:<id>` and writes no event."""
+    quote = connection.dialect.identifier_preparer
+    schema = table_schema(connection, identities)
+
+    def qualified(name: str) -> str:
+        return f"{quote.quote(schema)}.{quote.quote(name)}"
+
+    name = f"{_PG_IDENTITIES}_{_digest(schema, identities.name)}"
+    body = _postgres_identity_body(
+        qualified(log.name),
+        qualified(changes.name),
+        qualified(f"{keys.name}_webhooks"),
+        notice_channel_name(keys.name),
+    )
+    function = _ensure_function(connection, schema, name, qualified(name), body)
+    _ensure_triggers(connection, qualified(identities.name), qualified(name), function)
+
+
+_PG_IDENTITIES: Final = "apikeys_ilog_v1"
+
+
+def _postgres_identity_body(log_name: str, changes_name: str, hooks_name: str, channel: str) -> str:
+    """The source of the identities' log function: as the keys' (`_postgres_function_body`),
+    each changed row named `i:<id>`, without an event."""
+    return f"""
+DECLARE
+  s bigint;
+  k text;
+  ids text[];
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    ids := ARRAY['*'];
+  ELSIF TG_OP = 'INSERT' THEN
+    ids := ARRAY['{IDENTITY_PREFIX}' || NEW.id::text];
+  ELSIF TG_OP = 'DELETE' OR OLD.id = NEW.id THEN
+    ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text];
+  ELSE
+    ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text, '{IDENTITY_PREFIX}' || NEW.id::text];
+  END IF;
+  FOREACH k IN ARRAY ids LOOP
+    UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
+    IF s IS NULL THEN
+      INSERT INTO {log_name} (id, seq, identity)
+        SELECT 1, COALESCE(max(seq), 0) + 1, md5(random()::text || clock_timestamp()::text)
+        FROM {changes_name}
+        ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
+        RETURNING seq INTO s;
+    END IF;
+    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{STORE_WRITER}:' || s || ':' || k);
+    IF s % 128 = 0 THEN
+      DELETE FROM {changes_name} WHERE seq <= LEAST(
+        s - {KEEP_CHANGES}, (SELECT min(taken) FROM {hooks_name}));
+    END IF;
+    PERFORM pg_notify('{channel}', '{STORE_WRITER}:' || s || ':' || k);
+  END LOOP;
+  RETURN NULL;
+END
+"""
 
 
 def check_change_log_sql(

@@ -30,7 +30,7 @@ from apikeys.stores.contract import Channel, ChannelError, parse_notice
 from apikeys.stores.sql.log import (
     POSTGRES_TRIGGERS,
     channel_base_name,
-    check_change_log_sql,
+    combined_check_sql,
     trigger_seal_sql,
 )
 
@@ -40,6 +40,8 @@ _BYPASSED = (
     "the keys table's change log triggers or their function were altered (disabled, replaced "
     "or made again): a change may have got past the log, so the cache starts afresh"
 )
+# The triggers kept when the log is: the keys table's and the identities table's.
+_KEPT = 2 * len(POSTGRES_TRIGGERS)
 _UNLOGGED = (
     "the keys table's change log triggers are missing or disabled: the cache is not "
     "trusted until setup() makes them again"
@@ -89,6 +91,7 @@ class PostgresChannel(Channel):
         self._readers_table = readers_table
         self._changes_table = changes_table or f"{table_name}_changes"
         self._log_table = log_table or f"{table_name}_log"
+        self._identities_table = f"{table_name}_identities"
         self._connection: Any = None
         self._on_notice: Callable[[str], None] | None = None
         self._identity = ""
@@ -132,11 +135,19 @@ class PostgresChannel(Channel):
 
     @property
     def _seal_sql(self) -> str:
-        return trigger_seal_sql(self._table_name, self._schema, POSTGRES_TRIGGERS)
+        # The keys table's triggers and the identities table's: a change to either that
+        # got past its log alters the seal.
+        keys = trigger_seal_sql(self._table_name, self._schema, POSTGRES_TRIGGERS)
+        identities = trigger_seal_sql(self._identities_table, self._schema, POSTGRES_TRIGGERS)
+        return f"concat({keys}, '/', {identities})"
 
     @property
     def _triggers_sql(self) -> str:
-        return check_change_log_sql(self._table_name, self._schema, "postgresql", POSTGRES_TRIGGERS)
+        return combined_check_sql(self._logged_tables, self._schema, "postgresql")[0]
+
+    @property
+    def _logged_tables(self) -> list[tuple[str, tuple[str, ...]]]:
+        return [(self._table_name, POSTGRES_TRIGGERS), (self._identities_table, POSTGRES_TRIGGERS)]
 
     async def connect(self, ident: str, on_notice: Callable[[str], None]) -> None:
         import asyncpg
@@ -163,13 +174,13 @@ class PostgresChannel(Channel):
                 kept = await connection.fetchval(self._triggers_sql)
             except asyncpg.UndefinedTableError:
                 row, kept = None, 0
-            if row is None or kept != len(POSTGRES_TRIGGERS):
+            if row is None or kept != _KEPT:
                 if self._prepare is None:
                     raise ChannelError("the store's change log is missing: run setup()")
                 await self._prepare()  # the store's tables and triggers, the log among them
                 row = await connection.fetchrow(self._mark_sql)
                 kept = await connection.fetchval(self._triggers_sql)
-                if row is None or kept != len(POSTGRES_TRIGGERS):
+                if row is None or kept != _KEPT:
                     raise ChannelError(_UNLOGGED)
         except BaseException:
             connection.terminate()
@@ -243,7 +254,7 @@ class PostgresChannel(Channel):
         # migration tool, or its triggers disabled, would log nothing, and then a proof
         # would prove nothing. The cache is dropped and the triggers made again.
         kept = await self._statement(connection.fetchval, self._triggers_sql)
-        if kept != len(POSTGRES_TRIGGERS):
+        if kept != _KEPT:
             raise ChannelError(_UNLOGGED)
         await self._statement(
             connection.execute,

@@ -23,6 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from apikeys.errors import ConfigurationError
+from apikeys.identities import IDENTITY_FIELDS
 from apikeys.policies import dump_metadata, load_metadata
 from apikeys.types import RECORD_FIELDS, KeyField, Kind
 
@@ -34,6 +35,7 @@ __all__ = [
     "create_private_file",
     "create_tables_on",
     "create_tables_with",
+    "identities_table",
     "keys_table",
     "load_scopes",
     "log_table",
@@ -145,7 +147,7 @@ def _column(field: KeyField) -> sa.Column[Any]:
         # database's default collation: PostgreSQL's "C"; SQLite's BINARY already is.
         return sa.Column(
             "id",
-            sa.String(12).with_variant(sa.String(12, collation="C"), "postgresql"),
+            sa.String(field.size).with_variant(sa.String(field.size, collation="C"), "postgresql"),
             primary_key=True,
         )
     # A field always stored that has a default (a count) has it in the database too.
@@ -186,6 +188,7 @@ def keys_table(name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None) 
     one_time_table(name, meta)
     webhooks_table(name, meta)
     webhook_deliveries_table(name, meta)
+    identities_table(name, meta)
     existing = meta.tables.get(name)
     if existing is not None:
         return existing
@@ -220,6 +223,24 @@ def _companion(
     if existing is not None:
         return existing
     return sa.Table(name, meta, *items(name), **options)
+
+
+def identities_table(
+    keys_table_name: str = DEFAULT_TABLE_NAME, meta: sa.MetaData | None = None
+) -> sa.Table:
+    """`<keys table>_identities`: one row per identity (`apikeys.identities`), a column per
+    field of `IDENTITY_FIELDS` as the keys table has one per field of a key. Triggers log
+    its changes in the keys' change log, named `i:<id>` (`apikeys.stores.sql.log`)."""
+    return _companion(
+        keys_table_name,
+        "identities",
+        meta,
+        lambda name: (
+            *(_column(field) for field in IDENTITY_FIELDS),
+            # Listing a workspace's identities, oldest first, reads this index in order.
+            sa.Index(f"ix_{name}_workspace_created", "workspace", "created_at", "id"),
+        ),
+    )
 
 
 def usage_batches_table(
@@ -268,7 +289,8 @@ def changes_table(
                 primary_key=True,
                 autoincrement=True,
             ),
-            sa.Column("notice", sa.String(64), nullable=False),
+            # `<writer>:<sequence>:<key id>`, or `…:i:<identity id>` (up to 64 characters).
+            sa.Column("notice", sa.String(128), nullable=False),
             # Added with webhooks: the event the change is (`key.created`, …), and the key's
             # record after it as JSON without its hash (the outbox of `apikeys.webhooks`).
             sa.Column("event", sa.String(32), nullable=True),
@@ -335,9 +357,10 @@ def audit_table(
                 autoincrement=True,
             ),
             sa.Column("at", UTCDateTime(), nullable=False),
-            sa.Column("key_id", sa.String(12), nullable=False),
+            # A key's id, or `i:<identity id>` for an identity's event (`identity.created`…).
+            sa.Column("key_id", sa.String(80), nullable=False),
             sa.Column("workspace", sa.String(), nullable=False),
-            sa.Column("action", sa.String(16), nullable=False),
+            sa.Column("action", sa.String(32), nullable=False),
             sa.Column("actor", sa.String(), nullable=True),
             sa.Column("changes", sa.Text(), nullable=False),
             sa.Index(f"ix_{name}_workspace_at", "workspace", "at"),
@@ -481,6 +504,7 @@ def store_tables(table_name: str) -> tuple[sa.Table, ...]:
         one_time_table(table_name),
         webhooks_table(table_name),
         webhook_deliveries_table(table_name),
+        identities_table(table_name),
     )
 
 
@@ -490,6 +514,40 @@ def create_tables_on(connection: sa.Connection, tables: Sequence[sa.Table]) -> N
     for table in tables:
         table.create(connection, checkfirst=True)
         _check_columns(connection, table)
+        if connection.dialect.name == "postgresql":
+            _widen_columns(connection, table)
+
+
+def _widen_columns(connection: sa.Connection, table: sa.Table) -> None:
+    """Give each text column of `table` that PostgreSQL keeps narrower than this release
+    declares it the declared length (an earlier release's audit `key_id` and `action`, and
+    the change log's `notice`, before identities needed more room). Only what differs is
+    altered: on a schema that is right this reads the catalog and writes nothing."""
+    declared = {
+        column.name: column.type.length
+        for column in table.columns
+        if isinstance(column.type, sa.String) and column.type.length is not None
+    }
+    if not declared:
+        return
+    rows = connection.execute(
+        sa.text(
+            "SELECT column_name, character_maximum_length FROM information_schema.columns "
+            "WHERE table_name = :t AND table_schema = current_schema() "
+            "AND character_maximum_length IS NOT NULL"
+        ),
+        {"t": table.name},
+    )
+    quote = connection.dialect.identifier_preparer
+    for name, length in rows:
+        wanted = declared.get(name)
+        if wanted is not None and length < wanted:
+            connection.execute(
+                sa.text(
+                    f"ALTER TABLE {quote.format_table(table)} ALTER COLUMN "
+                    f"{quote.quote(name)} TYPE varchar({int(wanted)})"
+                )
+            )
 
 
 def _check_columns(connection: sa.Connection, table: sa.Table) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 
 from apikeys.cache import clock
 from apikeys.stores.contract import Channel, ChannelError
-from apikeys.stores.sql.log import KEEP_CHANGES, check_change_log_sql
+from apikeys.stores.sql.log import KEEP_CHANGES, combined_check_sql
 
 __all__ = ["SQLiteChannel"]
 
@@ -59,6 +59,7 @@ class SQLiteChannel(Channel):
         log_table: str,
         keys_table: str | None = None,
         triggers: tuple[str, ...] = (),
+        identity_triggers: tuple[str, ...] = (),
         busy_timeout: float = 5.0,
         poll_interval: float = 0.01,
         prepare: Callable[[], Awaitable[None]] | None = None,
@@ -71,12 +72,13 @@ class SQLiteChannel(Channel):
         # The webhooks' endpoints, whose `taken` marks keep entries from pruning.
         self._webhooks = changes_table.removesuffix("_changes") + "_webhooks"
         self._log = log_table
-        self._triggers = triggers
-        self._check_sql = (
-            check_change_log_sql(keys_table, None, "sqlite", triggers)
-            if keys_table and triggers
-            else ""
-        )
+        # The keys table's triggers, and the identities table's (`<keys table>_identities`).
+        logged = [(keys_table, triggers)] if keys_table and triggers else []
+        if keys_table and identity_triggers:
+            logged.append((f"{keys_table}_identities", identity_triggers))
+        self._check_sql, self._triggers_kept = combined_check_sql(logged, None, "sqlite")
+        if not logged:
+            self._check_sql = ""
         self._readers = readers_table
         self._identity = ""
         self._inode = 0
@@ -142,7 +144,7 @@ class SQLiteChannel(Channel):
         """Whether the triggers that keep the change log are on the keys table."""
         if not self._check_sql:
             return True
-        return bool(connection.execute(self._check_sql).fetchone()[0] == len(self._triggers))
+        return bool(connection.execute(self._check_sql).fetchone()[0] == self._triggers_kept)
 
     def _history(self, connection: sqlite3.Connection) -> tuple[str, int]:
         """The log's identity and high-water mark (what the next `seq` follows)."""

@@ -80,6 +80,7 @@ from apikeys.stores.sql.engine import (
     replication_risk,
     unavailable_hint,
 )
+from apikeys.stores.sql.identities import SQLIdentities
 from apikeys.stores.sql.listing import page_statement
 from apikeys.stores.sql.log import (
     install_change_log,
@@ -242,6 +243,7 @@ class SQLStore(KeyStore):
         self._schema_name: str | None = None  # PostgreSQL's schema of the keys table
         self._table, self._batches, self._changes, self._log, self._readers = self._tables[:5]
         self._audit, self._daily, self._settings, self._once = self._tables[5:9]
+        self._identities_table = self._tables[11]
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in FIELDS)
         dialect = self._engine.dialect
@@ -295,6 +297,7 @@ class SQLStore(KeyStore):
             notice_channel=self._notice_channel,
         )
         self._usage = SQLUsage(self._run, dialect, table, batches, self._daily)
+        self._identities = SQLIdentities(self._run, self._identities_table, self._writer)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLStore:
@@ -489,6 +492,7 @@ class SQLStore(KeyStore):
                 log_table=self._log.name,
                 keys_table=self._table.name,
                 triggers=trigger_names(self._table, "sqlite"),
+                identity_triggers=trigger_names(self._identities_table, "sqlite"),
                 readers_table=self._readers.name,
                 busy_timeout=self._busy_timeout,
                 prepare=self.setup,
@@ -510,6 +514,10 @@ class SQLStore(KeyStore):
             # Prepared statements off means a pooler in transaction mode: no LISTEN there.
             listen=options.get("statement_cache_size") != 0,
         )
+
+    def identities(self) -> SQLIdentities:
+        """The identities table (`apikeys.stores.sql.identities`)."""
+        return self._identities
 
     def webhooks(self) -> WebhookStore | None:
         """The webhook tables (`apikeys.stores.sql.webhooks`); None for an in-memory database."""
@@ -540,7 +548,9 @@ class SQLStore(KeyStore):
 
     def _create_schema(self, connection: sa.Connection) -> None:
         create_tables_on(connection, self._tables)
-        install_change_log(connection, self._table, self._changes, self._log)
+        install_change_log(
+            connection, self._table, self._changes, self._log, self._identities_table
+        )
         if connection.dialect.name == "postgresql":
             self._schema_name = table_schema(connection, self._table)
 

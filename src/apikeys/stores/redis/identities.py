@@ -1,0 +1,223 @@
+"""The Redis store's identities: one hash per identity, beside the limiter's counters.
+
+Layout, for the default `key_prefix` of `apikeys:`:
+
+- `apikeys:{i:<id>}`: the identity's hash, its fields those of `IDENTITY_FIELDS`, each
+  written as its kind says (as a key's). Its hash tag, `{i:<id>}`, is the one the limiter
+  gives the identity's counters, so on a Cluster both live in one slot.
+- `apikeys:audit:{i:<id>}`: its audit events (the list a key's are kept in, named by the
+  identity's subject `i:<id>`), in the same slot.
+- `apikeys:iws:<workspace>` and `apikeys:identities`: sorted sets of ids, scored by
+  `created_at` in microseconds, for listing (written before the hash, as a key's indexes:
+  a listing skips an entry whose hash is missing).
+
+Changes run the key store's own scripts (`insert`, `update`, `set_state`, `common.lua`) on
+the identity's hash and audit list: each is one script, with its audit event and notice.
+Writes by other clients (`redis-cli HSET apikeys:{i:acme} state disabled`) reach caching
+processes through the channel's tracking of the prefix `apikeys:{i:` (`channel.py`).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from apikeys.errors import DuplicateIdentity, IdentityNotFound, StoreUnavailable
+from apikeys.identities import IDENTITY_FIELDS, IdentityRecord
+from apikeys.listing import Position, after
+from apikeys.policies import dump_metadata, load_metadata
+from apikeys.stores.contract import IdentityStore
+from apikeys.stores.redis.channel import notices_channel
+from apikeys.stores.redis.codec import decode_time, encode_time, event_text, interned, script
+from apikeys.types import AuditEvent, Kind, StoredState, identity_subject
+
+if TYPE_CHECKING:
+    from apikeys.stores.redis.store import RedisStore
+
+__all__ = ["RedisIdentities", "decode_identity", "encode_identity_field"]
+
+_ENCODERS: Final[Mapping[Kind, Callable[[Any], Any]]] = {
+    Kind.TEXT: str,
+    Kind.TIME: encode_time,
+    Kind.COUNT: str,
+    Kind.OBJECT: dump_metadata,
+}
+_DECODERS: Final[Mapping[Kind, Callable[[str], Any]]] = {
+    Kind.TEXT: str,
+    Kind.TIME: decode_time,
+    Kind.COUNT: int,
+    Kind.OBJECT: load_metadata,
+}
+_FIELDS: Final = {field.name: field for field in IDENTITY_FIELDS}
+
+
+def encode_identity_field(name: str, value: Any) -> str | None:
+    """A field of `IdentityRecord` as its hash holds it; None: the field is deleted."""
+    field = _FIELDS[name]
+    if value is None or (field.kind is Kind.OBJECT and not value):
+        return None
+    return str(_ENCODERS[field.kind](value))
+
+
+def decode_identity(fields: Mapping[str, str]) -> IdentityRecord:
+    """An identity's hash as the store wrote it; a hash another client damaged fails
+    closed (`StoreUnavailable`)."""
+    try:
+        values: dict[str, Any] = {}
+        for field in IDENTITY_FIELDS:
+            text = fields.get(field.name)
+            if text is None or (text == "" and field.kind in (Kind.TIME, Kind.OBJECT)):
+                value = field.empty()
+            else:
+                value = interned(text) if field.shared else _DECODERS[field.kind](text)
+            if value is None and field.required:
+                raise ValueError(f"{field.name} is empty")
+            values[field.name] = value
+        return IdentityRecord(**values)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise StoreUnavailable(
+            exc, hint="an identity's hash in Redis is damaged: a field is missing or malformed"
+        ) from None
+
+
+class RedisIdentities(IdentityStore):
+    """Identities on the server of a `RedisStore` (see the module doc)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        prefix = store.key_prefix
+        self._prefix = prefix
+        self._all = f"{prefix}identities"
+        register = store.client.register_script
+        self._insert = register(script("insert"))
+        self._update = register(script("update"))
+        self._set_state = register(script("set_state"))
+
+    def __repr__(self) -> str:
+        return f"RedisIdentities(key_prefix={self._prefix!r})"
+
+    def hash_name(self, identity_id: str) -> str:
+        """The Redis key of identity `identity_id`'s hash: `<prefix>{i:<id>}`."""
+        return f"{self._prefix}{{{identity_subject(identity_id)}}}"
+
+    def workspace_index_name(self, workspace: str) -> str:
+        """The sorted set of the ids of `workspace`'s identities."""
+        return f"{self._prefix}iws:{workspace}"
+
+    def _keys(self, identity_id: str) -> list[str]:
+        # A change script's KEYS: the hash and its audit list, in one slot.
+        return [self.hash_name(identity_id), self._store.audit_list_name(f"i:{identity_id}")]
+
+    def _tail(self, event: AuditEvent | None, notice: str | None) -> list[str]:
+        # As the key store's: no webhook event, the audit event, the channel, the notice.
+        return ["", event_text(event), notices_channel(self._prefix), notice or ""]
+
+    async def insert(self, record: IdentityRecord, *, event: AuditEvent | None = None) -> None:
+        flat: list[str] = []
+        for field in IDENTITY_FIELDS:
+            text = encode_identity_field(field.name, getattr(record, field.name))
+            if text is not None:
+                flat += [field.name, text]
+        score = int(encode_time(record.created_at))
+        store = self._store
+        async with store.calls():
+            client = store.client
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
+                pipe.zadd(self._all, {record.id: score}, nx=True)
+                await pipe.execute()
+            created = await store.change_once(
+                self._insert, self._keys(record.id), [*flat, *self._tail(event, None)]
+            )
+        if not created:
+            raise DuplicateIdentity(record.id)
+
+    async def get(self, identity_id: str) -> IdentityRecord | None:
+        store = self._store
+        async with store.calls():
+            fields = await store.client.hgetall(self.hash_name(identity_id))
+        return decode_identity(fields) if fields else None
+
+    async def subjects(self, workspace: str | None) -> builtins.list[str]:
+        """`i:<id>` of every identity of `workspace` (or all): whose audit lists to read."""
+        index = self._all if workspace is None else self.workspace_index_name(workspace)
+        ids = await self._store.client.zrange(index, 0, -1)
+        return [identity_subject(one) for one in ids]
+
+    async def list(self, workspace: str | None = None) -> builtins.list[IdentityRecord]:
+        return await self.list_page(workspace, start=None, limit=None)
+
+    async def list_page(
+        self, workspace: str | None, *, start: Position | None, limit: int | None
+    ) -> builtins.list[IdentityRecord]:
+        store = self._store
+        index = self._all if workspace is None else self.workspace_index_name(workspace)
+        async with store.calls():
+            client = store.client
+            floor = "-inf" if start is None else int(encode_time(start[0]))
+            ids = cast("builtins.list[str]", await client.zrangebyscore(index, floor, "+inf"))
+            async with client.pipeline(transaction=False) as pipe:
+                for one in ids:
+                    pipe.hgetall(self.hash_name(one))
+                replies: builtins.list[dict[str, str]] = await pipe.execute()
+        records = [
+            decode_identity(fields)
+            for fields in replies
+            # Skip index entries left by a failed insert or a refused duplicate.
+            if fields and (workspace is None or fields.get("workspace") == workspace)
+        ]
+        records.sort(key=lambda record: (record.created_at, record.id))
+        found = [record for record in records if after(record, start)]
+        return found if limit is None else found[:limit]
+
+    async def _changed(self, identity_id: str, reply: Any) -> IdentityRecord:
+        if not reply:
+            raise IdentityNotFound(identity_id)
+        flat = cast("builtins.list[str]", reply)
+        return decode_identity(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+    async def update(
+        self,
+        identity_id: str,
+        changes: Mapping[str, Any],
+        *,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> IdentityRecord:
+        sets: list[str] = []
+        deletes: list[str] = []
+        for name, value in changes.items():
+            text = encode_identity_field(name, value)
+            if text is None:
+                deletes.append(name)
+            else:
+                sets += [name, text]
+        store = self._store
+        async with store.calls():
+            reply = await store.change_once(
+                self._update,
+                self._keys(identity_id),
+                [len(sets) // 2, *sets, *deletes, *self._tail(event, notice)],
+            )
+        return await self._changed(identity_id, reply)
+
+    async def set_state(
+        self,
+        identity_id: str,
+        state: StoredState,
+        *,
+        allowed_from: Collection[StoredState],
+        at: datetime,
+        notice: str | None = None,
+        event: AuditEvent | None = None,
+    ) -> IdentityRecord:
+        store = self._store
+        async with store.calls():
+            reply = await store.change_once(
+                self._set_state,
+                self._keys(identity_id),
+                [state, encode_time(at), *allowed_from, *self._tail(event, notice)],
+            )
+        return await self._changed(identity_id, reply)
