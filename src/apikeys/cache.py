@@ -218,7 +218,7 @@ class KeyCache:
         `hit`: nothing counted or started on a miss)."""
         if self._clock() - self._proof_at >= self.lease:
             return None
-        subject = identity_subject(identity_id)
+        subject = "i:" + identity_id  # identity_subject, written out: on the request path
         entries = self._entries
         found = entries.get(subject)
         if found is not None:

@@ -174,6 +174,14 @@ class _Prepared(NamedTuple):
     identity: IdentityRecord | None  # the version of the key's identity it was made with
 
 
+class _Awaiting(Exception):  # noqa: N818 - not an error: the core's way out of a helper
+    """Raised inside the core by a helper that finds something must be loaded first: the
+    core answers its `admission`."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+
+
 class Admission:
     """A request's admission between two calls of `Gate.decide`: what the core needs
     loaded next (`need`), and what has been loaded so far (the verified `record`, the
@@ -399,8 +407,10 @@ class Gate:
         # a key's rate_limit (with its identity's) -> the name its one policy is shown with,
         # or those of its policies
         self._shapes: dict[object, OnePolicy | PolicySet] = {}
-        # key id -> what the core needs of the key's latest version seen
+        # key id -> what the core needs of the key's latest version seen (a key of no
+        # identity), and the same of a key of an identity with its identity's version
         self._prepared: dict[str, _Prepared] = {}
+        self._of_identities: dict[str, _Prepared] = {}
         # a key's grants -> its `scope["auth"]` and its answers by route: they follow from
         # the grants alone, so keys with the same scopes share them (a key costs less memory)
         self._by_grants: dict[GrantedScopes, tuple[APIKeyAuth, _RouteAnswers]] = {}
@@ -446,13 +456,9 @@ class Gate:
                 record, rate_headers = admission.record, admission.headers
                 record, loaded, charged = _resumed(admission)
             prepared = self._prepared.get(record.id)
-            if record.identity is not None:
-                identified = self._identified(record, prepared, admission)
-                if isinstance(identified, Admission):
-                    return identified
-                prepared = identified
-            elif prepared is None or prepared.record is not record:
-                prepared = self._prepare(record, None)
+            if prepared is None or prepared.record is not record:
+                # (A key of an identity is never found there: see `_prepare`.)
+                prepared = self._prepare(record, admission)
             if loaded < _CHARGE:
                 if record.allowed_ips:
                     check_address(scope, record, self.trusted_proxies)  # before any charge
@@ -511,6 +517,8 @@ class Gate:
         from the store); else the refusal, raised."""
         if type(exc) is LegacyToken:
             return Admission(_LEGACY, exc.token)
+        if type(exc) is _Awaiting:
+            return exc.admission
         raise self._refusal(record, exc, rate_headers) from None
 
     def _refusal(
@@ -530,22 +538,22 @@ class Gate:
             logger.exception("apikeys: unexpected error while authenticating; answering 503")
         return AuthUnavailable()
 
-    def _identified(
-        self, record: KeyRecord, prepared: _Prepared | None, admission: Admission | None
-    ) -> _Prepared | Admission:
-        """What the core needs of `record`, a key of an identity, and of its identity's
-        version held now; or the `Admission` needing the identity loaded. An identity that
-        does not let its keys be used is refused (`check_identity_usable`): `verify`
-        decided the key with it, and this is the version the request is charged with."""
+    def _identified(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
+        """What the core needs of `record`, a key of an identity, and of the version of its
+        identity the request is charged with (the one it loaded, else the one held now);
+        raises `_Awaiting` the `Admission` needing the identity loaded when it is not held.
+        An identity that does not let its keys be used is refused (`check_identity_usable`):
+        `verify` decided the key with it, this is the version the request is charged with."""
         identity = None
         if admission is not None:
             identity = admission.identity
         if identity is None or identity.id != record.identity:
             identity = self.manager.usable_identity_now(record.identity)  # type: ignore[arg-type]
             if identity is None:
-                return _waiting(admission, _IDENTITY, record, None, None)
+                raise _Awaiting(_waiting(admission, _IDENTITY, record, None, None))
+        prepared = self._of_identities.get(record.id)
         if prepared is None or prepared.record is not record or prepared.identity is not identity:
-            prepared = self._prepare(record, check_identity_usable(identity))
+            prepared = self._made(record, check_identity_usable(identity))
         return prepared
 
     def _spending(
@@ -653,9 +661,18 @@ class Gate:
         except KeyError:
             return remember(self._routes, route, self.scopes.required(*route), 10_000)
 
-    def _prepare(self, record: KeyRecord, identity: IdentityRecord | None) -> _Prepared:
-        """What the core needs of this version of the key and of its `identity`'s (None: a
-        key of no identity; see `_Prepared`)."""
+    def _prepare(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
+        """What the core needs of this version of the key (see `_Prepared`). A key of an
+        identity is prepared with its identity's version too, and kept apart
+        (`_identified`): the core's one lookup by key id then costs a key of no identity
+        nothing more, and sends a key of one here."""
+        if record.identity is not None:
+            return self._identified(record, admission)
+        return self._made(record, None)
+
+    def _made(self, record: KeyRecord, identity: IdentityRecord | None) -> _Prepared:
+        """`_Prepared` of this version of the key and of its `identity`'s (None: none),
+        remembered."""
         grants = grants_for(record.scopes, record.access == "full")
         shared = self._by_grants.get(grants)
         if shared is None:
@@ -673,7 +690,10 @@ class Gate:
         prepared = _Prepared(
             record, grants, auth, APIKeyUser(record), routes, plan, shape, spends, identity
         )
-        return remember(self._prepared, record.id, prepared, 10_000)
+        if identity is None:
+            return remember(self._prepared, record.id, prepared, 10_000)
+        self._prepared.pop(record.id, None)  # a key moved into an identity
+        return remember(self._of_identities, record.id, prepared, 10_000)
 
     def reads(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """True when `headers` carry a key this gate reads: its key header, and for

@@ -388,12 +388,15 @@ class KeyVerification(ManagerBase):
             if identity is None:
                 if not cache.missing_identity(identity_id):
                     return None
+                return check_identity_usable(None)
         else:
             identities = self.store.identities()
             found = False if identities is None else identities.get_now(identity_id)
             if found is False:
                 return None
             identity = found
+        if identity is not None and identity.state == ACTIVE:
+            return identity
         return check_identity_usable(identity)
 
     async def usable_identity(self, identity_id: str) -> IdentityRecord:
