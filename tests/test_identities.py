@@ -6,11 +6,13 @@ Store-independent rules run once, on the memory store; the stores' own guarantee
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apikeys import KeyManager, MemoryStore
+from apikeys import Hasher, KeyManager, KeyStore, MemoryStore
 from apikeys.errors import (
     DuplicateIdentity,
     ForbiddenField,
@@ -23,7 +25,7 @@ from apikeys.identities import IDENTITY_ID_PATTERN, check_identity_id
 
 
 @pytest.fixture
-async def manager() -> KeyManager:
+async def manager() -> AsyncIterator[KeyManager]:
     async with KeyManager(MemoryStore(), webhooks=False) as made:
         yield made
 
@@ -176,3 +178,41 @@ async def test_if_the_id_is_bad_then_create_identity_refuses_it(
     with pytest.raises(InvalidKeyParameters, match="invalid identity id"):
         await manager.create_identity(bad, workspace="w1")  # type: ignore[arg-type]
     assert await manager.list_identities() == []
+
+
+@pytest.fixture
+async def store_manager(store: KeyStore, hasher: Hasher) -> AsyncIterator[KeyManager]:
+    """A `KeyManager` with its key cache (on for SQLite, PostgreSQL and Redis), on each
+    store of the table: identity changes go through the cache's `change` as `i:<id>`."""
+    made = KeyManager(store, hasher=hasher, webhooks=False)
+    yield made
+    await made.aclose()
+
+
+async def test_identity_changes_through_a_caching_manager_on_every_store(
+    store_manager: KeyManager,
+) -> None:
+    manager = store_manager
+    await manager.create_identity("acme", workspace="w1", rate_limit="10/second")
+    created = await manager.create(name="k", workspace="w1", full_access=True, identity="acme")
+    await manager.verify(created.key)  # the key is cached now, where there is a cache
+
+    await manager.update_identity("acme", credits=5)
+    await manager.disable_identity("acme")
+    await manager.enable_identity("acme")
+    revoked = await manager.revoke_identity("acme")
+
+    assert revoked.state == "revoked"
+    assert revoked.credits == 5
+    assert (await manager.get(created.record.id)).identity == "acme"
+    assert [r.id for r in await manager.list_identities("w1")] == ["acme"]
+    actions = [event.action for event in await manager.audit(key_id="i:acme")]
+    assert actions == [
+        "identity.created",
+        "identity.updated",
+        "identity.disabled",
+        "identity.enabled",
+        "identity.revoked",
+    ]
+    with pytest.raises(InvalidTransition):
+        await manager.update(created.record.id, identity="acme")

@@ -125,6 +125,7 @@ class TestCreate:
             "credit_refill",
             "imported_prefix",
             "environment",
+            "identity",
         ]
         assert data["access"] == "full"
         assert data["environment"] == "live"

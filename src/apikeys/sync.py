@@ -338,6 +338,7 @@ class KeyManager:
         status: Status | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         environment: Environment | None = None,
+        identity: str | None = None,
     ) -> Iterator[KeyRecord]:
         """Every record that matches, oldest first, read `page_size` at a time
         (`list_page` without the cursors)."""
@@ -350,6 +351,7 @@ class KeyManager:
                 limit=page_size,
                 cursor=cursor,
                 environment=environment,
+                identity=identity,
             )
             yield from page.records
             if page.next_cursor is None:

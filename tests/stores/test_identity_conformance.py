@@ -80,6 +80,13 @@ class TestRecords:
         assert await identities.get(record.id) == record
         assert await identities.get("unknown") is None
 
+    async def test_get_to_cache_reads_what_get_reads(self, store: KeyStore) -> None:
+        identities = identities_of(store)
+        await identities.insert(make_identity(name="cached"))
+
+        assert await identities.get_to_cache("acme") == (await identities.get("acme"), True)
+        assert await identities.get_to_cache("nobody") == (None, True)
+
     async def test_if_optional_fields_are_empty_then_they_come_back_empty(
         self, store: KeyStore
     ) -> None:

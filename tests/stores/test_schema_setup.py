@@ -172,3 +172,74 @@ def test_a_second_setup_on_sqlite_writes_nothing(tmp_path: Path) -> None:
             schema
         )
         assert db.execute("PRAGMA schema_version").fetchone() == version
+
+
+@pytest.mark.postgres
+def test_setup_widens_the_audit_and_change_log_columns_of_an_earlier_release(
+    impatient_database: str,
+) -> None:
+    # Before identities, an audit event's key id was 12 characters and its action 16, a
+    # notice 64: too short for `i:<identity id>`, `identity.disabled` and their notices.
+    import psycopg
+
+    table = f"t_{uuid.uuid4().hex[:8]}"
+
+    async def set_up() -> None:
+        store = SQLStore(impatient_database, table_name=table)
+        try:
+            await store.setup()
+        finally:
+            await store.aclose()
+
+    def lengths() -> dict[str, int]:
+        with psycopg.connect(impatient_database, autocommit=True) as connection:
+            rows = connection.execute(
+                "SELECT table_name || '.' || column_name, character_maximum_length "
+                "FROM information_schema.columns WHERE table_name IN (%s, %s) "
+                "AND column_name IN ('key_id', 'action', 'notice')",
+                (f"{table}_audit", f"{table}_changes"),
+            ).fetchall()
+        return {name: length for name, length in rows}
+
+    asyncio.run(set_up())
+    with psycopg.connect(impatient_database, autocommit=True) as connection:
+        connection.execute(f'ALTER TABLE "{table}_audit" ALTER COLUMN key_id TYPE varchar(12)')
+        connection.execute(f'ALTER TABLE "{table}_audit" ALTER COLUMN action TYPE varchar(16)')
+        connection.execute(f'ALTER TABLE "{table}_changes" ALTER COLUMN notice TYPE varchar(64)')
+    assert lengths()[f"{table}_audit.key_id"] == 12
+
+    asyncio.run(set_up())
+
+    assert lengths() == {
+        f"{table}_audit.key_id": 80,
+        f"{table}_audit.action": 32,
+        f"{table}_changes.notice": 128,
+    }
+
+
+async def test_setup_makes_the_identities_table_of_a_store_made_before_it(tmp_path: Path) -> None:
+    # A new table, not a column change: a store whose tables an earlier release made gets
+    # it (and its change log triggers) from `setup()`, and writes to it are logged.
+    from apikeys.identities import IdentityRecord
+    from apikeys.types import utcnow
+
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    store = SQLStore(url)
+    await store.setup()
+    await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as connection:
+        connection.execute('DROP TABLE "apikeys_keys_identities"')
+
+    store = SQLStore(url)
+    try:
+        await store.setup()
+        record = IdentityRecord(id="acme", workspace="w", state="active", created_at=utcnow())
+        await store.identities().insert(record)
+        assert await store.identities().get("acme") == record
+    finally:
+        await store.aclose()
+    with sqlite3.connect(tmp_path / "keys.db") as connection:
+        notices = [
+            row[0] for row in connection.execute('SELECT notice FROM "apikeys_keys_changes"')
+        ]
+    assert "store:0:i:acme" in notices

@@ -114,6 +114,7 @@ class KeyReading(ManagerBase):
         status: Status | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         environment: Environment | None = None,
+        identity: str | None = None,
     ) -> AsyncIterator[KeyRecord]:
         """Every record that matches, oldest first, read `page_size` at a time
         (`list_page` without the cursors)."""
@@ -126,6 +127,7 @@ class KeyReading(ManagerBase):
                 limit=page_size,
                 cursor=cursor,
                 environment=environment,
+                identity=identity,
             )
             for record in page.records:
                 yield record

@@ -94,6 +94,7 @@ class RedisIdentities(IdentityStore):
         self._insert = register(script("insert"))
         self._update = register(script("update"))
         self._set_state = register(script("set_state"))
+        self._get_to_cache = register(script("get_to_cache"))
 
     def __repr__(self) -> str:
         return f"RedisIdentities(key_prefix={self._prefix!r})"
@@ -139,6 +140,17 @@ class RedisIdentities(IdentityStore):
         async with store.calls():
             fields = await store.client.hgetall(self.hash_name(identity_id))
         return decode_identity(fields) if fields else None
+
+    async def get_to_cache(self, identity_id: str) -> tuple[IdentityRecord | None, bool]:
+        """`get`, and whether a cache may keep it: not a hash given a TTL by hand (its
+        expiry would be announced late, as `RedisStore.get_to_cache` explains)."""
+        store = self._store
+        async with store.calls():
+            fields, ttl = await self._get_to_cache(keys=[self.hash_name(identity_id)])
+        if not fields:
+            return None, True
+        flat = cast("builtins.list[str]", fields)
+        return decode_identity(dict(zip(flat[::2], flat[1::2], strict=True))), int(ttl) == -1
 
     async def subjects(self, workspace: str | None) -> builtins.list[str]:
         """`i:<id>` of every identity of `workspace` (or all): whose audit lists to read."""
