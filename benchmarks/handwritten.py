@@ -265,7 +265,11 @@ def report_count(result: dict[str, Any]) -> None:
         f"per request, counted over {result['requests']} requests (sys.settrace, "
         f"sys.setprofile); rate limit {result['rate_limit']}"
         + ("; watched for thresholds" if result.get("watched") else "")
-        + (f"; a key of an identity limited to {result['identity']}" if result.get("identity") else "")
+        + (
+            f"; a key of an identity limited to {result['identity']}"
+            if result.get("identity")
+            else ""
+        )
     )
     kinds = list(result["per_request"]["bare"])
     print(f"  {'':<24}" + "".join(f"{kind:>16}" for kind in kinds))

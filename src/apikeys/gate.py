@@ -58,7 +58,6 @@ from apikeys.ratelimit import (
     RateLimiter,
 )
 from apikeys.ratelimit.decisions import decision
-from apikeys.ratelimit.limiter import IDENTITY_POLICY_PREFIX
 from apikeys.ratelimit.headers import (
     OnePolicy,
     PolicySet,
@@ -71,6 +70,7 @@ from apikeys.ratelimit.headers import (
     shape_for,
     single_headers,
 )
+from apikeys.ratelimit.limiter import IDENTITY_POLICY_PREFIX
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
 from apikeys.stores.contract import CreditSpend
@@ -174,7 +174,7 @@ class _Prepared(NamedTuple):
     identity: IdentityRecord | None  # the version of the key's identity it was made with
 
 
-class _Awaiting(Exception):  # noqa: N818 - not an error: the core's way out of a helper
+class _Awaiting(Exception):
     """Raised inside the core by a helper that finds something must be loaded first: the
     core answers its `admission`."""
 
@@ -603,7 +603,8 @@ class Gate:
             assert charging is not None
             admission.charged = await charging
         elif need == _IDENTITY:
-            assert record is not None and record.identity is not None
+            assert record is not None
+            assert record.identity is not None
             try:
                 admission.identity = await self.manager.usable_identity(record.identity)
             except AuthenticationError:
