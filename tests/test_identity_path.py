@@ -411,3 +411,72 @@ async def test_on_a_cluster_a_key_refusal_gives_the_identity_its_credits_back(
     finally:
         await manager.aclose()
         await delete_redis_prefix(url, f"{prefix}:")
+
+
+# -- the key cache's identity entries ----------------------------------------------------------
+
+
+async def _proven(cache: Any, channel: Any) -> None:
+    cache._serving = True
+    round_ = asyncio.ensure_future(cache.refresh())
+    await asyncio.sleep(0)
+    channel.deliver(1)
+    await round_
+
+
+async def test_an_identity_is_cached_as_i_id_and_dropped_by_its_notice() -> None:
+    from apikeys.cache import KeyCache
+    from tests.test_cache import Bus, BusChannel, FakeClock
+
+    store = MemoryStore()
+    async with _manager(store) as manager:
+        await manager.create_identity("acme", workspace="w")
+    clock = FakeClock()
+    channel = BusChannel(Bus(clock))
+    cache = KeyCache(store, channel, clock=clock, autostart=False)
+    await cache.connect()
+    assert (await cache.load_identity("acme")) is not None
+    assert await cache.load_identity("gone") is None
+    assert cache.hit_identity("acme") is None  # not proven fresh yet
+    await _proven(cache, channel)
+    held = cache.hit_identity("acme")
+    assert held is not None
+    assert held.id == "acme"
+    assert cache.missing_identity("gone")
+    assert cache.hit("i:acme") is not None  # one cache: the entry is named i:<id>
+    cache.on_notice("writer:1:i:acme")
+    assert cache.hit_identity("acme") is None
+    cache.on_notice("writer:2:i:gone")
+    assert not cache.missing_identity("gone")
+    await cache.aclose()
+
+
+async def test_if_an_identity_read_races_with_its_notice_then_it_is_not_kept() -> None:
+    from apikeys.cache import KeyCache
+    from tests.test_cache import Bus, BusChannel, FakeClock
+
+    store = MemoryStore()
+    async with _manager(store) as manager:
+        await manager.create_identity("acme", workspace="w")
+    clock = FakeClock()
+    channel = BusChannel(Bus(clock))
+    cache = KeyCache(store, channel, clock=clock, autostart=False)
+    await cache.connect()
+    reading = asyncio.Event()
+    identities = store.identities()
+    original = identities.get_to_cache
+
+    async def slow(identity_id: str) -> Any:
+        found = await original(identity_id)
+        await reading.wait()
+        return found
+
+    identities.get_to_cache = slow  # type: ignore[method-assign]
+    load = asyncio.ensure_future(cache.load_identity("acme"))
+    await asyncio.sleep(0)
+    cache.on_notice("writer:1:i:acme")
+    reading.set()
+    assert await load is not None  # answered
+    await _proven(cache, channel)
+    assert cache.hit_identity("acme") is None  # but not kept
+    await cache.aclose()
