@@ -382,6 +382,28 @@ async def test_identity_and_key_credits_are_spent_exactly_on_every_store(
     await _spend_exactly(manager)
 
 
+async def test_a_rolled_key_of_an_identity_spends_its_pairs_balance_on_every_store(
+    manager: KeyManager,
+) -> None:
+    await _spend_rolled(manager)
+
+
+async def _spend_rolled(manager: KeyManager) -> None:
+    """A rolled key of an identity spends its successor's balance with the identity's."""
+    identity = await manager.create_identity("acme-rolled", workspace="w", credits=10)
+    old = await manager.create(
+        name="k", workspace="w", full_access=True, identity="acme-rolled", credits=4
+    )
+    new = await manager.roll(old.record.id)
+    assert new.record.identity == "acme-rolled"
+    spent = await manager.spend_request_credits(old.record, identity, 3)
+    assert (spent.identity_left, spent.key_left) == (7, 1)  # the successor's balance
+    refused = await manager.spend_request_credits(new.record, identity, 2)
+    assert refused.refused == "key"
+    assert (await manager.get_identity("acme-rolled")).credits == 7
+    assert (await manager.get(new.record.id)).credits == 1
+
+
 async def test_concurrent_spends_of_one_identity_never_overspend_on_every_store(
     manager: KeyManager,
 ) -> None:
@@ -408,6 +430,7 @@ async def test_on_a_cluster_a_key_refusal_gives_the_identity_its_credits_back(
     manager = _manager(store)
     try:
         await _spend_exactly(manager)
+        await _spend_rolled(manager)
     finally:
         await manager.aclose()
         await delete_redis_prefix(url, f"{prefix}:")
