@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 MAX_IDENTITY_ID_LENGTH: Final = 64
+"""The longest identity id: it is part of Redis keys, hash tags and notices."""
 IDENTITY_ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
 """What an identity id may be: 1 to 64 characters, starting with a letter or a digit."""
 
@@ -137,6 +138,7 @@ class IdentityRecord:
 
     @property
     def active(self) -> bool:
+        """Whether its keys may be used (as far as the identity decides)."""
         return self.state == ACTIVE
 
     @property

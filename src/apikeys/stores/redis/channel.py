@@ -60,6 +60,7 @@ from apikeys.stores.contract import (
     parse_notice,
 )
 from apikeys.stores.redis.client import RedisTarget
+from apikeys.types import identity_subject
 
 __all__ = ["RedisChannel", "RedisClusterChannel", "channel_for"]
 
@@ -172,7 +173,7 @@ class RedisChannel(Channel):
         self.native = native
         self._notices = notices_channel(key_prefix)
         self._tracked = f"{key_prefix}key:"
-        self._tracked_identities = f"{key_prefix}{{i:"
+        self._tracked_identities = f"{key_prefix}{{{identity_subject('')}"
         self._acks_prefix = f"{key_prefix}acks:"
         self._registry = f"{key_prefix}readers"
         self._client: Redis | None = None

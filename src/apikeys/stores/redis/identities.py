@@ -111,7 +111,10 @@ class RedisIdentities(IdentityStore):
 
     def _keys(self, identity_id: str) -> list[str]:
         # A change script's KEYS: the hash and its audit list, in one slot.
-        return [self.hash_name(identity_id), self._store.audit_list_name(f"i:{identity_id}")]
+        return [
+            self.hash_name(identity_id),
+            self._store.audit_list_name(identity_subject(identity_id)),
+        ]
 
     def _tail(self, event: AuditEvent | None, notice: str | None) -> list[str]:
         # As the key store's: no webhook event, the audit event, the channel, the notice.

@@ -62,6 +62,7 @@ from typing import Final
 import sqlalchemy as sa
 
 from apikeys.stores.contract import STORE_WRITER
+from apikeys.types import identity_subject
 
 __all__ = [
     "CHANGES_STORAGE",
@@ -177,7 +178,7 @@ def _identity_notice(row: str) -> str:
     return f"'{STORE_WRITER}:0:{IDENTITY_PREFIX}' || {row}.id"
 
 
-IDENTITY_PREFIX: Final = "i:"
+IDENTITY_PREFIX: Final = identity_subject("")
 """What an identity's id follows in the notices of its row's changes (`i:<id>`)."""
 
 
@@ -193,20 +194,23 @@ def _install_sqlite_identities(
         [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(identities)]
         + ["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"]
     )
-    for name, when, rows in (
-        (inserted, "AFTER INSERT", ("NEW",)),
-        (deleted, "AFTER DELETE", ("OLD",)),
-        (updated, f"AFTER UPDATE ON {table} WHEN {differ}", ("OLD", "NEW")),
+    logged = f"INSERT INTO {changes_name} (notice) SELECT"
+    for name, event, statements in (
+        (inserted, "INSERT", f"{logged} {_identity_notice('NEW')};"),
+        (deleted, "DELETE", f"{logged} {_identity_notice('OLD')};"),
+        (
+            updated,
+            f"UPDATE ON {table} WHEN {differ}",
+            # An id changed by hand names both: the old id's readers and the new one's.
+            f"{logged} {_identity_notice('OLD')}; "
+            f"{logged} {_identity_notice('NEW')} WHERE NEW.id IS NOT OLD.id;",
+        ),
     ):
-        on = "" if "UPDATE" in when else f" ON {table}"
-        inserts = " ".join(
-            f"INSERT INTO {changes_name} (notice) SELECT {_identity_notice(row)}"
-            + (" WHERE NEW.id IS NOT OLD.id;" if row == "NEW" and len(rows) == 2 else ";")
-            for row in rows
-        )
+        on = "" if event.startswith("UPDATE") else f" ON {table}"
         connection.execute(
             sa.text(
-                f"CREATE TRIGGER IF NOT EXISTS {quote.quote(name)} {when}{on} BEGIN {inserts} END"
+                f"CREATE TRIGGER IF NOT EXISTS {quote.quote(name)} AFTER {event}{on} "
+                f"BEGIN {statements} END"
             )
         )
 
