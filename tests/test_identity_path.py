@@ -503,3 +503,56 @@ async def test_if_an_identity_read_races_with_its_notice_then_it_is_not_kept() -
     await _proven(cache, channel)
     assert cache.hit_identity("acme") is None  # but not kept
     await cache.aclose()
+
+
+async def _write_state_by_hand(store: KeyStore, identity_id: str, state: str) -> None:
+    """Set an identity's state as another program would: a plain SQL UPDATE of its row, or
+    an HSET of its Redis hash (no apikeys change, no notice but what the store's own log
+    or Redis' tracking makes of it)."""
+    import sqlalchemy as sa
+
+    identities: Any = store.identities()
+    if hasattr(identities, "hash_name"):
+        await store.client.hset(identities.hash_name(identity_id), "state", state)  # type: ignore[attr-defined]
+        return
+    table = identities._table
+
+    async def work(conn: Any) -> None:
+        await conn.execute(sa.update(table).where(table.c.id == identity_id).values(state=state))
+
+    await identities._run(work)
+
+
+async def _refused_within(gate: Gate, token: str, seconds: float) -> None:
+    """Poll until `token` is refused (a writer that is not apikeys waits for no reader: its
+    change is seen within a lease), then check it stays refused."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        try:
+            await _admit(gate, token)
+        except KeyDisabled:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "still admitted"
+        await asyncio.sleep(0.02)
+    for _ in range(5):
+        with pytest.raises(KeyDisabled):
+            await _admit(gate, token)
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres", "redis"], indirect=True)
+async def test_if_an_identity_row_or_hash_is_disabled_by_hand_then_caching_readers_refuse(
+    store: KeyStore, second_store: KeyStore
+) -> None:
+    writer = _manager(store)
+    reader = _manager(second_store)
+    try:
+        await writer.create_identity("acme", workspace="w")
+        created = await writer.create(name="a", workspace="w", full_access=True, identity="acme")
+        gate = Gate(reader, limiter=RateLimiter("1000/hour"))
+        for _ in range(3):
+            await _admit(gate, created.key)
+        await _write_state_by_hand(store, "acme", "disabled")
+        await _refused_within(gate, created.key, 3 * reader.cache.lease)  # type: ignore[union-attr]
+    finally:
+        await reader.aclose()
+        await writer.aclose()
