@@ -4,13 +4,13 @@ credits are admitted, and every refusal is charged to nothing (CONTRACT section 
 One-process hypothesis tests (`tests/test_identity_path.py`, `tests/test_identity_limits.py`)
 check the decision for all limits, costs and interleavings; these count on real servers:
 
-| kind     | key store                   | limiter                | processes |
-|----------|-----------------------------|------------------------|-----------|
-| memory   | memory (in the process)     | memory (in the process) | 1        |
-| sqlite   | a SQLite file               | Redis                  | 2         |
-| postgres | a table of its own          | Redis                  | 2         |
-| redis    | a key prefix of its own     | Redis                  | 2         |
-| cluster  | a prefix on a Redis Cluster | the same Cluster       | 2         |
+| kind     | key store                   | limiter                 | processes |
+|----------|-----------------------------|-------------------------|-----------|
+| memory   | memory (in the process)     | memory (in the process) | 1         |
+| sqlite   | a SQLite file               | Redis                   | 2         |
+| postgres | a table of its own          | Redis                   | 2         |
+| redis    | a key prefix of its own     | Redis                   | 2         |
+| cluster  | a prefix on a Redis Cluster | the same Cluster        | 2         |
 
 Each kind's servers are started once for the module. The identity and its keys are made by
 the servers' app (`POST /test/identity` of `tests/mp_app.py`): a `memory://` store has no
@@ -232,6 +232,8 @@ async def test_if_three_keys_share_an_identitys_limit_then_exactly_it_is_admitte
             body = assert_problem(answer, 429, "rate_limited")
             assert body["violated_policies"] == ["identity.minute"]
             assert remaining(answer)["identity.minute"] == 0
+            # The identity's minute is the only wait (Redis' TTL is in whole seconds: 61).
+            assert 1 <= int(answer.headers["retry-after"]) <= 61
             assert (
                 f'"identity.minute";q={IDENTITY_LIMIT};w=60' in answer.headers["ratelimit-policy"]
             )
