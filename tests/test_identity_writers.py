@@ -7,7 +7,8 @@ with all three keys of an identity; then a writer turns the identity off:
 - the command line (`apikeys identities disable|revoke`), in a process of its own;
 - a `KeyManager(store, cache=False)` (a job, a back office);
 - a writer that is not apikeys: a plain SQL `UPDATE <keys>_identities SET state =
-  'disabled'` (sqlite3, asyncpg), or `HSET <prefix>{i:<id>} state disabled` from redis-cli.
+  'disabled'` (sqlite3, asyncpg), or `HSET <prefix>{i:<id>} state disabled` from redis-cli;
+  for a revoke, its row deleted (`DELETE`) or its hash (`DEL`).
 
 Once an apikeys writer has returned, no request sent afterwards is admitted; a writer that
 is not apikeys cannot wait for the processes, so its change holds once a lease has passed
@@ -29,6 +30,7 @@ import httpx
 import pytest
 
 from apikeys import Hasher, KeyManager, store_from_url
+from apikeys.errors import IdentityNotFound
 from tests.test_cache_servers import LEASE_WAIT, Load, cli, each, health, wait_until_fresh
 from tests.test_identity_processes import KINDS as ALL_KINDS
 from tests.test_identity_processes import Pool, Pools
@@ -72,30 +74,39 @@ async def by_cli(config: Config, *args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-async def disable_by_hand(config: Config, identity: str) -> None:
-    """`UPDATE <keys>_identities SET state = 'disabled'` in sqlite3 or psql's place, or
-    `HSET <prefix>{i:<id>} state disabled` from redis-cli: no apikeys code at all."""
+async def by_hand(config: Config, identity: str, verb: str) -> None:
+    """What sqlite3, psql or redis-cli would do, no apikeys code at all: `disable` is
+    `UPDATE <keys>_identities SET state = 'disabled'` or `HSET <prefix>{i:<id>} state
+    disabled`; `revoke` deletes the identity's row or hash (its keys are then refused as
+    revoked, as of an identity that is gone)."""
+    assert verb in ("disable", "revoke")
     if config.kind == "sqlite":
         path = config.store_url.removeprefix("sqlite:///")
+        sql = {
+            "disable": "UPDATE apikeys_keys_identities SET state = 'disabled' WHERE id = ?",
+            "revoke": "DELETE FROM apikeys_keys_identities WHERE id = ?",
+        }[verb]
         with sqlite3.connect(path) as connection:
-            connection.execute(
-                "UPDATE apikeys_keys_identities SET state = 'disabled' WHERE id = ?", (identity,)
-            )
+            connection.execute(sql, (identity,))
     elif config.kind == "postgres":
         import asyncpg
 
         table = f"{config.store_options['table_name']}_identities"
+        sql = {
+            "disable": f"UPDATE \"{table}\" SET state = 'disabled' WHERE id = $1",  # noqa: S608
+            "revoke": f'DELETE FROM "{table}" WHERE id = $1',  # noqa: S608
+        }[verb]
         connection = await asyncpg.connect(config.store_url)
         try:
-            await connection.execute(
-                f"UPDATE \"{table}\" SET state = 'disabled' WHERE id = $1",  # noqa: S608
-                identity,
-            )
+            await connection.execute(sql, identity)
         finally:
             await connection.close()
     else:
         name = f"{config.store_options['key_prefix']}{{i:{identity}}}"
-        redis_cli(config.store_url, "HSET", name, "state", "disabled")
+        if verb == "disable":
+            redis_cli(config.store_url, "HSET", name, "state", "disabled")
+        else:
+            redis_cli(config.store_url, "DEL", name)
 
 
 async def change(config: Config, identity: str, writer: str, verb: str) -> None:
@@ -106,8 +117,7 @@ async def change(config: Config, identity: str, writer: str, verb: str) -> None:
         async with job(config) as manager:
             await getattr(manager, f"{verb}_identity")(identity)
     else:
-        assert verb == "disable"
-        await disable_by_hand(config, identity)
+        await by_hand(config, identity, verb)
 
 
 async def identity_with_keys(config: Config) -> tuple[str, list[str], list[str]]:
@@ -204,11 +214,15 @@ async def test_if_an_identity_is_disabled_by_any_writer_then_no_key_of_it_is_adm
             assert_problem(answer, 401, "key_revoked")
 
 
-@pytest.mark.parametrize("writer", ["cli", "job"])
+@pytest.mark.parametrize("writer", ["cli", "job", "by_hand"])
 @pytest.mark.parametrize("kind", KINDS)
-async def test_if_an_identity_is_revoked_by_apikeys_then_no_key_of_it_is_admitted_anywhere(
+async def test_if_an_identity_is_revoked_or_deleted_then_no_key_of_it_is_admitted_anywhere(
     pool: Pool, writer: str
 ) -> None:
     identity, _, _ = await off_under_load(pool, writer, "revoke")
     async with job(pool.config) as manager:
-        assert (await manager.get_identity(identity)).state == "revoked"
+        if writer == "by_hand":
+            with pytest.raises(IdentityNotFound):
+                await manager.get_identity(identity)
+        else:
+            assert (await manager.get_identity(identity)).state == "revoked"
