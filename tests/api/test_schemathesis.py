@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 import requests
-from requests.adapters import BaseAdapter
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from requests.adapters import BaseAdapter
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 
@@ -31,12 +31,13 @@ EXAMPLES = 6
 # A body the schemas accept may still be refused for what it means (a scope that is not in
 # the scope grammar, a rate limit that does not parse, a restricted key without scopes):
 # 400 with the reason. And an Idempotency-Key the generator happens to send twice with two
-# bodies is refused, 422, as the IETF draft has it. Every other default stays as it is.
+# bodies is refused, 422, as the IETF draft has it; an If-Match of a version the key is not
+# at, 412. Every other default stays as it is.
 CONFIG = SchemathesisConfig.from_dict(
     {
         "checks": {
             "positive_data_acceptance": {
-                "expected-statuses": ["2xx", "400", "401", "403", "404", "409", "422", "429"]
+                "expected-statuses": ["2xx", "400", "401", "403", "404", "409", "412", "422", "429"]
             }
         }
     }
@@ -45,6 +46,20 @@ STORES = [
     pytest.param("sqlite", marks=pytest.mark.sqlite, id="sqlite"),
     pytest.param("postgres", marks=pytest.mark.postgres, id="postgres"),
 ]
+
+
+def raw_headers(headers: Any) -> list[tuple[bytes, bytes]]:
+    """Headers as the bytes a client puts on the wire (httpx takes only ASCII text)."""
+
+    def raw(text: str | bytes) -> bytes:
+        if isinstance(text, bytes):
+            return text
+        try:
+            return text.encode("latin-1")
+        except UnicodeEncodeError:
+            return text.encode("utf-8")
+
+    return [(raw(name), raw(value)) for name, value in dict(headers or {}).items()]
 
 
 class InLoop(BaseAdapter):
@@ -61,7 +76,7 @@ class InLoop(BaseAdapter):
             self.service.client.request(
                 str(request.method),
                 str(request.url),
-                headers=dict(request.headers),
+                headers=raw_headers(request.headers),
                 content=request.body if isinstance(request.body, bytes) else None,
             )
         )
@@ -83,9 +98,7 @@ class Service:
 
     def __init__(self, runner: asyncio.Runner, url: str, options: dict[str, str]) -> None:
         self.runner = runner
-        self.manager = KeyManager(
-            store_from_url(url, **options), hasher=Hasher(pepper=TEST_PEPPER)
-        )
+        self.manager = KeyManager(store_from_url(url, **options), hasher=Hasher(pepper=TEST_PEPPER))
         self.api = ManagementAPI(self.manager, rate_limit="1000000/minute")
         transport = httpx.ASGITransport(app=self.api)
         self.client = httpx.AsyncClient(transport=transport, base_url="http://test")
@@ -98,7 +111,7 @@ class Service:
         request: dict[str, Any] = {
             "method": kwargs["method"],
             "url": kwargs["url"],
-            "headers": kwargs.get("headers"),
+            "headers": raw_headers(kwargs.get("headers")),
             "params": kwargs.get("params"),
         }
         if "json" in kwargs:

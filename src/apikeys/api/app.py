@@ -118,7 +118,7 @@ class ManagementAPI:
             endpoints[f"{action}_identity"] = identities.state_change(action)
         routes = [Route("/openapi.json", self._openapi, methods=["GET"])]
         for operation in OPERATIONS:
-            endpoint = answers(endpoints[operation.id])
+            endpoint = answers(endpoints[operation.id], [name for name, _ in operation.query])
             if operation.method == "POST":
                 endpoint = self._idempotent(endpoint)
             routes.append(Route(operation.path, endpoint, methods=[operation.method]))

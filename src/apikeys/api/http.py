@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import wraps
 from typing import Any, Final
@@ -159,12 +159,20 @@ def refusal_of(exc: APIKeyError) -> RequestRefused:
     return Conflict("It cannot be done now.")
 
 
-def answers(endpoint: Endpoint) -> Endpoint:
-    """`endpoint`, answering every apikeys error as problem+json."""
+def answers(endpoint: Endpoint, query: Collection[str] = ()) -> Endpoint:
+    """`endpoint`, answering every apikeys error as problem+json; a query parameter other
+    than those named in `query` is `InvalidPayload`, as an unknown field of a body is."""
+    taken = frozenset(query)
 
     @wraps(endpoint)
     async def answer(request: Request) -> Response:
         try:
+            unknown = [name for name in request.query_params if name not in taken]
+            if unknown:
+                message = "is not a parameter of this request"
+                raise InvalidPayload(
+                    [{"field": name[:50], "message": message} for name in unknown[:10]]
+                )
             return await endpoint(request)
         except APIKeyError as exc:
             return problem_response(refusal_of(exc))

@@ -57,8 +57,8 @@ class IdentityEndpoints:
     async def update(self, request: Request) -> Response:
         caller = Caller.of(request)
         record = await self.own(caller, request.path_params["identity_id"])
-        check_if_match(request, record)
         body = check_body(await read_json(request), IDENTITY_UPDATE)
+        check_if_match(request, record)
         updated = await self.manager.update_identity(record.id, actor=caller.actor, **body)
         return json_response(200, updated.to_dict(), etag=etag_of(updated))
 
@@ -73,8 +73,8 @@ class IdentityEndpoints:
         async def endpoint(request: Request) -> Response:
             caller = Caller.of(request)
             record = await self.own(caller, request.path_params["identity_id"])
-            check_if_match(request, record)
             check_body(await read_json(request, empty_ok=True), NO_BODY)
+            check_if_match(request, record)
             changed = await change(record.id, actor=caller.actor)
             return json_response(200, changed.to_dict(), etag=etag_of(changed))
 

@@ -156,8 +156,8 @@ class KeyEndpoints:
     async def update(self, request: Request) -> Response:
         caller = Caller.of(request)
         record = await self.own(caller, request.path_params["key_id"])
-        check_if_match(request, record)
         body = check_body(await read_json(request), KEY_UPDATE)
+        check_if_match(request, record)
         self.check(caller, body, record)
         given = {name: body[name] for name in _PLAIN if name in body}
         updated = await self.manager.update(
@@ -168,8 +168,8 @@ class KeyEndpoints:
     async def roll(self, request: Request) -> Response:
         caller = Caller.of(request)
         record = await self.own(caller, request.path_params["key_id"])
-        check_if_match(request, record)
         body = check_body(await read_json(request, empty_ok=True), ROLL)
+        check_if_match(request, record)
         why = refusal(record, "roll")
         if why is not None:
             raise Conflict(f"The key cannot be rolled: {why}.")
@@ -194,8 +194,8 @@ class KeyEndpoints:
         async def endpoint(request: Request) -> Response:
             caller = Caller.of(request)
             record = await self.own(caller, request.path_params["key_id"])
-            check_if_match(request, record)
             check_body(await read_json(request, empty_ok=True), NO_BODY)
+            check_if_match(request, record)
             changed = await change(record.id, actor=caller.actor)
             return json_response(200, changed.to_dict(), etag=etag_of(changed))
 
