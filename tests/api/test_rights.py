@@ -107,8 +107,8 @@ async def _run(caller_spec: dict[str, Any], body: dict[str, Any], update: bool) 
             changed = records[answer.json()["id"]]
             within(changed, caller, body, created=not update)
             if not update:
-                assert changed.rate_limit is None and changed.credits is None
-                assert changed.owner is None and not changed.metadata and changed.identity is None
+                operator_values = [getattr(changed, name) for name in OPERATOR_VALUES]
+                assert all(value in (None, (), {}) for value in operator_values)
             elif "expires_at" in body:
                 assert changed.expires_at is not None
                 assert target.record.expires_at is not None
