@@ -15,7 +15,9 @@ from starlette.routing import Mount
 
 from apikeys import KeyManager
 from apikeys.api import OPERATIONS, ManagementAPI
+from apikeys.fields import KEY_FIELDS
 from apikeys.types import utcnow
+from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
 BASE = "http://test/v1/api-keys"
 WRITER = ["apikeys:read", "apikeys:write", "contacts:read", "contacts:write"]
@@ -352,3 +354,39 @@ def test_every_operation_needs_a_management_scope() -> None:
         for operation in OPERATIONS
         if operation.path.startswith("/identities") and operation.method != "GET"
     )
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "apikeys.api",
+        "apikeys.api.app",
+        "apikeys.api.http",
+        "apikeys.api.identities",
+        "apikeys.api.idempotency",
+        "apikeys.api.keys",
+        "apikeys.api.openapi",
+        "apikeys.api.operations",
+        "apikeys.api.schemas",
+    ],
+)
+def test_the_public_names_of_the_api_are_exported_and_documented(module: str) -> None:
+    assert_all_is_complete(module)
+    assert_exports_are_documented(module)
+
+
+def test_the_openapi_document_documents_every_operation_and_its_errors() -> None:
+    document = ManagementAPI(KeyManager("memory://")).document
+    assert document["openapi"] == "3.1.0"
+    for operation in OPERATIONS:
+        answer = document["paths"][operation.path][operation.method.lower()]
+        assert str(operation.status) in answer["responses"]
+        for code in ("400", "401", "403", "429", "503"):
+            content = answer["responses"][code]["content"]
+            assert content["application/problem+json"]["schema"] == {
+                "$ref": "#/components/schemas/Problem"
+            }
+    # The bodies come from the field table: every field a role may set, and nothing else.
+    create = document["paths"]["/keys"]["post"]["requestBody"]["content"]["application/json"]
+    assert set(create["schema"]["properties"]) == {*KEY_FIELDS, "environment"}
+    assert create["schema"]["additionalProperties"] is False

@@ -32,7 +32,13 @@ from typing import Final
 from apikeys.errors import Conflict, IdempotencyKeyReused, InvalidPayload
 from apikeys.stores.contract import KeyStore
 
-__all__ = ["IDEMPOTENCY_TTL", "MAX_IDEMPOTENCY_KEY", "Idempotency", "Kept"]
+__all__ = [
+    "IDEMPOTENCY_TTL",
+    "MAX_IDEMPOTENCY_KEY",
+    "Idempotency",
+    "Kept",
+    "check_idempotency_key",
+]
 
 IDEMPOTENCY_TTL: Final = timedelta(hours=24)
 """How long a POST's answer is kept for its retries."""
