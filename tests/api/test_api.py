@@ -13,8 +13,10 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from apikeys import KeyManager
+from apikeys import KeyManager, MemoryStore
 from apikeys.api import OPERATIONS, ManagementAPI
+from apikeys.api.idempotency import Idempotency
+from apikeys.errors import Conflict, IdempotencyKeyReused, InvalidPayload
 from apikeys.fields import KEY_FIELDS
 from apikeys.types import utcnow
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
@@ -390,3 +392,27 @@ def test_the_openapi_document_documents_every_operation_and_its_errors() -> None
     create = document["paths"]["/keys"]["post"]["requestBody"]["content"]["application/json"]
     assert set(create["schema"]["properties"]) == {*KEY_FIELDS, "environment"}
     assert create["schema"]["additionalProperties"] is False
+
+
+async def test_a_retry_while_running_conflicts_and_only_the_callers_key_opens_the_answer() -> None:
+    store = MemoryStore()
+
+    def guard(token: str, body: bytes = b"{}") -> Idempotency:
+        return Idempotency(
+            store, caller_id="abc", caller_token=token, idempotency_key="k1", request=body
+        )
+
+    first = guard("ak_live_token")
+    assert await first.begin() is None
+    with pytest.raises(Conflict):
+        await guard("ak_live_token").begin()
+    await first.keep(201, b'{"key": "secret"}')
+    replay = await guard("ak_live_token").begin()
+    assert replay is not None
+    assert (replay.status, replay.body) == (201, b'{"key": "secret"}')
+    with pytest.raises(IdempotencyKeyReused):
+        await guard("another token").begin()
+    with pytest.raises(IdempotencyKeyReused):
+        await guard("ak_live_token", b'{"name": "other"}').begin()
+    with pytest.raises(InvalidPayload):
+        Idempotency(store, caller_id="abc", caller_token="t", idempotency_key="é", request=b"")

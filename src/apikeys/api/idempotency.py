@@ -46,6 +46,9 @@ MAX_IDEMPOTENCY_KEY: Final = 255
 """The longest `Idempotency-Key` taken (printable ASCII)."""
 
 _PENDING: Final = "pending"
+# How long a running request's mark lasts: a process that dies mid-request blocks the
+# retries of its Idempotency-Key this long, not for the whole IDEMPOTENCY_TTL.
+_PENDING_TTL: Final = timedelta(minutes=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +119,13 @@ class Idempotency:
         `Conflict` while the first runs); None: this is the first, run it, then `keep`."""
         found = await self._store.take_once(self._slot)
         if found is None:
-            await self._store.put_once(self._slot, f"{_PENDING}.{self._fingerprint}", self._ttl)
+            mark = f"{_PENDING}.{self._fingerprint}"
+            await self._store.put_once(self._slot, mark, min(self._ttl, _PENDING_TTL))
             return None
-        # Put back at once: the answer stays for the next retry.
-        await self._store.put_once(self._slot, found, self._ttl)
         kind, _, rest = found.partition(".")
+        # Put back at once: the answer stays for the next retry.
+        ttl = min(self._ttl, _PENDING_TTL) if kind == _PENDING else self._ttl
+        await self._store.put_once(self._slot, found, ttl)
         fingerprint, _, sealed = rest.partition(".")
         if not hmac.compare_digest(fingerprint, self._fingerprint):
             raise IdempotencyKeyReused()
