@@ -131,3 +131,49 @@ def test_the_property_draws_every_key_field() -> None:
     drawn = {"name", "access", "scopes", "expires_at", *OPERATOR_VALUES}
     assert drawn == set(KEY_FIELDS)
     assert isinstance(NOW, datetime)
+
+
+async def _roll(caller_spec: dict[str, Any], target_spec: dict[str, Any]) -> None:
+    async with KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER)) as manager:
+        hours = caller_spec["expires_in_hours"]
+        made = await manager.create(
+            name="caller",
+            workspace="acme",
+            full_access=caller_spec["full"],
+            scopes=() if caller_spec["full"] else ["apikeys:write", *caller_spec["scopes"]],
+            expires_in=None if hours is None else timedelta(hours=hours),
+        )
+        target = await manager.create(
+            name="target",
+            workspace="acme",
+            full_access=target_spec["full"],
+            scopes=() if target_spec["full"] else target_spec["scopes"],
+        )
+        api = ManagementAPI(manager, rate_limit="100000/minute")
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answer = await client.post(
+                f"/keys/{target.record.id}/roll",
+                json={"grace_seconds": 0},
+                headers={"Authorization": f"Bearer {made.key}"},
+            )
+        records = {record.id: record for record in await manager.list("acme")}
+        if answer.status_code == 201:
+            # The caller holds the new key's secret: it is a key the caller made.
+            within(records[answer.json()["id"]], made.record, {}, created=True)
+        else:
+            assert answer.status_code == 403, answer.text
+            assert len(records) == 2
+
+
+@settings(max_examples=100)
+@given(
+    caller=callers,
+    target=st.fixed_dictionaries(
+        {"full": st.booleans(), "scopes": st.lists(st.sampled_from(POOL), min_size=1, unique=True)}
+    ),
+)
+def test_a_roll_never_hands_the_caller_a_key_beyond_its_own(
+    caller: dict[str, Any], target: dict[str, Any]
+) -> None:
+    asyncio.run(_roll(caller, target))

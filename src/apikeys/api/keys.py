@@ -5,8 +5,10 @@ Every change a caller asks for goes through `apikeys.fields.check_change` as a w
 user's, exactly as the settings page's does: the fields the table gives the workspace
 (and those the operator handed over, `workspace_fields`), scopes within the caller's own
 (any, for a full-access caller), an expiry no later than the key's nor the caller's own
-(a key made by a key that expires expires with it at the latest). A roll keeps the key's
-expiry (`workspace_roll_expiry`). The audit trail names the caller as `key:<id>`.
+(a key made by a key that expires expires with it at the latest). A roll hands the caller a
+new secret with the key's grants, so it is a create of them: refused for a key with scopes
+beyond the caller's; the new key keeps the key's expiry (`workspace_roll_expiry`), or the
+caller's if that comes first. The audit trail names the caller as `key:<id>`.
 """
 
 from __future__ import annotations
@@ -173,8 +175,13 @@ class KeyEndpoints:
         why = refusal(record, "roll")
         if why is not None:
             raise Conflict(f"The key cannot be rolled: {why}.")
-        # Never later than the key's own expiry: that is the operator's to move.
+        # A roll hands the caller a new key with this one's grants: as if it asked for them.
+        self.check(caller, {"access": record.access, "scopes": record.scopes}, None)
+        # Never later than the key's own expiry (the operator's to move), nor the caller's.
         expires_at = workspace_roll_expiry(record, utcnow())
+        ceiling = caller.record.expires_at
+        if ceiling is not None and (expires_at is None or expires_at > ceiling):
+            expires_at = ceiling
         created = await self.manager.roll(
             record.id,
             grace=timedelta(seconds=body.get("grace_seconds", 24 * 3600)),
