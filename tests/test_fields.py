@@ -306,3 +306,17 @@ async def test_a_roll_takes_an_expiry_of_its_own(memory_manager: KeyManager) -> 
     with pytest.raises(ForbiddenField):
         workspace_roll_expiry(old, old.expires_at)
     assert workspace_roll_expiry(old, old.created_at) == old.expires_at
+
+
+def test_an_expiry_ceiling_bounds_a_workspace_users_expiry_on_create_and_update() -> None:
+    now = datetime.now(UTC)
+    ceiling = now + timedelta(days=1)
+    check_change(
+        {"expires_at": now + timedelta(hours=1)}, role=Role.WORKSPACE, expiry_ceiling=ceiling
+    )
+    for wanted in (now + timedelta(days=2), None):
+        with pytest.raises(ForbiddenField) as refused:
+            check_change({"expires_at": wanted}, role=Role.WORKSPACE, expiry_ceiling=ceiling)
+        assert refused.value.field == "expires_at"
+    # The operator has no ceiling.
+    check_change({"expires_at": None}, role=Role.OPERATOR, expiry_ceiling=ceiling)

@@ -35,6 +35,10 @@ APIKeyError                       root of everything apikeys raises
     ├── MalformedJSON             400 malformed_json
     ├── InvalidPayload            400 invalid_payload (with `errors`, a list of field errors)
     ├── ForbiddenField            403 forbidden_field (a workspace user set an operator's field)
+    ├── ResourceNotFound          404 not_found (a management call named an id it cannot see)
+    ├── Conflict                  409 conflict (a state the key or identity is in forbids it)
+    ├── PreconditionFailed        412 precondition_failed (`If-Match` names another version)
+    ├── IdempotencyKeyReused      422 idempotency_key_reused (the key came with another body)
     └── SigningKeysUnavailable    503 signing_keys_unavailable (GitHub's key list unreachable)
 ```
 
@@ -53,12 +57,14 @@ __all__ = [
     "AuthenticationError",
     "ChangeNotConfirmed",
     "ConfigurationError",
+    "Conflict",
     "CreditsExhausted",
     "DeliveryInProgress",
     "DuplicateIdentity",
     "DuplicateKeyId",
     "ForbiddenField",
     "IPNotAllowed",
+    "IdempotencyKeyReused",
     "IdentityNotFound",
     "InsufficientScope",
     "InvalidAPIKey",
@@ -77,8 +83,10 @@ __all__ = [
     "MissingAPIKey",
     "MissingSignature",
     "PayloadTooLarge",
+    "PreconditionFailed",
     "RateLimited",
     "RequestRefused",
+    "ResourceNotFound",
     "SigningKeysUnavailable",
     "StoreUnavailable",
     "UnsupportedMediaType",
@@ -478,6 +486,48 @@ class ForbiddenField(RequestRefused):
             if why
             else f"Only the operator may change the key's {field}; nothing was changed."
         )
+
+
+class ResourceNotFound(RequestRefused):
+    """A management call named a key or identity it cannot see: unknown, or another
+    workspace's (both answer alike, so ids of other workspaces cannot be told apart)."""
+
+    status = 404
+    code = "not_found"
+    title = "Not found"
+    detail = "There is no such resource in your workspace."
+
+
+class Conflict(RequestRefused):
+    """A management call the current state forbids: enabling a revoked key, rolling a
+    disabled one, an identity id that is taken, a retry while the first is running."""
+
+    status = 409
+    code = "conflict"
+    title = "Conflict"
+
+
+class PreconditionFailed(RequestRefused):
+    """`If-Match` names another version than the current one: someone changed it since it
+    was read. Nothing was changed; read it again."""
+
+    status = 412
+    code = "precondition_failed"
+    title = "Precondition failed"
+    detail = "The resource changed since it was read (If-Match); nothing was changed."
+
+
+class IdempotencyKeyReused(RequestRefused):
+    """An `Idempotency-Key` sent again with another request than the one it was first
+    sent with. Nothing was done."""
+
+    status = 422
+    code = "idempotency_key_reused"
+    title = "Idempotency key reused"
+    detail = (
+        "This Idempotency-Key was used with another request; use a new key for a new "
+        "request. Nothing was done."
+    )
 
 
 class SigningKeysUnavailable(RequestRefused):

@@ -95,6 +95,7 @@ def check_change(
     current: KeyRecord | None = None,
     scope_ceiling: Collection[str] | None = None,
     workspace_fields: Collection[str] = (),
+    expiry_ceiling: datetime | None = None,
 ) -> None:
     """Raise `ForbiddenField` unless `role` may make this change; it changes nothing.
 
@@ -104,7 +105,9 @@ def check_change(
     workspace user may set the fields `KEY_FIELDS` gives the workspace, and those named
     in `workspace_fields`; an expiry no later than `current`'s (None: never, the latest of
     all); and, given a `scope_ceiling` (the scopes of the caller's own key), no scope
-    beyond it and no full access. A name outside the table is refused (fail closed).
+    beyond it and no full access. Given an `expiry_ceiling` (when the caller's own key
+    expires), the expiry is no later than it either, on create as on update. A name
+    outside the table is refused (fail closed).
     """
     if role == Role.OPERATOR:
         return
@@ -112,8 +115,10 @@ def check_change(
     for field in sorted(requested, key=lambda name: (order.get(name, len(order)), name)):
         if not workspace_may_change(field, workspace_fields):
             raise ForbiddenField(field)
-    if "expires_at" in requested and current is not None and current.expires_at is not None:
-        _check_expiry(requested["expires_at"], current.expires_at)
+    ceilings = [expiry_ceiling, None if current is None else current.expires_at]
+    ceiling = min((moment for moment in ceilings if moment is not None), default=None)
+    if "expires_at" in requested and ceiling is not None:
+        _check_expiry(requested["expires_at"], ceiling)
     if scope_ceiling is not None:
         _check_scopes(requested, scope_ceiling)
 

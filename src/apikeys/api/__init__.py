@@ -1,0 +1,36 @@
+"""`apikeys.api`: the management API, JSON over HTTP for a workspace's keys, identities,
+usage and audit trail, with an OpenAPI 3.1 document at `/openapi.json`.
+
+```python
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from apikeys.api import ManagementAPI
+
+app = Starlette(routes=[Mount("/v1/api-keys", app=ManagementAPI(manager))])
+```
+
+A call is made with a key of the workspace it manages, holding `apikeys:read` (reads),
+`apikeys:write` (changes keys) or `apikeys:admin` (changes identities). A caller never
+makes or edits a key with more than it holds: the one rule of `apikeys.fields`, the settings
+page's. Its parts, one job each: `app` (the ASGI app), `operations` (the table of
+operations and scopes), `keys` and `identities` (the endpoints), `schemas` (bodies from the
+field tables), `openapi` (the document), `idempotency` (`Idempotency-Key`), `http`
+(what every endpoint shares).
+"""
+
+from __future__ import annotations
+
+from apikeys.api.app import ManagementAPI
+from apikeys.api.openapi import openapi_document
+from apikeys.api.operations import ADMIN_SCOPE, OPERATIONS, READ_SCOPE, WRITE_SCOPE, Operation
+
+__all__ = [
+    "ADMIN_SCOPE",
+    "OPERATIONS",
+    "READ_SCOPE",
+    "WRITE_SCOPE",
+    "ManagementAPI",
+    "Operation",
+    "openapi_document",
+]

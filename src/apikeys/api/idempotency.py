@@ -1,0 +1,165 @@
+"""`Idempotency-Key` on every POST: a retry gets the first answer, and makes nothing twice.
+
+The first answer to a POST with an `Idempotency-Key` is kept for `IDEMPOTENCY_TTL` in the
+key store every process shares (`KeyStore.put_once`), sealed the way the settings page
+seals a new key (`apikeys.ui.onetime`): the store never holds a secret in clear. The
+answer (a created key's secret, say) is encrypted and tagged under a key derived from the
+caller's own API key, which the store never holds either (it keeps a hash of it), and kept
+under a name drawn from the caller's key id and the `Idempotency-Key`:
+
+- a retry by the same caller with the same request (method, path and body) gets the first
+  answer again, with `Idempotent-Replayed: true`; nothing is done again;
+- the same `Idempotency-Key` with another request answers 422 `idempotency_key_reused`;
+- a retry while the first is still running answers 409 `conflict`;
+- another caller, with the same `Idempotency-Key`, looks elsewhere and finds nothing: it
+  could not open the sealed answer anyway.
+
+Only successful answers are kept: a refused request may be retried as it is.
+Two retries racing at the very same moment can both find nothing, and both run: the guard
+is for a client's retries, which follow one another.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final
+
+from apikeys.errors import Conflict, IdempotencyKeyReused, InvalidPayload
+from apikeys.stores.contract import KeyStore
+
+__all__ = [
+    "IDEMPOTENCY_TTL",
+    "MAX_IDEMPOTENCY_KEY",
+    "Idempotency",
+    "Kept",
+    "check_idempotency_key",
+]
+
+IDEMPOTENCY_TTL: Final = timedelta(hours=24)
+"""How long a POST's answer is kept for its retries."""
+MAX_IDEMPOTENCY_KEY: Final = 255
+"""The longest `Idempotency-Key` taken (printable ASCII)."""
+
+_PENDING: Final = "pending"
+# How long a running request's mark lasts: a process that dies mid-request blocks the
+# retries of its Idempotency-Key this long, not for the whole IDEMPOTENCY_TTL.
+_PENDING_TTL: Final = timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A first answer, given again to a retry."""
+
+    status: int
+    body: bytes
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes | None:
+    try:
+        return base64.urlsafe_b64decode(text.encode("ascii"))
+    except (binascii.Error, ValueError, UnicodeEncodeError):
+        return None
+
+
+def _stream(key: bytes, length: int) -> bytes:
+    blocks = (length + 31) // 32
+    return b"".join(
+        hmac.new(key, b"stream" + n.to_bytes(8, "big"), hashlib.sha256).digest()
+        for n in range(blocks)
+    )[:length]
+
+
+def check_idempotency_key(value: str) -> str:
+    """`value` if it can be an `Idempotency-Key`; else `InvalidPayload`."""
+    if not 1 <= len(value) <= MAX_IDEMPOTENCY_KEY or not all(" " < c <= "~" for c in value):
+        raise InvalidPayload(
+            [
+                {
+                    "field": "Idempotency-Key",
+                    "message": f"must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters",
+                }
+            ]
+        )
+    return value
+
+
+class Idempotency:
+    """The kept answers of one caller's one `Idempotency-Key`, in `store`."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        *,
+        caller_id: str,
+        caller_token: str,
+        idempotency_key: str,
+        request: bytes,
+        ttl: timedelta = IDEMPOTENCY_TTL,
+    ) -> None:
+        check_idempotency_key(idempotency_key)
+        name = b"\0".join((b"apikeys-idempotency", caller_id.encode(), idempotency_key.encode()))
+        self._slot = "idem-" + _b64(hashlib.sha256(name).digest()).rstrip("=")
+        # Only the holder of the caller's key can derive this: the store keeps its hash.
+        self._key = hmac.new(caller_token.encode(), name, hashlib.sha256).digest()
+        self._fingerprint = hashlib.sha256(request).hexdigest()
+        self._store = store
+        self._ttl = ttl
+
+    async def begin(self) -> Kept | None:
+        """The first answer to give again (`IdempotencyKeyReused` for another request,
+        `Conflict` while the first runs); None: this is the first, run it, then `keep`."""
+        found = await self._store.take_once(self._slot)
+        if found is None:
+            mark = f"{_PENDING}.{self._fingerprint}"
+            await self._store.put_once(self._slot, mark, min(self._ttl, _PENDING_TTL))
+            return None
+        kind, _, rest = found.partition(".")
+        # Put back at once: the answer stays for the next retry.
+        ttl = min(self._ttl, _PENDING_TTL) if kind == _PENDING else self._ttl
+        await self._store.put_once(self._slot, found, ttl)
+        fingerprint, _, sealed = rest.partition(".")
+        if not hmac.compare_digest(fingerprint, self._fingerprint):
+            raise IdempotencyKeyReused()
+        if kind == _PENDING:
+            raise Conflict("A request with this Idempotency-Key is still running; retry later.")
+        kept = self._open(kind, sealed)
+        if kept is None:
+            raise IdempotencyKeyReused()
+        return kept
+
+    async def keep(self, status: int, body: bytes) -> None:
+        """Keep the answer for the retries."""
+        sealed = bytes(a ^ b for a, b in zip(body, _stream(self._key, len(body)), strict=True))
+        tag = self._tag(status, sealed)
+        value = f"{status}.{self._fingerprint}.{_b64(sealed)}.{_b64(tag)}"
+        # One value per name: the running request's mark goes first.
+        await self._store.take_once(self._slot)
+        await self._store.put_once(self._slot, value, self._ttl)
+
+    async def abandon(self) -> None:
+        """Forget the running request: it failed, and may be retried."""
+        await self._store.take_once(self._slot)
+
+    def _tag(self, status: int, sealed: bytes) -> bytes:
+        message = b"\0".join((str(status).encode(), self._fingerprint.encode(), sealed))
+        return hmac.new(self._key, b"tag" + message, hashlib.sha256).digest()
+
+    def _open(self, status_text: str, sealed_text: str) -> Kept | None:
+        sealed_b64, _, tag_b64 = sealed_text.partition(".")
+        sealed, tag = _unb64(sealed_b64), _unb64(tag_b64)
+        if not status_text.isdigit() or sealed is None or tag is None:
+            return None
+        status = int(status_text)
+        if not hmac.compare_digest(tag, self._tag(status, sealed)):
+            return None
+        body = bytes(a ^ b for a, b in zip(sealed, _stream(self._key, len(sealed)), strict=True))
+        return Kept(status, body)

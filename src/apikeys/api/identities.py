@@ -1,0 +1,81 @@
+"""The management API's identity endpoints: create, list, get, update, disable, enable,
+revoke; the CLI's verbs (`apikeys identities …`), in the caller's workspace.
+
+Every field of an identity is the operator's (`apikeys.identities.EDITABLE_FIELDS`), so
+its writes need `apikeys:admin` (the route table of `apikeys.api.app`); reads need
+`apikeys:read`. Another workspace's identity answers as an unknown one.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from apikeys.api.http import Caller, Endpoint, check_if_match, etag_of, json_response, read_json
+from apikeys.api.schemas import IDENTITY_CREATE, IDENTITY_UPDATE, NO_BODY, check_body
+from apikeys.errors import InvalidKeyParameters, KeyNotFound, ResourceNotFound
+from apikeys.identities import IdentityRecord
+from apikeys.manager import KeyManager
+
+__all__ = ["IdentityEndpoints"]
+
+
+class IdentityEndpoints:
+    """The identity endpoints of one `ManagementAPI`, on `manager`."""
+
+    def __init__(self, manager: KeyManager) -> None:
+        self.manager = manager
+
+    async def own(self, caller: Caller, identity_id: str) -> IdentityRecord:
+        """The caller's workspace's identity; `ResourceNotFound` for any other id."""
+        try:
+            record = await self.manager.get_identity(identity_id)
+        except (KeyNotFound, InvalidKeyParameters):
+            raise ResourceNotFound() from None
+        if not caller.sees(record.workspace):
+            raise ResourceNotFound()
+        return record
+
+    async def create(self, request: Request) -> Response:
+        caller = Caller.of(request)
+        body = check_body(await read_json(request), IDENTITY_CREATE)
+        identity_id = body.pop("id")
+        given = {name: value for name, value in body.items() if value is not None}
+        record = await self.manager.create_identity(
+            identity_id, workspace=caller.workspace, actor=caller.actor, **given
+        )
+        return json_response(201, record.to_dict(), etag=etag_of(record))
+
+    async def list(self, request: Request) -> Response:
+        records = await self.manager.list_identities(Caller.of(request).workspace)
+        return json_response(200, {"items": [record.to_dict() for record in records]})
+
+    async def get(self, request: Request) -> Response:
+        record = await self.own(Caller.of(request), request.path_params["identity_id"])
+        return json_response(200, record.to_dict(), etag=etag_of(record))
+
+    async def update(self, request: Request) -> Response:
+        caller = Caller.of(request)
+        record = await self.own(caller, request.path_params["identity_id"])
+        body = check_body(await read_json(request), IDENTITY_UPDATE)
+        check_if_match(request, record)
+        updated = await self.manager.update_identity(record.id, actor=caller.actor, **body)
+        return json_response(200, updated.to_dict(), etag=etag_of(updated))
+
+    def state_change(self, action: str) -> Endpoint:
+        """The endpoint of `action`: `disable`, `enable` or `revoke`."""
+        change = {
+            "disable": self.manager.disable_identity,
+            "enable": self.manager.enable_identity,
+            "revoke": self.manager.revoke_identity,
+        }[action]
+
+        async def endpoint(request: Request) -> Response:
+            caller = Caller.of(request)
+            record = await self.own(caller, request.path_params["identity_id"])
+            check_body(await read_json(request, empty_ok=True), NO_BODY)
+            check_if_match(request, record)
+            changed = await change(record.id, actor=caller.actor)
+            return json_response(200, changed.to_dict(), etag=etag_of(changed))
+
+        return endpoint

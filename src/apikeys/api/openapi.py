@@ -1,0 +1,187 @@
+"""The management API's OpenAPI 3.1 document, made from the table of its operations
+(`apikeys.api.operations`) and the field tables its bodies come from
+(`apikeys.api.schemas`): what the document says is what the code checks.
+
+Every operation lists every error it can answer, each an `application/problem+json`
+`Problem` (`apikeys.problems`): 401 and 503 (the key or the store), 403 (scopes, and
+`forbidden_field` for a change the caller may not make), 429 (rate limits), 400 for bad
+input, 404 for an id the caller cannot see, 409 for a state that forbids the change, 412
+for a stale `If-Match`, 413 and 415 for a body too large or not JSON, 422 for a reused
+`Idempotency-Key`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from apikeys.api.idempotency import MAX_IDEMPOTENCY_KEY
+from apikeys.api.operations import ADMIN_SCOPE, OPERATIONS, READ_SCOPE, WRITE_SCOPE, Operation
+from apikeys.api.schemas import KEY_RESPONSE
+from apikeys.identities import IDENTITY_FIELDS
+from apikeys.problems import PROBLEM_CONTENT_TYPE
+
+__all__ = ["openapi_document"]
+
+_ERRORS: Final = {
+    400: "Bad input: malformed JSON, an unknown field, a value the field does not take",
+    401: "No key, or a key that is not valid (unknown, revoked, disabled, expired)",
+    403: "The key lacks the scope, its address is not allowed, or the change is not its to make",
+    404: "No such resource in the caller's workspace",
+    405: "The path takes another method",
+    409: "The state of the key or identity forbids it, or a retry is still running",
+    412: "If-Match names another version: it changed since it was read",
+    413: "The body is too large",
+    415: "The body is not JSON",
+    422: "The Idempotency-Key was sent with another request",
+    429: "Rate limited, or out of credits",
+    503: "The key store cannot be reached (nothing is let through)",
+}
+
+_PROBLEM: Final = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string"},
+        "field": {"type": "string"},
+        "errors": {"type": "array", "items": {"type": "object"}},
+        "required_scopes": {"type": "array", "items": {"type": "string"}},
+        "retry_after": {"type": "integer"},
+    },
+}
+
+
+def _identity_schema() -> dict[str, Any]:
+    properties: dict[str, Any] = {}
+    for field in IDENTITY_FIELDS:
+        for name in field.shown_as:
+            properties[name] = {"description": field.description}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [name for f in IDENTITY_FIELDS if f.required for name in f.shown_as],
+    }
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _components() -> dict[str, Any]:
+    created = {
+        "type": "object",
+        "allOf": [_ref("Key")],
+        "required": ["key"],
+        "properties": {
+            "key": {"type": "string", "description": "the full key: shown here, and never again"},
+            "confirmed": {"type": "boolean"},
+            "warning": {"type": "string"},
+        },
+    }
+    items = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}
+    page = {
+        "type": "object",
+        "required": ["items", "next_cursor"],
+        "properties": {
+            "items": {"type": "array", "items": _ref("Key")},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+    return {
+        "schemas": {
+            "Key": KEY_RESPONSE,
+            "CreatedKey": created,
+            "KeyPage": page,
+            "Identity": _identity_schema(),
+            "Identities": items,
+            "Usage": items,
+            "Audit": items,
+            "Problem": _PROBLEM,
+        },
+        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+    }
+
+
+def _errors(operation: Operation) -> list[int]:
+    codes = [400, 401, 403, 405, 429, 503]
+    if "{" in operation.path:
+        codes.append(404)
+    if operation.method != "GET":
+        codes += [409, 413, 415]
+    if operation.versioned and operation.method != "GET":
+        codes.append(412)
+    if operation.method == "POST":
+        codes.append(422)
+    return sorted(codes)
+
+
+def _parameters(operation: Operation) -> list[dict[str, Any]]:
+    parameters: list[dict[str, Any]] = []
+    for segment in operation.path.split("/"):
+        if segment.startswith("{"):
+            name = segment.strip("{}")
+            schema = {"type": "string", "minLength": 1, "maxLength": 64}
+            parameters.append({"name": name, "in": "path", "required": True, "schema": schema})
+    for name, schema in operation.query:
+        parameters.append({"name": name, "in": "query", "required": False, "schema": schema})
+    if operation.versioned and operation.method != "GET":
+        parameters.append(
+            {"name": "If-Match", "in": "header", "required": False, "schema": {"type": "string"}}
+        )
+    if operation.method == "POST":
+        key = {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY}
+        parameters.append(
+            {"name": "Idempotency-Key", "in": "header", "required": False, "schema": key}
+        )
+    return parameters
+
+
+def _operation(operation: Operation) -> dict[str, Any]:
+    problem = {"content": {PROBLEM_CONTENT_TYPE: {"schema": _ref("Problem")}}}
+    responses: dict[str, Any] = {
+        str(operation.status): {
+            "description": operation.summary,
+            "content": {"application/json": {"schema": _ref(operation.answer)}},
+        }
+    }
+    for code in _errors(operation):
+        responses[str(code)] = {"description": _ERRORS[code], **problem}
+    document: dict[str, Any] = {
+        "operationId": operation.id,
+        "summary": operation.summary,
+        "description": f"Needs the scope `{operation.scope}`.",
+        "parameters": _parameters(operation),
+        "responses": responses,
+    }
+    if operation.body is not None:
+        document["requestBody"] = {
+            "required": operation.body_required,
+            "content": {"application/json": {"schema": operation.body}},
+        }
+    return document
+
+
+def openapi_document(*, title: str = "API keys", version: str = "1") -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the management API, its paths relative to where it is
+    mounted."""
+    paths: dict[str, dict[str, Any]] = {}
+    for operation in OPERATIONS:
+        paths.setdefault(operation.path, {})[operation.method.lower()] = _operation(operation)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": title,
+            "version": version,
+            "description": (
+                f"Manage a workspace's API keys. Scopes: `{READ_SCOPE}` reads, "
+                f"`{WRITE_SCOPE}` changes keys (never beyond the caller's own rights), "
+                f"`{ADMIN_SCOPE}` changes identities."
+            ),
+        },
+        "security": [{"apiKey": []}],
+        "paths": paths,
+        "components": _components(),
+    }

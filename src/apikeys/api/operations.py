@@ -1,0 +1,214 @@
+"""The management API's operations, as data: each one's method, path, the scope it needs,
+its body and its answer. The app's routes, its scope table and its OpenAPI document are all
+made from this one table (`apikeys.api.app`, `apikeys.api.openapi`).
+
+The three scopes:
+
+- `apikeys:read` reads the workspace's keys, identities, usage and audit trail;
+- `apikeys:write` creates, edits, rolls, disables, enables and revokes the workspace's keys,
+  as a workspace user may (`apikeys.fields`);
+- `apikeys:admin` creates and changes the workspace's identities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from apikeys.api.schemas import (
+    IDENTITY_CREATE,
+    IDENTITY_UPDATE,
+    KEY_CREATE,
+    KEY_UPDATE,
+    NO_BODY,
+    ROLL,
+)
+
+__all__ = ["ADMIN_SCOPE", "OPERATIONS", "READ_SCOPE", "WRITE_SCOPE", "Operation", "scope_rules"]
+
+READ_SCOPE: Final = "apikeys:read"
+"""Reads the workspace's keys, identities, usage and audit trail."""
+WRITE_SCOPE: Final = "apikeys:write"
+"""Changes the workspace's keys, as a workspace user may."""
+ADMIN_SCOPE: Final = "apikeys:admin"
+"""Changes the workspace's identities."""
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One operation of the management API."""
+
+    id: str
+    method: str
+    path: str
+    scope: str
+    summary: str
+    status: int = 200
+    answer: str = "Key"
+    """The name of the answer's schema in the document's components."""
+    body: dict[str, Any] | None = None
+    body_required: bool = False
+    query: tuple[tuple[str, dict[str, Any]], ...] = ()
+    versioned: bool = False
+    """Takes `If-Match` and answers with an `ETag` of what it read."""
+
+    @property
+    def rule(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+_PAGE: Final = (
+    ("cursor", {"type": "string", "minLength": 1, "maxLength": 1000}),
+    ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+    ("state", {"type": "string", "enum": ["active", "disabled", "expired", "revoked"]}),
+    ("identity", {"type": "string", "minLength": 1, "maxLength": 64}),
+    ("environment", {"type": "string", "enum": ["live", "test"]}),
+    ("owner", {"type": "string", "minLength": 1, "maxLength": 200}),
+)
+
+
+def _key_state(action: str, summary: str) -> Operation:
+    return Operation(
+        f"{action}_key",
+        "POST",
+        f"/keys/{{key_id}}/{action}",
+        WRITE_SCOPE,
+        summary,
+        body=NO_BODY,
+        versioned=True,
+    )
+
+
+def _identity_state(action: str, summary: str) -> Operation:
+    return Operation(
+        f"{action}_identity",
+        "POST",
+        f"/identities/{{identity_id}}/{action}",
+        ADMIN_SCOPE,
+        summary,
+        answer="Identity",
+        body=NO_BODY,
+        versioned=True,
+    )
+
+
+OPERATIONS: Final[tuple[Operation, ...]] = (
+    Operation(
+        "create_key",
+        "POST",
+        "/keys",
+        WRITE_SCOPE,
+        "Create a key; the answer holds its secret, once",
+        status=201,
+        answer="CreatedKey",
+        body=KEY_CREATE,
+        body_required=True,
+    ),
+    Operation(
+        "list_keys",
+        "GET",
+        "/keys",
+        READ_SCOPE,
+        "The workspace's keys",
+        answer="KeyPage",
+        query=_PAGE,
+    ),
+    Operation("get_key", "GET", "/keys/{key_id}", READ_SCOPE, "A key", versioned=True),
+    Operation(
+        "update_key",
+        "PATCH",
+        "/keys/{key_id}",
+        WRITE_SCOPE,
+        "Edit a key: only what is sent changes",
+        body=KEY_UPDATE,
+        body_required=True,
+        versioned=True,
+    ),
+    Operation(
+        "roll_key",
+        "POST",
+        "/keys/{key_id}/roll",
+        WRITE_SCOPE,
+        "Replace a key with a new one; the old one works through a grace period",
+        status=201,
+        answer="CreatedKey",
+        body=ROLL,
+        versioned=True,
+    ),
+    _key_state("disable", "Stop a key from authenticating until it is enabled"),
+    _key_state("enable", "Let a disabled key authenticate again"),
+    _key_state("revoke", "Revoke a key for good"),
+    Operation(
+        "key_usage",
+        "GET",
+        "/keys/{key_id}/usage",
+        READ_SCOPE,
+        "A key's requests per UTC day",
+        answer="Usage",
+        query=(("days", {"type": "integer", "minimum": 1, "maximum": 366}),),
+    ),
+    Operation(
+        "audit",
+        "GET",
+        "/audit",
+        READ_SCOPE,
+        "The workspace's audit trail, newest last",
+        answer="Audit",
+        query=(
+            ("key_id", {"type": "string", "minLength": 1, "maxLength": 64}),
+            ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+        ),
+    ),
+    Operation(
+        "create_identity",
+        "POST",
+        "/identities",
+        ADMIN_SCOPE,
+        "Create an identity",
+        status=201,
+        answer="Identity",
+        body=IDENTITY_CREATE,
+        body_required=True,
+    ),
+    Operation(
+        "list_identities",
+        "GET",
+        "/identities",
+        READ_SCOPE,
+        "The workspace's identities",
+        answer="Identities",
+    ),
+    Operation(
+        "get_identity",
+        "GET",
+        "/identities/{identity_id}",
+        READ_SCOPE,
+        "An identity",
+        answer="Identity",
+        versioned=True,
+    ),
+    Operation(
+        "update_identity",
+        "PATCH",
+        "/identities/{identity_id}",
+        ADMIN_SCOPE,
+        "Edit an identity",
+        answer="Identity",
+        body=IDENTITY_UPDATE,
+        body_required=True,
+        versioned=True,
+    ),
+    _identity_state("disable", "Turn an identity's keys off until it is enabled"),
+    _identity_state("enable", "Turn a disabled identity on again"),
+    _identity_state("revoke", "Turn an identity off for good"),
+)
+"""Every operation, in the document's order."""
+
+
+def scope_rules() -> dict[str, str]:
+    """The route table of the scopes each operation needs (`APIKeyMiddleware(scopes=…)`),
+    relative to where the API is mounted. A path or method that is no operation needs
+    `apikeys:read`, so that it answers 404 or 405 rather than 403 to a reader."""
+    rules = {operation.rule: operation.scope for operation in OPERATIONS}
+    rules["* /{rest:path}"] = READ_SCOPE
+    return rules
