@@ -25,6 +25,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
@@ -70,12 +71,17 @@ def _unb64(text: str) -> bytes | None:
         return None
 
 
-def _stream(key: bytes, length: int) -> bytes:
+def _stream(key: bytes, nonce: bytes, length: int) -> bytes:
+    # HMAC-SHA256 in counter mode under a fresh nonce per answer kept: no two answers are
+    # ever sealed with the same stream (two racing retries each keep their own).
     blocks = (length + 31) // 32
     return b"".join(
-        hmac.new(key, b"stream" + n.to_bytes(8, "big"), hashlib.sha256).digest()
+        hmac.new(key, b"stream" + nonce + n.to_bytes(8, "big"), hashlib.sha256).digest()
         for n in range(blocks)
     )[:length]
+
+
+_NONCE_BYTES: Final = 16
 
 
 def check_idempotency_key(value: str) -> str:
@@ -138,7 +144,9 @@ class Idempotency:
 
     async def keep(self, status: int, body: bytes) -> None:
         """Keep the answer for the retries."""
-        sealed = bytes(a ^ b for a, b in zip(body, _stream(self._key, len(body)), strict=True))
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        stream = _stream(self._key, nonce, len(body))
+        sealed = nonce + bytes(a ^ b for a, b in zip(body, stream, strict=True))
         tag = self._tag(status, sealed)
         value = f"{status}.{self._fingerprint}.{_b64(sealed)}.{_b64(tag)}"
         # One value per name: the running request's mark goes first.
@@ -161,5 +169,6 @@ class Idempotency:
         status = int(status_text)
         if not hmac.compare_digest(tag, self._tag(status, sealed)):
             return None
-        body = bytes(a ^ b for a, b in zip(sealed, _stream(self._key, len(sealed)), strict=True))
-        return Kept(status, body)
+        nonce, sealed = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
+        stream = _stream(self._key, nonce, len(sealed))
+        return Kept(status, bytes(a ^ b for a, b in zip(sealed, stream, strict=True)))
