@@ -11,7 +11,13 @@ from typing import Any, Literal, TypeVar
 
 from apikeys.ratelimit import ThresholdCrossing
 from apikeys.types import KeyRecord, isoformat
-from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    Subject,
+    crossed_thresholds,
+    event_body,
+    subject_of,
+)
 
 __all__ = [
     "Claimed",
@@ -61,6 +67,10 @@ class Endpoint:
             return False
         return self.workspace is None or self.workspace == workspace
 
+    def wants_any(self, events: Iterable[str]) -> bool:
+        """Whether this endpoint is sent one of `events` (about one workspace or another)."""
+        return not self.events or any(event in self.events for event in events)
+
     def secrets(self, now: datetime) -> tuple[str, ...]:
         """The secrets a delivery at `now` is signed with (the newest first), as the store
         keeps them (`unseal_secret` makes each a secret)."""
@@ -83,9 +93,11 @@ class Endpoint:
 class Delivery:
     """One event for one endpoint: its status, attempts and the last response.
 
-    `workspace` is the workspace of the key the event is about (a key never changes
-    workspace), which is whose the delivery is: an endpoint for every workspace is sent
-    events about keys of each, and each of those deliveries is that key's workspace's.
+    `key_id` names the key the event is about, or its identity as `i:<id>` for an
+    `identity.*` event. `workspace` is the workspace of the key (or identity) the event is
+    about (neither ever changes workspace), which is whose the delivery is: an endpoint
+    for every workspace is sent events about keys of each, and each of those deliveries
+    is that key's workspace's.
     None only from a store of your own that does not say."""
 
     id: str
@@ -229,22 +241,28 @@ def usage_threshold_deliveries(
 
 
 def rate_threshold_deliveries(
-    endpoints: Iterable[Endpoint], record: KeyRecord, crossing: ThresholdCrossing
+    endpoints: Iterable[Endpoint], record: Subject, crossing: ThresholdCrossing
 ) -> list[Timed]:
-    """The `key.usage_threshold` deliveries of a rate limit's window reaching a threshold
-    (`crossing`, as the limiter told it): one per endpoint that wants the event about a key
-    of `record`'s workspace, each once per endpoint, key, policy, threshold and window.
-    None for a revoked key."""
+    """The usage threshold deliveries of a rate limit's window reaching a threshold
+    (`crossing`, as the limiter told it): `key.usage_threshold` about a key's own policy,
+    `identity.usage_threshold` about its identity's (then `record` is the identity, and the
+    policy is named `identity.<name>`, as in the request's headers). One per endpoint
+    that wants the event about `record`'s workspace, each once per endpoint, key (or
+    identity), policy, threshold and window. None for a revoked key or identity."""
     if record.state == "revoked":
         return []
+    identity = crossing.identity is not None
+    event = "identity.usage_threshold" if identity else "key.usage_threshold"
+    policy = f"identity.{crossing.policy}" if identity else crossing.policy
+    subject = subject_of(record)
     # Whole seconds, so that the same window is named alike however it was measured.
     window_end = isoformat(datetime.fromtimestamp(math.ceil(crossing.window_end), UTC))
     body = event_body(
-        "key.usage_threshold",
+        event,
         datetime.fromtimestamp(crossing.at, UTC),
         record,
         source="rate_limit",
-        policy=crossing.policy,
+        policy=policy,
         threshold=crossing.threshold,
         used=crossing.used,
         limit=crossing.limit,
@@ -253,15 +271,13 @@ def rate_threshold_deliveries(
     )
     return [
         Timed(
-            delivery_id(
-                endpoint.id, record.id, crossing.policy, f"{crossing.threshold}%", window_end
-            ),
+            delivery_id(endpoint.id, subject, policy, f"{crossing.threshold}%", window_end),
             endpoint.id,
-            record.id,
-            "key.usage_threshold",
+            subject,
+            event,
             body,
             record.workspace,
         )
         for endpoint in endpoints
-        if endpoint.wants("key.usage_threshold", record.workspace)
+        if endpoint.wants(event, record.workspace)
     ]

@@ -8,6 +8,9 @@ script on one server or through Sentinel; on a cluster, where that index is in a
 slot, right after it (and the pass over every key below finds any outbox a process that
 died in between left out of it). The outbox lives a week after its last event.
 
+An identity's changes go to its outbox `<prefix>events:{i:<id>}` the same way, indexed as
+`i:<id>`, their fields an identity's (`identity.*` events).
+
 `take` reads the indexed outboxes, makes one delivery per event and endpoint that wants it
 (its id derived from endpoint, key and event time, so a take that is repeated after a
 failure stores each delivery once), trims what it read, and drops an id from the index
@@ -43,8 +46,15 @@ from typing import TYPE_CHECKING, Any, cast
 from apikeys.errors import DeliveryInProgress
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
-from apikeys.types import KeyRecord
-from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
+from apikeys.stores.redis.identities import decode_identity
+from apikeys.types import KeyRecord, identity_subject
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    Subject,
+    delivered_as,
+    event_body,
+    subject_of,
+)
 from apikeys.webhooks.model import (
     Claimed,
     Delivery,
@@ -61,6 +71,15 @@ if TYPE_CHECKING:
     from apikeys.stores.redis.store import RedisStore
 
 __all__ = ["RedisWebhooks"]
+
+_IDENTITY = identity_subject("")
+
+
+def _outboxed(event: str, fields: dict[str, str]) -> Subject:
+    """The record of an outbox entry: an identity's for its `identity.*` events."""
+    if event.startswith("identity."):
+        return decode_identity(fields)
+    return decode({**fields, "secret_hash": ""}).record
 
 
 CLAIM_SCAN = 1000
@@ -248,7 +267,8 @@ class RedisWebhooks(WebhookStore):
         for entries in outboxes:
             for entry in entries:
                 stamp, event, fields = json.loads(entry)
-                record = decode({**fields, "secret_hash": ""}).record
+                record = _outboxed(event, fields)
+                subject = subject_of(record)
                 at = _time(stamp)
                 assert at is not None
                 for endpoint, since in rows:
@@ -258,22 +278,23 @@ class RedisWebhooks(WebhookStore):
                     if endpoint.workspace not in (None, record.workspace):
                         continue
                     values += [
-                        delivery_id(endpoint.id, record.id, stamp, sent),
+                        delivery_id(endpoint.id, subject, stamp, sent),
                         endpoint.id,
-                        record.id,
+                        subject,
                         sent,
                         event_body(sent, at, record).decode(),
                         stamp,
                         record.workspace,
                     ]
         made = await self._make(now, values)
-        # Each key as its last change left it, for the indexes of keys to look at.
+        # Each key as its last change left it, for the indexes of keys to look at (an
+        # identity's outbox is none of theirs).
         await self._watch(
             now,
             [
                 (key_id, json.loads(entries[-1])[2])
                 for (key_id, _), entries in zip(pending, outboxes, strict=True)
-                if entries
+                if entries and not key_id.startswith(_IDENTITY)
             ],
         )
         async with store.calls():

@@ -2,10 +2,12 @@
 
 The keys table's triggers write each change's event and the key's record (without its
 hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql.log`).
-`take` hands the entries after each endpoint's mark (`taken`) to `<table>_deliveries` and
-moves the mark in one transaction, so an entry becomes exactly one delivery per endpoint;
-the log is never pruned past the lowest mark. Deliveries are leased (`lease_until`,
-`leased_by`) with a conditional UPDATE, so no two processes send one at the same time.
+The identities table's triggers write an identity's (`identity.*`, the record under
+`identity`), named `i:<id>`. `take` hands the entries after each endpoint's mark
+(`taken`) to `<table>_deliveries` and moves the mark in one transaction, so an entry
+becomes exactly one delivery per endpoint; the log is never pruned past the lowest mark.
+Deliveries are leased (`lease_until`, `leased_by`) with a conditional UPDATE, so no two
+processes send one at the same time.
 Each carries the workspace of its key (listed by `(workspace, seq)`); those delivered or
 failed are pruned a batch at a time by `(status, last_attempt_at)`.
 """
@@ -37,6 +39,8 @@ from apikeys.webhooks.events import (
     delivered_as,
     event_body,
     record_from_snapshot,
+    snapshot_record,
+    subject_of,
 )
 from apikeys.webhooks.model import (
     Claimed,
@@ -230,7 +234,7 @@ class SQLWebhooks(WebhookStore):
                     if entry.seq <= row.taken:
                         continue
                     snapshot = json.loads(entry.data)
-                    record = record_from_snapshot(snapshot["key"])
+                    record = snapshot_record(snapshot)
                     event = entry.event
                     if event == "key.revoked" and record.id in leaked:
                         event = "key.leaked"
@@ -244,7 +248,7 @@ class SQLWebhooks(WebhookStore):
                         {
                             "id": _new_delivery_id(),
                             "webhook_id": row.id,
-                            "key_id": record.id,
+                            "key_id": subject_of(record),
                             "workspace": record.workspace,
                             "seq": entry.seq,
                             "event": sent,

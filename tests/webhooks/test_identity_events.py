@@ -1,0 +1,167 @@
+"""`identity.*` webhook events: one per change of an identity, with its snapshot, on every
+store that keeps webhooks, delivered to a receiver that verifies them as Standard Webhooks
+do; and `identity.usage_threshold` for the windows of an identity's limits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+
+from apikeys import Hasher, KeyManager
+from apikeys.ratelimit import RateLimiter
+from apikeys.stores import KeyStore
+from apikeys.webhooks import Deliverer, DeliveryOptions
+from apikeys.webhooks.admin import add_endpoint
+from apikeys.webhooks.events import EVENT_TYPES, IDENTITY_EVENT_TYPES
+from apikeys.webhooks.model import Endpoint
+from tests.conftest import SCALE_OUT_STORES, STORES
+from tests.webhooks.receiver import Receiver
+from tests.webhooks.test_webhooks import hooks_of
+
+FAST = DeliveryOptions(
+    poll_interval=0.02, retry_delays=(0.05, 0.1), timeout=2, lease=10, allow_private_targets=True
+)
+PEPPER = b"ZC2n0Hk5tE7Lr3vuJ9yJ5zT1mKXnhA6pbeOqW4sYw8Q"
+
+
+@pytest.fixture(params=[*STORES, *SCALE_OUT_STORES])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Every store that keeps webhooks (`store` in tests/conftest.py makes each)."""
+    return str(request.param)
+
+
+@pytest.fixture
+async def manager(store: KeyStore) -> AsyncIterator[KeyManager]:
+    async with KeyManager(store, hasher=Hasher(pepper=PEPPER), webhooks=False) as made:
+        yield made
+
+
+def verified(receiver: Receiver, endpoint: Endpoint) -> list[dict[str, Any]]:
+    verifier = Webhook(endpoint.secret)
+    return [verifier.verify(item.body, item.headers) for item in receiver.received]
+
+
+async def deliver(deliverer: Deliverer, receiver: Receiver, count: int) -> None:
+    """Run rounds until `receiver` got `count` requests, then a few more (anything more
+    would arrive in those)."""
+    async with asyncio.timeout(30):
+        while len(receiver.received) < count:
+            await deliverer.run_once()
+            await asyncio.sleep(0.02)
+    for _ in range(3):
+        await deliverer.run_once()
+
+
+def test_identity_events_are_subscribable_like_key_events() -> None:
+    assert set(IDENTITY_EVENT_TYPES) <= set(EVENT_TYPES)
+    assert all(event.startswith("identity.") for event in IDENTITY_EVENT_TYPES)
+
+
+async def test_each_change_of_an_identity_is_one_signed_event_with_its_snapshot_in_order(
+    store: KeyStore, manager: KeyManager, receiver: Receiver
+) -> None:
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url)
+    deliverer = Deliverer(hooks, FAST)
+    try:
+        await manager.create_identity(
+            "cust_42", workspace="acme", name="Customer 42", rate_limit="100/minute"
+        )
+        await manager.update_identity("cust_42", name="Customer Forty-Two", actor="ops")
+        await manager.disable_identity("cust_42")
+        await manager.enable_identity("cust_42")
+        await manager.revoke_identity("cust_42")
+        await deliver(deliverer, receiver, 5)
+    finally:
+        await deliverer.aclose()
+    sent = verified(receiver, endpoint)
+    assert [event["type"] for event in sent] == [
+        "identity.created",
+        "identity.updated",
+        "identity.disabled",
+        "identity.enabled",
+        "identity.revoked",
+    ]
+    for event in sent:
+        assert set(event["data"]) == {"identity"}
+        assert event["data"]["identity"]["id"] == "cust_42"
+        assert event["data"]["identity"]["workspace"] == "acme"
+        assert event["data"]["identity"]["rate_limit"] == "100/minute"
+    snapshots = [event["data"]["identity"] for event in sent]
+    assert [one["name"] for one in snapshots] == ["Customer 42", *["Customer Forty-Two"] * 4]
+    assert [one["status"] for one in snapshots] == [
+        "active",
+        "active",
+        "disabled",
+        "active",
+        "revoked",
+    ]
+    assert snapshots[-1]["revoked_at"] is not None
+    listed = await hooks.deliveries()
+    assert {delivery.key_id for delivery in listed} == {"i:cust_42"}
+    assert {delivery.workspace for delivery in listed} == {"acme"}
+
+
+async def test_an_identity_event_goes_only_where_its_type_and_workspace_are_wanted(
+    store: KeyStore, manager: KeyManager, receiver: Receiver
+) -> None:
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url, events=["identity.revoked"])
+    elsewhere = await add_endpoint(hooks, receiver.url, workspace="globex")
+    keys_only = await add_endpoint(hooks, receiver.url, events=["key.created"])
+    deliverer = Deliverer(hooks, FAST)
+    try:
+        await manager.create_identity("cust_7", workspace="acme")
+        await manager.disable_identity("cust_7")
+        await manager.revoke_identity("cust_7")
+        await deliver(deliverer, receiver, 1)
+    finally:
+        await deliverer.aclose()
+    assert [event["type"] for event in verified(receiver, endpoint)] == ["identity.revoked"]
+    by_endpoint = {delivery.webhook_id for delivery in await hooks.deliveries()}
+    assert by_endpoint == {endpoint.id}
+    assert elsewhere.id not in by_endpoint
+    assert keys_only.id not in by_endpoint
+
+
+async def test_an_identity_limits_window_sends_identity_usage_threshold_naming_its_policy(
+    store: KeyStore, receiver: Receiver
+) -> None:
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url, events=["identity.usage_threshold"])
+    keys_only = await add_endpoint(hooks, receiver.url, events=["key.usage_threshold"])
+    idle = DeliveryOptions(poll_interval=3600, timeout=2, lease=10, allow_private_targets=True)
+    async with KeyManager(store, hasher=Hasher(pepper=PEPPER), webhooks=idle) as manager:
+        await manager.create_identity("cust_9", workspace="acme", rate_limit="daily=10/minute")
+        created = await manager.create(name="k", workspace="acme", full_access=True)
+        deliverer = manager.deliverer
+        assert deliverer is not None
+        limiter = RateLimiter("1000/minute")
+        deliverer.thresholds.attach(limiter)
+        await deliverer.run_once()  # sees an endpoint that wants the event: the watch is on
+        admitted = [
+            (
+                await limiter.hit_policies(
+                    created.record.id, identity="cust_9", identity_policies="daily=10/minute"
+                )
+            ).allowed
+            for _ in range(11)
+        ]
+        assert admitted == [True] * 10 + [False]
+        await deliver(deliverer, receiver, 3)
+    sent = verified(receiver, endpoint)
+    assert {event["type"] for event in sent} == {"identity.usage_threshold"}
+    assert sorted(event["data"]["threshold"] for event in sent) == [80, 90, 100]
+    for event in sent:
+        assert event["data"]["identity"]["id"] == "cust_9"
+        assert event["data"]["policy"] == "identity.daily"
+        assert event["data"]["source"] == "rate_limit"
+        assert event["data"]["limit"] == 10
+        assert "key" not in event["data"]
+    listed = await hooks.deliveries()
+    assert {delivery.key_id for delivery in listed} == {"i:cust_9"}
+    assert keys_only.id not in {delivery.webhook_id for delivery in listed}
