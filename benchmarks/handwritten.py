@@ -24,6 +24,8 @@ Run: `python benchmarks/handwritten.py [--rounds 30] [--per-round 3000] [--json 
 instructions (`sys.settrace` opcode events), Python calls and calls into C
 (`sys.setprofile`). The counts do not depend on the machine's load. With `--watched`, a
 webhook endpoint wants `key.usage_threshold`, so the limiter is watched for thresholds.
+With `--identity [LIMIT]`, the key belongs to an identity with that limit (unlimited by
+default): its limits are charged with the key's.
 `--only APP --requests N` only calls one app (`bare`, `hand-written` or `apikeys`) N times
 after a warm-up, for a profiler that counts machine instructions: run it under
 `valgrind --tool=callgrind` with N and with 0 (and `PYTHONHASHSEED=0`) and divide the
@@ -114,8 +116,9 @@ class HandWrittenCheck:
         await send({"type": "http.response.body", "body": b""})
 
 
-async def build(rate_limit: str) -> tuple[dict[str, Any], KeyManager]:
-    """The three apps with the headers each is called with, and the manager to close."""
+async def build(rate_limit: str, identity: str | None = None) -> tuple[dict[str, Any], KeyManager]:
+    """The three apps with the headers each is called with, and the manager to close.
+    `identity`: the key belongs to an identity with that limit (or limits)."""
     pepper = os.urandom(32)
     manager = KeyManager(MemoryStore(), hasher=Hasher(pepper=pepper))
     protected = APIKeyMiddleware(
@@ -125,7 +128,13 @@ async def build(rate_limit: str) -> tuple[dict[str, Any], KeyManager]:
         protect="/api/",
         rate_limit=UNLIMITED,
     )
-    created = await manager.create(name="bench", scopes=["contacts:read"], rate_limit=rate_limit)
+    options: dict[str, Any] = {}
+    if identity is not None:
+        await manager.create_identity("bench", workspace="default", rate_limit=identity or None)
+        options["identity"] = "bench"
+    created = await manager.create(
+        name="bench", scopes=["contacts:read"], rate_limit=rate_limit, **options
+    )
     hand = HandWrittenCheck(starlette_app(), pepper, {("GET", PATH): "contacts:read"})
     hand.add_key(created.key, ["contacts:read"])
     auth = [(b"user-agent", b"bench"), (b"authorization", f"Bearer {created.key}".encode())]
@@ -207,11 +216,14 @@ async def _counted(call: Any, requests: int) -> dict[str, float]:
     return {kind: value / requests for kind, value in tally.items()}
 
 
-async def count(requests: int, rate_limit: str, watched: bool = False) -> dict[str, Any]:
+async def count(
+    requests: int, rate_limit: str, watched: bool = False, identity: str | None = None
+) -> dict[str, Any]:
     """Bytecode instructions, Python calls and C calls per request of each app, and what the
     hand-written check and the middleware add to bare: counts, not times. `watched`: an
-    endpoint wants `key.usage_threshold`, and a delivery round has seen it."""
-    calls, manager = await build(rate_limit)
+    endpoint wants `key.usage_threshold`, and a delivery round has seen it. `identity`: the
+    key belongs to an identity with that limit."""
+    calls, manager = await build(rate_limit, identity)
     per: dict[str, dict[str, float]] = {}
     try:
         if watched:
@@ -241,6 +253,7 @@ async def count(requests: int, rate_limit: str, watched: bool = False) -> dict[s
         "requests": requests,
         "rate_limit": rate_limit,
         "watched": watched,
+        "identity": identity,
         "per_request": per,
         "added": added,
         "instruction_ratio": ratio,
@@ -252,6 +265,11 @@ def report_count(result: dict[str, Any]) -> None:
         f"per request, counted over {result['requests']} requests (sys.settrace, "
         f"sys.setprofile); rate limit {result['rate_limit']}"
         + ("; watched for thresholds" if result.get("watched") else "")
+        + (
+            f"; a key of an identity limited to {result['identity']}"
+            if result.get("identity")
+            else ""
+        )
     )
     kinds = list(result["per_request"]["bare"])
     print(f"  {'':<24}" + "".join(f"{kind:>16}" for kind in kinds))
@@ -419,6 +437,12 @@ if __name__ == "__main__":
         action="store_true",
         help="with --count: an endpoint wants key.usage_threshold (the limiter is watched)",
     )
+    parser.add_argument(
+        "--identity",
+        nargs="?",
+        const=UNLIMITED,
+        help="with --count: the key belongs to an identity with this limit (default: unlimited)",
+    )
     parser.add_argument("--only", choices=["bare", "hand-written", "apikeys"])
     parser.add_argument("--requests", type=int, default=2000, help="with --only")
     args = parser.parse_args()
@@ -426,7 +450,7 @@ if __name__ == "__main__":
         asyncio.run(only(args.only, args.requests, args.rate_limit))
         raise SystemExit(0)
     if args.count:
-        counted = asyncio.run(count(200, args.rate_limit, args.watched))
+        counted = asyncio.run(count(200, args.rate_limit, args.watched, args.identity))
         report_count(counted)
         if args.json:
             args.json.write_text(json.dumps(counted, indent=2))

@@ -22,6 +22,7 @@ from apikeys import Hasher, KeyManager
 from apikeys.errors import ConfigurationError, ForbiddenField, InvalidKeyParameters
 from apikeys.fields import (
     KEY_FIELDS,
+    OPERATOR_ONLY,
     KeyField,
     Role,
     check_change,
@@ -46,6 +47,8 @@ OPERATOR_FIELDS = (
     "metadata",
     "identity",
 )
+# What an operator may hand to workspace users (`KeysPage(workspace_fields=…)`).
+DELEGABLE_FIELDS = tuple(name for name in OPERATOR_FIELDS if name not in OPERATOR_ONLY)
 WORKSPACE_FIELDS = ("name", "access", "scopes", "expires_at")
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -113,7 +116,7 @@ def test_every_field_is_one_the_record_holds_and_the_manager_updates() -> None:
 @given(
     fields=st.sets(st.sampled_from(list(KEY_FIELDS))),
     role=st.sampled_from(list(Role)),
-    extra=st.sets(st.sampled_from(OPERATOR_FIELDS)),
+    extra=st.sets(st.sampled_from(DELEGABLE_FIELDS)),
     creating=st.booleans(),
 )
 def test_a_change_is_allowed_iff_the_table_gives_every_field_to_the_role(
@@ -185,6 +188,13 @@ def test_extra_workspace_fields_must_be_fields_of_the_table() -> None:
         check_workspace_fields(["plan"])
     with pytest.raises(ConfigurationError):
         check_workspace_fields("rate_limit")  # a string is not a set of names
+
+
+def test_a_keys_identity_is_never_handed_to_workspace_users() -> None:
+    # Moving a key out of its identity would escape the identity's limits and credits.
+    assert "identity" in OPERATOR_ONLY
+    with pytest.raises(ConfigurationError, match="identity is the operator's alone"):
+        check_workspace_fields(["rate_limit", "identity"])
 
 
 def test_the_docs_table_is_the_table_in_the_code() -> None:
@@ -267,7 +277,7 @@ async def _post_edit(posted: frozenset[str], extra: frozenset[str]) -> tuple[int
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(
     posted=st.frozensets(st.sampled_from(list(POSTS))),
-    extra=st.frozensets(st.sampled_from(OPERATOR_FIELDS)),
+    extra=st.frozensets(st.sampled_from(DELEGABLE_FIELDS)),
 )
 def test_the_page_refuses_a_post_iff_it_sends_a_field_not_given_to_users_and_changes_nothing(
     posted: frozenset[str], extra: frozenset[str]

@@ -63,7 +63,7 @@ from apikeys.ratelimit import (
 )
 from apikeys.scopes import GrantedScopes
 from apikeys.stores import KeyStore, MemoryStore, register_store, store_from_url
-from apikeys.stores.contract import Channel, ChannelError, IdentityStore
+from apikeys.stores.contract import Channel, ChannelError, CreditSpend, IdentityStore
 from apikeys.sync import SyncKeyManager
 from apikeys.types import CreatedKey, KeyRecord, StoredKey, UsageDelta
 
@@ -81,6 +81,7 @@ __all__ = [
     "ChannelError",
     "ConfigurationError",
     "CreatedKey",
+    "CreditSpend",
     "CreditsExhausted",
     "DeliveryInProgress",
     "DuplicateIdentity",

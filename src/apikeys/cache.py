@@ -26,7 +26,10 @@ its failure table. In short, with `lease` L (1 s by default):
   reconnects, notices may have been missed, and the whole cache is dropped.
 
 Entries are `StoredKey`s (a record and the stored hash, never a secret), bounded by
-`max_entries` in least-recently-used order. Expiry, grace periods and every other per-request
+`max_entries` in least-recently-used order. Identities (`apikeys.identities`) are entries of
+the same cache under the name `i:<id>` (no key id holds `:`): the stores' notices of an
+identity's change name it so, and the same fill rule holds for them (`hit_identity`,
+`load_identity`). Expiry, grace periods and every other per-request
 decision are made from the record at each request, as without a cache.
 """
 
@@ -40,12 +43,15 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from apikeys.bounded import remember_recent
 from apikeys.errors import ChangeNotConfirmed
 from apikeys.stores.contract import STORE_WRITER, Channel, KeyStore, parse_notice
-from apikeys.types import StoredKey
+from apikeys.types import StoredKey, identity_subject
+
+if TYPE_CHECKING:
+    from apikeys.identities import IdentityRecord
 
 __all__ = ["DEFAULT_CACHE_SIZE", "DEFAULT_LEASE", "KeyCache", "clock"]
 
@@ -119,7 +125,8 @@ class KeyCache:
         self._clock = clock
         self._sleep = sleep
         self._autostart = autostart
-        self._entries: OrderedDict[str, StoredKey] = OrderedDict()
+        # Key ids -> `StoredKey`; `i:<identity id>` -> `IdentityRecord`.
+        self._entries: OrderedDict[str, StoredKey | IdentityRecord] = OrderedDict()
         # Ids the store did not have: a request with an unknown id costs no store read
         # either. Kept apart (and smaller), so unknown ids never push out real records.
         self._missing: OrderedDict[str, None] = OrderedDict()
@@ -169,7 +176,7 @@ class KeyCache:
             return None
         entries.move_to_end(key_id)
         self.hits += 1
-        return stored
+        return stored  # type: ignore[return-value]  # a key id names a StoredKey
 
     def hit(self, key_id: str) -> StoredKey | None:
         """`get` that counts and starts nothing on a miss: the cached record of `key_id` if
@@ -181,7 +188,7 @@ class KeyCache:
         if stored is not None:
             entries.move_to_end(key_id)
             self.hits += 1
-        return stored
+        return stored  # type: ignore[return-value]  # a key id names a StoredKey
 
     def missing(self, key_id: str) -> bool:
         """True if the store provably has no key `key_id` (a fresh proof covers its absence).
@@ -203,6 +210,44 @@ class KeyCache:
             else:
                 remember_recent(self._missing, key_id, None, self.max_missing)
         return stored
+
+    # -- identities (entries named `i:<id>`) ------------------------------------------------
+
+    def hit_identity(self, identity_id: str) -> IdentityRecord | None:
+        """The cached identity `identity_id` if the cache is provably fresh, else None (as
+        `hit`: nothing counted or started on a miss)."""
+        if self._clock() - self._proof_at >= self.lease:
+            return None
+        subject = "i:" + identity_id  # identity_subject, written out: on the request path
+        entries = self._entries
+        found = entries.get(subject)
+        if found is not None:
+            entries.move_to_end(subject)
+        return found  # type: ignore[return-value]  # `i:<id>` names an IdentityRecord
+
+    def missing_identity(self, identity_id: str) -> bool:
+        """True if the store provably has no identity `identity_id` (as `missing`)."""
+        return self.missing(identity_subject(identity_id))
+
+    async def load_identity(self, identity_id: str) -> IdentityRecord | None:
+        """Read identity `identity_id` from the store (`IdentityStore.get_to_cache`) and
+        keep it, or that it is missing, under the fill rule of `load`. Starts probing when
+        the cache is not proven fresh (as `get`). None: there is no such identity."""
+        if self._clock() - self._proof_at >= self.lease:
+            self._serving = True
+            self._start()
+        identities = self.store.identities()
+        if identities is None:
+            return None
+        subject = identity_subject(identity_id)
+        epoch = self._epoch
+        found, keep = await identities.get_to_cache(identity_id)
+        if keep and epoch == self._epoch and not self._closed:
+            if found is not None:
+                remember_recent(self._entries, subject, found, self.max_entries)
+            else:
+                remember_recent(self._missing, subject, None, self.max_missing)
+        return found
 
     # -- changes -------------------------------------------------------------------------
 

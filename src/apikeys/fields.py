@@ -36,6 +36,7 @@ from apikeys.types import RECORD_FIELDS, KeyField, KeyRecord, Role
 
 __all__ = [
     "KEY_FIELDS",
+    "OPERATOR_ONLY",
     "KeyField",
     "Role",
     "check_change",
@@ -52,9 +53,16 @@ KEY_FIELDS: Mapping[str, KeyField] = MappingProxyType(
 `RECORD_FIELDS` that name who may change them."""
 
 
+OPERATOR_ONLY: frozenset[str] = frozenset({"identity"})
+"""Operator fields no operator can hand to workspace users: a key's `identity` says whose
+limits and credits it spends and with whom it goes off, so moving a key out of (or into)
+one is never a workspace user's to do."""
+
+
 def check_workspace_fields(names: Iterable[str]) -> frozenset[str]:
     """`names` as the set of extra fields an operator lets workspace users change;
-    `ConfigurationError` for a name that is not a field of `KEY_FIELDS`."""
+    `ConfigurationError` for a name that is not a field of `KEY_FIELDS`, or is one of
+    `OPERATOR_ONLY`."""
     chosen = frozenset(names)
     unknown = sorted(chosen - KEY_FIELDS.keys())
     if unknown:
@@ -62,13 +70,22 @@ def check_workspace_fields(names: Iterable[str]) -> frozenset[str]:
             f"workspace_fields: {', '.join(unknown)} is not a key field; "
             f"the fields are {', '.join(KEY_FIELDS)}"
         )
+    kept = sorted(chosen & OPERATOR_ONLY)
+    if kept:
+        raise ConfigurationError(
+            f"workspace_fields: {', '.join(kept)} is the operator's alone "
+            "(it says whose limits and credits a key spends)"
+        )
     return chosen
 
 
 def workspace_may_change(field: str, workspace_fields: Collection[str] = ()) -> bool:
     """Whether a workspace user may set `field` at all (its value may still be refused)."""
     entry = KEY_FIELDS.get(field)
-    return entry is not None and (entry.changed_by == Role.WORKSPACE or field in workspace_fields)
+    return entry is not None and (
+        entry.changed_by == Role.WORKSPACE
+        or (field in workspace_fields and field not in OPERATOR_ONLY)
+    )
 
 
 def check_change(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from starlette.authentication import AuthCredentials, BaseUser
 
@@ -46,7 +46,9 @@ from apikeys.errors import (
     IPNotAllowed,
     RateLimited,
 )
+from apikeys.lifecycle import check_identity_usable
 from apikeys.manager import KeyManager
+from apikeys.manager.credits import spends_identity
 from apikeys.policies import parse_refill
 from apikeys.problems import Headers
 from apikeys.ratelimit import (
@@ -68,10 +70,15 @@ from apikeys.ratelimit.headers import (
     shape_for,
     single_headers,
 )
+from apikeys.ratelimit.limiter import IDENTITY_POLICY_PREFIX
 from apikeys.routes import CostTable, ScopeTable
 from apikeys.scopes import GrantedScopes, grants_for
+from apikeys.stores.contract import CreditSpend
 from apikeys.stores.shared import LEGACY_SCHEME
 from apikeys.types import KeyRecord, Scope
+
+if TYPE_CHECKING:
+    from apikeys.identities import IdentityRecord
 
 __all__ = [
     "REFUSED_AFTER_AUTHENTICATION",
@@ -140,6 +147,7 @@ _CHARGE = 2  # the limiter's server's charge: the awaitable `RateLimiter.charge`
 _SPEND = 3  # the key's credits: `await manager.spend_credits(record, cost)`
 _REFUND = 4  # the rate limits' charge given back, credits refused: `await limiter.refund(…)`
 _LEGACY = 5  # an imported key sent under a legacy scheme: `await manager.verify_imported(…)`
+_IDENTITY = 6  # the key's identity, not held: `await manager.usable_identity(…)`
 
 
 # (method, path) -> the scopes a key lacks for that route (None: it may take it)
@@ -149,10 +157,11 @@ _SHARED_GRANTS: Final = 4096
 
 
 class _Prepared(NamedTuple):
-    """What the core needs of one version of a key, made at its first request: the objects
-    the request's scope gets, its grants, its limits as the limiter charges them (`plan`)
-    and as the headers show them (`shape`), and its answers by route (the answers and
-    `auth` shared by every key with the same grants)."""
+    """What the core needs of one version of a key (and of its identity's, for a key of
+    one), made at its first request: the objects the request's scope gets, its grants, its
+    limits (its identity's with them) as the limiter charges them (`plan`) and as the
+    headers show them (`shape`), whether it spends credits, and its answers by route (the
+    answers and `auth` shared by every key with the same grants)."""
 
     record: KeyRecord
     grants: GrantedScopes
@@ -161,6 +170,16 @@ class _Prepared(NamedTuple):
     routes: _RouteAnswers
     plan: Plan
     shape: OnePolicy | PolicySet
+    spends: bool  # whether a request spends credits (the key's, its identity's)
+    identity: IdentityRecord | None  # the version of the key's identity it was made with
+
+
+class _Awaiting(Exception):
+    """Raised inside the core by a helper that finds something must be loaded first: the
+    core answers its `admission`."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
 
 
 class Admission:
@@ -177,9 +196,11 @@ class Admission:
         "cost",
         "failure",
         "headers",
+        "identity",
         "left",
         "need",
         "record",
+        "spent",
         "token",
     )
 
@@ -193,6 +214,8 @@ class Admission:
         self.cost = 1
         self.left: int | None = None
         self.failure: Exception | None = None
+        self.identity: IdentityRecord | None = None
+        self.spent: CreditSpend | None = None
 
 
 def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> None:
@@ -287,15 +310,32 @@ def _resumed(admission: Admission) -> tuple[KeyRecord, int, Charge]:
 
 
 def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
-    """After the credits were spent: the headers with the credits left; or, none taken,
-    the limits' charge to give back, and once given back the refusal."""
-    refill = parse_refill(record.credit_refill) if record.credit_refill else None
+    """After the credits were spent: the headers with the credits left (the key's, then
+    its identity's as `identity.credits`); or, none taken, the limits' charge to give
+    back, and once given back the refusal (`Retry-After` the refill of the side that
+    refused)."""
+    spent = admission.spent
+    assert spent is not None
+    identity = admission.identity
     if admission.need == _SPEND:
-        if admission.left is not None:
-            return credit_headers(admission.headers or [], admission.left, refill)
+        if spent.refused is None:
+            headers = admission.headers or []
+            if spent.key_left is not None:
+                refill = parse_refill(record.credit_refill) if record.credit_refill else None
+                headers = credit_headers(headers, spent.key_left, refill)
+            if spent.identity_left is not None and identity is not None:
+                refill = parse_refill(identity.credit_refill)
+                headers = credit_headers(headers, spent.identity_left, refill, name=_ICREDITS)
+            return headers
         admission.need = _REFUND  # a refused request is charged to nothing
         return admission
-    raise credits_exhausted(refill)
+    refilled = record.credit_refill
+    if spent.refused == "identity" and identity is not None:
+        refilled = identity.credit_refill
+    raise credits_exhausted(parse_refill(refilled) if refilled else None)
+
+
+_ICREDITS = IDENTITY_POLICY_PREFIX + "credits"
 
 
 class Gate:
@@ -364,10 +404,13 @@ class Gate:
         self.legacy_schemes = tuple(legacy_schemes)  # as given
         self.policy_name = policy_name_text(policy_name)
         self.trusted_proxies = trusted_proxies
-        # a key's rate_limit -> the name its one policy is shown with, or those of its policies
-        self._shapes: dict[str | None, OnePolicy | PolicySet] = {}
-        # key id -> what the core needs of the key's latest version seen
+        # a key's rate_limit (with its identity's) -> the name its one policy is shown with,
+        # or those of its policies
+        self._shapes: dict[object, OnePolicy | PolicySet] = {}
+        # key id -> what the core needs of the key's latest version seen (a key of no
+        # identity), and the same of a key of an identity with its identity's version
         self._prepared: dict[str, _Prepared] = {}
+        self._of_identities: dict[str, _Prepared] = {}
         # a key's grants -> its `scope["auth"]` and its answers by route: they follow from
         # the grants alone, so keys with the same scopes share them (a key costs less memory)
         self._by_grants: dict[GrantedScopes, tuple[APIKeyAuth, _RouteAnswers]] = {}
@@ -414,7 +457,8 @@ class Gate:
                 record, loaded, charged = _resumed(admission)
             prepared = self._prepared.get(record.id)
             if prepared is None or prepared.record is not record:
-                prepared = self._prepare(record)
+                # (A key of an identity is never found there: see `_prepare`.)
+                prepared = self._prepare(record, admission)
             if loaded < _CHARGE:
                 if record.allowed_ips:
                     check_address(scope, record, self.trusted_proxies)  # before any charge
@@ -422,7 +466,9 @@ class Gate:
                 if type(answer) is tuple:
                     charged = answer
                 else:
-                    return _waiting(admission, _CHARGE, record, None, answer)
+                    waiting = _waiting(admission, _CHARGE, record, None, answer)
+                    waiting.identity = prepared.identity  # charged with this version
+                    return waiting
             if loaded <= _CHARGE:
                 # The limits' headers, then their refusal (a remaining below 0, `~left`).
                 shape = prepared.shape
@@ -447,8 +493,8 @@ class Gate:
                     raise InsufficientScope(lacking)
                 if required and not prepared.grants.covers(required):
                     raise InsufficientScope(required)
-                if record.credits is not None:
-                    return self._spending(scope, path, admission, record, rate_headers)
+                if prepared.spends:
+                    return self._spending(scope, path, admission, prepared, rate_headers)
             else:
                 credited = _credited(admission, record)  # type: ignore[arg-type]
                 if isinstance(credited, Admission):
@@ -471,6 +517,8 @@ class Gate:
         from the store); else the refusal, raised."""
         if type(exc) is LegacyToken:
             return Admission(_LEGACY, exc.token)
+        if type(exc) is _Awaiting:
+            return exc.admission
         raise self._refusal(record, exc, rate_headers) from None
 
     def _refusal(
@@ -490,16 +538,36 @@ class Gate:
             logger.exception("apikeys: unexpected error while authenticating; answering 503")
         return AuthUnavailable()
 
+    def _identified(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
+        """What the core needs of `record`, a key of an identity, and of the version of its
+        identity the request is charged with (the one it loaded, else the one held now);
+        raises `_Awaiting` the `Admission` needing the identity loaded when it is not held.
+        An identity that does not let its keys be used is refused (`check_identity_usable`):
+        `verify` decided the key with it, this is the version the request is charged with."""
+        identity = None
+        if admission is not None:
+            identity = admission.identity
+        if identity is None or identity.id != record.identity:
+            identity = self.manager.usable_identity_now(record.identity)  # type: ignore[arg-type]
+            if identity is None:
+                raise _Awaiting(_waiting(admission, _IDENTITY, record, None, None))
+        prepared = self._of_identities.get(record.id)
+        if prepared is None or prepared.record is not record or prepared.identity is not identity:
+            prepared = self._made(record, check_identity_usable(identity))
+        return prepared
+
     def _spending(
         self,
         scope: Scope,
         path: str,
         admission: Admission | None,
-        record: KeyRecord,
+        prepared: _Prepared,
         headers: Headers,
     ) -> Admission:
-        """The `Admission` needing the key's credits spent: what the route costs."""
-        spending = _waiting(admission, _SPEND, record, headers, None)
+        """The `Admission` needing the credits spent (the key's, its identity's): what the
+        route costs."""
+        spending = _waiting(admission, _SPEND, prepared.record, headers, None)
+        spending.identity = prepared.identity
         if self.costs is not None:
             spending.cost = self.costs.cost(scope.get("method", ""), path)
         return spending
@@ -534,12 +602,28 @@ class Gate:
             charging, admission.charging = admission.charging, None
             assert charging is not None
             admission.charged = await charging
+        elif need == _IDENTITY:
+            assert record is not None
+            assert record.identity is not None
+            try:
+                admission.identity = await self.manager.usable_identity(record.identity)
+            except AuthenticationError:
+                admission.record = None  # refused as its key would be by `verify`: uncounted
+                raise
+            admission.need = _KEY  # then on as a key whose identity is held
         elif need == _SPEND:
             assert record is not None
-            admission.left = await self.manager.spend_credits(record, admission.cost)
+            manager, cost = self.manager, admission.cost
+            admission.spent = await manager.spend_request_credits(record, admission.identity, cost)
         else:
             assert record is not None
-            await self.limiter.refund(record.id, record.rate_limit)
+            identity = admission.identity
+            await self.limiter.refund(
+                record.id,
+                record.rate_limit,
+                identity=None if identity is None else identity.id,
+                identity_policies=None if identity is None else identity.rate_limit,
+            )
 
     async def admit(self, scope: Scope, path: str, required: Sequence[str] = ()) -> Headers:
         """Admit the request `scope` to `path` (the path the app routes on), or refuse it:
@@ -578,18 +662,39 @@ class Gate:
         except KeyError:
             return remember(self._routes, route, self.scopes.required(*route), 10_000)
 
-    def _prepare(self, record: KeyRecord) -> _Prepared:
-        """What the core needs of this version of the key (see `_Prepared`)."""
+    def _prepare(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
+        """What the core needs of this version of the key (see `_Prepared`). A key of an
+        identity is prepared with its identity's version too, and kept apart
+        (`_identified`): the core's one lookup by key id then costs a key of no identity
+        nothing more, and sends a key of one here."""
+        if record.identity is not None:
+            return self._identified(record, admission)
+        return self._made(record, None)
+
+    def _made(self, record: KeyRecord, identity: IdentityRecord | None) -> _Prepared:
+        """`_Prepared` of this version of the key and of its `identity`'s (None: none),
+        remembered."""
         grants = grants_for(record.scopes, record.access == "full")
         shared = self._by_grants.get(grants)
         if shared is None:
             shared = remember(self._by_grants, grants, (APIKeyAuth(grants), {}), _SHARED_GRANTS)
         auth, routes = shared
         limit = record.rate_limit
-        shape = self._shapes.get(limit) or self._shape(limit)
-        plan = self.limiter.plan(record.id, limit)
-        prepared = _Prepared(record, grants, auth, APIKeyUser(record), routes, plan, shape)
-        return remember(self._prepared, record.id, prepared, 10_000)
+        if identity is None:
+            shape = self._shapes.get(limit) or self._shape(limit)
+            plan = self.limiter.plan(record.id, limit)
+        else:
+            its = identity.rate_limit
+            shape = self._shapes.get((limit, its)) or self._shape(limit, its)
+            plan = self.limiter.plan(record.id, limit, identity=identity.id, identity_policies=its)
+        spends = record.credits is not None or spends_identity(record, identity)
+        prepared = _Prepared(
+            record, grants, auth, APIKeyUser(record), routes, plan, shape, spends, identity
+        )
+        if identity is None:
+            return remember(self._prepared, record.id, prepared, 10_000)
+        self._prepared.pop(record.id, None)  # a key moved into an identity
+        return remember(self._of_identities, record.id, prepared, 10_000)
 
     def reads(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """True when `headers` carry a key this gate reads: its key header, and for
@@ -620,6 +725,6 @@ class Gate:
             exc.headers = (*exc.headers, *rate_headers)
         return exc
 
-    def _shape(self, limit: str | None) -> OnePolicy | PolicySet:
-        shape = shape_for(self.limiter, limit, self.policy_name)
-        return remember(self._shapes, limit, shape, 10_000)
+    def _shape(self, limit: str | None, shared: str | None = None) -> OnePolicy | PolicySet:
+        shape = shape_for(self.limiter, limit, self.policy_name, shared)
+        return remember(self._shapes, limit if shared is None else (limit, shared), shape, 10_000)

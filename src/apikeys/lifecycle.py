@@ -16,7 +16,9 @@ manager, the command line, the settings page and the stores read the table here:
 `may_take` is the check a store makes in the atomic step that applies a change (the
 memory store calls it; the SQL store's `WHERE` and the Redis scripts' `EDITABLE` are made
 from the table), and `offered` says whether the page offers an action. `check_usable` is
-the one check of whether a key may authenticate a request.
+the one check of whether a key may authenticate a request, and `check_identity_usable` the
+one check of its identity's part in that (a key of a disabled or revoked identity is
+refused as a disabled or revoked key).
 """
 
 from __future__ import annotations
@@ -24,14 +26,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from apikeys.errors import KeyDisabled, KeyExpired, KeyRevoked
 from apikeys.types import ACTIVE, DISABLED, EXPIRED, REVOKED, KeyRecord, StoredState, utcnow
 
+if TYPE_CHECKING:
+    from apikeys.identities import IdentityRecord
+
 __all__ = [
     "TRANSITIONS",
     "Transition",
+    "check_identity_usable",
     "check_usable",
     "may_take",
     "offered",
@@ -75,6 +81,26 @@ def check_usable(record: KeyRecord, now: datetime | None = None) -> None:
         raise KeyRevoked() if state == REVOKED else KeyDisabled()
     if record.expires_at is not None and record.expires_at <= (now or utcnow()):
         raise KeyExpired()
+
+
+_IDENTITY_DISABLED: Final = "The API key's identity is disabled."
+_IDENTITY_REVOKED: Final = "The API key's identity was revoked."
+_IDENTITY_GONE: Final = "The API key's identity no longer exists."
+
+
+def check_identity_usable(identity: IdentityRecord | None) -> IdentityRecord:
+    """`identity` (the identity a usable key belongs to) if its keys may authenticate
+    requests; else the refusal of a key in that state: `KeyDisabled` for a disabled
+    identity, `KeyRevoked` for a revoked one or one that is gone (None: its row or hash
+    was deleted by hand), each saying that it is the identity's doing. Nothing is written
+    on the keys: enabling the identity makes them usable again (a key revoked on its own
+    is refused by `check_usable` first, whatever its identity)."""
+    if identity is None:
+        raise KeyRevoked(_IDENTITY_GONE)
+    state = identity.state
+    if state != ACTIVE:
+        raise KeyRevoked(_IDENTITY_REVOKED) if state == REVOKED else KeyDisabled(_IDENTITY_DISABLED)
+    return identity
 
 
 def may_take(state: StoredState, action: str) -> bool:

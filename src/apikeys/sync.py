@@ -318,6 +318,8 @@ class KeyManager:
     audit = _Blocking(AsyncKeyManager.audit)
     usage = _Blocking(AsyncKeyManager.usage)
     spend_credits = _Blocking(AsyncKeyManager.spend_credits)
+    spend_request_credits = _Blocking(AsyncKeyManager.spend_request_credits)
+    usable_identity = _Blocking(AsyncKeyManager.usable_identity)
     flush = _Blocking(AsyncKeyManager.flush)
     import_lookup_secret = _Blocking(AsyncKeyManager.import_lookup_secret)
     add_imported = _Blocking(AsyncKeyManager.add_imported)

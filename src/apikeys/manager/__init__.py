@@ -11,12 +11,13 @@ from __future__ import annotations
 from apikeys.lifecycle import check_usable, refusal
 from apikeys.manager.changes import UNSET, KeyChanges
 from apikeys.manager.construction import LIMITER_URL_ENV, STORE_URL_ENV
+from apikeys.manager.credits import CreditSpending
 from apikeys.manager.verification import KeyVerification
 
 __all__ = ["LIMITER_URL_ENV", "STORE_URL_ENV", "UNSET", "KeyManager", "check_usable", "refusal"]
 
 
-class KeyManager(KeyChanges, KeyVerification):
+class KeyManager(KeyChanges, KeyVerification, CreditSpending):
     """Issues and checks API keys held in a `KeyStore`.
 
     ```python

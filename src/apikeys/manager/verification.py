@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from apikeys.bounded import remember
 from apikeys.errors import (
@@ -29,7 +29,7 @@ from apikeys.keys import (
     ID_LENGTH,
     generate_key,
 )
-from apikeys.lifecycle import check_usable
+from apikeys.lifecycle import check_identity_usable, check_usable
 from apikeys.manager.construction import ManagerBase, logger
 from apikeys.types import (
     ACTIVE,
@@ -37,6 +37,9 @@ from apikeys.types import (
     StoredKey,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from apikeys.identities import IdentityRecord
 
 __all__ = ["KeyVerification"]
 
@@ -93,7 +96,9 @@ class KeyVerification(ManagerBase):
         """The record of the key `token` names, if it may be used now; else raise.
 
         Raises `MalformedAPIKey` (before any store access), `InvalidAPIKey`, `KeyDisabled`,
-        `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key.
+        `KeyRevoked`, `KeyExpired` or `StoreUnavailable`. Never returns an unusable key:
+        a key of an identity that is disabled (revoked, or gone) is refused as a disabled
+        (revoked) key, its detail saying it is the identity's doing.
         Counts the request in the key's usage unless `record_usage` is false. Asks
         `verify_now` first: a key held in process is decided without an await.
         """
@@ -136,7 +141,8 @@ class KeyVerification(ManagerBase):
         there and its hash is a fast one; raises what `verify` raises for such a key (and
         `MalformedAPIKey` for a malformed token that cannot be an imported key's). Returns
         None when the store must be read, the key is not found (an unknown id is checked
-        against the decoy there), its hash moves to another scheme, or telemetry is on:
+        against the decoy there), its hash moves to another scheme, its identity is not
+        held (in the key cache, provably fresh, or an in-process store), or telemetry is on:
         then `await verify(token)` decides. The request path calls this first, to spare
         the awaits of a cached key.
         `count=False` leaves the request uncounted: the caller counts it with
@@ -228,26 +234,33 @@ class KeyVerification(ManagerBase):
         """`_decide` with the awaits it asks for: the decoy hash made, a slow hash checked
         off the event loop, a hash moved to the current scheme."""
         at = key_id, key_prefix, secret
+        # Counted here, once the key's identity (if any) lets it be used too.
         if stored is not None:
-            decided = self._decide(*at, stored, count, None, False, imported)
+            decided = self._decide(*at, stored, False, None, False, imported)
         else:
-            decided = self._decide_unusual(*at, None, count, None, False, imported)
+            decided = self._decide_unusual(*at, None, False, None, False, imported)
         if decided is None:
             # An unknown id (or a key of another prefix) before the decoy hash was made.
             await self._decoy_hash()
-            decided = self._decide_unusual(*at, None, count, None, False, imported)
+            decided = self._decide_unusual(*at, None, False, None, False, imported)
         if isinstance(decided, _SlowCheck):
             verified = await self.hasher.averify(secret, decided.secret_hash)
-            decided = self._decide_unusual(*at, stored, count, None, False, imported, verified)
+            decided = self._decide_unusual(*at, stored, False, None, False, imported, verified)
         if isinstance(decided, _Rehash):
+            record = decided.record
+            if record.identity is not None:
+                await self.usable_identity(record.identity)
             new_hash = decided.new_hash or await self.hasher.ahash(secret)
             await self._rehash(key_id, decided.old_hash, new_hash)
-            if count:
-                self.usage_buffer.record(key_id)
-            return decided.record
-        if decided is None or isinstance(decided, _SlowCheck):  # pragma: no cover
+        elif decided is None or isinstance(decided, _SlowCheck):  # pragma: no cover
             raise AssertionError("a verification with the hash checked is decided")
-        return decided
+        else:
+            record = decided
+            if record.identity is not None:
+                await self.usable_identity(record.identity)
+        if count:
+            self.usage_buffer.record(key_id)
+        return record
 
     # -- the decision ----------------------------------------------------------------------
 
@@ -299,6 +312,8 @@ class KeyVerification(ManagerBase):
         record = stored.record
         if record.expires_at is not None and record.expires_at <= utcnow():
             raise KeyExpired()
+        if record.identity is not None and now:
+            return self._identified_now(record, count)
         if count:
             self.usage_buffer.record(key_id)
         return record
@@ -345,9 +360,59 @@ class KeyVerification(ManagerBase):
         check_usable(record)
         if verified.new_hash is not None or verified.stale:
             return None if now else _Rehash(record, secret_hash, verified.new_hash)
+        if record.identity is not None and now:
+            return self._identified_now(record, count)
         if count:
             self.usage_buffer.record(key_id)
         return record
+
+    # -- the key's identity ----------------------------------------------------------------
+
+    def _identified_now(self, record: KeyRecord, count: bool) -> KeyRecord | None:
+        """`record` (a usable key of an identity) once its identity is found usable, held
+        in process; None when it is not held (then `verify` reads it)."""
+        if self.usable_identity_now(record.identity) is None:  # type: ignore[arg-type]
+            return None
+        if count:
+            self.usage_buffer.record(record.id)
+        return record
+
+    def usable_identity_now(self, identity_id: str) -> IdentityRecord | None:
+        """The identity `identity_id` of a key, held in process (the key cache while it is
+        provably fresh, or an in-process store), if it lets its keys be used; raises
+        `KeyDisabled` / `KeyRevoked` (`check_identity_usable`) if it does not or is known
+        gone. None when it is not held: `await usable_identity(identity_id)` decides."""
+        cache = self.cache
+        if cache is not None:
+            identity = cache.hit_identity(identity_id)
+            if identity is None:
+                if not cache.missing_identity(identity_id):
+                    return None
+                return check_identity_usable(None)
+        else:
+            identities = self.store.identities()
+            found = False if identities is None else identities.get_now(identity_id)
+            if found is False:
+                return None
+            identity = found
+        if identity is not None and identity.state == ACTIVE:
+            return identity
+        return check_identity_usable(identity)
+
+    async def usable_identity(self, identity_id: str) -> IdentityRecord:
+        """The identity `identity_id` of a key if it lets its keys be used, from the key
+        cache or the store; else the refusal of `check_identity_usable`."""
+        held = self.usable_identity_now(identity_id)
+        if held is not None:
+            return held
+        cache = self.cache
+        if cache is not None:
+            if cache.missing_identity(identity_id):
+                return check_identity_usable(None)
+            return check_identity_usable(await cache.load_identity(identity_id))
+        identities = self.store.identities()
+        found = None if identities is None else await identities.get(identity_id)
+        return check_identity_usable(found)
 
     def _opens(self, record: KeyRecord, key_prefix: str) -> bool:
         """Whether a token of `key_prefix` names `record`: the record's own prefix, one of

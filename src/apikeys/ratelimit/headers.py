@@ -111,24 +111,30 @@ def _shown(decision: PolicyDecision, policy_name: str) -> PolicySet:
 
 
 def credit_headers(
-    headers: Headers, left: int, refill: Refill | None, now: datetime | None = None
+    headers: Headers,
+    left: int,
+    refill: Refill | None,
+    now: datetime | None = None,
+    *,
+    name: str = "credits",
 ) -> Headers:
     """`headers` with a `credits` item in `RateLimit` (the credits left, and `t`, the
-    seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`."""
-    item = f'"credits";r={left}'
+    seconds to the next refill) and, for a key with a refill, in `RateLimit-Policy`.
+    `name` names the item: `identity.credits` for the credits of the key's identity."""
+    item = f'"{name}";r={left}'
     policy = None
     if refill is not None:
         now = now or utcnow()
         start, end = refill.period_start(now), refill.next_start(now)
         item += f";t={max(1, math.ceil((end - now).total_seconds()))}"
-        policy = f'"credits";q={refill.amount};w={int((end - start).total_seconds())}'
+        policy = f'"{name}";q={refill.amount};w={int((end - start).total_seconds())}'
     updated: Headers = []
-    for name, value in headers:
-        if name == b"ratelimit":
+    for field, value in headers:
+        if field == b"ratelimit":
             value = value + b", " + item.encode()
-        elif name == b"ratelimit-policy" and policy is not None:
+        elif field == b"ratelimit-policy" and policy is not None:
             value = value + b", " + policy.encode()
-        updated.append((name, value))
+        updated.append((field, value))
     return updated
 
 

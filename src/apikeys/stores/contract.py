@@ -38,7 +38,7 @@ import asyncio
 import builtins
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, NamedTuple
 
 from apikeys.listing import KeyFilter, Position, after
 from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
@@ -54,6 +54,7 @@ __all__ = [
     "USAGE_BATCH_RETENTION",
     "Channel",
     "ChannelError",
+    "CreditSpend",
     "IdentityStore",
     "KeyStore",
     "WebhookStore",
@@ -422,6 +423,12 @@ class IdentityStore(abc.ABC):
     async def get(self, identity_id: str) -> IdentityRecord | None:
         """The identity with this id, or None, in one round trip."""
 
+    def get_now(self, identity_id: str) -> IdentityRecord | Literal[False] | None:
+        """`get` without awaiting, for a store that keeps its identities in the process;
+        False from a store that must be awaited (every store but the memory one), as
+        `KeyStore.get_for_verification_now`."""
+        return False
+
     async def get_to_cache(self, identity_id: str) -> tuple[IdentityRecord | None, bool]:
         """`get`, for a process's cache (under the name `i:<id>`): the identity (or None),
         and whether the cache may keep it (as `KeyStore.get_to_cache`)."""
@@ -471,13 +478,43 @@ class IdentityStore(abc.ABC):
         already in `state` is left as it is, without its event. Returns the record
         afterwards; raises `IdentityNotFound`. The `notice` is published with the change."""
 
-    async def spend_credits(
-        self, identity_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
-    ) -> int | None:
-        """Atomically take `cost` of the identity's credits, as `KeyStore.spend_credits`
-        does for a key (without rolled pairs): how many are left, or None (nothing taken).
-        Not yet kept by any store: the request path's identity credits come with it."""
-        raise NotImplementedError(f"{type(self).__name__} does not spend identity credits yet")
+    async def spend_credits_with_key(
+        self,
+        identity_id: str,
+        key_id: str | None,
+        cost: int,
+        *,
+        refill: tuple[int, datetime] | None = None,
+        key_refill: tuple[int, datetime] | None = None,
+    ) -> CreditSpend:
+        """Take `cost` of the identity's credits and of the key `key_id`'s (None: the key
+        has unlimited credits) in one decision: both, or neither.
+
+        The identity's side is its `credits` (refilled first per `refill`, as a key's);
+        an identity without credits (unlimited) is not charged. The key's side is
+        `KeyStore.spend_credits` (`key_refill`, rolled pairs, a revoked key refused). The
+        answer says what is left of each (None: unlimited or not charged), or which side
+        refused (`refused`), and then nothing was taken from either; a refill that came
+        due is kept all the same (a new period began).
+
+        Memory: under one step of its event loop. SQL: one transaction over both rows.
+        Redis: one script when the key's hash and the identity's share a node (a single
+        server, Sentinel); on a Cluster they are in two slots, so the identity is charged
+        first, then the key, and the identity refunded when the key refuses: a request
+        sent meanwhile may see the identity's balance `cost` lower for that round trip
+        (and be refused for it), never higher, so nothing is over-admitted.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not spend identity credits")
+
+
+class CreditSpend(NamedTuple):
+    """What `IdentityStore.spend_credits_with_key` did: the credits left of the identity
+    and of the key (None: unlimited, not charged), or the side that refused (`identity`
+    or `key`; nothing was taken)."""
+
+    identity_left: int | None
+    key_left: int | None
+    refused: Literal["identity", "key"] | None = None
 
 
 class WebhookStore(abc.ABC):

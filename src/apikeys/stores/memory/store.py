@@ -65,7 +65,7 @@ class MemoryStore(KeyStore):
         # one-time token -> (deadline on time.monotonic(), value), oldest first
         self._once: dict[str, tuple[float, str]] = {}
         self._webhooks = MemoryWebhooks(self)
-        self._identities = MemoryIdentities(self._record)
+        self._identities = MemoryIdentities(self._record, self.spend_credits_now)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -224,6 +224,19 @@ class MemoryStore(KeyStore):
     async def spend_credits(
         self, key_id: str, cost: int, *, refill: tuple[int, datetime] | None = None
     ) -> int | None:
+        return self.spend_credits_now(key_id, cost, refill=refill)
+
+    def spend_credits_now(
+        self,
+        key_id: str,
+        cost: int,
+        *,
+        refill: tuple[int, datetime] | None = None,
+        take: bool = True,
+    ) -> int | None:
+        """`spend_credits` without awaiting (so atomic on the event loop). `take=False`
+        only says what would be left (a refill that came due is kept all the same): what
+        `MemoryIdentities.spend_credits_with_key` asks before it takes from both."""
         stored = self._keys.get(key_id)
         if stored is None or stored.record.state == REVOKED:
             return None
@@ -253,7 +266,10 @@ class MemoryStore(KeyStore):
             if refilled:  # too few even after the refill: the new period still began
                 self._spent[key_id] = (left, refilled_at)
             return None
-        self._spent[key_id] = (left - cost, refilled_at)
+        if take:
+            self._spent[key_id] = (left - cost, refilled_at)
+        elif refilled:
+            self._spent[key_id] = (left, refilled_at)
         return left - cost
 
     async def replace_hash(

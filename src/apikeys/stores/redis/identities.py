@@ -32,7 +32,7 @@ from apikeys.errors import DuplicateIdentity, IdentityNotFound, StoreUnavailable
 from apikeys.identities import IDENTITY_FIELDS, IdentityRecord
 from apikeys.listing import Position, after
 from apikeys.policies import dump_metadata, load_metadata
-from apikeys.stores.contract import IdentityStore
+from apikeys.stores.contract import MAX_ROLL_HOPS, CreditSpend, IdentityStore
 from apikeys.stores.redis.channel import notices_channel
 from apikeys.stores.redis.codec import decode_time, encode_time, event_text, interned, script
 from apikeys.types import AuditEvent, Kind, StoredState, identity_subject
@@ -100,6 +100,8 @@ class RedisIdentities(IdentityStore):
         self._update = register(script("update"))
         self._set_state = register(script("set_state"))
         self._get_to_cache = register(script("get_to_cache"))
+        self._spend = register(script("spend_with_identity"))
+        self._refund = register(script("refund_identity"))
 
     def __repr__(self) -> str:
         return f"RedisIdentities(key_prefix={self._prefix!r})"
@@ -250,3 +252,84 @@ class RedisIdentities(IdentityStore):
                 [state, encode_time(at), *allowed_from, *self._tail(event, notice)],
             )
         return await self._changed(identity_id, reply)
+
+    async def spend_credits_with_key(
+        self,
+        identity_id: str,
+        key_id: str | None,
+        cost: int,
+        *,
+        refill: tuple[int, datetime] | None = None,
+        key_refill: tuple[int, datetime] | None = None,
+    ) -> CreditSpend:
+        # On the request path: not followed by WAIT, as a key's spend (docs/stores.md).
+        store = self._store
+        ours = _refill_args(refill)
+        if store.deployment == "cluster" and key_id is not None:
+            return await self._spend_split(identity_id, key_id, cost, ours, key_refill)
+        identity_hash = self.hash_name(identity_id)
+        target, followed = key_id, ""
+        async with store.calls():
+            for _ in range(MAX_ROLL_HOPS):
+                reply = await self._spend(
+                    keys=[
+                        identity_hash,
+                        identity_hash if target is None else store.key_name(target),
+                    ],
+                    args=[
+                        cost,
+                        *ours,
+                        *_refill_args(key_refill),
+                        followed,
+                        "" if target is None else "1",
+                    ],
+                )
+                if int(reply[0]) != 3:
+                    return _spent(reply)
+                # Rolled: the pair's balance is the successor's; ask again there.
+                target, followed = str(reply[1]), "1"
+        return CreditSpend(None, None, "key")
+
+    async def _spend_split(
+        self,
+        identity_id: str,
+        key_id: str,
+        cost: int,
+        ours: tuple[str, str],
+        key_refill: tuple[int, datetime] | None,
+    ) -> CreditSpend:
+        """On a Cluster (the identity's hash and the key's in two slots): the identity's
+        credits first, then the key's, and the identity's given back when the key refuses
+        (see `IdentityStore.spend_credits_with_key`)."""
+        store = self._store
+        identity_hash = self.hash_name(identity_id)
+        async with store.calls():
+            reply = await self._spend(
+                keys=[identity_hash, identity_hash], args=[cost, *ours, "", "0", "", ""]
+            )
+        spent = _spent(reply)
+        if spent.refused is not None:
+            return spent
+        key_left = await store.spend_credits(key_id, cost, refill=key_refill)
+        if key_left is not None:
+            return CreditSpend(spent.identity_left, key_left)
+        if spent.identity_left is not None:
+            async with store.calls():
+                await self._refund(keys=[identity_hash], args=[cost, str(reply[3])])
+        return CreditSpend(None, None, "key")
+
+
+def _refill_args(refill: tuple[int, datetime] | None) -> tuple[str, str]:
+    return ("", "0") if refill is None else (str(refill[0]), encode_time(refill[1]))
+
+
+def _spent(reply: Any) -> CreditSpend:
+    status = int(reply[0])
+    if status == 1:
+        return CreditSpend(None, None, "identity")
+    if status == 2:
+        return CreditSpend(None, None, "key")
+    identity_left, key_left = int(reply[1]), int(reply[2])
+    return CreditSpend(
+        None if identity_left < 0 else identity_left, None if key_left < 0 else key_left
+    )

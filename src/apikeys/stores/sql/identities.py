@@ -20,8 +20,9 @@ from apikeys.errors import DuplicateIdentity, IdentityNotFound
 from apikeys.identities import IDENTITY_FIELDS, IdentityRecord
 from apikeys.lifecycle import TRANSITIONS
 from apikeys.listing import Position
-from apikeys.stores.contract import IdentityStore
+from apikeys.stores.contract import CreditSpend, IdentityStore
 from apikeys.stores.sql.changes import ChangeWriter
+from apikeys.stores.sql.credits import spend_with_identity
 from apikeys.stores.sql.engine import is_duplicate
 from apikeys.types import REVOKED, AuditEvent, StoredState
 
@@ -40,10 +41,13 @@ class SQLIdentities(IdentityStore):
         run: Callable[..., Awaitable[Any]],
         table: sa.Table,
         writer: ChangeWriter,
+        *,
+        keys: sa.Table | None = None,
     ) -> None:
         self._run = run
         self._table = table
         self._writer = writer
+        self._keys = keys  # the keys table: a key's credits spent with its identity's
         self._columns = tuple(table.c[name] for name in _NAMES)
 
     def __repr__(self) -> str:
@@ -169,3 +173,23 @@ class SQLIdentities(IdentityStore):
             .values(**values)
         )
         return await self._change(identity_id, update, notice, event)
+
+    async def spend_credits_with_key(
+        self,
+        identity_id: str,
+        key_id: str | None,
+        cost: int,
+        *,
+        refill: tuple[int, datetime] | None = None,
+        key_refill: tuple[int, datetime] | None = None,
+    ) -> CreditSpend:
+        keys, table = self._keys, self._table
+        assert keys is not None
+
+        async def work(conn: AsyncConnection) -> CreditSpend:
+            return await spend_with_identity(
+                conn, table, keys, identity_id, key_id, cost, refill, key_refill
+            )
+
+        spent: CreditSpend = await self._run(work)
+        return spent

@@ -297,7 +297,9 @@ class SQLStore(KeyStore):
             notice_channel=self._notice_channel,
         )
         self._usage = SQLUsage(self._run, dialect, table, batches, self._daily)
-        self._identities = SQLIdentities(self._run, self._identities_table, self._writer)
+        self._identities = SQLIdentities(
+            self._run, self._identities_table, self._writer, keys=self._table
+        )
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLStore:
