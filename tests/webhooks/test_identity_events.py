@@ -165,3 +165,31 @@ async def test_an_identity_limits_window_sends_identity_usage_threshold_naming_i
     listed = await hooks.deliveries()
     assert {delivery.key_id for delivery in listed} == {"i:cust_9"}
     assert keys_only.id not in {delivery.webhook_id for delivery in listed}
+
+
+async def test_requests_through_the_middleware_send_identity_usage_threshold(
+    store: KeyStore, receiver: Receiver
+) -> None:
+    from tests.webhooks.test_rate_thresholds import app_of, send
+
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url, events=["identity.usage_threshold"])
+    idle = DeliveryOptions(poll_interval=3600, timeout=2, lease=10, allow_private_targets=True)
+    async with KeyManager(store, hasher=Hasher(PEPPER), webhooks=idle) as manager:
+        await manager.create_identity("cust_5", workspace="acme", rate_limit="10/minute")
+        first, second = [
+            await manager.create(name=name, workspace="acme", full_access=True, identity="cust_5")
+            for name in ("a", "b")
+        ]
+        deliverer = manager.deliverer
+        assert deliverer is not None
+        await deliverer.run_once()  # sees an endpoint that wants the event: the watch is on
+        app = app_of(manager)
+        # Two keys, one identity's window of ten: the eleventh request is refused.
+        statuses = await send(app, first.key, 6) + await send(app, second.key, 5)
+        assert statuses == [200] * 10 + [429]
+        await deliver(deliverer, receiver, 3)
+    sent = verified(receiver, endpoint)
+    assert sorted(event["data"]["threshold"] for event in sent) == [80, 90, 100]
+    assert {event["data"]["policy"] for event in sent} == {"identity.default"}
+    assert {event["data"]["identity"]["id"] for event in sent} == {"cust_5"}
