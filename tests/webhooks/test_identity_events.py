@@ -14,6 +14,7 @@ from standardwebhooks import Webhook
 from apikeys import Hasher, KeyManager
 from apikeys.ratelimit import RateLimiter
 from apikeys.stores import KeyStore
+from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.events import EVENT_TYPES, IDENTITY_EVENT_TYPES
@@ -193,3 +194,33 @@ async def test_requests_through_the_middleware_send_identity_usage_threshold(
     assert sorted(event["data"]["threshold"] for event in sent) == [80, 90, 100]
     assert {event["data"]["policy"] for event in sent} == {"identity.default"}
     assert {event["data"]["identity"]["id"] for event in sent} == {"cust_5"}
+
+
+async def test_an_identitys_credits_send_identity_usage_threshold_once_per_period(
+    store: KeyStore, manager: KeyManager, receiver: Receiver
+) -> None:
+    hooks = hooks_of(store)
+    endpoint = await add_endpoint(hooks, receiver.url, events=["identity.usage_threshold"])
+    keys_only = await add_endpoint(hooks, receiver.url, events=["key.usage_threshold"])
+    await manager.create_identity("cust_c", workspace="acme", credit_refill="10/day")
+    await manager.create_identity("cust_gone", workspace="acme", credit_refill="10/day")
+    await manager.update_identity("cust_c", credits=1)  # 9 of the day's 10 used
+    await manager.update_identity("cust_gone", credits=0)
+    await manager.revoke_identity("cust_gone")
+    deliverer = Deliverer(hooks, FAST)
+    try:
+        for _ in range(2):  # a second look makes nothing new
+            await hooks.usage_thresholds(utcnow())
+        await deliver(deliverer, receiver, 2)
+    finally:
+        await deliverer.aclose()
+    sent = verified(receiver, endpoint)
+    assert sorted(event["data"]["threshold"] for event in sent) == [80, 90]
+    for event in sent:
+        assert event["type"] == "identity.usage_threshold"
+        assert event["data"]["identity"]["id"] == "cust_c"
+        assert (event["data"]["source"], event["data"]["used"]) == ("credits", 9)
+        assert event["data"]["granted"] == 10
+    listed = await hooks.deliveries()
+    assert {delivery.key_id for delivery in listed} == {"i:cust_c"}
+    assert keys_only.id not in {delivery.webhook_id for delivery in listed}

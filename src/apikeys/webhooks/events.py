@@ -171,9 +171,10 @@ def event_body(event: str, at: datetime, record: Subject, **extra: Any) -> bytes
     ).encode()
 
 
-def crossed_thresholds(record: KeyRecord, now: datetime) -> list[tuple[int, dict[str, Any]]]:
-    """The thresholds of `USAGE_THRESHOLDS` a key with credits and a refill has reached in
-    the refill period `now` is in, each with the `data` of its `key.usage_threshold` event
+def crossed_thresholds(record: Subject, now: datetime) -> list[tuple[int, dict[str, Any]]]:
+    """The thresholds of `USAGE_THRESHOLDS` a key (or an identity) with credits and a refill
+    has reached in the refill period `now` is in, each with the `data` of its
+    `key.usage_threshold` (`identity.usage_threshold`) event
     (`source` `"credits"`, `threshold`, `used`, `granted`, `period_start`). A key without a
     refill has none: a store keeps its balance, not what was granted."""
     refill = parse_refill(record.credit_refill) if record.credit_refill else None

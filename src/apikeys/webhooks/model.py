@@ -7,8 +7,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from apikeys.identities import IdentityRecord
 from apikeys.ratelimit import ThresholdCrossing
 from apikeys.types import KeyRecord, isoformat
 from apikeys.webhooks.events import (
@@ -19,6 +20,9 @@ from apikeys.webhooks.events import (
     subject_of,
 )
 
+if TYPE_CHECKING:
+    from apikeys.stores.contract import IdentityStore
+
 __all__ = [
     "Claimed",
     "Delivery",
@@ -28,6 +32,7 @@ __all__ = [
     "delivery_id",
     "expiring_deliveries",
     "fair_share",
+    "identity_usage_deliveries",
     "rate_threshold_deliveries",
     "usage_threshold_deliveries",
     "wanting",
@@ -217,26 +222,51 @@ def expiring_deliveries(
 
 
 def usage_threshold_deliveries(
-    endpoints: Iterable[Endpoint], record: KeyRecord, now: datetime
+    endpoints: Iterable[Endpoint], record: Subject, now: datetime
 ) -> list[Timed]:
-    """The `key.usage_threshold` deliveries `record` calls for at `now`: one per threshold
-    it has reached (`crossed_thresholds`) and endpoint that wants it, each once per
-    endpoint, key, threshold and refill period. None for a revoked key."""
+    """The `key.usage_threshold` deliveries `record` calls for at `now` (for an identity,
+    `identity.usage_threshold`: its keys share its credits): one per threshold it has
+    reached (`crossed_thresholds`) and endpoint that wants it, each once per endpoint, key
+    (or identity), threshold and refill period. None for a revoked key or identity."""
     if record.state == "revoked":
         return []
+    event = (
+        "identity.usage_threshold"
+        if isinstance(record, IdentityRecord)
+        else ("key.usage_threshold")
+    )
+    subject = subject_of(record)
     endpoints = list(endpoints)
     return [
         Timed(
-            delivery_id(endpoint.id, record.id, f"{threshold}%", data["period_start"]),
+            delivery_id(endpoint.id, subject, f"{threshold}%", data["period_start"]),
             endpoint.id,
-            record.id,
-            "key.usage_threshold",
-            event_body("key.usage_threshold", now, record, **data),
+            subject,
+            event,
+            event_body(event, now, record, **data),
             record.workspace,
         )
         for threshold, data in crossed_thresholds(record, now)
         for endpoint in endpoints
-        if endpoint.wants("key.usage_threshold", record.workspace)
+        if endpoint.wants(event, record.workspace)
+    ]
+
+
+async def identity_usage_deliveries(
+    endpoints: Iterable[Endpoint], identities: IdentityStore | None, now: datetime
+) -> list[Timed]:
+    """The `identity.usage_threshold` deliveries of the credits of `identities` (a store's,
+    None for one that keeps none) at `now`: read only while an endpoint wants the event,
+    and then every identity with credits and a refill is looked at (an identity's keys
+    share one balance, so there is one look per identity, not per key)."""
+    wanted = wanting(endpoints, "identity.usage_threshold")
+    if not wanted or identities is None:
+        return []
+    return [
+        due
+        for record in await identities.list()
+        if record.credits is not None and record.credit_refill
+        for due in usage_threshold_deliveries(wanted, record, now)
     ]
 
 

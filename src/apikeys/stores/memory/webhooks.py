@@ -26,6 +26,7 @@ from apikeys.webhooks.model import (
     Timed,
     expiring_deliveries,
     fair_share,
+    identity_usage_deliveries,
     usage_threshold_deliveries,
     wanting,
 )
@@ -180,14 +181,13 @@ class MemoryWebhooks(WebhookStore):
     async def usage_thresholds(self, now: datetime) -> int:
         endpoints = wanting(self._endpoints.values(), "key.usage_threshold")
         records = await self._store.list() if endpoints else []
-        return self._make_timed(
-            [
-                due
-                for record in records
-                for due in usage_threshold_deliveries(endpoints, record, now)
-            ],
-            now,
+        made = [
+            due for record in records for due in usage_threshold_deliveries(endpoints, record, now)
+        ]
+        made += await identity_usage_deliveries(
+            self._endpoints.values(), self._store.identities(), now
         )
+        return self._make_timed(made, now)
 
     async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
         return self._make_timed(deliveries, now)

@@ -63,6 +63,7 @@ from apikeys.webhooks.model import (
     Timed,
     delivery_id,
     expiring_deliveries,
+    identity_usage_deliveries,
     usage_threshold_deliveries,
     wanting,
 )
@@ -346,10 +347,12 @@ class RedisWebhooks(WebhookStore):
 
     async def usage_thresholds(self, now: datetime) -> int:
         await self._sweep(now)
-        endpoints = wanting(await self.endpoints(), "key.usage_threshold")
+        every = await self.endpoints()
+        endpoints = wanting(every, "key.usage_threshold")
+        # An identity's credits: every identity is read, while an endpoint wants it.
+        made: list[Timed] = await identity_usage_deliveries(every, self._store.identities(), now)
         if not endpoints:
-            return 0
-        made: list[Timed] = []
+            return await self.make_deliveries(made, now)
         moves: list[str] = []
         looked = str(_micros(now))
         for ids, scores, records in await self._looked_at("refilled", now, False):

@@ -29,15 +29,17 @@ from apikeys.stores.contract import WebhookStore
 from apikeys.stores.sql.schema import (
     audit_table,
     changes_table,
+    identities_table,
     keys_table,
     webhook_deliveries_table,
     webhooks_table,
 )
-from apikeys.types import KeyRecord
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
+    Subject,
     delivered_as,
     event_body,
+    identity_from_snapshot,
     record_from_snapshot,
     snapshot_record,
     subject_of,
@@ -108,6 +110,7 @@ class SQLWebhooks(WebhookStore):
         self._changes = changes_table(keys_table_name)
         self._keys = keys_table(keys_table_name)
         self._audit = audit_table(keys_table_name)
+        self._identities = identities_table(keys_table_name)
 
     async def _run(self, work: Callable[[AsyncConnection], Coroutine[Any, Any, _T]]) -> _T:
         return cast(_T, await self._run_work(work))
@@ -468,8 +471,21 @@ class SQLWebhooks(WebhookStore):
             keys.c.credits.is_not(None),
             keys.c.credit_refill.is_not(None),
         )
-        return await self._make_timed(
+        made = await self._make_timed(
             "key.usage_threshold", refilled, usage_threshold_deliveries, now
+        )
+        identities = self._identities
+        shared = sa.select(identities).where(
+            identities.c.state != "revoked",
+            identities.c.credits.is_not(None),
+            identities.c.credit_refill.is_not(None),
+        )
+        return made + await self._make_timed(
+            "identity.usage_threshold",
+            shared,
+            usage_threshold_deliveries,
+            now,
+            decode=identity_from_snapshot,
         )
 
     async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
@@ -487,12 +503,15 @@ class SQLWebhooks(WebhookStore):
         self,
         event: str,
         candidates: sa.Select[Any],
-        deliveries: Callable[[list[Endpoint], KeyRecord, datetime], list[Timed]],
+        deliveries: Callable[[list[Endpoint], Any, datetime], list[Timed]],
         now: datetime,
+        *,
+        decode: Callable[[Mapping[str, Any]], Subject] = record_from_snapshot,
     ) -> int:
         """Make the `event` deliveries (`deliveries`) the keys `candidates` selects call
-        for, each unless one of its id is stored (made again by any process, in any round,
-        a delivery is stored once)."""
+        for (or the identities, with `decode` `identity_from_snapshot`), each unless one of
+        its id is stored (made again by any process, in any round, a delivery is stored
+        once)."""
         hooks = self._hooks
 
         async def work(conn: AsyncConnection) -> int:
@@ -503,7 +522,7 @@ class SQLWebhooks(WebhookStore):
             made = [
                 due
                 for row in await conn.execute(candidates)
-                for due in deliveries(endpoints, record_from_snapshot(dict(row._mapping)), now)
+                for due in deliveries(endpoints, decode(dict(row._mapping)), now)
             ]
             return await self._insert_timed(conn, made, {row.id: row.taken for row in rows}, now)
 
