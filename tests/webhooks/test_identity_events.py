@@ -14,6 +14,7 @@ from standardwebhooks import Webhook
 from apikeys import Hasher, KeyManager
 from apikeys.ratelimit import RateLimiter
 from apikeys.stores import KeyStore
+from apikeys.stores.redis import RedisStore
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
@@ -224,3 +225,21 @@ async def test_an_identitys_credits_send_identity_usage_threshold_once_per_perio
     listed = await hooks.deliveries()
     assert {delivery.key_id for delivery in listed} == {"i:cust_c"}
     assert keys_only.id not in {delivery.webhook_id for delivery in listed}
+
+
+async def test_a_cluster_identity_outbox_left_out_of_the_index_is_found_by_the_sweep(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    if not isinstance(store, RedisStore) or store.deployment != "cluster":
+        pytest.skip("only a Redis Cluster counts an outbox after the change's script")
+    hooks = hooks_of(store)
+    await add_endpoint(hooks, "http://127.0.0.1:9/hooks")
+    await manager.create_identity("cust_s", workspace="acme")
+    # As if the process that made the change died before it counted the identity's outbox.
+    assert await store.client.zrem(store.outbox_index_name, "i:cust_s") == 1
+    assert await hooks.take(utcnow()) == 0
+    await hooks.expiring(utcnow())
+    assert await hooks.take(utcnow()) == 1
+    assert [(d.event, d.key_id) for d in await hooks.deliveries()] == [
+        ("identity.created", "i:cust_s")
+    ]

@@ -110,6 +110,11 @@ class RedisIdentities(IdentityStore):
         """The Redis key of identity `identity_id`'s hash: `<prefix>{i:<id>}`."""
         return f"{self._prefix}{{{identity_subject(identity_id)}}}"
 
+    @property
+    def all_index_name(self) -> str:
+        """The sorted set of every identity's id, scored by `created_at`."""
+        return self._all
+
     def workspace_index_name(self, workspace: str) -> str:
         """The sorted set of the ids of `workspace`'s identities."""
         return f"{self._prefix}iws:{workspace}"

@@ -432,6 +432,31 @@ class RedisWebhooks(WebhookStore):
         for start in range(0, len(values), chunk):
             await self._script("watch", _micros(now), notices, *values[start : start + chunk])
 
+    async def _sweep_identities(self) -> None:
+        """On a cluster: count in the index of outboxes an identity's outbox that a process
+        which died after the change's script left out of it, `SWEEP_SLICE` identities a
+        look from a cursor the processes share (every identity within a pass)."""
+        store = self._store
+        async with store.calls():
+            client = store.client
+            end = int(await client.incrby(f"{self._w}identity-sweep", SWEEP_SLICE))
+            ids = cast(
+                "list[str]",
+                await client.zrange(store.identities().all_index_name, end - SWEEP_SLICE, end - 1),
+            )
+            if len(ids) < SWEEP_SLICE:  # the pass is through: the next one starts over
+                await client.set(f"{self._w}identity-sweep", 0)
+            subjects = [identity_subject(one) for one in ids]
+            if not subjects:
+                return
+            async with client.pipeline(transaction=False) as pipe:
+                for subject in subjects:
+                    pipe.exists(store.outbox_name(subject))
+                found = await pipe.execute()
+            for subject, count in zip(subjects, found, strict=True):
+                if count:
+                    await client.zincrby(store.outbox_index_name, 1, subject)
+
     async def _sweep(self, now: datetime) -> None:
         """Read the next slice of every key (`SWEEP_SLICE`, or `FIRST_SWEEP_SLICE` until
         a first pass is done), and bring those keys into the indexes: keys made before
@@ -440,6 +465,8 @@ class RedisWebhooks(WebhookStore):
         to take."""
         store = self._store
         cluster = store.deployment == "cluster"
+        if cluster:
+            await self._sweep_identities()
         async with store.calls():
             client = store.client
             size = SWEEP_SLICE if await client.exists(f"{self._w}swept") else FIRST_SWEEP_SLICE
