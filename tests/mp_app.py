@@ -5,6 +5,8 @@
 - `APIKEYS_PEPPER`, `APIKEYS_TEST_FLUSH_INTERVAL` (seconds between usage flushes),
 - `APIKEYS_TEST_CHANNEL_PORT`: the key cache's channel goes to this port of 127.0.0.1 (a TCP
   proxy a test can cut) instead of the store's own address.
+- `APIKEYS_TEST_IDENTITY_ROUTE`: when set, `POST /test/identity` creates an identity and its
+  keys in this process (the only way into a `memory://` store) and answers their secrets.
 
 Every response names the process that answered it (`pid`), so a test can tell the workers
 apart.
@@ -46,6 +48,28 @@ async def whoami(request: Request) -> JSONResponse:
     return JSONResponse({"pid": os.getpid(), "id": request.scope["apikey"].id})
 
 
+async def make_identity(request: Request) -> JSONResponse:
+    """Create the identity `{"identity": id, "rate_limit": …, "credits": …}` and one key per
+    item of its `"keys"` (`{"rate_limit": …, "credits": …}`): their ids and secrets."""
+    spec = await request.json()
+    identity = spec["identity"]
+    await MANAGER.create_identity(
+        identity, workspace="mp", rate_limit=spec.get("rate_limit"), credits=spec.get("credits")
+    )
+    made = [
+        await MANAGER.create(
+            name=f"{identity}-{index}",
+            workspace="mp",
+            scopes=["contacts:read"],
+            identity=identity,
+            rate_limit=key.get("rate_limit"),
+            credits=key.get("credits"),
+        )
+        for index, key in enumerate(spec["keys"])
+    ]
+    return JSONResponse({"keys": [{"id": one.record.id, "key": one.key} for one in made]})
+
+
 def proxied_channel(store: KeyStore, port: int) -> Channel:
     """The store's own channel, but connecting to 127.0.0.1:`port`."""
     from apikeys.stores.redis.channel import RedisChannel
@@ -75,13 +99,14 @@ def build() -> tuple[APIKeyMiddleware, KeyManager]:
         usage_flush_interval=float(os.environ.get("APIKEYS_TEST_FLUSH_INTERVAL") or 1.0),
         channel=proxied_channel(store, int(port)) if port else None,
     )
-    inner = Starlette(
-        routes=[
-            Route("/health", health),
-            Route("/api/v1/contacts", whoami),
-            Route("/api/v1/admin", whoami),
-        ]
-    )
+    routes = [
+        Route("/health", health),
+        Route("/api/v1/contacts", whoami),
+        Route("/api/v1/admin", whoami),
+    ]
+    if os.environ.get("APIKEYS_TEST_IDENTITY_ROUTE"):
+        routes.append(Route("/test/identity", make_identity, methods=["POST"]))
+    inner = Starlette(routes=routes)
     app = APIKeyMiddleware(
         inner,
         manager=manager,

@@ -125,13 +125,21 @@ class Deployment:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "APIKEYS_STORE_URL": host.url(self.store_url),
-            "APIKEYS_TEST_STORE_OPTIONS": json.dumps(self.options),
+            "APIKEYS_TEST_STORE_OPTIONS": json.dumps(self.host_options(host)),
             "APIKEYS_LIMITER_URL": "memory://",
             "APIKEYS_RATE_LIMIT": "100000/minute",
             "APIKEYS_PEPPER": TEST_PEPPER,
             "EXAMPLE_DATABASE_URL": f"sqlite:///{self.directory / f'example-{host.name}.db'}",
             "EXAMPLE_SESSION_SECRET": secrets.token_urlsafe(32),
         }
+
+    def host_options(self, host: Host) -> dict[str, Any]:
+        """The store's options in `host`: b, the host the tests partition, gets timeouts of a
+        second, so that a black-holed store fails its reads (503) after one second instead
+        of the product's 5 s (PostgreSQL) or 2 s (Redis); host a keeps the defaults."""
+        if host is not self.b:
+            return self.options
+        return {**self.options, **SHORT_TIMEOUTS[self.kind]}
 
     def base_url(self, host: Host) -> str:
         return f"http://{host.address}:{PORT}"
@@ -194,6 +202,19 @@ class Deployment:
         command = [sys.executable, "-m", "tests.cli_with_options"]
         command += ["--store", host.url(self.store_url), *args]
         return host.run(command, env=self.env(host), cwd=ROOT)
+
+
+# What a read waits for at most in host b: a connection from the pool, a new connection, an
+# answer. Redis's `wait_timeout` must be at most half its socket timeout.
+SHORT_TIMEOUTS: dict[str, dict[str, Any]] = {
+    "postgres": {"pool_timeout": 1.0, "connect_timeout": 1.0, "command_timeout": 1.0},
+    "redis": {
+        "socket_timeout": 1.0,
+        "socket_connect_timeout": 1.0,
+        "timeout": 1.0,
+        "wait_timeout": 0.5,
+    },
+}
 
 
 def _options(kind: str) -> dict[str, Any]:

@@ -182,6 +182,36 @@ async def test_a_redis_cluster_client_is_taken_as_it_is(
         await delete_redis_prefix(redis_cluster.url, prefix)
 
 
+async def test_on_a_cluster_the_first_calls_of_a_new_process_all_succeed_however_many_at_once(
+    redis_cluster: redis_servers.LocalCluster, prefix: str
+) -> None:
+    # A cluster client that has not learnt the slot map routes a command as if it had no key
+    # (redis-py 8.1): a new process's first requests, all at once, went to random masters,
+    # and the MOVED replies made the client close itself under the others: 503s.
+    url = redis_cluster.url
+    try:
+        for round_ in range(3):
+            store = store_from_url(url, key_prefix=prefix)
+            limiter = RateLimiter("1000/minute", storage_url=url, key_prefix=prefix + "limits")
+            try:
+                settings = [store.claim_setting(f"s{n % 3}", "x") for n in range(30)]
+                leases = [
+                    limiter.hit_policies(
+                        f"key{round_}-{n}", identity=f"i{n % 7}", identity_policies="500/minute"
+                    )
+                    for n in range(60)
+                ]
+                answers = await asyncio.gather(*settings, *leases, return_exceptions=True)
+                failed = [type(one).__name__ for one in answers if isinstance(one, BaseException)]
+                assert failed == []
+            finally:
+                await store.aclose()
+                await limiter.aclose()
+    finally:
+        await delete_redis_prefix(url, prefix)
+        await delete_redis_prefix(url, "LIMITS:" + prefix)
+
+
 # -- the limiter ------------------------------------------------------------------------------
 
 

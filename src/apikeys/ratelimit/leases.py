@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apikeys.errors import LimiterUnavailable
@@ -112,11 +112,18 @@ _EXHAUSTED = 3  # too few units left anywhere, as far as Redis said
 
 class LeasedWindows:
     """This process's slices of Redis windows: leased by `script` (`LEASE_SCRIPT`, its keys
-    named by `prefixed`), spent here."""
+    named by `prefixed`), spent here. `ready`, for a Redis Cluster's client, is awaited
+    before each lease: the client's `initialize` (see `RateLimiter`)."""
 
-    def __init__(self, script: Any, prefixed: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        script: Any,
+        prefixed: Callable[[str], str],
+        ready: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         self.script = script
         self.prefixed = prefixed
+        self.ready = ready
         self.slices: dict[str, Slice] = {}
 
     def _state(self, lease: Slice | None, amount: int, cost: int, now: float) -> int:
@@ -225,6 +232,8 @@ class LeasedWindows:
             }
         sent = time.monotonic()
         try:
+            if self.ready is not None:
+                await self.ready()
             answer = await self.script(keys=keys, args=args)
         except Exception as exc:
             # Redis unreachable, timed out, or answering oddly: fail closed (503).

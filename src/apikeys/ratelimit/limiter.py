@@ -172,15 +172,19 @@ class RateLimiter:
         # On Redis: leased slices of windows, spent in process (apikeys.ratelimit.leases).
         bridge = getattr(storage, "bridge", None)
         client = getattr(bridge, "storage", None)
-        self._leases: LeasedWindows | None = None
-        if self._local is None and client is not None and hasattr(client, "register_script"):
-            prefixed = getattr(bridge, "prefixed_key", lambda key: key)
-            self._leases = LeasedWindows(client.register_script(LEASE_SCRIPT), prefixed)
-        self._key_prefix = key_prefix
         # On a Redis Cluster a key's counters carry its id as a hash tag, so that every
         # policy of a key is in one slot and one script can lease them all. Elsewhere the
         # names stay as they were (a rolling upgrade keeps counting in the same counters).
         self._tag = isinstance(storage, RedisClusterStorage)
+        self._leases: LeasedWindows | None = None
+        if self._local is None and client is not None and hasattr(client, "register_script"):
+            prefixed = getattr(bridge, "prefixed_key", lambda key: key)
+            # A cluster client routes a script as keyless until it has learnt the slot map
+            # (redis-py 8.1): concurrent first leases would go to random masters, and their
+            # MOVED replies make it close itself under the others. Learnt before each lease.
+            ready = client.initialize if self._tag and hasattr(client, "initialize") else None
+            self._leases = LeasedWindows(client.register_script(LEASE_SCRIPT), prefixed, ready)
+        self._key_prefix = key_prefix
         # counter key -> monotonic time its window ends, as far as this process knows
         self._window_ends: dict[str, float] = {}
         # (key id, limit or policies[, identity, its limit or policies]) -> one plan per policy

@@ -285,6 +285,11 @@ class RedisStore(KeyStore):
             )
         try:
             with _unavailable_as_store_error():
+                if self._cluster:
+                    # Until it knows the slot map (a new process, or closed by a failure)
+                    # redis-py 8.1 routes a call as keyless: concurrent first calls met
+                    # MOVED at random masters, and it closed itself under the others.
+                    await client.initialize()
                 yield
         except StoreUnavailable:
             if self._cluster:
