@@ -317,6 +317,7 @@ class KeyManager:
     roll = _Blocking(AsyncKeyManager.roll)
     audit = _Blocking(AsyncKeyManager.audit)
     usage = _Blocking(AsyncKeyManager.usage)
+    identity_usage = _Blocking(AsyncKeyManager.identity_usage)
     spend_credits = _Blocking(AsyncKeyManager.spend_credits)
     spend_request_credits = _Blocking(AsyncKeyManager.spend_request_credits)
     usable_identity = _Blocking(AsyncKeyManager.usable_identity)

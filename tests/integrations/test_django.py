@@ -69,7 +69,14 @@ from tests.public_surface import assert_all_is_complete, assert_exports_are_docu
 
 def contacts(request: HttpRequest) -> JsonResponse:
     key = request.apikey  # type: ignore[attr-defined]
-    return JsonResponse({"key": key.id, "workspace": key.workspace, "environment": key.environment})
+    return JsonResponse(
+        {
+            "key": key.id,
+            "workspace": key.workspace,
+            "environment": key.environment,
+            "identity": key.identity,
+        }
+    )
 
 
 async def async_contacts(request: HttpRequest) -> JsonResponse:
@@ -141,7 +148,11 @@ class DRFReadsTheKey(APIView):
 
     def get(self, request: Request) -> Response:
         return Response(
-            {"apikey": request.apikey.id, "user.record": request.user.record.id}  # type: ignore[attr-defined]
+            {
+                "apikey": request.apikey.id,  # type: ignore[attr-defined]
+                "user.record": request.user.record.id,
+                "identity": request.apikey.identity,  # type: ignore[attr-defined]
+            }
         )
 
 
@@ -296,7 +307,12 @@ def test_the_middleware_on_every_store(on_every_store: dict[str, Any]) -> None:
 
     admitted = client.get("/api/v1/contacts", **bearer(reader.key))
     assert admitted.status_code == 200
-    assert admitted.json() == {"key": reader.record.id, "workspace": "acme", "environment": "live"}
+    assert admitted.json() == {
+        "key": reader.record.id,
+        "workspace": "acme",
+        "environment": "live",
+        "identity": None,
+    }
     assert admitted["RateLimit"].startswith('"default";r=')
     assert "RateLimit-Policy" in admitted
 
@@ -386,6 +402,40 @@ def test_a_view_routes_by_request_apikey_environment(django_settings: dict[str, 
         answer = Client().get("/api/v1/contacts", **bearer(sandbox.key))
     assert answer.status_code == 200
     assert answer.json()["environment"] == "test"
+
+
+def test_views_read_the_keys_identity_as_request_apikey_identity(
+    django_settings: dict[str, Any],
+) -> None:
+    manager = get_manager()
+    manager.create_identity("cust_42", workspace="default")
+    created = manager.create(name="g", scopes=["contacts:read"], identity="cust_42")
+    plain = Client().get("/api/v1/contacts", **bearer(created.key))
+    assert plain.json()["identity"] == "cust_42"
+    for where in ("/api/v1/reads", "/drf/reads"):
+        answer = APIClient().get(where, HTTP_AUTHORIZATION=f"Bearer {created.key}")
+        assert answer.json()["identity"] == "cust_42"
+
+
+def test_the_management_command_manages_identities(
+    django_settings: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    # On disk: the command line opens the store anew (a memory:// store is its own).
+    with override_settings(APIKEYS=apikeys_settings(f"sqlite:///{tmp_path / 'keys.db'}")):
+        call_command(
+            ApikeysCommand(), "identities", "create", "cust_7", "--workspace", "acme", "--json"
+        )
+        made = json.loads(capsys.readouterr().out)
+        assert (made["id"], made["workspace"], made["status"]) == ("cust_7", "acme", "active")
+        call_command(ApikeysCommand(), "identities", "disable", "cust_7")
+        capsys.readouterr()
+        call_command(ApikeysCommand(), "identities", "list", "--json")
+        listed = json.loads(capsys.readouterr().out)
+        assert [(one["id"], one["status"]) for one in listed] == [("cust_7", "disabled")]
+        assert get_manager().get_identity("cust_7").state == "disabled"
+        with pytest.raises(CommandError) as refused:
+            call_command(ApikeysCommand(), "identities", "show", "cust_404")
+        assert refused.value.returncode == 1
 
 
 def test_the_middleware_from_many_threads(django_settings: dict[str, Any]) -> None:
@@ -928,7 +978,11 @@ def test_drf_views_read_the_key_as_request_apikey(
     # Behind the middleware (/api/) or authenticated by APIKeyAuthentication alone.
     created = get_manager().create(name="k", scopes=["contacts:read"])
     answer = APIClient().get(where, HTTP_AUTHORIZATION=f"Bearer {created.key}")
-    assert answer.json() == {"apikey": created.record.id, "user.record": created.record.id}
+    assert answer.json() == {
+        "apikey": created.record.id,
+        "user.record": created.record.id,
+        "identity": None,
+    }
 
 
 def test_a_new_urlconf_keeps_the_store_and_its_keys(django_settings: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import APIRouter, FastAPI, Security
+from fastapi import APIRouter, FastAPI, Request, Security
 from fastapi.testclient import TestClient
 from starlette.middleware.cors import CORSMiddleware
 
@@ -699,3 +699,27 @@ async def test_if_no_lifespan_checks_the_cost_rules_then_the_first_request_does(
         with pytest.warns(RouteRuleWarning, match="'GET /contact' matches no route"):
             await http.get("/contacts", headers=bearer(created.key))
         await http.get("/contacts", headers=bearer(created.key))  # said once
+
+
+async def test_the_dependency_and_the_scope_give_the_keys_identity(
+    memory_manager: KeyManager,
+) -> None:
+    api_key = APIKeySecurity(memory_manager)
+    app = FastAPI()
+    install_error_handler(app)
+
+    @app.get("/whose")
+    async def whose(request: Request, key: KeyRecord = Security(api_key)) -> dict[str, str | None]:
+        return {"identity": key.identity, "in_scope": request.scope["apikey"].identity}
+
+    await memory_manager.create_identity("cust_42", workspace="acme")
+    grouped = await memory_manager.create(
+        name="g", workspace="acme", full_access=True, identity="cust_42"
+    )
+    alone = await memory_manager.create(name="a", workspace="acme", full_access=True)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        of_identity = await http.get("/whose", headers=bearer(grouped.key))
+        of_none = await http.get("/whose", headers=bearer(alone.key))
+    assert of_identity.json() == {"identity": "cust_42", "in_scope": "cust_42"}
+    assert of_none.json() == {"identity": None, "in_scope": None}

@@ -219,3 +219,22 @@ async def test_a_delivery_refused_as_internal_shows_so_and_nothing_more(
     assert f">{REFUSED_INTERNAL}<" in shown.text
     assert "resolves" not in shown.text
     assert "WebhookTargetRefused" not in shown.text
+
+
+async def test_an_identitys_deliveries_are_its_workspaces_and_name_the_identity(
+    manager: KeyManager,
+) -> None:
+    hooks = manager.store.webhooks()
+    assert hooks is not None
+    await add_endpoint(hooks, ACME_URL, workspace="acme", events=["identity.disabled"])
+    await manager.create_identity("cust_42", workspace="acme")
+    await manager.disable_identity("cust_42")
+    await hooks.take(utcnow())
+    async with _client(manager, "acme") as acme:
+        html = (await acme.get("/webhooks")).text
+    async with _client(manager, "globex") as globex:
+        elsewhere = (await globex.get("/webhooks")).text
+    assert 'data-key-id="i:cust_42"' in html
+    assert 'Identity <code class="identity">cust_42</code>' in html
+    assert "identity.disabled" in html
+    assert "cust_42" not in elsewhere

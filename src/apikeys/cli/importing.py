@@ -42,7 +42,7 @@ _PROGRESS_FROM = 50
     type=click.Choice(["drf-api-key", "csv"]),
     required=True,
     help="drf-api-key: SOURCE is the database URL of a djangorestframework-api-key project; "
-    "csv: SOURCE is a CSV file (name,hash[,expires_at][,prefix]).",
+    "csv: SOURCE is a CSV file (name,hash[,expires_at][,prefix][,environment][,identity]).",
 )
 @click.argument("location", metavar="SOURCE")
 @click.option("--workspace", default="default", show_default=True, help="The keys' workspace.")
@@ -51,6 +51,13 @@ _PROGRESS_FROM = 50
     metavar="COLUMN",
     help="Put each key in the workspace its row names in COLUMN (e.g. organization_id) "
     "instead of one --workspace; a row naming none is refused.",
+)
+@click.option(
+    "--identity-column",
+    metavar="COLUMN",
+    help="Put each key in the identity whose id its row holds in COLUMN (e.g. customer_id; "
+    "a CSV's identity column is read without it). The identity must exist in the key's "
+    "workspace: a row naming another is refused. Empty: no identity.",
 )
 @click.option(
     "--table",
@@ -70,6 +77,7 @@ def import_(
     location: str,
     workspace: str,
     workspace_column: str | None,
+    identity_column: str | None,
     table: str,
     full_access: bool,
     scopes: tuple[str, ...],
@@ -85,12 +93,20 @@ def import_(
     """
     check_new_access(ctx, full_access, scopes)
     _check_source_options(ctx, source, workspace_column)
+    _check_identity_column(ctx, source, identity_column)
 
     async def work(manager: KeyManager) -> ImportReport:
         rows: list[ForeignKey | Refusal] = list(
-            await read_drf(location, table=table, workspace_column=workspace_column)
+            await read_drf(
+                location,
+                table=table,
+                workspace_column=workspace_column,
+                identity_column=identity_column,
+            )
             if source == "drf-api-key"
-            else read_csv(location, workspace_column=workspace_column)
+            else read_csv(
+                location, workspace_column=workspace_column, identity_column=identity_column
+            )
         )
         show = not as_json and len(rows) >= _PROGRESS_FROM and sys.stderr.isatty()
         with click.progressbar(
@@ -160,5 +176,18 @@ def _check_source_options(ctx: click.Context, source: str, workspace_column: str
             check_workspace_column(workspace_column)
             if source == "drf-api-key":
                 check_column(workspace_column)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc), ctx) from None
+
+
+def _check_identity_column(ctx: click.Context, source: str, column: str | None) -> None:
+    """A usage error for an `--identity-column` that cannot name a column of the source."""
+    if column is None:
+        return
+    try:
+        if source == "drf-api-key":
+            check_column(column, "identity")
+        else:
+            check_workspace_column(column, "identity")
     except ConfigurationError as exc:
         raise click.UsageError(str(exc), ctx) from None

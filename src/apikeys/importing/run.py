@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from apikeys.errors import ConfigurationError, DuplicateKeyId, InvalidKeyParameters
+from apikeys.errors import (
+    ConfigurationError,
+    DuplicateKeyId,
+    IdentityNotFound,
+    InvalidKeyParameters,
+    InvalidTransition,
+)
 from apikeys.importing.foreign import (
     IMPORT_SLOTS,
     IMPORTED,
@@ -156,6 +162,24 @@ class _Import:
     dry_run: bool
     actor: str | None
     now: datetime
+    # (identity id, workspace) -> why a key of that workspace cannot belong to it, or None
+    checked: dict[tuple[str, str], str | None] = field(default_factory=dict)
+
+    async def check_identity(self, identity_id: str, workspace: str) -> None:
+        """`ValueError` saying why a key of `workspace` cannot belong to the identity
+        `identity_id` (not an id, none of that workspace, revoked); read once per import."""
+        wanted = (identity_id, workspace)
+        if wanted not in self.checked:
+            try:
+                await self.manager.check_identity(identity_id, workspace)
+                self.checked[wanted] = None
+            except (InvalidKeyParameters, IdentityNotFound, InvalidTransition) as exc:
+                self.checked[wanted] = f"{exc} (from the identity column)"
+            except ConfigurationError as exc:
+                self.checked[wanted] = str(exc)
+        why = self.checked[wanted]
+        if why is not None:
+            raise ValueError(why)
 
 
 async def import_keys(
@@ -175,7 +199,10 @@ async def import_keys(
     Each old key string then works as it is (`KeyManager.verify`), and is re-hashed with
     apikeys' own scheme on its first successful use. Imported keys keep their names,
     creation times, expiry and revoked status, in `workspace` (or the one a row names,
-    `ForeignKey.workspace`: a row naming no valid workspace is refused), with `full_access` or
+    `ForeignKey.workspace`: a row naming no valid workspace is refused), in the identity a
+    row names (`ForeignKey.identity`: an identity of the key's workspace that is not
+    revoked, else the row is refused; identities are never made by an import), with
+    `full_access` or
     `scopes` (a bad `workspace` or scope raises `InvalidKeyParameters`, before any row
     is read). A key imported before is skipped, unless its source now says it is revoked
     and it is not: then it is revoked (a key revoked in the old system after a first import
@@ -237,8 +264,39 @@ async def _import_row(
         else:
             report.skipped.append(key_id)
         return
+    if key.identity is not None:
+        try:
+            await run.check_identity(key.identity, workspace)
+        except ValueError as exc:
+            report.refused.append(Refusal(key.row, name, str(exc)))
+            return
     now = run.now
-    record = KeyRecord(
+    record = _record(run, key, key_id, name, workspace)
+    if not run.dry_run:
+        try:
+            await manager.add_imported(
+                record,
+                IMPORTED + key.hashed,
+                source=run.source,
+                scheme=scheme,
+                actor=run.actor,
+                at=now,
+            )
+        except DuplicateKeyId:  # imported by a concurrent run
+            holder = await manager.store.get(key_id)
+            if holder is not None and holder.record.workspace != workspace:
+                reason = "another workspace's import took its id meanwhile: import it again"
+                report.refused.append(Refusal(key.row, name, reason))
+            else:
+                report.skipped.append(key_id)
+            return
+    report.imported.append(record)
+
+
+def _record(run: _Import, key: ForeignKey, key_id: str, name: str, workspace: str) -> KeyRecord:
+    """The record an imported row becomes."""
+    manager, now = run.manager, run.now
+    return KeyRecord(
         id=key_id,
         name=name,
         workspace=workspace,
@@ -259,23 +317,5 @@ async def _import_row(
         revoked_at=now if key.revoked else None,
         imported_prefix=key.prefix,
         environment=key.environment,
+        identity=key.identity,
     )
-    if not run.dry_run:
-        try:
-            await manager.add_imported(
-                record,
-                IMPORTED + key.hashed,
-                source=run.source,
-                scheme=scheme,
-                actor=run.actor,
-                at=now,
-            )
-        except DuplicateKeyId:  # imported by a concurrent run
-            holder = await manager.store.get(key_id)
-            if holder is not None and holder.record.workspace != workspace:
-                reason = "another workspace's import took its id meanwhile: import it again"
-                report.refused.append(Refusal(key.row, name, reason))
-            else:
-                report.skipped.append(key_id)
-            return
-    report.imported.append(record)

@@ -39,6 +39,7 @@ CSV_COLUMNS: Final = (
     "created_at",
     "revoked",
     "environment",
+    "identity",
 )
 _DRF_COLUMNS: Final = ("prefix", "hashed_key", "created", "name", "revoked", "expiry_date")
 _IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
@@ -70,6 +71,10 @@ class ForeignKey:
     """The workspace named by the row (a workspace column), or None: the import's own."""
     environment: Environment = LIVE
     """`live` or `test` (the CSV's `environment` column; live when it is empty or absent)."""
+    identity: str | None = None
+    """The id of the identity the key is to belong to (the CSV's `identity` column, or the
+    column `--identity-column` names); None when the row names none. It must be an
+    identity of the key's workspace (`apikeys.importing.import_keys` checks)."""
 
     def __repr__(self) -> str:
         return f"ForeignKey(row={self.row}, name={self.name!r}, hashed='…')"
@@ -150,25 +155,26 @@ def _environment(value: str | None) -> Environment:
     raise ValueError(f"the environment column is {' or '.join(ENVIRONMENTS)}")
 
 
-def check_column(column: str) -> str:
+def check_column(column: str, what: str = "workspace") -> str:
     """`column` if it is an SQL identifier a column of the source may have; else
-    `ConfigurationError` (the name is quoted in the statement, never pasted)."""
+    `ConfigurationError` (the name is quoted in the statement, never pasted). `what` names
+    what the column gives each key (`workspace`, `identity`)."""
     if not isinstance(column, str) or _IDENTIFIER_RE.fullmatch(column) is None:
         raise ConfigurationError(
-            "the workspace column is an SQL identifier (letters, digits and '_', not "
+            f"the {what} column is an SQL identifier (letters, digits and '_', not "
             "starting with a digit, at most 63 characters)"
         )
-    return check_workspace_column(column)
+    return check_workspace_column(column, what)
 
 
-def check_workspace_column(column: str) -> str:
-    """`column` if it may name the keys' workspaces: any column but the one holding the
-    keys' hashes (`hash`, `hashed_key`), since a workspace is shown everywhere and a hash
-    never; else `ConfigurationError`."""
+def check_workspace_column(column: str, what: str = "workspace") -> str:
+    """`column` if it may name the keys' workspaces (or identities, `what`): any column but
+    the one holding the keys' hashes (`hash`, `hashed_key`), since a workspace and an
+    identity are shown everywhere and a hash never; else `ConfigurationError`."""
     if column.strip().lower() in _HASH_COLUMNS:
         raise ConfigurationError(
-            f"the workspace column cannot be {column!r}: it holds the keys' hashes, and a "
-            "workspace is shown in every list, audit event and webhook"
+            f"the {what} column cannot be {column!r}: it holds the keys' hashes, and a "
+            f"{what} is shown in every list, audit event and webhook"
         )
     return column
 
@@ -188,12 +194,13 @@ def _unreadable(url: str, table: str, exc: BaseException) -> ConfigurationError:
     return ConfigurationError(f"could not read {table} from the import source {where}: {detail}")
 
 
-def _drf_query(table: str, workspace_column: str | None) -> Any:
-    """The statement reading the keys of `table`, with its names quoted by SQLAlchemy."""
+def _drf_query(table: str, extra: list[str]) -> Any:
+    """The statement reading the keys of `table` (and the `extra` columns, after the
+    model's own), with its names quoted by SQLAlchemy."""
     import sqlalchemy as sa
 
     schema, _, name = table.rpartition(".")
-    names = [*_DRF_COLUMNS, *([workspace_column] if workspace_column else [])]
+    names = list(dict.fromkeys([*_DRF_COLUMNS, *extra]))
     source = sa.table(name, *(sa.column(column) for column in names), schema=schema or None)
     return sa.select(*(source.c[column] for column in names)).order_by(
         source.c.created, source.c.prefix
@@ -201,19 +208,27 @@ def _drf_query(table: str, workspace_column: str | None) -> Any:
 
 
 async def read_drf(
-    url: str, *, table: str = DRF_TABLE, workspace_column: str | None = None
+    url: str,
+    *,
+    table: str = DRF_TABLE,
+    workspace_column: str | None = None,
+    identity_column: str | None = None,
 ) -> list[ForeignKey | Refusal]:
     """Every row of djangorestframework-api-key's table in the database at `url`
     (`sqlite:///path` or `postgresql://…`), oldest first.
 
     `table` reads a custom `AbstractAPIKey` model's table instead (an SQL identifier,
     `check_table`); `workspace_column` gives each key the workspace named by that column of
-    its row (`ForeignKey.workspace`). A source that cannot be reached or read raises
-    `ConfigurationError` naming it, with its password hidden.
+    its row (`ForeignKey.workspace`), and `identity_column` the identity whose id that
+    column holds (`ForeignKey.identity`; empty or NULL: none). A source that cannot be
+    reached or read raises `ConfigurationError` naming it, with its password hidden.
     """
     check_table(table)
     if workspace_column is not None:
         check_column(workspace_column)
+    if identity_column is not None:
+        check_column(identity_column, "identity")
+    columns = [column for column in (workspace_column, identity_column) if column is not None]
     try:
         import sqlalchemy as sa
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -235,16 +250,21 @@ async def read_drf(
         ) from exc
     try:
         async with engine.connect() as connection:
-            rows = (await connection.execute(_drf_query(table, workspace_column))).all()
+            rows = (await connection.execute(_drf_query(table, columns))).all()
     except (sa.exc.SQLAlchemyError, OSError) as exc:
         raise _unreadable(url, table, exc) from None
     finally:
         await engine.dispose()
-    return [_drf_row(number, row, workspace_column) for number, row in enumerate(rows, start=1)]
+    return [
+        _drf_row(number, row._mapping, workspace_column, identity_column)
+        for number, row in enumerate(rows, start=1)
+    ]
 
 
-def _drf_row(number: int, row: Any, workspace_column: str | None) -> ForeignKey | Refusal:
-    prefix, hashed, created, name, revoked, expiry = row[:6]
+def _drf_row(
+    number: int, row: Any, workspace_column: str | None, identity_column: str | None
+) -> ForeignKey | Refusal:
+    prefix, hashed, created, name, revoked, expiry = (row[column] for column in _DRF_COLUMNS)
     try:
         return ForeignKey(
             row=number,
@@ -254,7 +274,10 @@ def _drf_row(number: int, row: Any, workspace_column: str | None) -> ForeignKey 
             created_at=_moment(created, "created"),
             expires_at=_moment(expiry, "expiry_date"),
             revoked=_revoked(revoked),
-            workspace=None if workspace_column is None else _workspace(row[6], workspace_column),
+            workspace=None
+            if workspace_column is None
+            else _workspace(row[workspace_column], workspace_column),
+            identity=None if identity_column is None else _identity(row[identity_column]),
         )
     except ValueError as exc:
         return Refusal(number, str(name) if name else None, str(exc))
@@ -268,12 +291,22 @@ def _workspace(value: Any, column: str) -> str:
     return text
 
 
+def _identity(value: Any) -> str | None:
+    """The identity id a row's column holds; None when it is empty (the key has none)."""
+    text = "" if value is None else str(value).strip()
+    return text or None
+
+
 def read_csv(
-    path: str | Path, *, workspace_column: str | None = None
+    path: str | Path, *, workspace_column: str | None = None, identity_column: str | None = None
 ) -> Iterator[ForeignKey | Refusal]:
     """The rows of a CSV file with a header line: `name,hash` and optionally `expires_at`,
-    `prefix`, `created_at`, `revoked` and `environment` (times in ISO 8601, naive means
-    UTC; the environment `live` or `test`, live when empty).
+    `prefix`, `created_at`, `revoked`, `environment` and `identity` (times in ISO 8601,
+    naive means UTC; the environment `live` or `test`, live when empty; the id of the
+    identity the key belongs to, none when empty).
+
+    `identity_column` reads the identity from that column instead of `identity` (then the
+    header line must have it).
 
     `workspace_column` gives each key the workspace named by that column of its row
     (`ForeignKey.workspace`). Raises `ConfigurationError` when the file cannot be read or
@@ -281,6 +314,8 @@ def read_csv(
     """
     if workspace_column is not None:
         check_workspace_column(workspace_column)
+    if identity_column is not None:
+        check_workspace_column(identity_column, "identity")
     try:
         # utf-8-sig: UTF-8, with or without the byte order mark spreadsheets write.
         handle = Path(path).open(newline="", encoding="utf-8-sig")  # noqa: SIM115 - closed below
@@ -294,7 +329,12 @@ def read_csv(
             columns = [column.strip() for column in reader.fieldnames or ()]
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
-        wanted = ("name", "hash", *([workspace_column] if workspace_column else []))
+        wanted = (
+            "name",
+            "hash",
+            *([workspace_column] if workspace_column else []),
+            *([identity_column] if identity_column else []),
+        )
         missing = [column for column in wanted if column not in columns]
         if missing:
             raise ConfigurationError(
@@ -304,7 +344,9 @@ def read_csv(
         reader.fieldnames = columns
         try:
             for fields in reader:
-                yield _csv_row(reader.line_num, fields, workspace_column)
+                yield _csv_row(
+                    reader.line_num, fields, workspace_column, identity_column or "identity"
+                )
         except (csv.Error, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"{path}: not a readable CSV file: {exc}") from None
 
@@ -325,7 +367,7 @@ def _lines(handle: TextIO, path: str | Path) -> Iterator[str]:
 
 
 def _csv_row(
-    row: int, fields: dict[str, str | None], workspace_column: str | None
+    row: int, fields: dict[str, str | None], workspace_column: str | None, identity_column: str
 ) -> ForeignKey | Refusal:
     """One CSV row read: its key, or why it cannot be imported."""
     name = (fields.get("name") or "").strip()
@@ -342,6 +384,7 @@ def _csv_row(
             workspace=None
             if workspace_column is None
             else _workspace(fields.get(workspace_column), workspace_column),
+            identity=_identity(fields.get(identity_column)),
         )
     except ValueError as exc:
         return Refusal(row, name or None, str(exc))

@@ -17,7 +17,9 @@ async def contacts(key: KeyRecord = Security(api_key, scopes=["contacts:read"]))
     return {"workspace": key.workspace}
 ```
 
-The dependency returns the `KeyRecord`, and runs the request through the same `Gate` as
+The dependency returns the `KeyRecord` (also `request.scope["apikey"]`): `key.identity` is
+the id of the identity the key belongs to (None for a key of none), `key.environment` its
+`live` or `test`. It runs the request through the same `Gate` as
 `APIKeyMiddleware` (address, rate limits, scopes, credits, the same usage counts): the scopes
 are those FastAPI collects in `SecurityScopes` (with `resource:*` grants and full access),
 the rate limits are held in `limiter` (default: `manager.limiter`, shared by the manager's

@@ -24,6 +24,7 @@ from apikeys.errors import (
     StoreUnavailable,
 )
 from apikeys.hashing import UNPEPPERED, Hasher
+from apikeys.identities import IdentityRecord
 from apikeys.keys import (
     CHECKSUM_LENGTH,
     DEFAULT_PREFIX,
@@ -43,6 +44,7 @@ from apikeys.types import (
     AuditEvent,
     KeyRecord,
     StoredKey,
+    identity_subject,
     jsonable,
     utcnow,
 )
@@ -98,12 +100,19 @@ def _starting(deliverer: Deliverer) -> Callable[[], None]:
     return start
 
 
-def _records_of(store: KeyStore) -> Callable[[str], Awaitable[KeyRecord | None]]:
-    """A key's record by its id, from `store`: what the deliverer reads (a function of the
-    store alone, so that the manager and its deliverer make no reference cycle, and an
-    unclosed manager is still collected, and warned about, at once)."""
+def _records_of(store: KeyStore) -> Callable[[str], Awaitable[KeyRecord | IdentityRecord | None]]:
+    """A key's record by its id, or an identity's by `i:<id>`, from `store`: what the
+    deliverer reads (a function of the store alone, so that the manager and its deliverer
+    make no reference cycle, and an unclosed manager is still collected, and warned about,
+    at once)."""
+    identity_prefix = identity_subject("")
 
-    async def record(key_id: str) -> KeyRecord | None:
+    async def record(key_id: str) -> KeyRecord | IdentityRecord | None:
+        if key_id.startswith(identity_prefix):
+            identities = store.identities()
+            if identities is None:
+                return None
+            return await identities.get(key_id[len(identity_prefix) :])
         stored = await store.get(key_id)
         return None if stored is None else stored.record
 

@@ -1,4 +1,5 @@
-"""Reading keys: one record, a list, pages of records, a key's usage and the audit trail."""
+"""Reading keys: one record, a list, pages of records, a key's usage (and an identity's: its
+keys' together) and the audit trail."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from apikeys.errors import (
+    IdentityNotFound,
     InvalidKeyParameters,
     KeyNotFound,
 )
+from apikeys.identities import check_identity_id
 from apikeys.listing import (
     DEFAULT_PAGE_SIZE,
     KeyFilter,
@@ -179,6 +182,35 @@ class KeyReading(ManagerBase):
             history.get(first + timedelta(days=n), DailyUsage(first + timedelta(days=n)))
             for n in range(days)
         ]
+
+    async def identity_usage(self, identity_id: str, days: int = 30) -> builtins.list[DailyUsage]:
+        """An identity's requests per UTC day over the last `days` days, oldest first: the
+        sum of `usage` of every key that belongs to it now (disabled, revoked and test keys
+        too). A key moved out of the identity takes its history with it. Raises
+        `IdentityNotFound` for an unknown identity."""
+        check_identity_id(identity_id)
+        if not 1 <= days <= 3660:
+            raise InvalidKeyParameters("days must be from 1 to 3660")
+        identities = self.store.identities()
+        if identities is None or await identities.get(identity_id) is None:
+            raise IdentityNotFound(identity_id)
+        today = utcnow().date()
+        total = {day: DailyUsage(day) for day in (today - timedelta(days=n) for n in range(days))}
+        for record in await self.list(identity=identity_id):
+            for one in await self.usage(record.id, days=days):
+                summed = total.get(one.day)
+                if summed is None:  # a key read after midnight: today's is not in the range
+                    continue
+                refused = dict(summed.refused)
+                for code, count in one.refused.items():
+                    refused[code] = refused.get(code, 0) + count
+                total[one.day] = replace(
+                    summed,
+                    admitted=summed.admitted + one.admitted,
+                    refused=refused,
+                    legacy_scheme=summed.legacy_scheme + one.legacy_scheme,
+                )
+        return sorted(total.values(), key=lambda day: day.day)
 
     async def audit(
         self,

@@ -17,12 +17,13 @@ async def test_revoked_key(client, make_key):
 ```
 
 - `strategies`: hypothesis strategies for keys (valid, unknown, wrong secret, damaged),
-  hostile `Authorization` values, scopes and rate limits.
+  hostile `Authorization` values, scopes, rate limits, identity ids and identity records.
 - `assert_problem(response, code, status=None)`: the contract's problem+json response.
 - `assert_rejects_bad_credentials(app, path, ...)` and its async twin: drive an ASGI app
   with hypothesis-generated bad credentials; fail if any gets through or causes a 5xx.
-- `in_memory_manager()`, `KeyFactory`: what the `apikeys_manager` and `make_key` fixtures
-  of the pytest plugin (`apikeys.testing.plugin`) are made of.
+- `in_memory_manager()`, `KeyFactory`, `IdentityFactory`: what the `apikeys_manager`,
+  `make_key` and `make_identity` fixtures of the pytest plugin (`apikeys.testing.plugin`)
+  are made of.
 
 `strategies` and the `assert_rejects_*` functions need hypothesis (`apikeys[testing]`);
 they are imported on first use, so the rest works without it.
@@ -34,7 +35,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from apikeys.testing.assertions import CONTRACT_STATUS, AssertProblem, ResponseLike, assert_problem
-from apikeys.testing.factory import TEST_PEPPER, KeyFactory, in_memory_manager
+from apikeys.testing.factory import TEST_PEPPER, IdentityFactory, KeyFactory, in_memory_manager
 
 if TYPE_CHECKING:
     from apikeys.testing import strategies
@@ -49,6 +50,7 @@ __all__ = [
     "TEST_PEPPER",
     "AssertProblem",
     "BadCredentials",
+    "IdentityFactory",
     "KeyFactory",
     "ResponseLike",
     "assert_problem",

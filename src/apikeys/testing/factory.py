@@ -2,7 +2,8 @@
 
 `in_memory_manager()` is a `KeyManager` on a fresh `MemoryStore` with a fixed test pepper;
 `KeyFactory(manager)` creates keys in any state: `await factory(status="revoked")`, or
-`factory.sync(...)` from synchronous code.
+`factory.sync(...)` from synchronous code; `IdentityFactory(manager)` creates identities
+the same way, for keys to belong to (`await make_key(identity=…)`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from apikeys.hashing import Hasher
+from apikeys.identities import IdentityRecord
 from apikeys.keys import DEFAULT_PREFIX
 from apikeys.manager import KeyManager
 from apikeys.stores.memory.store import MemoryStore
@@ -22,6 +24,8 @@ from apikeys.types import LIVE, CreatedKey, Environment, KeyRecord, Status, utcn
 
 __all__ = [
     "TEST_PEPPER",
+    "IdentityFactory",
+    "IdentityStatus",
     "KeyFactory",
     "aclose_manager",
     "close_manager",
@@ -33,6 +37,10 @@ TEST_PEPPER = "VgmlXT49KsxtgDum8MD6S9--M5bS3k6ax2s6TdmOaiM"
 """The pepper of `in_memory_manager()`: fixed, so hashes are reproducible. Tests only."""
 
 _STATUSES: tuple[str, ...] = get_args(Status)
+
+IdentityStatus = Literal["active", "disabled", "revoked"]
+"""The states `IdentityFactory` makes an identity in."""
+_IDENTITY_STATUSES: tuple[str, ...] = get_args(IdentityStatus)
 _T = TypeVar("_T")
 
 
@@ -99,6 +107,7 @@ class KeyFactory:
     admin = await make_key(full_access=True, rate_limit="3/second")
     gone = await make_key(status="revoked")                  # also disabled, expired
     created = make_key.sync(scopes=["contacts:read"])        # in a synchronous test
+    grouped = await make_key(identity=(await make_identity()).id)
     ```
 
     Without `scopes` a key has full access. `status="expired"` ends the key's life now
@@ -124,8 +133,10 @@ class KeyFactory:
         name: str | None = None,
         expires_in: timedelta | None = None,
         environment: Environment = LIVE,
+        identity: str | None = None,
     ) -> Coroutine[Any, Any, CreatedKey]:
-        """Create a key; await the result. Arguments as `KeyManager.create`, plus `status`."""
+        """Create a key; await the result. Arguments as `KeyManager.create` (`identity`: the
+        id of an identity of `workspace` for it to belong to), plus `status`."""
         if status not in _STATUSES:
             raise ValueError(f"status must be one of {', '.join(_STATUSES)}, not {status!r}")
         return self._create(
@@ -137,6 +148,7 @@ class KeyFactory:
             name=name if name is not None else f"test key {next(self._numbers)}",
             expires_in=expires_in,
             environment=environment,
+            identity=identity,
         )
 
     def sync(
@@ -150,6 +162,7 @@ class KeyFactory:
         name: str | None = None,
         expires_in: timedelta | None = None,
         environment: Environment = LIVE,
+        identity: str | None = None,
     ) -> CreatedKey:
         """The same as `await factory(...)`, for synchronous tests (`TestClient`)."""
         return run_sync(
@@ -162,6 +175,7 @@ class KeyFactory:
                 name=name,
                 expires_in=expires_in,
                 environment=environment,
+                identity=identity,
             )
         )
 
@@ -176,6 +190,7 @@ class KeyFactory:
         name: str,
         expires_in: timedelta | None,
         environment: Environment,
+        identity: str | None,
     ) -> CreatedKey:
         manager = self.manager
         created = await manager.create(
@@ -186,6 +201,7 @@ class KeyFactory:
             rate_limit=rate_limit,
             expires_in=expires_in,
             environment=environment,
+            identity=identity,
         )
         key_id = created.record.id
         record: KeyRecord
@@ -198,3 +214,93 @@ class KeyFactory:
         else:
             return created
         return CreatedKey(created.key, record)
+
+
+class IdentityFactory:
+    """Creates identities in `manager`, in any state: what the `make_identity` fixture
+    returns.
+
+    ```python
+    shared = await make_identity(rate_limit="10/minute", credits=100)
+    key = await make_key(identity=shared.id)                   # a key of that identity
+    gone = await make_identity(status="revoked")              # also disabled
+    acme = make_identity.sync("acme", workspace="acme")        # in a synchronous test
+    ```
+
+    Without an id, each gets the next of `test-identity-1`, `test-identity-2`, … The
+    returned `IdentityRecord` is the record after the state change.
+    """
+
+    def __init__(self, manager: KeyManager) -> None:
+        self.manager = manager
+        self._numbers = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"IdentityFactory(manager={self.manager!r})"
+
+    def __call__(
+        self,
+        identity_id: str | None = None,
+        *,
+        workspace: str = "default",
+        name: str | None = None,
+        rate_limit: str | None = None,
+        credits: int | None = None,
+        credit_refill: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        status: IdentityStatus = "active",
+    ) -> Coroutine[Any, Any, IdentityRecord]:
+        """Create an identity; await the result. Arguments as
+        `KeyManager.create_identity`, plus `status`."""
+        if status not in _IDENTITY_STATUSES:
+            raise ValueError(
+                f"status must be one of {', '.join(_IDENTITY_STATUSES)}, not {status!r}"
+            )
+        chosen = identity_id if identity_id is not None else f"test-identity-{next(self._numbers)}"
+        return self._create(
+            chosen,
+            status,
+            workspace=workspace,
+            name=name,
+            rate_limit=rate_limit,
+            credits=credits,
+            credit_refill=credit_refill,
+            metadata=metadata,
+        )
+
+    def sync(
+        self,
+        identity_id: str | None = None,
+        *,
+        workspace: str = "default",
+        name: str | None = None,
+        rate_limit: str | None = None,
+        credits: int | None = None,
+        credit_refill: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        status: IdentityStatus = "active",
+    ) -> IdentityRecord:
+        """The same as `await factory(...)`, for synchronous tests."""
+        return run_sync(
+            self(
+                identity_id,
+                workspace=workspace,
+                name=name,
+                rate_limit=rate_limit,
+                credits=credits,
+                credit_refill=credit_refill,
+                metadata=metadata,
+                status=status,
+            )
+        )
+
+    async def _create(
+        self, identity_id: str, status: IdentityStatus, **fields: Any
+    ) -> IdentityRecord:
+        manager = self.manager
+        record = await manager.create_identity(identity_id, **fields)
+        if status == "disabled":
+            record = await manager.disable_identity(identity_id)
+        elif status == "revoked":
+            record = await manager.revoke_identity(identity_id)
+        return record

@@ -9,6 +9,10 @@ no:apikeys` turns it off. It imports neither hypothesis nor httpx nor pytest-asy
 - `make_key`: `await make_key(scopes=[…], full_access=…, rate_limit=…, status=…,
   workspace=…, name=…)` returns a `CreatedKey` in `apikeys_manager`, in the state asked
   for (`active`, `disabled`, `revoked` or `expired`); `make_key.sync(…)` in sync tests.
+- `make_identity`: `await make_identity(identity_id=None, workspace=…, rate_limit=…,
+  credits=…, status=…)` returns an `IdentityRecord` in `apikeys_manager` (`active`, `disabled` or
+  `revoked`), for keys to belong to: `await make_key(identity=identity.id)`;
+  `make_identity.sync(…)` in sync tests.
 - `assert_problem`: `apikeys.testing.assert_problem(response, code, status=None)`.
 
 In a hypothesis `@given` test, a function-scoped fixture lives across all the examples,
@@ -36,17 +40,23 @@ import pytest
 
 from apikeys.manager import KeyManager
 from apikeys.testing.assertions import AssertProblem, assert_problem
-from apikeys.testing.factory import KeyFactory, close_manager, in_memory_manager
+from apikeys.testing.factory import (
+    IdentityFactory,
+    KeyFactory,
+    close_manager,
+    in_memory_manager,
+)
 
 __all__ = [
     "apikeys_manager",
     "assert_problem_fixture",
+    "make_identity",
     "make_key",
     "pytest_configure",
     "pytest_pycollect_makeitem",
 ]
 
-_FIXTURES = frozenset({"apikeys_manager", "make_key", "assert_problem"})
+_FIXTURES = frozenset({"apikeys_manager", "make_key", "make_identity", "assert_problem"})
 _ASYNC_MARKERS = frozenset({"asyncio", "anyio", "trio"})
 
 
@@ -100,6 +110,13 @@ def apikeys_manager() -> Iterator[KeyManager]:
 def make_key(apikeys_manager: KeyManager) -> KeyFactory:
     """`await make_key(scopes=…, status=…)`: a `CreatedKey` in `apikeys_manager`."""
     return KeyFactory(apikeys_manager)
+
+
+@pytest.fixture
+def make_identity(apikeys_manager: KeyManager) -> IdentityFactory:
+    """`await make_identity(rate_limit=…, status=…)`: an `IdentityRecord` in
+    `apikeys_manager`."""
+    return IdentityFactory(apikeys_manager)
 
 
 @pytest.fixture(name="assert_problem")

@@ -24,6 +24,9 @@ What each strategy promises:
 - `scope_names()`, `scope_sets()`: what `KeyManager.create(scopes=…)` accepts.
 - `rate_limits()`: limits in `limits` notation that `parse_rate_limit` accepts.
 - `prefixes()`: valid key prefixes.
+- `identity_ids()`: ids `KeyManager.create_identity` accepts; `invalid_identity_ids()`:
+  text it refuses (`InvalidKeyParameters`).
+- `identity_records()`: `IdentityRecord`s as a store keeps them, in every state.
 - `labelled_damaged_keys()`, `labelled_authorization_headers()`: the same values as
   `(description, value)` pairs, for failure messages of your own.
 
@@ -56,10 +59,18 @@ from apikeys.keys import (
     validate_prefix,
 )
 from apikeys.ratelimit import MAX_WINDOW_SECONDS, parse_rate_limit
+from apikeys.testing.identity_strategies import (
+    identity_ids,
+    identity_records,
+    invalid_identity_ids,
+)
 
 __all__ = [
     "authorization_headers",
     "damaged_keys",
+    "identity_ids",
+    "identity_records",
+    "invalid_identity_ids",
     "keys",
     "labelled_authorization_headers",
     "labelled_damaged_keys",

@@ -398,7 +398,7 @@ def requested_changes(
 ) -> dict[str, object]:
     """What the create or edit form asks to set, as `apikeys.fields.check_change` reads it:
     only the fields it sent (an expiry kept as shown, or one that cannot be read, is not
-    asked for)."""
+    asked for), and any field of the form named `identity…` (no page form has one)."""
     requested: dict[str, object] = {"name": values.name, "access": values.access}
     if values.access == "restricted":
         requested["scopes"] = values.scopes
@@ -407,6 +407,9 @@ def requested_changes(
     if expires_at is not UNCHANGED and "expires" not in errors:
         requested["expires_at"] = expires_at
     requested.update(policy)
+    # A key's identity, and anything of an identity, is never the page's to set: a form
+    # that sends one is refused (`check_change`), however it came to send it.
+    requested.update({name: form[name] for name in form if name.startswith("identity")})
     return requested
 
 

@@ -2,8 +2,9 @@
 
 Each round it hands new events of the change log to their deliveries (`take`), makes the
 `key.usage_threshold` deliveries of the rate limit thresholds this process's limiters
-reached (`ThresholdWatch`), leases the deliveries that are due and first in line for their
-endpoint and key (`claim`), and starts sending them, signed, each in a task of its own.
+reached (`ThresholdWatch`; `identity.usage_threshold` for an identity's policies),
+leases the deliveries that are due and first in line for their endpoint and key
+(`claim`), and starts sending them, signed, each in a task of its own.
 Each endpoint has at most `per_endpoint` deliveries in flight, and a claim takes the
 endpoints round robin within that room, so one endpoint's slow or silent receiver holds up
 only its own deliveries: the next round does not wait for it. A 2xx answer delivers one; anything
@@ -32,8 +33,9 @@ from urllib.parse import urlsplit, urlunsplit
 from apikeys.errors import ConfigurationError, WebhookTargetRefused
 from apikeys.hashing import UNPEPPERED, Hasher
 from apikeys.stores.contract import WebhookStore
-from apikeys.types import KeyRecord, utcnow
-from apikeys.webhooks.model import Claimed, Endpoint, Timed, rate_threshold_deliveries, wanting
+from apikeys.types import identity_subject, utcnow
+from apikeys.webhooks.events import Subject
+from apikeys.webhooks.model import Claimed, Endpoint, Timed, rate_threshold_deliveries
 from apikeys.webhooks.signing import (
     UNSEALABLE,
     is_sealed,
@@ -109,10 +111,11 @@ class DeliveryOptions:
 class Deliverer:
     """Runs delivery rounds on `store` until stopped (see the module doc).
 
-    `records` reads a key's record by its id (None when there is none): with it, the
-    rate limit thresholds queued in `thresholds` (a `ThresholdWatch`, which a `KeyManager`
-    attaches its limiters to) become `key.usage_threshold` deliveries; each round turns the
-    watch on while an endpoint wants that event, and off otherwise.
+    `records` reads a key's record by its id, or an identity's by `i:<id>` (None when there
+    is none): with it, the rate limit thresholds queued in `thresholds` (a `ThresholdWatch`,
+    which a `KeyManager` attaches its limiters to) become `key.usage_threshold` deliveries,
+    or `identity.usage_threshold` ones for an identity's policies; each round turns the
+    watch on while an endpoint wants one of those events, and off otherwise.
 
     `hasher` makes the endpoints' sealed secrets again from its pepper or old peppers
     (`apikeys.webhooks.signing`); a `KeyManager` gives its own. Without one, `Hasher()`
@@ -126,7 +129,7 @@ class Deliverer:
         store: WebhookStore,
         options: DeliveryOptions | None = None,
         *,
-        records: Callable[[str], Awaitable[KeyRecord | None]] | None = None,
+        records: Callable[[str], Awaitable[Subject | None]] | None = None,
         hasher: Hasher | None = None,
     ) -> None:
         self.store = store
@@ -243,7 +246,11 @@ class Deliverer:
                     "webhooks are not sent: they need httpx (pip install 'apikeys[webhooks]')"
                 )
             return []
-        wanted = wanting(endpoints.values(), "key.usage_threshold")
+        wanted = [
+            endpoint
+            for endpoint in endpoints.values()
+            if endpoint.wants_any(("key.usage_threshold", "identity.usage_threshold"))
+        ]
         self.thresholds.switch(bool(wanted) and self.records is not None)
         now = utcnow()
         if any(_overlap_ended(endpoint, now) for endpoint in endpoints.values()):
@@ -293,22 +300,28 @@ class Deliverer:
             logger.warning("webhooks: a delivery was not recorded: %s", type(error).__name__)
 
     async def rate_thresholds(self, endpoints: Iterable[Endpoint], now: datetime) -> int:
-        """Make the `key.usage_threshold` deliveries of the thresholds queued in
-        `thresholds` for `endpoints` (`rate_threshold_deliveries`); the number made. What
-        cannot be stored (the store fails) is queued again for the next round."""
+        """Make the `key.usage_threshold` (and `identity.usage_threshold`) deliveries of the
+        thresholds queued in `thresholds` for `endpoints` (`rate_threshold_deliveries`); the
+        number made. What cannot be stored (the store fails) is queued again for the next
+        round."""
         crossings = self.thresholds.take()
         records = self.records
         if not crossings or records is None:
             return 0
         endpoints = list(endpoints)
         try:
-            found: dict[str, KeyRecord | None] = {}
+            found: dict[str, Subject | None] = {}
             made: list[Timed] = []
             for crossing in crossings:
-                key_id = crossing.key_id
-                if key_id not in found:
-                    found[key_id] = await records(key_id)
-                record = found[key_id]
+                # An identity's policy names no key: the identity's record is read.
+                subject = (
+                    crossing.key_id
+                    if crossing.identity is None
+                    else identity_subject(crossing.identity)
+                )
+                if subject not in found:
+                    found[subject] = await records(subject)
+                record = found[subject]
                 if record is not None:
                     made += rate_threshold_deliveries(endpoints, record, crossing)
             return await self.store.make_deliveries(made, now) if made else 0

@@ -7,11 +7,21 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from apikeys.identities import IdentityRecord
 from apikeys.ratelimit import ThresholdCrossing
 from apikeys.types import KeyRecord, isoformat
-from apikeys.webhooks.events import EXPIRING_NOTICES, crossed_thresholds, event_body
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    Subject,
+    crossed_thresholds,
+    event_body,
+    subject_of,
+)
+
+if TYPE_CHECKING:
+    from apikeys.stores.contract import IdentityStore
 
 __all__ = [
     "Claimed",
@@ -22,6 +32,7 @@ __all__ = [
     "delivery_id",
     "expiring_deliveries",
     "fair_share",
+    "identity_usage_deliveries",
     "rate_threshold_deliveries",
     "usage_threshold_deliveries",
     "wanting",
@@ -61,6 +72,10 @@ class Endpoint:
             return False
         return self.workspace is None or self.workspace == workspace
 
+    def wants_any(self, events: Iterable[str]) -> bool:
+        """Whether this endpoint is sent one of `events` (about one workspace or another)."""
+        return not self.events or any(event in self.events for event in events)
+
     def secrets(self, now: datetime) -> tuple[str, ...]:
         """The secrets a delivery at `now` is signed with (the newest first), as the store
         keeps them (`unseal_secret` makes each a secret)."""
@@ -83,9 +98,11 @@ class Endpoint:
 class Delivery:
     """One event for one endpoint: its status, attempts and the last response.
 
-    `workspace` is the workspace of the key the event is about (a key never changes
-    workspace), which is whose the delivery is: an endpoint for every workspace is sent
-    events about keys of each, and each of those deliveries is that key's workspace's.
+    `key_id` names the key the event is about, or its identity as `i:<id>` for an
+    `identity.*` event. `workspace` is the workspace of the key (or identity) the event is
+    about (neither ever changes workspace), which is whose the delivery is: an endpoint
+    for every workspace is sent events about keys of each, and each of those deliveries
+    is that key's workspace's.
     None only from a store of your own that does not say."""
 
     id: str
@@ -205,46 +222,77 @@ def expiring_deliveries(
 
 
 def usage_threshold_deliveries(
-    endpoints: Iterable[Endpoint], record: KeyRecord, now: datetime
+    endpoints: Iterable[Endpoint], record: Subject, now: datetime
 ) -> list[Timed]:
-    """The `key.usage_threshold` deliveries `record` calls for at `now`: one per threshold
-    it has reached (`crossed_thresholds`) and endpoint that wants it, each once per
-    endpoint, key, threshold and refill period. None for a revoked key."""
+    """The `key.usage_threshold` deliveries `record` calls for at `now` (for an identity,
+    `identity.usage_threshold`: its keys share its credits): one per threshold it has
+    reached (`crossed_thresholds`) and endpoint that wants it, each once per endpoint, key
+    (or identity), threshold and refill period. None for a revoked key or identity."""
     if record.state == "revoked":
         return []
+    event = (
+        "identity.usage_threshold"
+        if isinstance(record, IdentityRecord)
+        else ("key.usage_threshold")
+    )
+    subject = subject_of(record)
     endpoints = list(endpoints)
     return [
         Timed(
-            delivery_id(endpoint.id, record.id, f"{threshold}%", data["period_start"]),
+            delivery_id(endpoint.id, subject, f"{threshold}%", data["period_start"]),
             endpoint.id,
-            record.id,
-            "key.usage_threshold",
-            event_body("key.usage_threshold", now, record, **data),
+            subject,
+            event,
+            event_body(event, now, record, **data),
             record.workspace,
         )
         for threshold, data in crossed_thresholds(record, now)
         for endpoint in endpoints
-        if endpoint.wants("key.usage_threshold", record.workspace)
+        if endpoint.wants(event, record.workspace)
+    ]
+
+
+async def identity_usage_deliveries(
+    endpoints: Iterable[Endpoint], identities: IdentityStore | None, now: datetime
+) -> list[Timed]:
+    """The `identity.usage_threshold` deliveries of the credits of `identities` (a store's,
+    None for one that keeps none) at `now`: read only while an endpoint wants the event,
+    and then every identity with credits and a refill is looked at (an identity's keys
+    share one balance, so there is one look per identity, not per key)."""
+    wanted = wanting(endpoints, "identity.usage_threshold")
+    if not wanted or identities is None:
+        return []
+    return [
+        due
+        for record in await identities.list()
+        if record.credits is not None and record.credit_refill
+        for due in usage_threshold_deliveries(wanted, record, now)
     ]
 
 
 def rate_threshold_deliveries(
-    endpoints: Iterable[Endpoint], record: KeyRecord, crossing: ThresholdCrossing
+    endpoints: Iterable[Endpoint], record: Subject, crossing: ThresholdCrossing
 ) -> list[Timed]:
-    """The `key.usage_threshold` deliveries of a rate limit's window reaching a threshold
-    (`crossing`, as the limiter told it): one per endpoint that wants the event about a key
-    of `record`'s workspace, each once per endpoint, key, policy, threshold and window.
-    None for a revoked key."""
+    """The usage threshold deliveries of a rate limit's window reaching a threshold
+    (`crossing`, as the limiter told it): `key.usage_threshold` about a key's own policy,
+    `identity.usage_threshold` about its identity's (then `record` is the identity, and the
+    policy is named `identity.<name>`, as in the request's headers). One per endpoint
+    that wants the event about `record`'s workspace, each once per endpoint, key (or
+    identity), policy, threshold and window. None for a revoked key or identity."""
     if record.state == "revoked":
         return []
+    identity = crossing.identity is not None
+    event = "identity.usage_threshold" if identity else "key.usage_threshold"
+    policy = f"identity.{crossing.policy}" if identity else crossing.policy
+    subject = subject_of(record)
     # Whole seconds, so that the same window is named alike however it was measured.
     window_end = isoformat(datetime.fromtimestamp(math.ceil(crossing.window_end), UTC))
     body = event_body(
-        "key.usage_threshold",
+        event,
         datetime.fromtimestamp(crossing.at, UTC),
         record,
         source="rate_limit",
-        policy=crossing.policy,
+        policy=policy,
         threshold=crossing.threshold,
         used=crossing.used,
         limit=crossing.limit,
@@ -253,15 +301,13 @@ def rate_threshold_deliveries(
     )
     return [
         Timed(
-            delivery_id(
-                endpoint.id, record.id, crossing.policy, f"{crossing.threshold}%", window_end
-            ),
+            delivery_id(endpoint.id, subject, policy, f"{crossing.threshold}%", window_end),
             endpoint.id,
-            record.id,
-            "key.usage_threshold",
+            subject,
+            event,
             body,
             record.workspace,
         )
         for endpoint in endpoints
-        if endpoint.wants("key.usage_threshold", record.workspace)
+        if endpoint.wants(event, record.workspace)
     ]

@@ -22,8 +22,10 @@ served over WSGI or ASGI (it is sync and async capable): requests under `PROTECT
 table) and credits are checked in the same order, every refusal is the same problem+json
 response, admitted responses carry the `RateLimit` headers, and usage is counted alike.
 It runs the ASGI middleware itself on each request, so the two cannot behave differently.
-Views read `request.apikey` (the `KeyRecord`) and `request.apikey_auth` (its grants, with
-`request.apikey_auth.scopes.covers([...])`), DRF views too. When Django loads it (the
+Views read `request.apikey` (the `KeyRecord`; `request.apikey.identity` is the id of the
+identity the key belongs to, None for a key of none) and `request.apikey_auth` (its grants,
+with `request.apikey_auth.scopes.covers([...])`), DRF views too. `manage.py apikeys
+identities …` manages identities as the command line does. When Django loads it (the
 server's start) the store is set up and the process's pepper checked against the store's:
 another pepper, or none, stops the server with the store's message (`ConfigurationError`).
 

@@ -21,12 +21,13 @@ class MemoryIdentities(IdentityStore):
     """Identities in a dict, O(1) by id: the reference the other stores are tested against.
 
     Every method runs without awaiting anything, so each is atomic on its event loop.
-    `record` keeps a change's audit event in the key store's trail (`MemoryStore`).
+    `record` keeps a change's audit event in the key store's trail, and its webhook event
+    with the identity as the change left it (`MemoryStore`).
     """
 
     def __init__(
         self,
-        record: Callable[[AuditEvent], None],
+        record: Callable[[AuditEvent | None, IdentityRecord], None],
         spend_key: Callable[..., int | None] | None = None,
     ) -> None:
         self._identities: dict[str, IdentityRecord] = {}
@@ -40,15 +41,14 @@ class MemoryIdentities(IdentityStore):
     def __repr__(self) -> str:
         return f"MemoryIdentities(identities={len(self._identities)})"
 
-    def _keep(self, event: AuditEvent | None) -> None:
-        if event is not None:
-            self._record(event)
+    def _keep(self, event: AuditEvent | None, record: IdentityRecord) -> None:
+        self._record(event, record)
 
     async def insert(self, record: IdentityRecord, *, event: AuditEvent | None = None) -> None:
         if record.id in self._identities:
             raise DuplicateIdentity(record.id)
         self._identities[record.id] = record
-        self._keep(event)
+        self._keep(event, record)
 
     async def get(self, identity_id: str) -> IdentityRecord | None:
         return self._current(identity_id)
@@ -134,7 +134,7 @@ class MemoryIdentities(IdentityStore):
         if not may_take(record.state, "update") or not changes:
             return record
         record = self._identities[identity_id] = replace(record, **changes)
-        self._keep(event)
+        self._keep(event, record)
         return record
 
     async def set_state(
@@ -153,5 +153,5 @@ class MemoryIdentities(IdentityStore):
         revoked_at = at if state == REVOKED else record.revoked_at
         record = replace(record, state=state, revoked_at=revoked_at)
         self._identities[identity_id] = record
-        self._keep(event)
+        self._keep(event, record)
         return record

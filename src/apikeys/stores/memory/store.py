@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta
 from typing import Any, Literal
 
 from apikeys.errors import DuplicateKeyId, KeyNotFound
+from apikeys.identities import IdentityRecord
 from apikeys.lifecycle import may_take
 from apikeys.stores.contract import MAX_ROLL_HOPS, USAGE_BATCH_RETENTION, KeyStore
 from apikeys.stores.memory.identities import MemoryIdentities
@@ -64,7 +65,7 @@ class MemoryStore(KeyStore):
         # one-time token -> (deadline on time.monotonic(), value), oldest first
         self._once: dict[str, tuple[float, str]] = {}
         self._webhooks = MemoryWebhooks(self)
-        self._identities = MemoryIdentities(self._audit.append, self.spend_credits_now)
+        self._identities = MemoryIdentities(self._record, self.spend_credits_now)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MemoryStore:
@@ -96,9 +97,9 @@ class MemoryStore(KeyStore):
             self._settings[name] = recorded = value
         return recorded
 
-    def _record(self, event: AuditEvent | None, record: KeyRecord) -> None:
+    def _record(self, event: AuditEvent | None, record: KeyRecord | IdentityRecord) -> None:
         """Keep the audit event of a change, and its webhook event with `record`, the key
-        as the change left it."""
+        (or identity) as the change left it."""
         if event is not None:
             self._audit.append(event)
             self._webhooks.log(event, record)

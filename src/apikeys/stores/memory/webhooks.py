@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from apikeys.errors import DeliveryInProgress
 from apikeys.stores.contract import WebhookStore
-from apikeys.types import AuditEvent, KeyRecord
-from apikeys.webhooks.events import EVENT_OF_ACTION, delivered_as, event_body
+from apikeys.types import AuditEvent
+from apikeys.webhooks.events import EVENT_OF_ACTION, Subject, delivered_as, event_body, subject_of
 from apikeys.webhooks.model import (
     Claimed,
     Delivery,
@@ -26,6 +26,7 @@ from apikeys.webhooks.model import (
     Timed,
     expiring_deliveries,
     fair_share,
+    identity_usage_deliveries,
     usage_threshold_deliveries,
     wanting,
 )
@@ -41,7 +42,7 @@ class _Entry:
     seq: int
     event: str
     at: datetime
-    record: KeyRecord
+    record: Subject
 
 
 @dataclass(slots=True)
@@ -64,9 +65,9 @@ class MemoryWebhooks(WebhookStore):
         self._taken: dict[str, int] = {}
         self._deliveries: dict[str, _Held] = {}
 
-    def log(self, event: AuditEvent, record: KeyRecord) -> None:
+    def log(self, event: AuditEvent, record: Subject) -> None:
         """Keep the webhook event of the change `event` made, with `record` as it left the
-        key (the store calls this in the change's own step)."""
+        key or identity (the store calls this in the change's own step)."""
         kind = EVENT_OF_ACTION.get(event.action)
         if kind is None or not self._endpoints:
             return
@@ -158,7 +159,7 @@ class MemoryWebhooks(WebhookStore):
                 made += self._make(
                     "msg_" + secrets.token_hex(12),
                     endpoint.id,
-                    entry.record.id,
+                    subject_of(entry.record),
                     sent,
                     workspace=entry.record.workspace,
                     now=now,
@@ -180,14 +181,13 @@ class MemoryWebhooks(WebhookStore):
     async def usage_thresholds(self, now: datetime) -> int:
         endpoints = wanting(self._endpoints.values(), "key.usage_threshold")
         records = await self._store.list() if endpoints else []
-        return self._make_timed(
-            [
-                due
-                for record in records
-                for due in usage_threshold_deliveries(endpoints, record, now)
-            ],
-            now,
+        made = [
+            due for record in records for due in usage_threshold_deliveries(endpoints, record, now)
+        ]
+        made += await identity_usage_deliveries(
+            self._endpoints.values(), self._store.identities(), now
         )
+        return self._make_timed(made, now)
 
     async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
         return self._make_timed(deliveries, now)

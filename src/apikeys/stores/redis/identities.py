@@ -11,8 +11,12 @@ Layout, for the default `key_prefix` of `apikeys:`:
   `created_at` in microseconds, for listing (written before the hash, as a key's indexes:
   a listing skips an entry whose hash is missing).
 
+- `apikeys:events:{i:<id>}`: its webhook outbox (`identity.*` events), in the same slot,
+  counted in the key store's index of outboxes as `i:<id>`.
+
 Changes run the key store's own scripts (`insert`, `update`, `set_state`, `common.lua`) on
-the identity's hash and audit list: each is one script, with its audit event and notice.
+the identity's hash, audit list and outbox: each is one script, with its audit event,
+webhook event and notice.
 Writes by other clients (`redis-cli HSET apikeys:{i:acme} state disabled`) reach caching
 processes through the channel's tracking of the prefix `apikeys:{i:` (`channel.py`).
 """
@@ -32,6 +36,7 @@ from apikeys.stores.contract import MAX_ROLL_HOPS, CreditSpend, IdentityStore
 from apikeys.stores.redis.channel import notices_channel
 from apikeys.stores.redis.codec import decode_time, encode_time, event_text, interned, script
 from apikeys.types import AuditEvent, Kind, StoredState, identity_subject
+from apikeys.webhooks.events import EVENT_OF_ACTION
 
 if TYPE_CHECKING:
     from apikeys.stores.redis.store import RedisStore
@@ -105,20 +110,36 @@ class RedisIdentities(IdentityStore):
         """The Redis key of identity `identity_id`'s hash: `<prefix>{i:<id>}`."""
         return f"{self._prefix}{{{identity_subject(identity_id)}}}"
 
+    @property
+    def all_index_name(self) -> str:
+        """The sorted set of every identity's id, scored by `created_at`."""
+        return self._all
+
     def workspace_index_name(self, workspace: str) -> str:
         """The sorted set of the ids of `workspace`'s identities."""
         return f"{self._prefix}iws:{workspace}"
 
     def _keys(self, identity_id: str) -> list[str]:
-        # A change script's KEYS: the hash and its audit list, in one slot.
-        return [
-            self.hash_name(identity_id),
-            self._store.audit_list_name(identity_subject(identity_id)),
-        ]
+        # A change script's KEYS: the hash, its audit list and webhook outbox, in one slot,
+        # and, but on a cluster, the index of outboxes to take (as a key's).
+        store, subject = self._store, identity_subject(identity_id)
+        names = [self.hash_name(identity_id), store.audit_list_name(subject)]
+        names.append(store.outbox_name(subject))
+        return names if store.deployment == "cluster" else [*names, store.outbox_index_name]
 
     def _tail(self, event: AuditEvent | None, notice: str | None) -> list[str]:
-        # As the key store's: no webhook event, the audit event, the channel, the notice.
-        return ["", event_text(event), notices_channel(self._prefix), notice or ""]
+        # As the key store's: the webhook event, the audit event, the channel, the notice.
+        hook = "" if event is None else EVENT_OF_ACTION.get(event.action, "")
+        return [hook, event_text(event), notices_channel(self._prefix), notice or ""]
+
+    async def _change(self, script: Any, identity_id: str, args: builtins.list[Any]) -> Any:
+        """Run a change script; on a cluster, where the index of outboxes is in another
+        slot, count the identity's outbox in it right after (as `RedisStore` does a key's)."""
+        store = self._store
+        reply = await store.change_once(script, self._keys(identity_id), args)
+        if store.deployment == "cluster" and args[-4]:
+            await store.client.zincrby(store.outbox_index_name, 1, identity_subject(identity_id))
+        return reply
 
     async def insert(self, record: IdentityRecord, *, event: AuditEvent | None = None) -> None:
         flat: list[str] = []
@@ -134,9 +155,7 @@ class RedisIdentities(IdentityStore):
                 pipe.zadd(self.workspace_index_name(record.workspace), {record.id: score}, nx=True)
                 pipe.zadd(self._all, {record.id: score}, nx=True)
                 await pipe.execute()
-            created = await store.change_once(
-                self._insert, self._keys(record.id), [*flat, *self._tail(event, None)]
-            )
+            created = await self._change(self._insert, record.id, [*flat, *self._tail(event, None)])
         if not created:
             raise DuplicateIdentity(record.id)
 
@@ -213,9 +232,9 @@ class RedisIdentities(IdentityStore):
                 sets += [name, text]
         store = self._store
         async with store.calls():
-            reply = await store.change_once(
+            reply = await self._change(
                 self._update,
-                self._keys(identity_id),
+                identity_id,
                 [len(sets) // 2, *sets, *deletes, *self._tail(event, notice)],
             )
         return await self._changed(identity_id, reply)
@@ -232,9 +251,9 @@ class RedisIdentities(IdentityStore):
     ) -> IdentityRecord:
         store = self._store
         async with store.calls():
-            reply = await store.change_once(
+            reply = await self._change(
                 self._set_state,
-                self._keys(identity_id),
+                identity_id,
                 [state, encode_time(at), *allowed_from, *self._tail(event, notice)],
             )
         return await self._changed(identity_id, reply)

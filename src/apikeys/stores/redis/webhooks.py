@@ -8,6 +8,9 @@ script on one server or through Sentinel; on a cluster, where that index is in a
 slot, right after it (and the pass over every key below finds any outbox a process that
 died in between left out of it). The outbox lives a week after its last event.
 
+An identity's changes go to its outbox `<prefix>events:{i:<id>}` the same way, indexed as
+`i:<id>`, their fields an identity's (`identity.*` events).
+
 `take` reads the indexed outboxes, makes one delivery per event and endpoint that wants it
 (its id derived from endpoint, key and event time, so a take that is repeated after a
 failure stores each delivery once), trims what it read, and drops an id from the index
@@ -43,8 +46,15 @@ from typing import TYPE_CHECKING, Any, cast
 from apikeys.errors import DeliveryInProgress
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
-from apikeys.types import KeyRecord
-from apikeys.webhooks.events import EXPIRING_NOTICES, delivered_as, event_body
+from apikeys.stores.redis.identities import decode_identity
+from apikeys.types import KeyRecord, identity_subject
+from apikeys.webhooks.events import (
+    EXPIRING_NOTICES,
+    Subject,
+    delivered_as,
+    event_body,
+    subject_of,
+)
 from apikeys.webhooks.model import (
     Claimed,
     Delivery,
@@ -53,6 +63,7 @@ from apikeys.webhooks.model import (
     Timed,
     delivery_id,
     expiring_deliveries,
+    identity_usage_deliveries,
     usage_threshold_deliveries,
     wanting,
 )
@@ -61,6 +72,15 @@ if TYPE_CHECKING:
     from apikeys.stores.redis.store import RedisStore
 
 __all__ = ["RedisWebhooks"]
+
+_IDENTITY = identity_subject("")
+
+
+def _outboxed(event: str, fields: dict[str, str]) -> Subject:
+    """The record of an outbox entry: an identity's for its `identity.*` events."""
+    if event.startswith("identity."):
+        return decode_identity(fields)
+    return decode({**fields, "secret_hash": ""}).record
 
 
 CLAIM_SCAN = 1000
@@ -248,7 +268,8 @@ class RedisWebhooks(WebhookStore):
         for entries in outboxes:
             for entry in entries:
                 stamp, event, fields = json.loads(entry)
-                record = decode({**fields, "secret_hash": ""}).record
+                record = _outboxed(event, fields)
+                subject = subject_of(record)
                 at = _time(stamp)
                 assert at is not None
                 for endpoint, since in rows:
@@ -258,22 +279,23 @@ class RedisWebhooks(WebhookStore):
                     if endpoint.workspace not in (None, record.workspace):
                         continue
                     values += [
-                        delivery_id(endpoint.id, record.id, stamp, sent),
+                        delivery_id(endpoint.id, subject, stamp, sent),
                         endpoint.id,
-                        record.id,
+                        subject,
                         sent,
                         event_body(sent, at, record).decode(),
                         stamp,
                         record.workspace,
                     ]
         made = await self._make(now, values)
-        # Each key as its last change left it, for the indexes of keys to look at.
+        # Each key as its last change left it, for the indexes of keys to look at (an
+        # identity's outbox is none of theirs).
         await self._watch(
             now,
             [
                 (key_id, json.loads(entries[-1])[2])
                 for (key_id, _), entries in zip(pending, outboxes, strict=True)
-                if entries
+                if entries and not key_id.startswith(_IDENTITY)
             ],
         )
         async with store.calls():
@@ -325,10 +347,12 @@ class RedisWebhooks(WebhookStore):
 
     async def usage_thresholds(self, now: datetime) -> int:
         await self._sweep(now)
-        endpoints = wanting(await self.endpoints(), "key.usage_threshold")
+        every = await self.endpoints()
+        endpoints = wanting(every, "key.usage_threshold")
+        # An identity's credits: every identity is read, while an endpoint wants it.
+        made: list[Timed] = await identity_usage_deliveries(every, self._store.identities(), now)
         if not endpoints:
-            return 0
-        made: list[Timed] = []
+            return await self.make_deliveries(made, now)
         moves: list[str] = []
         looked = str(_micros(now))
         for ids, scores, records in await self._looked_at("refilled", now, False):
@@ -408,6 +432,31 @@ class RedisWebhooks(WebhookStore):
         for start in range(0, len(values), chunk):
             await self._script("watch", _micros(now), notices, *values[start : start + chunk])
 
+    async def _sweep_identities(self) -> None:
+        """On a cluster: count in the index of outboxes an identity's outbox that a process
+        which died after the change's script left out of it, `SWEEP_SLICE` identities a
+        look from a cursor the processes share (every identity within a pass)."""
+        store = self._store
+        async with store.calls():
+            client = store.client
+            end = int(await client.incrby(f"{self._w}identity-sweep", SWEEP_SLICE))
+            ids = cast(
+                "list[str]",
+                await client.zrange(store.identities().all_index_name, end - SWEEP_SLICE, end - 1),
+            )
+            if len(ids) < SWEEP_SLICE:  # the pass is through: the next one starts over
+                await client.set(f"{self._w}identity-sweep", 0)
+            subjects = [identity_subject(one) for one in ids]
+            if not subjects:
+                return
+            async with client.pipeline(transaction=False) as pipe:
+                for subject in subjects:
+                    pipe.exists(store.outbox_name(subject))
+                found = await pipe.execute()
+            for subject, count in zip(subjects, found, strict=True):
+                if count:
+                    await client.zincrby(store.outbox_index_name, 1, subject)
+
     async def _sweep(self, now: datetime) -> None:
         """Read the next slice of every key (`SWEEP_SLICE`, or `FIRST_SWEEP_SLICE` until
         a first pass is done), and bring those keys into the indexes: keys made before
@@ -416,6 +465,8 @@ class RedisWebhooks(WebhookStore):
         to take."""
         store = self._store
         cluster = store.deployment == "cluster"
+        if cluster:
+            await self._sweep_identities()
         async with store.calls():
             client = store.client
             size = SWEEP_SLICE if await client.exists(f"{self._w}swept") else FIRST_SWEEP_SLICE

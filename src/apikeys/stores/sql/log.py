@@ -186,7 +186,9 @@ def _install_sqlite_identities(
     connection: sa.Connection, identities: sa.Table, changes: sa.Table
 ) -> None:
     """Triggers that log every insert, delete and update (but of the credit count alone)
-    of an identity's row as the notice `store:0:i:<id>`; no webhook event."""
+    of an identity's row as the notice `store:0:i:<id>`, with its webhook event
+    (`identity.created`, `identity.disabled`, `identity.enabled`, `identity.revoked` for a
+    change of state, else `identity.updated`; none for a delete) and its record as JSON."""
     quote = connection.dialect.identifier_preparer
     inserted, deleted, updated = trigger_names(identities, "sqlite")
     table, changes_name = _table(connection, identities), _table(connection, changes)
@@ -194,22 +196,42 @@ def _install_sqlite_identities(
         [f"OLD.{quote.quote(name)} IS NOT NEW.{quote.quote(name)}" for name in _watched(identities)]
         + ["(OLD.credits IS NULL) <> (NEW.credits IS NULL)"]
     )
+    fields = ", ".join(
+        f"'{column.name}', NEW.{quote.quote(column.name)}" for column in identities.columns
+    )
+    record = (
+        f"json_object('at', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), "
+        f"'identity', json_object({fields}))"
+    )
+    # Only an update the WHEN lets through is logged: a change of state, or another field.
+    event = (
+        "CASE WHEN NEW.id IS NOT OLD.id THEN NULL WHEN OLD.state IS NOT NEW.state THEN "
+        "CASE NEW.state WHEN 'revoked' THEN 'identity.revoked' "
+        "WHEN 'disabled' THEN 'identity.disabled' ELSE 'identity.enabled' END "
+        "ELSE 'identity.updated' END"
+    )
     logged = f"INSERT INTO {changes_name} (notice) SELECT"
-    for name, event, statements in (
-        (inserted, "INSERT", f"{logged} {_identity_notice('NEW')};"),
+    with_event = f"INSERT INTO {changes_name} (notice, event, data) SELECT"
+    for name, trigger, statements in (
+        (
+            inserted,
+            "INSERT",
+            f"{with_event} {_identity_notice('NEW')}, 'identity.created', {record};",
+        ),
         (deleted, "DELETE", f"{logged} {_identity_notice('OLD')};"),
         (
             updated,
             f"UPDATE ON {table} WHEN {differ}",
             # An id changed by hand names both: the old id's readers and the new one's.
-            f"{logged} {_identity_notice('OLD')}; "
+            f"{with_event} {_identity_notice('OLD')}, e, "
+            f"CASE WHEN e IS NULL THEN NULL ELSE {record} END FROM (SELECT {event} AS e); "
             f"{logged} {_identity_notice('NEW')} WHERE NEW.id IS NOT OLD.id;",
         ),
     ):
-        on = "" if event.startswith("UPDATE") else f" ON {table}"
+        on = "" if trigger.startswith("UPDATE") else f" ON {table}"
         connection.execute(
             sa.text(
-                f"CREATE TRIGGER IF NOT EXISTS {quote.quote(name)} AFTER {event}{on} "
+                f"CREATE TRIGGER IF NOT EXISTS {quote.quote(name)} AFTER {trigger}{on} "
                 f"BEGIN {statements} END"
             )
         )
@@ -223,7 +245,7 @@ def _install_postgres_identities(
     log: sa.Table,
 ) -> None:
     """The PostgreSQL log of the identities table: the keys' triggers (same names, shape
-    and sequence), with a function that names the row `i:<id>` and writes no event."""
+    and sequence), with a function that names the row `i:<id>` and writes its event."""
     quote = connection.dialect.identifier_preparer
     schema = table_schema(connection, identities)
 
@@ -246,21 +268,35 @@ _PG_IDENTITIES: Final = "apikeys_ilog_v1"
 
 def _postgres_identity_body(log_name: str, changes_name: str, hooks_name: str, channel: str) -> str:
     """The source of the identities' log function: as the keys' (`_postgres_function_body`),
-    each changed row named `i:<id>`, without an event."""
+    each changed row named `i:<id>`, with its `identity.*` event and record."""
     return f"""
 DECLARE
   s bigint;
   k text;
   ids text[];
+  ev text;
+  evkey text;
+  rec text;
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     ids := ARRAY['*'];
   ELSIF TG_OP = 'INSERT' THEN
     ids := ARRAY['{IDENTITY_PREFIX}' || NEW.id::text];
+    ev := 'identity.created';
   ELSIF TG_OP = 'DELETE' OR OLD.id = NEW.id THEN
     ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text];
   ELSE
     ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text, '{IDENTITY_PREFIX}' || NEW.id::text];
+  END IF;
+  -- An update reaches here only when the trigger's WHEN saw more than usage change.
+  IF TG_OP = 'UPDATE' AND OLD.id = NEW.id THEN
+    ev := CASE WHEN OLD.state IS NOT DISTINCT FROM NEW.state THEN 'identity.updated'
+      WHEN NEW.state = 'revoked' THEN 'identity.revoked'
+      WHEN NEW.state = 'disabled' THEN 'identity.disabled' ELSE 'identity.enabled' END;
+  END IF;
+  IF ev IS NOT NULL THEN
+    evkey := '{IDENTITY_PREFIX}' || NEW.id::text;
+    rec := jsonb_build_object('at', clock_timestamp(), 'identity', to_jsonb(NEW))::text;
   END IF;
   FOREACH k IN ARRAY ids LOOP
     UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
@@ -271,7 +307,9 @@ BEGIN
         ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
         RETURNING seq INTO s;
     END IF;
-    INSERT INTO {changes_name} (seq, notice) VALUES (s, '{STORE_WRITER}:' || s || ':' || k);
+    INSERT INTO {changes_name} (seq, notice, event, data) VALUES (
+      s, '{STORE_WRITER}:' || s || ':' || k,
+      CASE WHEN k = evkey THEN ev END, CASE WHEN k = evkey THEN rec END);
     IF s % 128 = 0 THEN
       DELETE FROM {changes_name} WHERE seq <= LEAST(
         s - {KEEP_CHANGES}, (SELECT min(taken) FROM {hooks_name}));

@@ -462,7 +462,8 @@ def webhook_deliveries_table(
         lambda name: (
             sa.Column("id", sa.String(40), primary_key=True),
             sa.Column("webhook_id", sa.String(32), nullable=False),
-            sa.Column("key_id", sa.String(12), nullable=False),
+            # A key's id, or `i:<identity id>` for an identity's event.
+            sa.Column("key_id", sa.String(80), nullable=False),
             sa.Column("seq", sa.BigInteger(), nullable=False),
             sa.Column("event", sa.String(32), nullable=False),
             sa.Column("body", sa.Text(), nullable=False),

@@ -2,10 +2,12 @@
 
 The keys table's triggers write each change's event and the key's record (without its
 hash) to `<table>_changes`, in the change's own transaction (`apikeys.stores.sql.log`).
-`take` hands the entries after each endpoint's mark (`taken`) to `<table>_deliveries` and
-moves the mark in one transaction, so an entry becomes exactly one delivery per endpoint;
-the log is never pruned past the lowest mark. Deliveries are leased (`lease_until`,
-`leased_by`) with a conditional UPDATE, so no two processes send one at the same time.
+The identities table's triggers write an identity's (`identity.*`, the record under
+`identity`), named `i:<id>`. `take` hands the entries after each endpoint's mark
+(`taken`) to `<table>_deliveries` and moves the mark in one transaction, so an entry
+becomes exactly one delivery per endpoint; the log is never pruned past the lowest mark.
+Deliveries are leased (`lease_until`, `leased_by`) with a conditional UPDATE, so no two
+processes send one at the same time.
 Each carries the workspace of its key (listed by `(workspace, seq)`); those delivered or
 failed are pruned a batch at a time by `(status, last_attempt_at)`.
 """
@@ -27,16 +29,20 @@ from apikeys.stores.contract import WebhookStore
 from apikeys.stores.sql.schema import (
     audit_table,
     changes_table,
+    identities_table,
     keys_table,
     webhook_deliveries_table,
     webhooks_table,
 )
-from apikeys.types import KeyRecord
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
+    Subject,
     delivered_as,
     event_body,
+    identity_from_snapshot,
     record_from_snapshot,
+    snapshot_record,
+    subject_of,
 )
 from apikeys.webhooks.model import (
     Claimed,
@@ -104,6 +110,7 @@ class SQLWebhooks(WebhookStore):
         self._changes = changes_table(keys_table_name)
         self._keys = keys_table(keys_table_name)
         self._audit = audit_table(keys_table_name)
+        self._identities = identities_table(keys_table_name)
 
     async def _run(self, work: Callable[[AsyncConnection], Coroutine[Any, Any, _T]]) -> _T:
         return cast(_T, await self._run_work(work))
@@ -230,7 +237,7 @@ class SQLWebhooks(WebhookStore):
                     if entry.seq <= row.taken:
                         continue
                     snapshot = json.loads(entry.data)
-                    record = record_from_snapshot(snapshot["key"])
+                    record = snapshot_record(snapshot)
                     event = entry.event
                     if event == "key.revoked" and record.id in leaked:
                         event = "key.leaked"
@@ -244,7 +251,7 @@ class SQLWebhooks(WebhookStore):
                         {
                             "id": _new_delivery_id(),
                             "webhook_id": row.id,
-                            "key_id": record.id,
+                            "key_id": subject_of(record),
                             "workspace": record.workspace,
                             "seq": entry.seq,
                             "event": sent,
@@ -464,8 +471,21 @@ class SQLWebhooks(WebhookStore):
             keys.c.credits.is_not(None),
             keys.c.credit_refill.is_not(None),
         )
-        return await self._make_timed(
+        made = await self._make_timed(
             "key.usage_threshold", refilled, usage_threshold_deliveries, now
+        )
+        identities = self._identities
+        shared = sa.select(identities).where(
+            identities.c.state != "revoked",
+            identities.c.credits.is_not(None),
+            identities.c.credit_refill.is_not(None),
+        )
+        return made + await self._make_timed(
+            "identity.usage_threshold",
+            shared,
+            usage_threshold_deliveries,
+            now,
+            decode=identity_from_snapshot,
         )
 
     async def make_deliveries(self, deliveries: Sequence[Timed], now: datetime) -> int:
@@ -483,12 +503,15 @@ class SQLWebhooks(WebhookStore):
         self,
         event: str,
         candidates: sa.Select[Any],
-        deliveries: Callable[[list[Endpoint], KeyRecord, datetime], list[Timed]],
+        deliveries: Callable[[list[Endpoint], Any, datetime], list[Timed]],
         now: datetime,
+        *,
+        decode: Callable[[Mapping[str, Any]], Subject] = record_from_snapshot,
     ) -> int:
         """Make the `event` deliveries (`deliveries`) the keys `candidates` selects call
-        for, each unless one of its id is stored (made again by any process, in any round,
-        a delivery is stored once)."""
+        for (or the identities, with `decode` `identity_from_snapshot`), each unless one of
+        its id is stored (made again by any process, in any round, a delivery is stored
+        once)."""
         hooks = self._hooks
 
         async def work(conn: AsyncConnection) -> int:
@@ -499,7 +522,7 @@ class SQLWebhooks(WebhookStore):
             made = [
                 due
                 for row in await conn.execute(candidates)
-                for due in deliveries(endpoints, record_from_snapshot(dict(row._mapping)), now)
+                for due in deliveries(endpoints, decode(dict(row._mapping)), now)
             ]
             return await self._insert_timed(conn, made, {row.id: row.taken for row in rows}, now)
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from apikeys.errors import InvalidKeyParameters
+from apikeys.errors import ConfigurationError, InvalidKeyParameters
 from apikeys.fields import Role, check_change
+from apikeys.identities import IdentityRecord
 from apikeys.lifecycle import offered
+from apikeys.manager import KeyManager
 from apikeys.types import REVOKED, KeyRecord, utcnow
 from apikeys.ui.forms import Form, KeyForm, read_key_form, read_policies, requested_changes
 from apikeys.ui.onetime import Reveal
@@ -37,6 +40,9 @@ class KeyRow:
     replaced_by: KeyRecord | None
     replaces: KeyRecord | None
     now: datetime
+    identity: IdentityRecord | None = None
+    """The identity the key belongs to, shown read-only: its limits and credits are the
+    operator's (CONTRACT 12)."""
 
     @property
     def being_replaced(self) -> bool:
@@ -69,7 +75,9 @@ class KeyRow:
         return self.can_disable or self.can_enable or self.can_roll or self.can_revoke
 
 
-def _rows(records: list[KeyRecord], now: datetime) -> list[KeyRow]:
+def _rows(
+    records: list[KeyRecord], now: datetime, identities: Mapping[str, IdentityRecord]
+) -> list[KeyRow]:
     by_id = {record.id: record for record in records}
     return [
         KeyRow(
@@ -78,9 +86,24 @@ def _rows(records: list[KeyRecord], now: datetime) -> list[KeyRow]:
             replaced_by=by_id.get(record.replaced_by or ""),
             replaces=by_id.get(record.replaces or ""),
             now=now,
+            identity=identities.get(record.identity or ""),
         )
         for record in reversed(records)  # newest first
     ]
+
+
+async def _identities_of(
+    manager: KeyManager, workspace: str, records: list[KeyRecord]
+) -> dict[str, IdentityRecord]:
+    """The identities of `workspace` that `records` belong to, by id; none read when no
+    key belongs to one (nor from a store that keeps no identities)."""
+    if not any(record.identity for record in records):
+        return {}
+    try:
+        listed = await manager.list_identities(workspace)
+    except ConfigurationError:
+        return {}
+    return {identity.id: identity for identity in listed}
 
 
 async def show_list(
@@ -100,7 +123,8 @@ async def show_list(
         del request.session["reveal"]
         reveal_lost = reveal is None
     now = utcnow()
-    rows = _rows(await page.manager.list(user.workspace), now)
+    records = await page.manager.list(user.workspace)
+    rows = _rows(records, now, await _identities_of(page.manager, user.workspace, records))
     # Revoked keys stay in the list for audit, but folded away unless asked for: the list
     # would otherwise grow with every revoke and roll.
     wanted = request.query_params.get("status", "")

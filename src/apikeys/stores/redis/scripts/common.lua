@@ -13,7 +13,8 @@ end
 -- different keys live in different lists, and this puts them back in the order they were
 -- committed (the events of one change, such as a roll, share their own `time`).
 -- The webhook event goes to the key's outbox with that time and the key's fields as they
--- are now, without its hash; the outbox lives a week after its last event.
+-- are now, without its hash; the outbox lives a week after its last event. An identity's
+-- change scripts run on its hash with its own audit list and outbox (`events:{i:<id>}`).
 local function record()
   if ARGV[#ARGV - 2] ~= '' then
     local now = redis.call('TIME')
@@ -30,7 +31,8 @@ local function record()
       redis.call('RPUSH', KEYS[3], cjson.encode({stamp, ARGV[#ARGV - 3], key}))
       redis.call('EXPIRE', KEYS[3], 604800)
       if KEYS[4] then
-        redis.call('ZINCRBY', KEYS[4], 1, key['id'])
+        -- The outbox's hash tag: a key's id, or `i:<id>` for an identity's outbox.
+        redis.call('ZINCRBY', KEYS[4], 1, string.match(KEYS[3], '{([^{}]*)}$'))
       end
     end
   end
