@@ -122,8 +122,11 @@ async def test_list_pages_with_a_cursor_and_filters(
         if cursor is None:
             break
     assert seen == ["k0", "k1", "k2"]
-    tests = (await client.get("/keys?environment=test", headers=auth)).json()["items"]
-    assert [item["name"] for item in tests] == ["test"]
+    # A caller sees the keys of its own environment: a test key, the test keys.
+    tester = await caller(memory_manager, environment="test")
+    tests = (await client.get("/keys?environment=test", headers=tester)).json()["items"]
+    assert sorted(item["name"] for item in tests) == ["admin", "test"]
+    assert (await client.get("/keys?environment=test", headers=auth)).json()["items"] == []
     bad = await client.get("/keys?limit=0", headers=auth)
     assert bad.status_code == 400
     assert bad.json()["code"] == "invalid_payload"
@@ -390,7 +393,7 @@ def test_the_openapi_document_documents_every_operation_and_its_errors() -> None
             }
     # The bodies come from the field table: every field a role may set, and nothing else.
     create = document["paths"]["/keys"]["post"]["requestBody"]["content"]["application/json"]
-    assert set(create["schema"]["properties"]) == {*KEY_FIELDS, "environment"}
+    assert set(create["schema"]["properties"]) == set(KEY_FIELDS)  # the caller's environment
     assert create["schema"]["additionalProperties"] is False
 
 

@@ -20,10 +20,12 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import Response
 
+from apikeys.api.operations import ADMIN_SCOPE
 from apikeys.errors import (
     APIKeyError,
     Conflict,
     DuplicateKeyId,
+    InsufficientScope,
     InvalidKeyParameters,
     InvalidPayload,
     InvalidTransition,
@@ -90,7 +92,20 @@ class Caller:
         return None if self.record.full_access else self.record.scopes
 
     def sees(self, workspace: str) -> bool:
+        """Whether the caller may see what belongs to `workspace`: its own workspace's."""
         return workspace == self.record.workspace
+
+    def sees_key(self, record: KeyRecord) -> bool:
+        """Whether the caller may see the key `record`: one of its own workspace and its own
+        environment (a test key never sees nor changes live keys, nor the reverse)."""
+        return self.sees(record.workspace) and record.environment == self.record.environment
+
+    def check_admin(self) -> None:
+        """`InsufficientScope` unless the caller's key names `apikeys:admin` among its
+        scopes: an identity's limits and credits are the operator's, so full access alone
+        (which passes every other scope check) does not give them."""
+        if ADMIN_SCOPE not in self.record.scopes:
+            raise InsufficientScope((ADMIN_SCOPE,))
 
 
 def etag_of(record: KeyRecord | IdentityRecord) -> str:

@@ -2,8 +2,10 @@
 revoke; the CLI's verbs (`apikeys identities …`), in the caller's workspace.
 
 Every field of an identity is the operator's (`apikeys.identities.EDITABLE_FIELDS`), so
-its writes need `apikeys:admin` (the route table of `apikeys.api.app`); reads need
-`apikeys:read`. Another workspace's identity answers as an unknown one.
+its writes need `apikeys:admin` (the route table of `apikeys.api.app`), named among the
+caller's scopes: full access alone, which passes every other scope check, does not let a
+customer's key lift its own identity's limits or credits. Reads need `apikeys:read`.
+Another workspace's identity answers as an unknown one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class IdentityEndpoints:
 
     async def create(self, request: Request) -> Response:
         caller = Caller.of(request)
+        caller.check_admin()
         body = check_body(await read_json(request), IDENTITY_CREATE)
         identity_id = body.pop("id")
         given = {name: value for name, value in body.items() if value is not None}
@@ -56,6 +59,7 @@ class IdentityEndpoints:
 
     async def update(self, request: Request) -> Response:
         caller = Caller.of(request)
+        caller.check_admin()
         record = await self.own(caller, request.path_params["identity_id"])
         body = check_body(await read_json(request), IDENTITY_UPDATE)
         check_if_match(request, record)
@@ -72,6 +76,7 @@ class IdentityEndpoints:
 
         async def endpoint(request: Request) -> Response:
             caller = Caller.of(request)
+            caller.check_admin()
             record = await self.own(caller, request.path_params["identity_id"])
             check_body(await read_json(request, empty_ok=True), NO_BODY)
             check_if_match(request, record)

@@ -22,7 +22,13 @@ from starlette.responses import Response
 
 from apikeys.api.http import Caller, Endpoint, check_if_match, etag_of, json_response, read_json
 from apikeys.api.schemas import KEY_CREATE, KEY_UPDATE, NO_BODY, ROLL, check_body
-from apikeys.errors import Conflict, InvalidPayload, KeyNotFound, ResourceNotFound
+from apikeys.errors import (
+    Conflict,
+    ForbiddenField,
+    InvalidPayload,
+    KeyNotFound,
+    ResourceNotFound,
+)
 from apikeys.fields import Role, check_change, workspace_roll_expiry
 from apikeys.lifecycle import refusal
 from apikeys.listing import MAX_PAGE_SIZE
@@ -90,6 +96,25 @@ def _access(body: Mapping[str, Any], current: KeyRecord | None) -> dict[str, Any
     return {"full_access": False, "scopes": scopes or ()}
 
 
+def _inherited(caller: KeyRecord, given: Mapping[str, Any]) -> dict[str, Any]:
+    """`given` with what a key made by the `caller` key takes of it: its identity (whose
+    limits and credits then bound both), its rate limit, its allowlist and its expiry,
+    where `given` names none; a key with credits of its own makes none (`ForbiddenField`):
+    theirs would add to its own. So making keys never gets a caller more than it holds."""
+    if caller.credits is not None:
+        raise ForbiddenField(
+            "credits", "a key with credits of its own makes none: theirs would add to its own"
+        )
+    inherited = {
+        "identity": caller.identity,
+        "rate_limit": caller.rate_limit,
+        "allowed_ips": caller.allowed_ips,
+        "expires_at": caller.expires_at,
+    }
+    kept = {name: value for name, value in inherited.items() if value not in (None, ())}
+    return {**kept, **given}
+
+
 class KeyEndpoints:
     """The key endpoints of one `ManagementAPI`, on `manager`."""
 
@@ -106,14 +131,14 @@ class KeyEndpoints:
             record = await self.manager.get(key_id)
         except KeyNotFound:
             raise ResourceNotFound() from None
-        if not caller.sees(record.workspace):
+        if not caller.sees_key(record):
             raise ResourceNotFound()
         return record
 
     def check(self, caller: Caller, body: Mapping[str, Any], current: KeyRecord | None) -> None:
         """`ForbiddenField` unless the caller may ask for `body` (the page's rule)."""
         check_change(
-            {name: value for name, value in body.items() if name != "environment"},
+            body,
             role=Role.WORKSPACE,
             current=current,
             scope_ceiling=caller.scope_ceiling,
@@ -126,28 +151,29 @@ class KeyEndpoints:
         body = check_body(await read_json(request), KEY_CREATE)
         self.check(caller, body, None)
         given = {name: body[name] for name in _PLAIN if body.get(name) is not None}
-        if caller.record.expires_at is not None and "expires_at" not in given:
-            given["expires_at"] = caller.record.expires_at
         created = await self.manager.create(
             workspace=caller.workspace,
-            environment=body.get("environment") or "live",
+            environment=caller.record.environment,
             actor=caller.actor,
             **_access(body, None),
-            **given,
+            **_inherited(caller.record, given),
         )
         return json_response(201, created.to_dict(), etag=etag_of(created.record))
 
     async def list(self, request: Request) -> Response:
         caller = Caller.of(request)
-        page = await self.manager.list_page(
-            caller.workspace,
-            owner=text_param(request, "owner"),
-            status=choice_param(request, "state", _STATES),  # type: ignore[arg-type]
-            limit=int_param(request, "limit", 100, 1, MAX_PAGE_SIZE),
-            cursor=text_param(request, "cursor", 1000),
-            environment=choice_param(request, "environment", _ENVIRONMENTS),  # type: ignore[arg-type]
-            identity=text_param(request, "identity", 64),
-        )
+        own = caller.record.environment
+        filters = {
+            "owner": text_param(request, "owner"),
+            "status": choice_param(request, "state", _STATES),
+            "limit": int_param(request, "limit", 100, 1, MAX_PAGE_SIZE),
+            "cursor": text_param(request, "cursor", 1000),
+            "identity": text_param(request, "identity", 64),
+        }
+        if choice_param(request, "environment", _ENVIRONMENTS) not in (None, own):
+            # The caller sees keys of its own environment only: none of the other one.
+            return json_response(200, {"items": [], "next_cursor": None})
+        page = await self.manager.list_page(caller.workspace, environment=own, **filters)  # type: ignore[arg-type]
         items = [record.to_dict() for record in page.records]
         return json_response(200, {"items": items, "next_cursor": page.next_cursor})
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from apikeys.errors import InvalidPayload
@@ -85,16 +85,9 @@ def _object(
     }
 
 
-_ENVIRONMENT: Final = {
-    "type": "string",
-    "enum": ["live", "test"],
-    "description": "live or test, fixed when the key is made",
-}
-
-KEY_CREATE: Final[dict[str, Any]] = _object(
-    KEY_FIELDS.values(), required=("name",), environment=_ENVIRONMENT
-)
-"""A key's create body: the fields of `KEY_FIELDS`, and its `environment`."""
+KEY_CREATE: Final[dict[str, Any]] = _object(KEY_FIELDS.values(), required=("name",))
+"""A key's create body: the fields of `KEY_FIELDS` (a new key takes its caller's
+environment)."""
 KEY_UPDATE: Final[dict[str, Any]] = _object(KEY_FIELDS.values())
 """A key's update body: the fields of `KEY_FIELDS`, each one optional."""
 ROLL: Final[dict[str, Any]] = {
@@ -174,9 +167,12 @@ def parse_time(value: str, name: str) -> datetime:
     micros = (fraction or "0")[:6].ljust(6, "0")
     offset = "+00:00" if zone in ("Z", "z") else zone
     try:
-        return datetime.fromisoformat(f"{day}T{time}.{micros}{offset}")
-    except ValueError:
+        moment = datetime.fromisoformat(f"{day}T{time}.{micros}{offset}")
+        # In UTC, as the stores keep it: a time at the edges of the calendar has none.
+        moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise InvalidPayload([{"field": name, "message": "is not a date and time"}]) from None
+    return moment
 
 
 def _type_ok(value: object, wanted: str) -> bool:

@@ -1,0 +1,141 @@
+"""What a key made through the management API takes of the key that made it, and what a
+caller may not reach: each case one of a review's findings, which failed before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from apikeys import KeyManager
+from apikeys.api import ManagementAPI
+
+BASE = "http://test/v1/api-keys"
+WRITER = ["apikeys:read", "apikeys:write", "x:read"]
+
+
+@pytest.fixture
+async def client(memory_manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
+    api = ManagementAPI(memory_manager, rate_limit="100000/minute")
+    app = Starlette(routes=[Mount("/v1/api-keys", app=api)])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        yield c
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_a_key_made_by_a_key_of_an_identity_belongs_to_it_with_the_callers_limits(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    await memory_manager.create_identity("cust", workspace="acme", credits=2, rate_limit="2/minute")
+    caller = await memory_manager.create(
+        name="mgmt",
+        workspace="acme",
+        identity="cust",
+        scopes=WRITER,
+        rate_limit="5/minute",
+        allowed_ips=["127.0.0.0/8"],
+    )
+    made = await client.post(
+        "/keys", json={"name": "made", "scopes": ["x:read"]}, headers=_auth(caller.key)
+    )
+    assert made.status_code == 201, made.text
+    body = made.json()
+    # The identity's limits and credits bound it; its own are the caller's.
+    assert body["identity"] == "cust"
+    assert body["rate_limit"] == "5/minute"
+    assert body["allowed_ips"] == ["127.0.0.0/8"]
+    assert body["environment"] == caller.record.environment
+
+
+async def test_a_key_with_credits_of_its_own_makes_no_keys(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    caller = await memory_manager.create(name="mgmt", workspace="acme", scopes=WRITER, credits=5)
+    before = len(await memory_manager.list("acme"))
+    made = await client.post("/keys", json={"name": "made"}, headers=_auth(caller.key))
+    assert made.status_code == 403
+    assert made.json()["code"] == "forbidden_field"
+    assert len(await memory_manager.list("acme")) == before
+
+
+async def test_a_full_access_key_without_apikeys_admin_changes_no_identity(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    # (Its limit is the management calls' own too: they are requests of its keys.)
+    await memory_manager.create_identity("cust_42", workspace="acme", rate_limit="1000/minute")
+    customer = await memory_manager.create(
+        name="ci", workspace="acme", full_access=True, identity="cust_42"
+    )
+    lifted = await client.patch(
+        "/identities/cust_42",
+        json={"rate_limit": None},
+        headers=_auth(customer.key),
+    )
+    assert lifted.status_code == 403
+    assert lifted.json()["code"] == "insufficient_scope"
+    for verb in ("disable", "enable", "revoke"):
+        answer = await client.post(f"/identities/cust_42/{verb}", headers=_auth(customer.key))
+        assert answer.status_code == 403, verb
+    made = await client.post("/identities", json={"id": "cust_43"}, headers=_auth(customer.key))
+    assert made.status_code == 403
+    identity = await memory_manager.get_identity("cust_42")
+    assert (identity.rate_limit, identity.state) == ("1000/minute", "active")
+    # A key whose scopes name apikeys:admin does (an operator's grant).
+    admin = await memory_manager.create(
+        name="ops", workspace="acme", scopes=["apikeys:read", "apikeys:admin"]
+    )
+    changed = await client.patch(
+        "/identities/cust_42", json={"credits": 10}, headers=_auth(admin.key)
+    )
+    assert changed.status_code == 200, changed.text
+
+
+async def test_a_test_key_makes_test_keys_and_never_sees_live_ones(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    live = await memory_manager.create(name="live", workspace="acme", scopes=["x:read"])
+    tester = await memory_manager.create(
+        name="sandbox", workspace="acme", environment="test", scopes=WRITER
+    )
+    auth = _auth(tester.key)
+    made = await client.post("/keys", json={"name": "made", "scopes": ["x:read"]}, headers=auth)
+    assert made.status_code == 201, made.text
+    assert made.json()["environment"] == "test"
+    assert made.json()["key"].startswith("ak_test_")
+    chosen = await client.post("/keys", json={"name": "live", "environment": "live"}, headers=auth)
+    assert chosen.status_code == 400  # not a field a caller sends: its key's is taken
+    unknown = await client.get("/keys/AAAAAAAAAAAA", headers=auth)
+    for answer in (
+        await client.get(f"/keys/{live.record.id}", headers=auth),
+        await client.patch(f"/keys/{live.record.id}", json={"name": "x"}, headers=auth),
+        await client.post(f"/keys/{live.record.id}/revoke", headers=auth),
+        await client.post(f"/keys/{live.record.id}/roll", headers=auth),
+    ):
+        assert (answer.status_code, answer.json()) == (unknown.status_code, unknown.json())
+    listed = await client.get("/keys", headers=auth)
+    assert {item["environment"] for item in listed.json()["items"]} == {"test"}
+    other = await client.get("/keys?environment=live", headers=auth)
+    assert other.status_code == 200
+    assert other.json()["items"] == []
+    assert (await memory_manager.get(live.record.id)).status == "active"
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"])
+async def test_a_time_at_the_edges_of_the_calendar_is_a_clear_400(
+    client: httpx.AsyncClient, memory_manager: KeyManager, when: str
+) -> None:
+    caller = await memory_manager.create(name="mgmt", workspace="acme", full_access=True)
+    made = await client.post(
+        "/keys", json={"name": "x", "access": "full", "expires_at": when}, headers=_auth(caller.key)
+    )
+    assert made.status_code == 400, made.text
+    edited = await client.patch(
+        f"/keys/{caller.record.id}", json={"expires_at": when}, headers=_auth(caller.key)
+    )
+    assert edited.status_code == 400, edited.text
