@@ -346,7 +346,7 @@ async def steps(rounds: int, per_round: int) -> dict[str, float]:
         "verification whole (manager.verify_now)": (
             manager,
             "verify_now",
-            lambda token, count=True: record,
+            lambda token, count=True, identity=True: record,
         ),
     }
 

@@ -276,6 +276,28 @@ def test_a_limiter_watched_for_thresholds_calls_nothing_more_per_request(tmp_pat
     assert watched["instructions"] > plain["instructions"]
 
 
+def _added_instructions(tmp_path: Path, *flags: str) -> float:
+    out = tmp_path / "count.json"
+    result = _run(["benchmarks/handwritten.py", "--count", *flags, "--json", str(out)])
+    assert result.returncode == 0, result.stderr
+    added: float = json.loads(out.read_text())["added"]["apikeys"]["instructions"]
+    return added
+
+
+def test_a_key_of_an_identity_costs_at_most_1_3_times_a_key_with_the_same_limits(
+    tmp_path: Path,
+) -> None:
+    # Counts, not times: what the interpreter executes does not depend on the machine.
+    alone = _added_instructions(tmp_path)
+    two_limits = _added_instructions(
+        tmp_path, "--rate-limit", "a=1000000000/second, b=1000000000/day"
+    )
+    of_identity = _added_instructions(tmp_path, "--identity", "")
+    of_limited_identity = _added_instructions(tmp_path, "--identity")
+    assert of_identity <= 1.3 * alone  # the identity's lookup and checks
+    assert of_limited_identity <= 1.3 * two_limits  # and its limit, charged with the key's
+
+
 @pytest.mark.sqlite
 @pytest.mark.slow
 def test_the_aims_of_issue_24_are_evaluated() -> None:

@@ -112,9 +112,9 @@ async def test_a_key_with_credits_needs_its_spend_loaded_and_is_counted_once(
     verified = []
     verify_now = memory_manager.verify_now
 
-    def counting(token: str, *, count: bool = True) -> Any:
+    def counting(token: str, **options: Any) -> Any:
         verified.append(token)
-        return verify_now(token, count=count)
+        return verify_now(token, **options)
 
     memory_manager.verify_now = counting  # type: ignore[method-assign]
     for left in (8, 7):
@@ -374,3 +374,28 @@ def test_with_redis_limiters_two_processes_gates_admit_exactly_the_limit(
             await delete_redis_keys(services.REDIS_URL, f"*{prefix}*")
 
     asyncio.run(scenario())
+
+
+async def test_a_key_of_an_identity_is_checked_once_by_the_gate_and_its_refusal_is_uncounted(
+    memory_manager: KeyManager,
+) -> None:
+    await memory_manager.create_identity("cust", workspace="default", rate_limit="5/minute")
+    created = await memory_manager.create(name="k", scopes=["contacts:read"], identity="cust")
+    gate = _gate(memory_manager)
+    headers = gate.decide(_scope(created.key), PATH)
+    assert type(headers) is list  # held in process: answered by the first call
+    assert any(b'"identity.default";r=4' in value for _, value in headers)
+    assert _admitted(memory_manager, created.record.id) == 1
+    await memory_manager.disable_identity("cust")
+    fast_gate, general_gate = _gate(memory_manager), _gate(memory_manager)
+    with pytest.raises(AuthenticationError) as fast:
+        fast_gate.decide(_scope(created.key), PATH)
+    with pytest.raises(AuthenticationError) as general:
+        await general_gate.admit(_scope(created.key), PATH)
+    with pytest.raises(AuthenticationError) as verified:
+        await memory_manager.verify(created.key, record_usage=False)
+    assert fast.value.code == general.value.code == verified.value.code == "key_disabled"
+    # Refused as `verify` refuses it: the request is not the key's to count.
+    assert _admitted(memory_manager, created.record.id) == 1
+    daily = memory_manager.usage_buffer.pending_daily(created.record.id)
+    assert sum(daily.values()) == 1

@@ -174,6 +174,14 @@ class _Prepared(NamedTuple):
     identity: IdentityRecord | None  # the version of the key's identity it was made with
 
 
+class _Uncounted(Exception):
+    """Raised inside the core for a refusal that is not the verified key's own (its
+    identity's): refused as `verify` refuses it, the request not counted."""
+
+    def __init__(self, refusal: AuthenticationError) -> None:
+        self.refusal = refusal
+
+
 class _Awaiting(Exception):
     """Raised inside the core by a helper that finds something must be loaded first: the
     core answers its `admission`."""
@@ -446,7 +454,8 @@ class Gate:
             if admission is None:
                 token = self.reader.read(scope["headers"])
                 # Format, checksum, hash, state and expiry; counted once the core answers.
-                record = manager.verify_now(token, count=False)
+                # The key's identity (if any) is checked below, where it is charged.
+                record = manager.verify_now(token, count=False, identity=False)
                 if record is None:
                     return Admission(_KEY, token)  # the store must be read
                 loaded = 0
@@ -519,6 +528,8 @@ class Gate:
             return Admission(_LEGACY, exc.token)
         if type(exc) is _Awaiting:
             return exc.admission
+        if type(exc) is _Uncounted:
+            raise self._refusal(None, exc.refusal, None) from None
         raise self._refusal(record, exc, rate_headers) from None
 
     def _refusal(
@@ -537,24 +548,6 @@ class Gate:
         else:
             logger.exception("apikeys: unexpected error while authenticating; answering 503")
         return AuthUnavailable()
-
-    def _identified(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
-        """What the core needs of `record`, a key of an identity, and of the version of its
-        identity the request is charged with (the one it loaded, else the one held now);
-        raises `_Awaiting` the `Admission` needing the identity loaded when it is not held.
-        An identity that does not let its keys be used is refused (`check_identity_usable`):
-        `verify` decided the key with it, this is the version the request is charged with."""
-        identity = None
-        if admission is not None:
-            identity = admission.identity
-        if identity is None or identity.id != record.identity:
-            identity = self.manager.usable_identity_now(record.identity)  # type: ignore[arg-type]
-            if identity is None:
-                raise _Awaiting(_waiting(admission, _IDENTITY, record, None, None))
-        prepared = self._of_identities.get(record.id)
-        if prepared is None or prepared.record is not record or prepared.identity is not identity:
-            prepared = self._made(record, check_identity_usable(identity))
-        return prepared
 
     def _spending(
         self,
@@ -663,13 +656,33 @@ class Gate:
             return remember(self._routes, route, self.scopes.required(*route), 10_000)
 
     def _prepare(self, record: KeyRecord, admission: Admission | None) -> _Prepared:
-        """What the core needs of this version of the key (see `_Prepared`). A key of an
-        identity is prepared with its identity's version too, and kept apart
-        (`_identified`): the core's one lookup by key id then costs a key of no identity
-        nothing more, and sends a key of one here."""
-        if record.identity is not None:
-            return self._identified(record, admission)
-        return self._made(record, None)
+        """What the core needs of this version of the key (see `_Prepared`).
+
+        A key of an identity is prepared with the version of its identity the request is
+        charged with (the one loaded, else the one held now), and kept apart: the core's
+        one lookup by key id then costs a key of no identity nothing more, and sends a key
+        of one here, where its identity is checked (`usable_identity_now`; the core asked
+        `verify_now` to leave it). Raises `_Awaiting` the `Admission` needing the identity
+        loaded when it is not held, and `_Uncounted` an identity's refusal (the request is
+        not its key's: `verify` refuses it uncounted too)."""
+        if record.identity is None:
+            return self._made(record, None)
+        identity = None if admission is None else admission.identity
+        if identity is None or identity.id != record.identity:
+            try:
+                identity = self.manager.usable_identity_now(record.identity)
+            except AuthenticationError as exc:
+                raise _Uncounted(exc) from None
+            if identity is None:
+                raise _Awaiting(_waiting(admission, _IDENTITY, record, None, None))
+        prepared = self._of_identities.get(record.id)
+        if prepared is None or prepared.record is not record or prepared.identity is not identity:
+            try:
+                usable = check_identity_usable(identity)
+            except AuthenticationError as exc:
+                raise _Uncounted(exc) from None
+            prepared = self._made(record, usable)
+        return prepared
 
     def _made(self, record: KeyRecord, identity: IdentityRecord | None) -> _Prepared:
         """`_Prepared` of this version of the key and of its `identity`'s (None: none),

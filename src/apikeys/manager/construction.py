@@ -36,7 +36,7 @@ from apikeys.keys import (
 )
 from apikeys.ratelimit import RateLimiter
 from apikeys.redaction import failure_reason, redact, safe_url
-from apikeys.stores.contract import Channel, KeyStore
+from apikeys.stores.contract import Channel, IdentityStore, KeyStore
 from apikeys.stores.registry import store_from_url
 from apikeys.telemetry import EventHook, Telemetry
 from apikeys.types import (
@@ -132,6 +132,7 @@ class ManagerBase:
     # and the prefix a token of the key has)
     _plain: dict[str, tuple[StoredKey, Callable[[str], bool] | None, str | None, str]]
     _decoy: str | None = None
+    _identity_store: IdentityStore | None = None
     _import_secret: str | None = None
     _import_checked = float("-inf")
     _pepper_checked = False
@@ -181,6 +182,9 @@ class ManagerBase:
         self.usage_buffer = UsageBuffer(self.store, usage_flush_interval)
         if self.telemetry.active:
             self.usage_buffer.on_flush_failure = self.telemetry.usage_flush_failed
+        # Where the store keeps identities (None: it keeps none), asked once: the request
+        # path reads a key's identity from it when there is no key cache.
+        self._identity_store = self.store.identities()
         self.cache: KeyCache | None = None
         # Every manager announces its changes and waits for the processes that cache keys,
         # whether or not it caches keys itself: `cache=False` only stops it serving from one.

@@ -49,6 +49,12 @@ _PREFIX_END = -ID_LENGTH - 3
 # Versions of keys whose plain check `verify_now` keeps (see `KeyManager._plain_version`).
 _PLAIN_LIMIT: Final = 10_000
 _IMPORT_RECHECK = 1.0  # seconds between asking a store without imported keys again
+# How `_decide` is asked (`now`): by `verify`, which may be told what to do first; by
+# `verify_now`, which answers None where an await is needed, checking the key's identity
+# held in process, or leaving it to its caller (`verify_now(identity=False)`).
+_LATER: Final = 0
+_NOW: Final = 1
+_NOW_IDENTITY_LEFT: Final = 2
 _LEGACY_DETAIL = (
     "Only keys imported from the old system are read under this Authorization scheme: "
     "send this key as 'Bearer <key>'."
@@ -134,7 +140,9 @@ class KeyVerification(ManagerBase):
             self.telemetry.verification(record.id, "ok", time.perf_counter() - started)
         return record
 
-    def verify_now(self, token: str, *, count: bool = True) -> KeyRecord | None:
+    def verify_now(
+        self, token: str, *, count: bool = True, identity: bool = True
+    ) -> KeyRecord | None:
         """`verify` when it need not wait: from the key cache, or an in-process store.
 
         Returns the record of the key `token` names, its request counted, when the key is
@@ -147,6 +155,9 @@ class KeyVerification(ManagerBase):
         the awaits of a cached key.
         `count=False` leaves the request uncounted: the caller counts it with
         `usage_buffer.record(record.id)` once it has decided to go on without `verify`.
+        `identity=False` leaves the key's identity to the caller, which must check it
+        (`usable_identity_now`) before it goes on: the request path, which needs the
+        identity's record anyway, so looks it up once.
         """
         if self.telemetry.active:
             return None
@@ -188,7 +199,8 @@ class KeyVerification(ManagerBase):
                 self._well_formed(unchecked)  # a malformed token is refused as such
             return None
         # With `now`, the decision is a record or None (left to `verify`).
-        return self._decide(key_id, key_prefix, secret, stored, count, unchecked, True)  # type: ignore[return-value]
+        now = _NOW if identity else _NOW_IDENTITY_LEFT
+        return self._decide(key_id, key_prefix, secret, stored, count, unchecked, now)  # type: ignore[return-value]
 
     async def _verify(self, token: str, record_usage: bool) -> KeyRecord:
         """`verify` from the store: the token split (its checksum checked), the key loaded,
@@ -236,16 +248,16 @@ class KeyVerification(ManagerBase):
         at = key_id, key_prefix, secret
         # Counted here, once the key's identity (if any) lets it be used too.
         if stored is not None:
-            decided = self._decide(*at, stored, False, None, False, imported)
+            decided = self._decide(*at, stored, False, None, _LATER, imported)
         else:
-            decided = self._decide_unusual(*at, None, False, None, False, imported)
+            decided = self._decide_unusual(*at, None, False, None, _LATER, imported)
         if decided is None:
             # An unknown id (or a key of another prefix) before the decoy hash was made.
             await self._decoy_hash()
-            decided = self._decide_unusual(*at, None, False, None, False, imported)
+            decided = self._decide_unusual(*at, None, False, None, _LATER, imported)
         if isinstance(decided, _SlowCheck):
             verified = await self.hasher.averify(secret, decided.secret_hash)
-            decided = self._decide_unusual(*at, stored, False, None, False, imported, verified)
+            decided = self._decide_unusual(*at, stored, False, None, _LATER, imported, verified)
         if isinstance(decided, _Rehash):
             record = decided.record
             if record.identity is not None:
@@ -272,7 +284,7 @@ class KeyVerification(ManagerBase):
         stored: StoredKey,
         count: bool,
         unchecked: str | None,
-        now: bool,
+        now: int,
         imported: bool = False,
     ) -> KeyRecord | _SlowCheck | _Rehash | None:
         """Whether `secret` opens `stored`, the key of `key_id`, and the key may be used:
@@ -281,8 +293,9 @@ class KeyVerification(ManagerBase):
 
         `unchecked` is the whole token when it was split by position only: its format and
         checksum are checked before any answer but a match with a checksum seen before.
-        `now`: for `verify_now`, which answers None where an await is needed. Otherwise
-        the answer may be what must be done first (`_SlowCheck`, `_Rehash`).
+        `now` (`_NOW`, `_NOW_IDENTITY_LEFT`): for `verify_now`, which answers None where an
+        await is needed. Otherwise (`_LATER`) the answer may be what must be done first
+        (`_SlowCheck`, `_Rehash`).
 
         What this version of the key allows is worked out at its first request (see
         `_plain`): then a request costs its hash and its expiry, nothing else.
@@ -312,7 +325,7 @@ class KeyVerification(ManagerBase):
         record = stored.record
         if record.expires_at is not None and record.expires_at <= utcnow():
             raise KeyExpired()
-        if record.identity is not None and now:
+        if record.identity is not None and now == _NOW:
             return self._identified_now(record, count)
         if count:
             self.usage_buffer.record(key_id)
@@ -326,7 +339,7 @@ class KeyVerification(ManagerBase):
         stored: StoredKey | None,
         count: bool,
         unchecked: str | None,
-        now: bool,
+        now: int,
         imported: bool = False,
         verified: Verification | None = None,
     ) -> KeyRecord | _SlowCheck | _Rehash | None:
@@ -360,7 +373,7 @@ class KeyVerification(ManagerBase):
         check_usable(record)
         if verified.new_hash is not None or verified.stale:
             return None if now else _Rehash(record, secret_hash, verified.new_hash)
-        if record.identity is not None and now:
+        if record.identity is not None and now == _NOW:
             return self._identified_now(record, count)
         if count:
             self.usage_buffer.record(key_id)
@@ -390,7 +403,7 @@ class KeyVerification(ManagerBase):
                     return None
                 return check_identity_usable(None)
         else:
-            identities = self.store.identities()
+            identities = self._identity_store
             found = False if identities is None else identities.get_now(identity_id)
             if found is False:
                 return None

@@ -55,18 +55,22 @@ class OnePolicy(NamedTuple):
 
 
 class PolicySet(NamedTuple):
-    """How the headers show a key's several policies: their names and RateLimit-Policy."""
+    """How the headers show a key's several policies: their names, RateLimit-Policy, and
+    the RateLimit value with a `%d` for each policy's remaining and reset, in turn."""
 
     names: tuple[str, ...]
     policy_header: tuple[bytes, bytes]
+    template: bytes  # b'"burst";r=%d;t=%d, "daily";r=%d;t=%d'
 
 
 @functools.lru_cache(maxsize=256)
 def _policy_set(policies: tuple[tuple[str, int, int], ...]) -> PolicySet:
     items = (f'"{name}";q={limit};w={window}' for name, limit, window in policies)
+    values = (f'"{name.replace("%", "%%")}";r=%d;t=%d' for name, _, _ in policies)
     return PolicySet(
         tuple(name for name, _, _ in policies),
         (b"ratelimit-policy", ", ".join(items).encode()),
+        ", ".join(values).encode(),
     )
 
 
@@ -77,14 +81,11 @@ def single_headers(decision: RateDecision, policy_name: str) -> Headers:
 
 
 def policies_headers(charged: Charge, shown: PolicySet) -> Headers:
-    pairs = iter(charged)  # (remaining, reset_after) for each policy in turn
-    value = ", ".join(
-        [
-            f'"{name}";r={remaining if remaining >= 0 else ~remaining};t={reset_after}'
-            for name, remaining, reset_after in zip(shown.names, pairs, pairs, strict=True)
-        ]
-    )
-    return [shown.policy_header, (b"ratelimit", value.encode())]
+    """The headers of a charge of several policies: `charged` (each policy's remaining and
+    reset in turn, a refused policy's remaining written `~left`) shown as `shown` says."""
+    if min(charged) < 0:  # a policy refused: its remaining is `~left` (resets are >= 1)
+        charged = tuple([value if value >= 0 else ~value for value in charged])
+    return [shown.policy_header, (b"ratelimit", shown.template % charged)]
 
 
 def rate_limit_headers(
