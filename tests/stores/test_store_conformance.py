@@ -894,6 +894,9 @@ class TestOneTimeValuesInPlace:
     """`peek_once`, `put_once_if_absent`, `replace_once`: a value read without being taken,
     put only where none lives, replaced only where it is the one expected; each one step."""
 
+    def test_every_store_compares_one_time_values(self, store: KeyStore) -> None:
+        assert store.compares_one_time_values()
+
     async def test_a_peek_leaves_the_value_where_it_is(self, store: KeyStore) -> None:
         token = uuid.uuid4().hex
         assert await store.peek_once(token) is None

@@ -203,6 +203,13 @@ class KeyStore(abc.ABC):
         cls = type(self)
         return cls.put_once is not KeyStore.put_once and cls.take_once is not KeyStore.take_once
 
+    def compares_one_time_values(self) -> bool:
+        """Whether this store implements `peek_once`, `put_once_if_absent` and
+        `replace_once` too, as the management API's `Idempotency-Key` needs."""
+        cls, names = type(self), ("peek_once", "put_once_if_absent", "replace_once")
+        own = all(getattr(cls, name) is not getattr(KeyStore, name) for name in names)
+        return own and self.keeps_one_time_values()
+
     @abc.abstractmethod
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         """Add a new key, its record as given. Raise `DuplicateKeyId` if the id exists.
