@@ -873,6 +873,105 @@ class TestOneTimeValues:
     def test_every_store_keeps_one_time_values(self, store: KeyStore) -> None:
         assert store.keeps_one_time_values()
 
+    async def test_a_value_put_again_replaces_the_first(self, store: KeyStore) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "first", timedelta(minutes=5))
+        await store.put_once(token, "second", timedelta(minutes=5))
+        assert await store.take_once(token) == "second"
+        assert await store.take_once(token) is None
+
+
+async def expired(store: KeyStore, token: str) -> None:
+    """Return once the value under `token` has expired (within 10 s)."""
+    for _ in range(1000):
+        if await store.peek_once(token) is None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the value outlived its ttl")
+
+
+class TestOneTimeValuesInPlace:
+    """`peek_once`, `put_once_if_absent`, `replace_once`: a value read without being taken,
+    put only where none lives, replaced only where it is the one expected; each one step."""
+
+    def test_every_store_compares_one_time_values(self, store: KeyStore) -> None:
+        assert store.compares_one_time_values()
+
+    async def test_a_peek_leaves_the_value_where_it_is(self, store: KeyStore) -> None:
+        token = uuid.uuid4().hex
+        assert await store.peek_once(token) is None
+        await store.put_once(token, "kept", timedelta(minutes=5))
+        assert await store.peek_once(token) == "kept"
+        assert await store.peek_once(token) == "kept"
+        assert await store.take_once(token) == "kept"
+        assert await store.peek_once(token) is None
+
+    async def test_a_value_is_put_if_absent_only_where_none_lives(self, store: KeyStore) -> None:
+        token = uuid.uuid4().hex
+        assert await store.put_once_if_absent(token, "first", timedelta(minutes=5))
+        assert not await store.put_once_if_absent(token, "second", timedelta(minutes=5))
+        assert await store.peek_once(token) == "first"
+        assert await store.take_once(token) == "first"
+        assert await store.put_once_if_absent(token, "third", timedelta(minutes=5))
+        assert await store.take_once(token) == "third"
+
+    async def test_if_many_put_one_token_if_absent_at_once_then_exactly_one_wins(
+        self, store: KeyStore
+    ) -> None:
+        token = uuid.uuid4().hex
+        won = await asyncio.gather(
+            *(store.put_once_if_absent(token, f"v{n}", timedelta(minutes=5)) for n in range(20))
+        )
+        assert won.count(True) == 1
+        assert await store.take_once(token) == f"v{won.index(True)}"
+
+    async def test_an_expired_value_blocks_no_new_one_and_is_never_replaced(
+        self, store: KeyStore
+    ) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "old", timedelta(milliseconds=20))
+        await expired(store, token)
+        assert not await store.replace_once(token, "old", "new", timedelta(minutes=5))
+        assert not await store.replace_once(token, "old", None, timedelta(minutes=5))
+        assert await store.put_once_if_absent(token, "new", timedelta(minutes=5))
+        assert await store.peek_once(token) == "new"
+        assert await store.take_once(token) == "new"
+
+    async def test_a_value_is_replaced_or_removed_only_where_it_is_the_one_expected(
+        self, store: KeyStore
+    ) -> None:
+        token = uuid.uuid4().hex
+        assert not await store.replace_once(token, "a", "b", timedelta(minutes=5))
+        assert await store.peek_once(token) is None  # nothing was put
+        await store.put_once(token, "a", timedelta(minutes=5))
+        assert not await store.replace_once(token, "other", "b", timedelta(minutes=5))
+        assert not await store.replace_once(token, "other", None, timedelta(minutes=5))
+        assert await store.peek_once(token) == "a"
+        assert await store.replace_once(token, "a", "b", timedelta(minutes=5))
+        assert not await store.replace_once(token, "a", "c", timedelta(minutes=5))
+        assert await store.peek_once(token) == "b"
+        assert await store.replace_once(token, "b", None, timedelta(minutes=5))
+        assert await store.peek_once(token) is None
+        assert not await store.replace_once(token, "b", None, timedelta(minutes=5))
+
+    async def test_a_replacing_value_lives_for_its_own_ttl(self, store: KeyStore) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "a", timedelta(minutes=5))
+        assert await store.replace_once(token, "a", "b", timedelta(milliseconds=20))
+        await expired(store, token)
+        assert await store.take_once(token) is None
+
+    async def test_if_many_replace_one_value_at_once_then_exactly_one_does(
+        self, store: KeyStore
+    ) -> None:
+        token = uuid.uuid4().hex
+        await store.put_once(token, "a", timedelta(minutes=5))
+        replaced = await asyncio.gather(
+            *(store.replace_once(token, "a", f"v{n}", timedelta(minutes=5)) for n in range(20))
+        )
+        assert replaced.count(True) == 1
+        assert await store.take_once(token) == f"v{replaced.index(True)}"
+
 
 class TestRolledPairSharesOneBalance:
     """CONTRACT §3: a rolled pair in its grace period spends one balance, never a copy."""

@@ -15,8 +15,14 @@ under a name drawn from the caller's key id and the `Idempotency-Key`:
   could not open the sealed answer anyway.
 
 Only successful answers are kept: a refused request may be retried as it is.
-Two retries racing at the very same moment can both find nothing, and both run: the guard
-is for a client's retries, which follow one another.
+
+One request per caller and `Idempotency-Key` runs, however many arrive at once, in any
+process: the first marks the name as running in one atomic step
+(`KeyStore.put_once_if_absent`), and every other finds the mark (409) or the answer. The
+answer replaces that very mark (`KeyStore.replace_once`), and a failed request removes only
+its own mark; a read (`KeyStore.peek_once`) never takes a value away, even for a moment. A
+mark lasts a minute: a request that runs longer (or whose process died) no longer
+holds the name, and its answer is kept only if no other request has taken the name since.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ _PENDING: Final = "pending"
 # How long a running request's mark lasts: a process that dies mid-request blocks the
 # retries of its Idempotency-Key this long, not for the whole IDEMPOTENCY_TTL.
 _PENDING_TTL: Final = timedelta(minutes=1)
+_RUNNING: Final = "A request with this Idempotency-Key is still running; retry later."
+# How often `begin` tries to take a name whose value vanishes each time it looks.
+_BEGIN_ATTEMPTS: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,43 +128,50 @@ class Idempotency:
         self._fingerprint = hashlib.sha256(request).hexdigest()
         self._store = store
         self._ttl = ttl
+        self._pending_ttl = min(ttl, _PENDING_TTL)
+        # This request's own mark: a request whose mark expired cannot touch another's.
+        self._mark = f"{_PENDING}.{self._fingerprint}.{_b64(secrets.token_bytes(12))}"
 
     async def begin(self) -> Kept | None:
         """The first answer to give again (`IdempotencyKeyReused` for another request,
-        `Conflict` while the first runs); None: this is the first, run it, then `keep`."""
-        found = await self._store.take_once(self._slot)
-        if found is None:
-            mark = f"{_PENDING}.{self._fingerprint}"
-            await self._store.put_once(self._slot, mark, min(self._ttl, _PENDING_TTL))
-            return None
-        kind, _, rest = found.partition(".")
-        # Put back at once: the answer stays for the next retry.
-        ttl = min(self._ttl, _PENDING_TTL) if kind == _PENDING else self._ttl
-        await self._store.put_once(self._slot, found, ttl)
-        fingerprint, _, sealed = rest.partition(".")
-        if not hmac.compare_digest(fingerprint, self._fingerprint):
-            raise IdempotencyKeyReused()
-        if kind == _PENDING:
-            raise Conflict("A request with this Idempotency-Key is still running; retry later.")
-        kept = self._open(kind, sealed)
-        if kept is None:
-            raise IdempotencyKeyReused()
-        return kept
+        `Conflict` while the first runs); None: this is the first, run it, then `keep`
+        (or `abandon`)."""
+        for _ in range(_BEGIN_ATTEMPTS):
+            if await self._store.put_once_if_absent(self._slot, self._mark, self._pending_ttl):
+                return None
+            found = await self._store.peek_once(self._slot)
+            if found is not None:
+                return self._answer(found)
+            # The value went (a failed request's mark removed, or expired) between the two
+            # calls: the name is free again, try to take it.
+        raise Conflict(_RUNNING)
 
     async def keep(self, status: int, body: bytes) -> None:
-        """Keep the answer for the retries."""
+        """Keep the answer for the retries, in place of this request's mark (kept only if
+        the mark is still there: see the module doc)."""
         nonce = secrets.token_bytes(_NONCE_BYTES)
         stream = _stream(self._key, nonce, len(body))
         sealed = nonce + bytes(a ^ b for a, b in zip(body, stream, strict=True))
         tag = self._tag(status, sealed)
         value = f"{status}.{self._fingerprint}.{_b64(sealed)}.{_b64(tag)}"
-        # One value per name: the running request's mark goes first.
-        await self._store.take_once(self._slot)
-        await self._store.put_once(self._slot, value, self._ttl)
+        await self._store.replace_once(self._slot, self._mark, value, self._ttl)
 
     async def abandon(self) -> None:
         """Forget the running request: it failed, and may be retried."""
-        await self._store.take_once(self._slot)
+        await self._store.replace_once(self._slot, self._mark, None, self._pending_ttl)
+
+    def _answer(self, found: str) -> Kept:
+        """What a request finds kept under its name: another's mark or answer."""
+        kind, _, rest = found.partition(".")
+        fingerprint, _, sealed = rest.partition(".")
+        if not hmac.compare_digest(fingerprint, self._fingerprint):
+            raise IdempotencyKeyReused()
+        if kind == _PENDING:
+            raise Conflict(_RUNNING)
+        kept = self._open(kind, sealed)
+        if kept is None:
+            raise IdempotencyKeyReused()
+        return kept
 
     def _tag(self, status: int, sealed: bytes) -> bytes:
         message = b"\0".join((str(status).encode(), self._fingerprint.encode(), sealed))

@@ -153,10 +153,12 @@ class KeyStore(abc.ABC):
 
         A small shared place for short-lived single-use values that every process of the
         store can reach, such as the settings page's sealed new keys (`apikeys.ui`), which
-        must be shown once in whichever process serves the page. `token` is a fresh random
-        string of at most 64 ASCII characters, never reused; `value` is ASCII text of at most
-        a few kilobytes. A store keeps values no longer than needed: an expired value may be
-        dropped at any time, and is never returned.
+        must be shown once in whichever process serves the page, and the management API's
+        `Idempotency-Key` answers. `token` is at most 64 ASCII characters: a fresh random
+        string, or a name drawn from what a value is for; a value put again under a token
+        replaces the one kept there. `value` is ASCII text of at most a few kilobytes. A
+        store keeps values no longer than needed: an expired value may be dropped at any
+        time, and is never returned.
 
         The default raises `NotImplementedError`: a store of your own works unchanged
         unless something asks it for one-time values.
@@ -172,10 +174,41 @@ class KeyStore(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
 
+    async def peek_once(self, token: str) -> str | None:
+        """The value kept under `token`, left there; None if there is none (never put,
+        taken, or its `ttl` has passed). It is a value some put or replace kept whole."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
+
+    async def put_once_if_absent(self, token: str, value: str, ttl: timedelta) -> bool:
+        """Keep `value` under `token` for `ttl` (positive) if no value is kept there (an
+        expired one counts as none), in one atomic step; whether it was kept.
+
+        One winner, everywhere: of any number of concurrent calls with one token, in any
+        process sharing the store, at most one returns True (exactly one if no value lived
+        there); the others return False and change nothing. The management API marks a
+        request with an `Idempotency-Key` as running this way, so that only one runs.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
+
+    async def replace_once(self, token: str, old: str, new: str | None, ttl: timedelta) -> bool:
+        """Replace the value under `token` by `new`, kept for `ttl` (positive; with `new`
+        None, remove it), if it is `old` and has not expired, in one atomic step (compare
+        and set); whether it was replaced. Of concurrent calls that find `old`, at most one
+        replaces it; a value put since is never replaced nor removed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no one-time values")
+
     def keeps_one_time_values(self) -> bool:
         """Whether this store implements `put_once` and `take_once`."""
         cls = type(self)
         return cls.put_once is not KeyStore.put_once and cls.take_once is not KeyStore.take_once
+
+    def compares_one_time_values(self) -> bool:
+        """Whether this store implements `peek_once`, `put_once_if_absent` and
+        `replace_once` too, as the management API's `Idempotency-Key` needs."""
+        cls, names = type(self), ("peek_once", "put_once_if_absent", "replace_once")
+        own = all(getattr(cls, name) is not getattr(KeyStore, name) for name in names)
+        return own and self.keeps_one_time_values()
 
     @abc.abstractmethod
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:

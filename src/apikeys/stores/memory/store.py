@@ -81,6 +81,7 @@ class MemoryStore(KeyStore):
             if self._once[oldest][0] > now:
                 break
             del self._once[oldest]
+        self._once.pop(token, None)  # a value put again goes last, with its new deadline
         self._once[token] = (now + ttl.total_seconds(), value)
 
     async def take_once(self, token: str) -> str | None:
@@ -88,6 +89,28 @@ class MemoryStore(KeyStore):
         if item is None or item[0] <= time.monotonic():
             return None
         return item[1]
+
+    # peek_once and put_once never suspend: each call below is one step of the event loop.
+    async def peek_once(self, token: str) -> str | None:
+        item = self._once.get(token)
+        if item is None or item[0] <= time.monotonic():
+            return None
+        return item[1]
+
+    async def put_once_if_absent(self, token: str, value: str, ttl: timedelta) -> bool:
+        if await self.peek_once(token) is not None:
+            return False
+        await self.put_once(token, value, ttl)
+        return True
+
+    async def replace_once(self, token: str, old: str, new: str | None, ttl: timedelta) -> bool:
+        if await self.peek_once(token) != old:
+            return False
+        if new is None:
+            del self._once[token]
+        else:
+            await self.put_once(token, new, ttl)
+        return True
 
     async def claim_setting(
         self, name: str, value: str, *, replacing: Collection[str] = ()

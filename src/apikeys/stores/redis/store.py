@@ -86,16 +86,10 @@ from apikeys.stores.redis.codec import (
     pairs,
     script,
 )
+from apikeys.stores.redis.once import OneTimeValues
 from apikeys.stores.redis.usage import RedisUsage
 from apikeys.stores.shared import select_events
-from apikeys.types import (
-    AuditEvent,
-    DailyUsage,
-    KeyRecord,
-    StoredKey,
-    StoredState,
-    UsageDelta,
-)
+from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 from apikeys.webhooks.events import EVENT_OF_ACTION
 
 if TYPE_CHECKING:
@@ -184,7 +178,7 @@ class RedisStore(KeyStore):
         self._replace_hash = client.register_script(script("replace_hash"))
         self._update = client.register_script(script("update"))
         self._claim_setting = client.register_script(script("claim_setting"))
-        self._take_once = client.register_script(script("take_once"))
+        self._one_time = OneTimeValues(self, client)
         self._get_to_cache = client.register_script(script("get_to_cache"))
         self._usage = RedisUsage(self, client.register_script(script("add_usage")))
         self._identities: RedisIdentities | None = None
@@ -479,16 +473,19 @@ class RedisStore(KeyStore):
         return str(recorded)
 
     async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
-        milliseconds = int(ttl.total_seconds() * 1000)
-        if milliseconds <= 0:  # expired already: nothing to keep
-            return
-        async with self.calls():
-            await self._client.set(f"{self._prefix}once:{token}", value, px=milliseconds)
+        await self._one_time.put(token, value, ttl, only_new=False)
 
     async def take_once(self, token: str) -> str | None:
-        async with self.calls():
-            value = await self._take_once(keys=[f"{self._prefix}once:{token}"])
-        return None if value is None else str(value)
+        return await self._one_time.take(token)
+
+    async def peek_once(self, token: str) -> str | None:
+        return await self._one_time.peek(token)
+
+    async def put_once_if_absent(self, token: str, value: str, ttl: timedelta) -> bool:
+        return await self._one_time.put(token, value, ttl, only_new=True)
+
+    async def replace_once(self, token: str, old: str, new: str | None, ttl: timedelta) -> bool:
+        return await self._one_time.replace(token, old, new, ttl)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record

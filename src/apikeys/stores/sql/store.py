@@ -54,7 +54,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import sqlalchemy as sa
@@ -244,6 +244,7 @@ class SQLStore(KeyStore):
         self._table, self._batches, self._changes, self._log, self._readers = self._tables[:5]
         self._audit, self._daily, self._settings, self._once = self._tables[5:9]
         self._identities_table = self._tables[11]
+        self._one_time = sql_once.OneTimeValues(self._run, self._once)
         table, batches = self._table, self._batches
         self._columns = tuple(table.c[name] for name in FIELDS)
         dialect = self._engine.dialect
@@ -588,16 +589,19 @@ class SQLStore(KeyStore):
             return None  # migrations that predate the settings table: no check, as before
 
     async def put_once(self, token: str, value: str, ttl: timedelta) -> None:
-        now = datetime.now(UTC)
-        await self._run(
-            lambda conn: sql_once.put_once(
-                conn, self._once, token, value, now=now, expires_at=now + ttl
-            )
-        )
+        await self._one_time.put(token, value, ttl, only_new=False)
 
     async def take_once(self, token: str) -> str | None:
-        now = datetime.now(UTC)
-        return await self._run(lambda conn: sql_once.take_once(conn, self._once, token, now=now))
+        return await self._one_time.take(token)
+
+    async def peek_once(self, token: str) -> str | None:
+        return await self._one_time.peek(token)
+
+    async def put_once_if_absent(self, token: str, value: str, ttl: timedelta) -> bool:
+        return await self._one_time.put(token, value, ttl, only_new=True)
+
+    async def replace_once(self, token: str, old: str, new: str | None, ttl: timedelta) -> bool:
+        return await self._one_time.replace(token, old, new, ttl)
 
     async def insert(self, stored: StoredKey, *, event: AuditEvent | None = None) -> None:
         record = stored.record
