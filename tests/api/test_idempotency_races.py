@@ -19,7 +19,7 @@ from starlette.routing import Mount
 from apikeys import KeyManager, MemoryStore
 from apikeys.api import ManagementAPI
 from apikeys.api.idempotency import Idempotency
-from apikeys.errors import Conflict
+from apikeys.errors import ConfigurationError, Conflict
 from apikeys.stores import KeyStore
 from tests.conftest import STORES
 
@@ -157,3 +157,6 @@ def test_a_store_without_the_atomic_primitives_says_so() -> None:
     assert OwnStore().keeps_one_time_values()
     assert not OwnStore().compares_one_time_values()
     assert MemoryStore().compares_one_time_values()
+    # The management API refuses it when made, naming what it lacks (not a 500 per POST).
+    with pytest.raises(ConfigurationError, match="replace_once"):
+        ManagementAPI(KeyManager(OwnStore()))

@@ -89,10 +89,12 @@ class ManagementAPI:
         trusted_proxies: int = 0,
         title: str = "API keys",
     ) -> None:
-        if not manager.store.keeps_one_time_values():
+        store = manager.store
+        if not (store.keeps_one_time_values() and store.compares_one_time_values()):
             raise ConfigurationError(
                 "the management API keeps Idempotency-Key answers in the key store: "
-                f"{type(manager.store).__name__} does not keep one-time values (put_once)"
+                f"{type(store).__name__} does not keep one-time values atomically (put_once, "
+                "take_once, peek_once, put_once_if_absent and replace_once)"
             )
         self.manager = manager
         self._reader = KeyReader(header)
