@@ -137,8 +137,12 @@ class KeyEndpoints:
 
     def check(self, caller: Caller, body: Mapping[str, Any], current: KeyRecord | None) -> None:
         """`ForbiddenField` unless the caller may ask for `body` (the page's rule)."""
+        asked = dict(body)
+        if current is not None and asked.get("access") == "restricted" and "scopes" not in asked:
+            # Restricted to the scopes it has: as if they were asked for, within the caller's.
+            asked["scopes"] = current.scopes
         check_change(
-            body,
+            asked,
             role=Role.WORKSPACE,
             current=current,
             scope_ceiling=caller.scope_ceiling,
