@@ -556,3 +556,31 @@ async def test_if_an_identity_row_or_hash_is_disabled_by_hand_then_caching_reade
     finally:
         await reader.aclose()
         await writer.aclose()
+
+
+async def test_the_helpers_for_code_of_its_own_charge_a_key_with_its_identity() -> None:
+    from apikeys.errors import ConfigurationError, CreditsExhausted
+    from apikeys.gate import check_rate_limits, spend_credit
+
+    async with _manager(MemoryStore()) as manager:
+        await manager.create_identity("cust", workspace="default", rate_limit="2/minute", credits=3)
+        created = await manager.create(name="k", scopes=["a:b"], identity="cust")
+        record = await manager.verify(created.key)
+        limiter = manager.limiter
+        # Without its identity's record, the key would be charged alone: refused plainly.
+        with pytest.raises(ConfigurationError, match="identity"):
+            await check_rate_limits(limiter, record)
+        identity = await manager.usable_identity("cust")
+        headers, refusal = await check_rate_limits(limiter, record, identity=identity)
+        assert refusal is None
+        assert any(b'"identity.default";r=1' in value for _, value in headers)
+        headers = await spend_credit(manager, limiter, record, headers)  # reads the identity
+        assert any(b'"identity.credits";r=2' in value for _, value in headers)
+        _, refusal = await check_rate_limits(limiter, record, identity=identity)
+        _, refused = await check_rate_limits(limiter, record, identity=identity)
+        assert refusal is None
+        assert refused is not None
+        assert tuple(refused.violated_policies) == ("identity.default",)
+        await manager.update_identity("cust", credits=0)
+        with pytest.raises(CreditsExhausted):
+            await spend_credit(manager, limiter, record, [])

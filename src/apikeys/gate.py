@@ -42,11 +42,11 @@ from apikeys.errors import (
     AuthenticationError,
     AuthUnavailable,
     ConfigurationError,
+    CreditsExhausted,
     InsufficientScope,
     IPNotAllowed,
     RateLimited,
 )
-from apikeys.lifecycle import check_identity_usable
 from apikeys.manager import KeyManager
 from apikeys.manager.credits import spends_identity
 from apikeys.policies import parse_refill
@@ -193,7 +193,7 @@ class _Awaiting(Exception):
 class Admission:
     """A request's admission between two calls of `Gate.decide`: what the core needs
     loaded next (`need`), and what has been loaded so far (the verified `record`, the
-    limiter's `charged` answer, the credits `left`, a `failure` to refuse with).
+    limiter's `charged` answer, the credits `spent`, a `failure` to refuse with).
 
     Made only when the core cannot answer at once; `Gate.complete` loads and asks again.
     """
@@ -205,7 +205,6 @@ class Admission:
         "failure",
         "headers",
         "identity",
-        "left",
         "need",
         "record",
         "spent",
@@ -220,7 +219,6 @@ class Admission:
         self.charged: Charge = ()
         self.headers: Headers | None = None
         self.cost = 1
-        self.left: int | None = None
         self.failure: Exception | None = None
         self.identity: IdentityRecord | None = None
         self.spent: CreditSpend | None = None
@@ -235,32 +233,96 @@ def check_address(scope: Scope, record: KeyRecord, trusted_proxies: int = 0) -> 
 
 
 async def spend_credit(
-    manager: KeyManager, limiter: RateLimiter, record: KeyRecord, headers: Headers, cost: int = 1
+    manager: KeyManager,
+    limiter: RateLimiter,
+    record: KeyRecord,
+    headers: Headers,
+    cost: int = 1,
+    *,
+    identity: IdentityRecord | None = None,
 ) -> Headers:
-    """Spend `cost` of the key's credits and add them to the RateLimit `headers`; or refuse
-    with `CreditsExhausted` after giving back what the rate limits charged the request, so a
-    refused request is charged to nothing. (What `Gate.admit` does, for code of its own.)"""
-    left = await manager.spend_credits(record, cost)
-    refill = parse_refill(record.credit_refill) if record.credit_refill else None
-    if left is None:
-        await limiter.refund(record.id, record.rate_limit)
-        raise credits_exhausted(refill)
-    return credit_headers(headers, left, refill)
+    """Spend `cost` of the key's credits, and of its identity's, and add them to the
+    RateLimit `headers`; or refuse with `CreditsExhausted` after giving back what the rate
+    limits charged the request (the identity's too), so a refused request is charged to
+    nothing. A key of an identity spends its identity's credits with its own
+    (`KeyManager.spend_request_credits`); `identity` is its record, read here when not given.
+    (What `Gate.admit` does, for code of its own.)"""
+    if record.identity is not None and (identity is None or identity.id != record.identity):
+        identity = await manager.usable_identity(record.identity)
+    spent = await manager.spend_request_credits(record, identity, cost)
+    if spent.refused is not None:
+        await limiter.refund(
+            record.id,
+            record.rate_limit,
+            identity=record.identity,
+            identity_policies=None if identity is None else identity.rate_limit,
+        )
+        raise _exhausted(spent, record, identity)
+    return _spent_headers(headers, spent, record, identity)
+
+
+def _spent_headers(
+    headers: Headers, spent: CreditSpend, record: KeyRecord, identity: IdentityRecord | None
+) -> Headers:
+    """`headers` with the credits left: the key's, then its identity's (`identity.credits`)."""
+    if spent.key_left is not None:
+        refill = parse_refill(record.credit_refill) if record.credit_refill else None
+        headers = credit_headers(headers, spent.key_left, refill)
+    if spent.identity_left is not None and identity is not None:
+        refill = parse_refill(identity.credit_refill)
+        headers = credit_headers(headers, spent.identity_left, refill, name=_ICREDITS)
+    return headers
+
+
+def _exhausted(
+    spent: CreditSpend, record: KeyRecord, identity: IdentityRecord | None
+) -> CreditsExhausted:
+    """The refusal of a spend refused: `Retry-After` the refill of the side that refused."""
+    refilled = record.credit_refill
+    if spent.refused == "identity" and identity is not None:
+        refilled = identity.credit_refill
+    return credits_exhausted(parse_refill(refilled) if refilled else None)
+
+
+def _identity_limit(record: KeyRecord, identity: IdentityRecord | None) -> str | None:
+    """The limits of `record`'s identity, which its requests are charged with too (None: the
+    key has no identity, or the identity no limits); `ConfigurationError` when the key has
+    an identity and `identity` is not its record: charging the key alone would let it past
+    its identity's limits."""
+    if record.identity is None:
+        return None
+    if identity is None or identity.id != record.identity:
+        raise ConfigurationError(
+            f"the key belongs to identity {record.identity!r}, whose limits it is charged "
+            "with too: pass identity=await manager.usable_identity(record.identity)"
+        )
+    return identity.rate_limit
 
 
 async def check_rate_limits(
-    limiter: RateLimiter, record: KeyRecord, policy_name: str = "default"
+    limiter: RateLimiter,
+    record: KeyRecord,
+    policy_name: str = "default",
+    *,
+    identity: IdentityRecord | None = None,
 ) -> tuple[Headers, RateLimited | None]:
     """Charge `record`'s request to its policies: the RateLimit headers, and the refusal.
 
     The refusal (None when admitted) is a `RateLimited` naming the violated policies, with
-    `Retry-After` the longest of their `t`. What the integrations share with the middleware.
+    `Retry-After` the longest of their `t`. A key of an identity is charged with its
+    identity's policies too, all or nothing: pass the identity's record as `identity`
+    (`await manager.usable_identity(record.identity)`, which also refuses a key whose
+    identity is off); without it such a key raises `ConfigurationError`. What the
+    integrations share with the middleware.
     """
-    plan = limiter.plan(record.id, record.rate_limit)
+    identity_limit = _identity_limit(record, identity)
+    plan = limiter.plan(
+        record.id, record.rate_limit, identity=record.identity, identity_policies=identity_limit
+    )
     charged = limiter.charge(plan)
     if not isinstance(charged, tuple):
         charged = await charged
-    shape = shape_for(limiter, record.rate_limit, policy_name)
+    shape = shape_for(limiter, record.rate_limit, policy_name, identity_limit)
     if isinstance(shape, OnePolicy):
         policy = decision(plan, charged).policies[0]
         headers = single_headers(RateDecision(*policy[1:]), shape.name)
@@ -324,23 +386,12 @@ def _credited(admission: Admission, record: KeyRecord) -> Headers | Admission:
     refused)."""
     spent = admission.spent
     assert spent is not None
-    identity = admission.identity
     if admission.need == _SPEND:
         if spent.refused is None:
-            headers = admission.headers or []
-            if spent.key_left is not None:
-                refill = parse_refill(record.credit_refill) if record.credit_refill else None
-                headers = credit_headers(headers, spent.key_left, refill)
-            if spent.identity_left is not None and identity is not None:
-                refill = parse_refill(identity.credit_refill)
-                headers = credit_headers(headers, spent.identity_left, refill, name=_ICREDITS)
-            return headers
+            return _spent_headers(admission.headers or [], spent, record, admission.identity)
         admission.need = _REFUND  # a refused request is charged to nothing
         return admission
-    refilled = record.credit_refill
-    if spent.refused == "identity" and identity is not None:
-        refilled = identity.credit_refill
-    raise credits_exhausted(parse_refill(refilled) if refilled else None)
+    raise _exhausted(spent, record, admission.identity)
 
 
 _ICREDITS = IDENTITY_POLICY_PREFIX + "credits"
@@ -677,11 +728,8 @@ class Gate:
                 raise _Awaiting(_waiting(admission, _IDENTITY, record, None, None))
         prepared = self._of_identities.get(record.id)
         if prepared is None or prepared.record is not record or prepared.identity is not identity:
-            try:
-                usable = check_identity_usable(identity)
-            except AuthenticationError as exc:
-                raise _Uncounted(exc) from None
-            prepared = self._made(record, usable)
+            # Usable: `usable_identity_now` or the shell's `usable_identity` said so.
+            prepared = self._made(record, identity)
         return prepared
 
     def _made(self, record: KeyRecord, identity: IdentityRecord | None) -> _Prepared:

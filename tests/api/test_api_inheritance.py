@@ -139,3 +139,20 @@ async def test_a_time_at_the_edges_of_the_calendar_is_a_clear_400(
         f"/keys/{caller.record.id}", json={"expires_at": when}, headers=_auth(caller.key)
     )
     assert edited.status_code == 400, edited.text
+
+
+async def test_a_test_key_reads_no_live_keys_audit_trail(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    live = await memory_manager.create(name="live", workspace="acme", scopes=["x:read"])
+    await memory_manager.disable(live.record.id)
+    tester = await memory_manager.create(
+        name="sandbox", workspace="acme", environment="test", scopes=WRITER
+    )
+    auth = _auth(tester.key)
+    theirs = await client.get(f"/audit?key_id={live.record.id}", headers=auth)
+    unknown = await client.get("/audit?key_id=AAAAAAAAAAAA", headers=auth)
+    assert theirs.status_code == unknown.status_code == 200
+    assert theirs.json() == unknown.json() == {"items": []}
+    own = await client.get(f"/audit?key_id={tester.record.id}", headers=auth)
+    assert [event["action"] for event in own.json()["items"]] == ["created"]

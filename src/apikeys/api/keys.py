@@ -247,9 +247,16 @@ class KeyEndpoints:
     async def audit(self, request: Request) -> Response:
         caller = Caller.of(request)
         key_id = text_param(request, "key_id", MAX_ID_LENGTH)
+        limit = int_param(request, "limit", 100, 1, 1000)
+        if key_id is not None:
+            try:
+                await self.own(caller, key_id)  # of its workspace and environment
+            except ResourceNotFound:
+                # Another's key shows what an unknown one shows: nothing.
+                return json_response(200, {"items": []})
         events = await self.manager.audit(
             workspace=caller.workspace,
             key_id=key_id,
-            limit=int_param(request, "limit", 100, 1, 1000),
+            limit=limit,
         )
         return json_response(200, {"items": [event.to_dict() for event in events]})
