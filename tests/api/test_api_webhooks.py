@@ -119,12 +119,18 @@ async def test_an_operator_adds_lists_shows_rolls_and_removes_an_endpoint_its_se
     (stored,) = await manager.store.webhooks().endpoints()  # type: ignore[union-attr]
     assert created["secret"] not in repr(stored)
     assert rolled.json()["secret"] not in repr(stored)
+    # Sealed with the manager's pepper, as the CLI seals it: never kept in clear.
+    assert stored.secret.startswith("sealed$")
+    assert stored.previous_secret is not None
+    assert stored.previous_secret.startswith("sealed$")
 
     removed = await client.delete(f"/webhooks/{webhook_id}", headers=headers)
     assert removed.status_code == 200
     assert removed.json()["id"] == webhook_id
     assert (await client.get(f"/webhooks/{webhook_id}", headers=headers)).status_code == 404
     assert (await client.get("/webhooks", headers=headers)).json() == {"items": []}
+    # As through the CLI, no audit event: the trail is of keys and identities.
+    assert [event.action for event in await manager.audit(workspace="ops")] == ["created"]
 
 
 @pytest.mark.usefixtures("allow_private")
