@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from standardwebhooks import Webhook
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -23,6 +25,7 @@ from apikeys.errors import ConfigurationError
 from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.targets import ALLOW_PRIVATE_ENV
+from tests.conftest import TEST_PEPPER
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
@@ -323,3 +326,39 @@ async def test_operators_are_refused_on_a_store_that_keeps_no_webhooks(hasher: H
         ManagementAPI(manager)  # without operators, the API needs no webhooks
     with pytest.raises(ConfigurationError, match="collection"):
         ManagementAPI(KeyManager(MemoryStore(), hasher=hasher), operators="ops")
+
+
+async def _answers(workspace: str, scopes: list[str] | None, method: str, path: str) -> None:
+    m = KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False)
+    async with m, client_of(ManagementAPI(m, operators=["ops"])) as client:
+        headers = await auth(m, scopes, workspace)
+        answer = await client.request(method, path, json={}, headers=headers)
+        unknown = await client.request(method, "/nothing" + path, json={}, headers=headers)
+        listed = await client.get("/webhooks", headers=headers)
+    operator = workspace == "ops" and scopes is not None and "apikeys:admin" in scopes
+    if not operator:
+        assert (answer.status_code, answer.content) == (unknown.status_code, unknown.content)
+        assert listed.status_code in (403, 404)
+    elif "apikeys:read" in scopes or "apikeys:*" in scopes:  # type: ignore[operator]
+        assert listed.status_code == 200
+    else:
+        assert listed.status_code == 403  # as on any path: a management call needs read
+
+
+@settings(max_examples=60)
+@given(
+    workspace=st.sampled_from(["ops", "acme", "ops2"]),
+    scopes=st.none()
+    | st.lists(
+        st.sampled_from(
+            ["apikeys:read", "apikeys:write", "apikeys:admin", "apikeys:*", "contacts:read"]
+        ),
+        min_size=1,
+        unique=True,
+    ),
+    request=st.sampled_from(REQUESTS),
+)
+def test_only_a_key_of_an_operator_workspace_naming_apikeys_admin_reaches_webhooks(
+    workspace: str, scopes: list[str] | None, request: tuple[str, str]
+) -> None:
+    asyncio.run(_answers(workspace, scopes, *request))
