@@ -16,6 +16,8 @@ What a walk through the pages guarantees (one filter, any page size):
 
 A cursor is the position only, base64url text: it holds a key's id (public, shown in every
 list) and a creation time, never a secret, and it is not tied to the filter it came with.
+Webhook deliveries are listed newest first, by a number their store keeps and their id
+(`DeliveryPosition`); their cursors are made and read by the same two functions.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
     "STATUSES",
+    "DeliveryPosition",
     "KeyFilter",
     "KeyPage",
     "Position",
@@ -44,6 +47,7 @@ __all__ = [
     "after",
     "check_page_size",
     "decode_cursor",
+    "decode_delivery_cursor",
     "encode_cursor",
     "position",
 ]
@@ -58,6 +62,9 @@ STATUSES: Final[tuple[Status, ...]] = get_args(Status)
 
 Position = tuple[datetime, str]
 """Where a key sorts: its `(created_at, id)`."""
+
+DeliveryPosition = tuple[int, str]
+"""Where a webhook delivery sorts, newest first: its `(order, id)` (`Delivery.order`)."""
 
 
 class Sorted(Protocol):
@@ -76,6 +83,8 @@ _VERSION: Final = "1"
 # printable ASCII id up to 64 characters is taken back.
 _CURSOR: Final = re.compile(r"1\.(-?[0-9]{1,19})\.([!-~]{1,64})")
 _BAD_CURSOR: Final = "invalid cursor: pass the next_cursor of a previous page unchanged"
+# A delivery's order is a 64-bit integer in every store (a SQL BIGINT).
+_ORDERS: Final = range(-(2**63), 2**63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,16 +165,16 @@ def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
-def encode_cursor(start: Position) -> str:
-    """The opaque cursor of the page that starts after `start`."""
-    created_at, key_id = start
-    text = f"{_VERSION}.{_micros(created_at)}.{key_id}"
+def encode_cursor(start: Position | DeliveryPosition) -> str:
+    """The opaque cursor of the page that starts after `start`: a key's or an identity's
+    position, or a webhook delivery's."""
+    first, ident = start
+    number = first if isinstance(first, int) else _micros(first)
+    text = f"{_VERSION}.{number}.{ident}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> Position:
-    """The position `cursor` names; `InvalidKeyParameters` for anything not made by
-    `encode_cursor`."""
+def _decoded(cursor: str) -> tuple[int, str]:
     if not isinstance(cursor, str) or not 0 < len(cursor) <= 200:
         raise InvalidKeyParameters(_BAD_CURSOR)
     try:
@@ -176,11 +185,27 @@ def decode_cursor(cursor: str) -> Position:
     found = _CURSOR.fullmatch(text)
     if found is None:
         raise InvalidKeyParameters(_BAD_CURSOR)
+    return int(found.group(1)), found.group(2)
+
+
+def decode_cursor(cursor: str) -> Position:
+    """The position `cursor` names; `InvalidKeyParameters` for anything not made by
+    `encode_cursor`."""
+    micros, ident = _decoded(cursor)
     try:
-        created_at = _EPOCH + timedelta(microseconds=int(found.group(1)))
+        created_at = _EPOCH + timedelta(microseconds=micros)
     except OverflowError:
         raise InvalidKeyParameters(_BAD_CURSOR) from None
-    return created_at, found.group(2)
+    return created_at, ident
+
+
+def decode_delivery_cursor(cursor: str) -> DeliveryPosition:
+    """The delivery's position `cursor` names; `InvalidKeyParameters` for anything not
+    made by `encode_cursor`."""
+    order, ident = _decoded(cursor)
+    if order not in _ORDERS:
+        raise InvalidKeyParameters(_BAD_CURSOR)
+    return order, ident
 
 
 def check_page_size(limit: object) -> int:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, NamedTuple
 
-from apikeys.listing import KeyFilter, Position, after
+from apikeys.listing import DeliveryPosition, KeyFilter, Position, after
 from apikeys.types import AuditEvent, DailyUsage, KeyRecord, StoredKey, StoredState, UsageDelta
 
 if TYPE_CHECKING:
@@ -650,9 +650,24 @@ class WebhookStore(abc.ABC):
         workspace: str | None = None,
         limit: int = 100,
     ) -> list[Delivery]:
-        """The newest deliveries (of `status`, about keys of `workspace`), newest first.
-        The work is about `limit` deliveries of that workspace, however many others there
-        are (more with `status`: those of other statuses are read past)."""
+        """The newest deliveries (of `status`, about keys of `workspace`), newest first by
+        `Delivery.order`, then id. The work is about `limit` deliveries of that workspace,
+        however many others there are (more with `status`: others are read past)."""
+
+    async def deliveries_page(
+        self,
+        start: DeliveryPosition | None,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[Delivery]:
+        """Up to `limit` deliveries, in the order of `deliveries`, after `start` (an `(order,
+        id)`; None: from the newest): a walk through the pages gets each delivery that stays
+        listed once, in order. The default lists the first page with `deliveries` and none
+        after it: a store of your own works unchanged, listed one page deep."""
+        found = await self.deliveries(status=status, workspace=workspace, limit=limit)
+        return found if start is None else []
 
     @abc.abstractmethod
     async def delivery(self, delivery_id: str) -> Delivery | None:

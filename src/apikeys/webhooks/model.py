@@ -103,7 +103,13 @@ class Delivery:
     about (neither ever changes workspace), which is whose the delivery is: an endpoint
     for every workspace is sent events about keys of each, and each of those deliveries
     is that key's workspace's.
-    None only from a store of your own that does not say."""
+    None only from a store of your own that does not say.
+
+    `order` is where the delivery sorts in its store's listing, newest first, by `order`
+    and then `id` (`WebhookStore.deliveries_page`): the change log's sequence when its
+    event was made (SQL, memory) or its event's time in microseconds (Redis); it never
+    changes. None only from a store of your own that does not say: its deliveries are
+    then listed one page deep."""
 
     id: str
     webhook_id: str
@@ -117,6 +123,7 @@ class Delivery:
     last_status: int | None
     last_error: str | None
     workspace: str | None = None
+    order: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

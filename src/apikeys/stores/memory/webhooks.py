@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from apikeys.errors import DeliveryInProgress
+from apikeys.listing import DeliveryPosition
 from apikeys.stores.contract import WebhookStore
 from apikeys.types import AuditEvent
 from apikeys.webhooks.events import EVENT_OF_ACTION, Subject, delivered_as, event_body, subject_of
@@ -140,6 +141,7 @@ class MemoryWebhooks(WebhookStore):
                 last_status=None,
                 last_error=None,
                 workspace=workspace,
+                order=order,
             ),
             order,
             body,
@@ -277,17 +279,27 @@ class MemoryWebhooks(WebhookStore):
         workspace: str | None = None,
         limit: int = 100,
     ) -> list[Delivery]:
+        return await self.deliveries_page(None, status=status, workspace=workspace, limit=limit)
+
+    async def deliveries_page(
+        self,
+        start: DeliveryPosition | None,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
         listed = sorted(
-            self._deliveries.values(),
-            key=lambda held: (held.order, held.delivery.webhook_id),
+            (
+                (held.order, held.delivery.id)
+                for held in self._deliveries.values()
+                if (status is None or held.delivery.status == status)
+                and (workspace is None or held.delivery.workspace == workspace)
+            ),
             reverse=True,
         )
-        return [
-            held.delivery
-            for held in listed
-            if (status is None or held.delivery.status == status)
-            and (workspace is None or held.delivery.workspace == workspace)
-        ][:limit]
+        chosen = [place for place in listed if start is None or place < start][:limit]
+        return [self._deliveries[delivery_id].delivery for _, delivery_id in chosen]
 
     async def delivery(self, delivery_id: str) -> Delivery | None:
         held = self._deliveries.get(delivery_id)

@@ -44,6 +44,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from apikeys.errors import DeliveryInProgress
+from apikeys.listing import DeliveryPosition
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
 from apikeys.stores.redis.identities import decode_identity
@@ -131,6 +132,7 @@ def _delivery(delivery_id: str, fields: dict[str, str]) -> Delivery:
         last_status=None if last_status is None else int(last_status),
         last_error=fields.get("last_error"),
         workspace=fields.get("workspace"),
+        order=int(fields["order"]),
     )
 
 
@@ -153,6 +155,7 @@ class RedisWebhooks(WebhookStore):
                 "finish",
                 "replay",
                 "prune",
+                "page",
                 "watch",
                 "reschedule",
             )
@@ -561,32 +564,51 @@ class RedisWebhooks(WebhookStore):
         workspace: str | None = None,
         limit: int = 100,
     ) -> list[Delivery]:
+        return await self.deliveries_page(None, status=status, workspace=workspace, limit=limit)
+
+    async def deliveries_page(
+        self,
+        start: DeliveryPosition | None,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
         if workspace is not None:
             # The workspace's index, read newest first until `limit` of `status` are found.
-            return await self._listed(f"{self._w}ws:{workspace}", status, limit)
-        index = f"{self._w}deliveries" if status is None else f"{self._w}status:{status}"
-        return await self._listed(index, None, limit)
+            return await self._listed(f"ws:{workspace}", status, limit, start)
+        index = "deliveries" if status is None else f"status:{status}"
+        return await self._listed(index, None, limit, start)
 
     async def _listed(
-        self, index: str, status: DeliveryStatus | None, limit: int
+        self,
+        index: str,
+        status: DeliveryStatus | None,
+        limit: int,
+        start: DeliveryPosition | None,
     ) -> list[Delivery]:
+        """Up to `limit` deliveries (of `status`) of the listing `index`, after `start`:
+        each chunk read after the last one read (`webhook_page.lua`), so that deliveries
+        leaving the index meanwhile (delivered, pruned) never shift the next chunk."""
         store = self._store
         listed: list[Delivery] = []
-        start, step = 0, limit if status is None else max(limit, 200)
-        async with store.calls():
-            client = store.client
-            while len(listed) < limit:
-                ids = cast("list[str]", await client.zrevrange(index, start, start + step - 1))
-                async with client.pipeline(transaction=False) as pipe:
-                    for delivery_id in ids:
-                        pipe.hgetall(f"{self._w}delivery:{delivery_id}")
-                    replies: list[dict[str, str]] = await pipe.execute()
-                for delivery_id, fields in zip(ids, replies, strict=True):
-                    if fields and (status is None or fields["status"] == status):
-                        listed.append(_delivery(delivery_id, fields))
-                if len(ids) < step:
-                    break
-                start += step
+        step = limit if status is None else max(limit, 200)
+        while len(listed) < limit:
+            after = [] if start is None else [start[0], start[1]]
+            flat = cast("list[str]", await self._script("page", index, step, *after))
+            ids = flat[::2]
+            if not ids:
+                break
+            async with store.calls(), store.client.pipeline(transaction=False) as pipe:
+                for delivery_id in ids:
+                    pipe.hgetall(f"{self._w}delivery:{delivery_id}")
+                replies: list[dict[str, str]] = await pipe.execute()
+            for delivery_id, fields in zip(ids, replies, strict=True):
+                if fields and (status is None or fields["status"] == status):
+                    listed.append(_delivery(delivery_id, fields))
+            if len(ids) < step:
+                break
+            start = (int(float(flat[-1])), ids[-1])
         return listed[:limit]
 
     async def delivery(self, delivery_id: str) -> Delivery | None:

@@ -8,8 +8,9 @@ The identities table's triggers write an identity's (`identity.*`, the record un
 becomes exactly one delivery per endpoint; the log is never pruned past the lowest mark.
 Deliveries are leased (`lease_until`, `leased_by`) with a conditional UPDATE, so no two
 processes send one at the same time.
-Each carries the workspace of its key (listed by `(workspace, seq)`); those delivered or
-failed are pruned a batch at a time by `(status, last_attempt_at)`.
+Each carries the workspace of its key (listed by `(workspace, seq)`, newest first, then
+by id); those delivered or failed are pruned a batch at a time by `(status,
+last_attempt_at)`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from apikeys.errors import DeliveryInProgress
+from apikeys.listing import DeliveryPosition
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.sql.schema import (
     audit_table,
@@ -92,6 +94,7 @@ def _delivery(row: Any) -> Delivery:
         last_status=row.last_status,
         last_error=row.last_error,
         workspace=row.workspace,
+        order=row.seq,
     )
 
 
@@ -386,8 +389,22 @@ class SQLWebhooks(WebhookStore):
         workspace: str | None = None,
         limit: int = 100,
     ) -> list[Delivery]:
+        return await self.deliveries_page(None, status=status, workspace=workspace, limit=limit)
+
+    async def deliveries_page(
+        self,
+        start: DeliveryPosition | None,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
         d = self._deliveries
-        statement = sa.select(d).order_by(d.c.seq.desc(), d.c.webhook_id).limit(limit)
+        statement = sa.select(d).order_by(d.c.seq.desc(), d.c.id.desc()).limit(limit)
+        if start is not None:
+            # `seq <=` first: the index on (workspace, seq) reads from the position on.
+            seq, delivery_id = start
+            statement = statement.where(d.c.seq <= seq, sa.or_(d.c.seq < seq, d.c.id < delivery_id))
         if status is not None:
             statement = statement.where(d.c.status == status)
         if workspace is not None:
