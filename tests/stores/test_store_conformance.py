@@ -143,6 +143,9 @@ class TestInsertAndGet:
         await inserted(store)
 
         assert await store.get(generate_id()) is None
+        # An id no column holds (PostgreSQL refuses NUL in text) names no key.
+        for text in ("a\x00b", "\x00"):
+            assert await store.get(text) is None
 
     async def test_if_id_is_taken_then_insert_raises_duplicate_and_keeps_the_original(
         self, store: KeyStore

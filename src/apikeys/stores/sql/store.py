@@ -620,6 +620,8 @@ class SQLStore(KeyStore):
         await self._run(work)
 
     async def get(self, key_id: str) -> StoredKey | None:
+        if "\x00" in key_id:  # in no row: PostgreSQL refuses NUL in text (an error, not None)
+            return None
         try:
             return await self._get(key_id)
         except MissingTable:
