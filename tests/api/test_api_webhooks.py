@@ -175,7 +175,7 @@ async def test_a_replayed_delivery_is_sent_again_by_the_deliverer_signed_with_th
     assert again.headers["webhook-id"] == delivery["id"]
     assert Webhook(secret).verify(again.body, again.headers)["type"] == "key.revoked"
     other = await client.get("/webhooks/deliveries", params={"workspace": "x"}, headers=headers)
-    assert other.json() == {"items": []}
+    assert other.json() == {"items": [], "next_cursor": None}
 
 
 async def test_a_replay_of_a_delivery_being_sent_answers_409_and_an_unknown_one_404(
@@ -234,12 +234,74 @@ async def test_bad_parameters_of_deliveries_and_rolls_answer_400(
     webhook_id = (
         await client.post("/webhooks", json={"url": "http://127.0.0.1:9/h"}, headers=headers)
     ).json()["id"]
-    for params in ({"status": "lost"}, {"limit": "0"}, {"limit": "x"}, {"workspace": ""}, {"a": 1}):
+    bad = [{"status": "lost"}, {"limit": "0"}, {"limit": "x"}, {"workspace": ""}, {"a": 1}]
+    for params in [*bad, {"workspace": "a\x00b"}, {"workspace": " "}, {"cursor": ""}]:
         answer = await client.get("/webhooks/deliveries", params=params, headers=headers)
         assert answer.status_code == 400, params
     for roll in ({"overlap_seconds": -1}, {"overlap_seconds": "1"}, {"grace_seconds": 1}, []):
         answer = await client.post(f"/webhooks/{webhook_id}/roll", json=roll, headers=headers)
         assert answer.status_code == 400, roll
+
+
+async def pages(
+    client: httpx.AsyncClient, headers: dict[str, str], **params: str | int
+) -> list[dict[str, Any]]:
+    """Every page of the deliveries, each read with the last one's `next_cursor`."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        query = params if cursor is None else {**params, "cursor": cursor}
+        answer = await client.get("/webhooks/deliveries", params=query, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["items"]) <= int(params["limit"])
+        items += answer.json()["items"]
+        cursor = answer.json()["next_cursor"]
+        if cursor is None:
+            return items
+
+
+async def test_an_operator_pages_through_the_deliveries_with_next_cursor_each_one_once(
+    client: httpx.AsyncClient, manager: KeyManager, allow_private: None
+) -> None:
+    headers = await auth(manager, OPERATOR)
+    for url in ("http://127.0.0.1:9/one", "http://127.0.0.1:9/two"):
+        await client.post("/webhooks", json={"url": url}, headers=headers)
+    for number in range(5):
+        for workspace in ("acme", "globex"):
+            await manager.create(name=f"k{number}", workspace=workspace, full_access=True)
+    await manager.store.webhooks().take(utcnow())  # type: ignore[union-attr]
+    listed = await client.get("/webhooks/deliveries", params={"limit": 1000}, headers=headers)
+    every = listed.json()
+    assert every["next_cursor"] is None
+    assert len(every["items"]) == 20  # each key's key.created, to both endpoints
+    for size in (1, 3, 20, 100):
+        assert await pages(client, headers, limit=size) == every["items"]
+    acme = [item for item in every["items"] if item["workspace"] == "acme"]
+    assert await pages(client, headers, limit=3, workspace="acme") == acme
+    assert await pages(client, headers, limit=4, status="pending", workspace="acme") == acme
+    full = await client.get("/webhooks/deliveries", params={"limit": 20}, headers=headers)
+    assert full.json()["next_cursor"] is None  # the last page says so when it is full too
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "x",
+        "!!!!",
+        "é" * 4,
+        "MS4xLg",  # "1.1." (no id)
+        "MS45MjIzMzcyMDM2ODU0Nzc1ODA4Lm1zZ18w",  # "1.9223372036854775808.msg_0": past 64 bits
+        "Mi4xLm1zZ18w",  # "2.1.msg_0": another version
+        "a" * 1001,
+    ],
+)
+async def test_a_cursor_not_made_by_the_api_answers_400_naming_it(
+    client: httpx.AsyncClient, manager: KeyManager, cursor: str
+) -> None:
+    headers = await auth(manager, OPERATOR)
+    answer = await client.get("/webhooks/deliveries", params={"cursor": cursor}, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["errors"][0]["field"] == "cursor"
 
 
 async def test_a_retried_create_with_its_idempotency_key_adds_one_endpoint(

@@ -79,6 +79,18 @@ def _list_of(name: str) -> dict[str, Any]:
     }
 
 
+def _page_of(name: str) -> dict[str, Any]:
+    """A page of `name`s and the cursor of the next page (null on the last)."""
+    return {
+        "type": "object",
+        "required": ["items", "next_cursor"],
+        "properties": {
+            "items": {"type": "array", "items": _ref(name)},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+
+
 def _components() -> dict[str, Any]:
     created = {
         "type": "object",
@@ -91,14 +103,6 @@ def _components() -> dict[str, Any]:
         },
     }
     items = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}
-    page = {
-        "type": "object",
-        "required": ["items", "next_cursor"],
-        "properties": {
-            "items": {"type": "array", "items": _ref("Key")},
-            "next_cursor": {"type": ["string", "null"]},
-        },
-    }
     created_webhook = {
         "type": "object",
         "allOf": [_ref("Webhook")],
@@ -114,7 +118,7 @@ def _components() -> dict[str, Any]:
         "schemas": {
             "Key": KEY_RESPONSE,
             "CreatedKey": created,
-            "KeyPage": page,
+            "KeyPage": _page_of("Key"),
             "Identity": _identity_schema(),
             "Identities": items,
             "Usage": items,
@@ -123,7 +127,7 @@ def _components() -> dict[str, Any]:
             "CreatedWebhook": created_webhook,
             "Webhooks": _list_of("Webhook"),
             "Delivery": DELIVERY_RESPONSE,
-            "Deliveries": _list_of("Delivery"),
+            "Deliveries": _page_of("Delivery"),
             "Problem": _PROBLEM,
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

@@ -217,9 +217,10 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "GET",
         "/webhooks/deliveries",
         ADMIN_SCOPE,
-        "Webhook deliveries of every workspace, newest first",
+        "A page of the webhook deliveries of every workspace, newest first",
         answer="Deliveries",
         query=(
+            ("cursor", {"type": "string", "minLength": 1, "maxLength": 1000}),
             ("status", {"type": "string", "enum": ["pending", "delivered", "failed"]}),
             ("workspace", {"type": "string", "minLength": 1, "maxLength": 200}),
             ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),

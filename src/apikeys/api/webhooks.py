@@ -35,12 +35,15 @@ from apikeys.api.schemas import NO_BODY, WEBHOOK_CREATE, WEBHOOK_ROLL, check_bod
 from apikeys.errors import (
     Conflict,
     DeliveryInProgress,
+    InvalidKeyParameters,
     InvalidPayload,
     ResourceNotFound,
     WebhookTargetRefused,
 )
 from apikeys.gate import route_path
+from apikeys.listing import MAX_PAGE_SIZE, decode_delivery_cursor, encode_cursor
 from apikeys.manager import KeyManager
+from apikeys.policies import check_text
 from apikeys.stores.contract import WebhookStore
 from apikeys.types import ASGIApp, KeyRecord, Receive, Scope, Send, utcnow
 from apikeys.webhooks.admin import DEFAULT_OVERLAP, add_endpoint, roll_endpoint_secret
@@ -150,12 +153,29 @@ class WebhookEndpoints:
         return json_response(200, {**endpoint.to_dict(), "secret": secret})
 
     async def deliveries(self, request: Request) -> Response:
-        found = await self.hooks.deliveries(
+        size = int_param(request, "limit", 100, 1, MAX_PAGE_SIZE)
+        cursor, workspace = text_param(request, "cursor", 1000), text_param(request, "workspace")
+        try:
+            start = None if cursor is None else decode_delivery_cursor(cursor)
+        except InvalidKeyParameters as exc:
+            raise InvalidPayload([{"field": "cursor", "message": str(exc)}]) from None
+        try:
+            # Text no workspace is (a control character) names none: refused, as for keys.
+            workspace = None if workspace is None else check_text(workspace, "workspace")
+        except InvalidKeyParameters as exc:
+            raise InvalidPayload([{"field": "workspace", "message": str(exc)}]) from None
+        found = await self.hooks.deliveries_page(
+            start,
             status=choice_param(request, "status", _STATUSES),  # type: ignore[arg-type]
-            workspace=text_param(request, "workspace"),
-            limit=int_param(request, "limit", 100, 1, 1000),
+            workspace=workspace,
+            limit=size + 1,
         )
-        return json_response(200, {"items": [delivery.to_dict() for delivery in found]})
+        page, next_cursor = found[:size], None
+        # A store of your own whose deliveries carry no order is listed one page deep.
+        if len(found) > size and page[-1].order is not None:
+            next_cursor = encode_cursor((page[-1].order, page[-1].id))
+        items = [delivery.to_dict() for delivery in page]
+        return json_response(200, {"items": items, "next_cursor": next_cursor})
 
     async def get_delivery(self, request: Request) -> Response:
         delivery = await self.delivery(request.path_params["delivery_id"])
