@@ -8,6 +8,7 @@ with leaves the listing before the next page is read."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -189,3 +190,34 @@ async def walk_after(hooks: WebhookStore, start: DeliveryPosition) -> list[Deliv
         walked += page
         start = place(page[-1])
     return walked
+
+
+class OnePageDeep(WebhookStore):
+    """A webhook store of one's own written before `deliveries_page`: it lists the newest
+    deliveries only, and its deliveries carry no order."""
+
+    def __init__(self, listed: list[Delivery]) -> None:
+        self.listed = listed
+
+    async def deliveries(
+        self,
+        *,
+        status: DeliveryStatus | None = None,
+        workspace: str | None = None,
+        limit: int = 100,
+    ) -> list[Delivery]:
+        return self.listed[:limit]
+
+    # What a listing never calls.
+    add_endpoint = endpoints = remove_endpoint = roll_secret = take = expiring = None  # type: ignore[assignment]
+    claim = finish = delivery = replay = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("store_kind", ["memory"])
+async def test_a_webhook_store_of_ones_own_is_listed_one_page_deep(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    every = [replace(d, order=None) for d in await make_deliveries(manager, hooks_of(store))]
+    own = OnePageDeep(every)
+    assert await own.deliveries_page(None, limit=5) == every[:5]
+    assert await own.deliveries_page((2**62, "msg_"), limit=5) == []
