@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from apikeys import InvalidKeyParameters, KeyManager, KeyPage
 from apikeys.hashing import Hasher
-from apikeys.listing import MAX_PAGE_SIZE, decode_cursor, encode_cursor
+from apikeys.listing import (
+    MAX_PAGE_SIZE,
+    decode_cursor,
+    decode_delivery_cursor,
+    encode_cursor,
+)
 from apikeys.sync import KeyManager as SyncKeyManager
 from tests.conftest import TEST_PEPPER
 
@@ -28,6 +33,13 @@ def test_a_cursor_gives_back_the_position_it_was_made_from(moment: datetime, key
     cursor = encode_cursor((moment, key_id))
     assert decode_cursor(cursor) == (moment, key_id)
     assert set(cursor) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1), ids)
+def test_a_delivery_cursor_gives_back_the_position_it_was_made_from(
+    order: int, delivery_id: str
+) -> None:
+    assert decode_delivery_cursor(encode_cursor((order, delivery_id))) == (order, delivery_id)
 
 
 def _b64(text: str) -> str:
@@ -48,6 +60,13 @@ BAD_CURSORS = [
     _b64("1.1.ab c"),  # a space in the id
     _b64("1.1." + "a" * 65),  # an id too long
 ]
+
+
+@pytest.mark.parametrize("cursor", [*BAD_CURSORS, _b64("1.9223372036854775808.a")])
+def test_a_delivery_cursor_not_made_here_is_refused_with_a_clear_error(cursor: str) -> None:
+    # A delivery's order is a 64-bit integer: one past it names no delivery.
+    with pytest.raises(InvalidKeyParameters, match="invalid cursor"):
+        decode_delivery_cursor(cursor)
 
 
 @pytest.mark.parametrize("cursor", BAD_CURSORS)

@@ -3,7 +3,7 @@ store that keeps webhooks: a walk through the pages gets every delivery that sta
 exactly once, in the store's one order (newest first by `Delivery.order`, then id), with
 any page size and filter, also when deliveries share an order (one event for several
 endpoints, several timed deliveries for one endpoint) and when the delivery a page ended
-with leaves the listing before the next page is read."""
+with leaves the listing before the next page is read (sent, replayed, removed)."""
 
 from __future__ import annotations
 
@@ -181,6 +181,40 @@ async def test_a_page_after_a_delivery_that_left_the_listing_starts_where_it_was
     assert await hooks.remove_endpoint(middle.webhook_id)
     assert await hooks.delivery(middle.id) is None
     assert await walk_after(hooks, place(middle)) == expected
+
+
+async def test_a_page_after_a_delivery_sent_meanwhile_starts_where_it_was(
+    store: KeyStore, manager: KeyManager
+) -> None:
+    hooks = hooks_of(store)
+    for name in ("one", "two", "three"):
+        await add_endpoint(hooks, f"http://127.0.0.1:9/{name}")
+    for number in range(4):
+        await manager.create(name=f"k{number}", full_access=True)
+    await hooks.take(utcnow())
+    pending = await hooks.deliveries(status="pending")
+    assert len(pending) == 12  # each one first in its line (one per endpoint and key)
+    walked: list[Delivery] = []
+    start: DeliveryPosition | None = None
+    while page := await hooks.deliveries_page(start, status="pending", limit=2):
+        assert start is None or place(page[0]) < start
+        walked += page
+        start = place(page[-1])
+        # The page's last delivery is sent meanwhile: it is listed as pending no more.
+        now = utcnow()
+        for item in await hooks.claim("pages", now, now + timedelta(minutes=1), 100):
+            sent = item.id == page[-1].id
+            await hooks.finish(
+                item.id,
+                "pages",
+                now=now,
+                status="delivered" if sent else "pending",
+                next_attempt_at=now,
+                response=200 if sent else 503,
+                error=None,
+            )
+        assert (await hooks.delivery(page[-1].id)).status == "delivered"  # type: ignore[union-attr]
+    assert [d.id for d in walked] == [d.id for d in pending]
 
 
 async def walk_after(hooks: WebhookStore, start: DeliveryPosition) -> list[Delivery]:

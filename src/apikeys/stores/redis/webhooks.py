@@ -21,7 +21,10 @@ theirs is one script: an endpoint is a hash (and `endpoints`, a sorted set by cr
 a delivery is a hash, in `due` (pending, by next attempt), `deliveries`, `status:<s>` and
 `ws:<workspace>` (by event time, for listing), `finished` (delivered or failed, by last
 attempt, for pruning), and, while pending, in its line `line:<endpoint>:<key>`. A lease is
-`lease:<delivery>`, set with SET NX PX: it runs out by itself.
+`lease:<delivery>`, set with SET NX PX: it runs out by itself. A listing reads one of those
+by event time, newest first, then by id; a page after a position (time, id) starts at the
+rank the position would have, counted in one script (`webhook_page.lua`), so a delivery
+that left the index since (sent, pruned) moves no page.
 
 The looks for `key.expiring` and `key.usage_threshold` (each minute) read the keys that can
 be due, not every key: `expiring` holds the usable keys that expire later, each scored by
