@@ -372,6 +372,7 @@ def test_every_operation_needs_a_management_scope() -> None:
         "apikeys.api.keys",
         "apikeys.api.openapi",
         "apikeys.api.operations",
+        "apikeys.api.reference",
         "apikeys.api.schemas",
     ],
 )

@@ -15,8 +15,9 @@ A call is made with a key of the workspace it manages, holding `apikeys:read` (r
 makes or edits a key with more than it holds: the one rule of `apikeys.fields`, the settings
 page's. Its parts, one job each: `app` (the ASGI app), `operations` (the table of
 operations and scopes), `keys` and `identities` (the endpoints), `schemas` (bodies from the
-field tables), `openapi` (the document), `idempotency` (`Idempotency-Key`), `http`
-(what every endpoint shares).
+field tables), `openapi` (the document), `reference` (its reference page, in Markdown:
+`python -m apikeys.api.reference`), `idempotency` (`Idempotency-Key`), `http` (what every
+endpoint shares).
 """
 
 from __future__ import annotations
