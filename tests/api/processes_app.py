@@ -26,7 +26,9 @@ PID_HEADER = "x-worker-pid"
 
 
 async def health(request: Request) -> JSONResponse:
-    return JSONResponse({"pid": os.getpid()})
+    """This process, and the answers its key cache gave (None: it caches no keys)."""
+    cache = request.app.state.manager.cache
+    return JSONResponse({"pid": os.getpid(), "cache_hits": None if cache is None else cache.hits})
 
 
 async def whoami(request: Request) -> JSONResponse:
@@ -63,8 +65,10 @@ def build() -> ASGIApp:
         Route("/api/v1/contacts", whoami),
         Mount("/v1/api-keys", app=ManagementAPI(manager, rate_limit="100000/minute")),
     ]
+    inner = Starlette(routes=routes)
+    inner.state.manager = manager
     protected = APIKeyMiddleware(
-        Starlette(routes=routes),
+        inner,
         manager=manager,
         scopes={"GET /api/v1/contacts": "contacts:read"},
         protect="/api/",

@@ -182,6 +182,27 @@ async def each_worker(workers: Workers, token: str) -> list[httpx.Response]:
     return answers
 
 
+@asynccontextmanager
+async def pinned_clients(
+    workers: Workers, per_worker: int
+) -> AsyncIterator[list[httpx.AsyncClient]]:
+    """`per_worker` clients on each worker: each keeps the connection whose worker it
+    learnt from `/health`, so the requests it sends go to that worker."""
+    async with AsyncExitStack() as stack:
+        on: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in workers.pids}
+        for _ in range(MAX_TRIES):
+            if all(len(clients) >= per_worker for clients in on.values()):
+                break
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=workers.url, trust_env=False, timeout=30)
+            )
+            pid = int((await client.get("/health")).headers[PID_HEADER])
+            on[pid].append(client)
+        else:
+            pytest.fail("one worker never answered")
+        yield [client for clients in on.values() for client in clients[:per_worker]]
+
+
 def statuses(answers: Sequence[httpx.Response]) -> set[int]:
     return {answer.status_code for answer in answers}
 
@@ -243,26 +264,11 @@ async def test_a_key_created_rolled_and_revoked_through_the_api_is_refused_by_ev
     new_key = next(e for e in events if e["data"]["key"]["id"] == second["id"])
     assert new_key["data"]["key"]["replaces"] == first["id"]
 
-
-@asynccontextmanager
-async def pinned_clients(
-    workers: Workers, per_worker: int
-) -> AsyncIterator[list[httpx.AsyncClient]]:
-    """`per_worker` clients on each worker: each keeps the connection whose worker it
-    learnt from `/health`, so the requests it sends go to that worker."""
-    async with AsyncExitStack() as stack:
-        on: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in workers.pids}
-        for _ in range(MAX_TRIES):
-            if all(len(clients) >= per_worker for clients in on.values()):
-                break
-            client = await stack.enter_async_context(
-                httpx.AsyncClient(base_url=workers.url, trust_env=False, timeout=30)
-            )
-            pid = int((await client.get("/health")).headers[PID_HEADER])
-            on[pid].append(client)
-        else:
-            pytest.fail("one worker never answered")
-        yield [client for clients in on.values() for client in clients[:per_worker]]
+    # Both workers answered from their key caches: each refusal above came through the
+    # store's change channel, not from a read of the store at each request.
+    async with pinned_clients(workers, 1) as clients:
+        for client in clients:
+            assert (await client.get("/health")).json()["cache_hits"] > 0
 
 
 async def test_retried_posts_with_one_idempotency_key_make_one_key(workers: Workers) -> None:
