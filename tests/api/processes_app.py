@@ -6,7 +6,8 @@ Configured by environment: `APIKEYS_STORE_URL`, `APIKEYS_PEPPER`, and
 caches keys and delivers webhooks as any process with a `KeyManager` does.
 
 Every answer, a refusal of the middleware too, names the process that gave it in the
-`X-Worker-Pid` header, so a test can tell that both workers answered.
+`X-Worker-Pid` header, so a test can tell that both workers answered; `/health` says how
+many answers the process's key cache gave.
 """
 
 from __future__ import annotations

@@ -66,8 +66,10 @@ def _bounds(schema: Mapping[str, Any]) -> list[str]:
         bounds.append(f"one of {shown}")
     if "maxLength" in schema:
         bounds.append(f"{schema.get('minLength', 0)} to {schema['maxLength']} characters")
-    if "maximum" in schema:
-        bounds.append(f"from {schema.get('minimum', '')} to {schema['maximum']}")
+    if "maximum" in schema and "minimum" in schema:
+        bounds.append(f"from {schema['minimum']} to {schema['maximum']}")
+    elif "maximum" in schema:
+        bounds.append(f"at most {schema['maximum']}")
     elif "minimum" in schema:
         bounds.append(f"at least {schema['minimum']}")
     if "pattern" in schema:
