@@ -82,7 +82,7 @@ async def test_a_full_access_key_without_apikeys_admin_changes_no_identity(
     for verb in ("disable", "enable", "revoke"):
         answer = await client.post(f"/identities/cust_42/{verb}", headers=_auth(customer.key))
         assert answer.status_code == 403, verb
-    made = await client.post("/identities", json={"id": "cust_43"}, headers=_auth(customer.key))
+    made = await client.post("/identities", json={"name": "C43"}, headers=_auth(customer.key))
     assert made.status_code == 403
     identity = await memory_manager.get_identity("cust_42")
     assert (identity.rate_limit, identity.state) == ("1000/minute", "active")
