@@ -128,7 +128,9 @@ class KeyEndpoints:
         if len(key_id) > MAX_ID_LENGTH:
             raise ResourceNotFound()
         try:
-            record = await self.manager.get(key_id)
+            record = await self.manager.get(
+                key_id, workspace=caller.workspace, environment=caller.record.environment
+            )
         except KeyNotFound:
             raise ResourceNotFound() from None
         if not caller.sees_key(record):

@@ -43,11 +43,23 @@ class KeyReading(ManagerBase):
     """The reads of a `KeyManager`: records as the store has them, with this process's
     unflushed usage and the balance a rolled key spends from."""
 
-    async def get(self, key_id: str) -> KeyRecord:
-        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`."""
+    async def get(
+        self,
+        key_id: str,
+        *,
+        workspace: str | None = None,
+        environment: Environment | None = None,
+    ) -> KeyRecord:
+        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`,
+        also for a key of another `workspace` or `environment` when they are given: after
+        the same one read as for an unknown id, so that no count of work tells them apart."""
         self._use()
         stored = await self.store.get(key_id)
-        if stored is None:
+        if (
+            stored is None
+            or (workspace is not None and stored.record.workspace != workspace)
+            or (environment is not None and stored.record.environment != environment)
+        ):
             raise KeyNotFound(key_id)
         return self.usage_buffer.apply(await self._shared_credits(stored.record, {}))
 
