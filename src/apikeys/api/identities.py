@@ -23,10 +23,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.api.http import Caller, Endpoint, check_if_match, etag_of, json_response, read_json
+from apikeys.api.keys import int_param, text_param
 from apikeys.api.schemas import IDENTITY_CREATE, IDENTITY_UPDATE, NO_BODY, check_body
 from apikeys.errors import InvalidKeyParameters, KeyNotFound, ResourceNotFound
 from apikeys.identities import IdentityRecord
 from apikeys.keys import BASE62
+from apikeys.listing import MAX_PAGE_SIZE
 from apikeys.manager import KeyManager
 
 __all__ = ["IDENTITY_ID_PREFIX", "IdentityEndpoints", "new_identity_id"]
@@ -68,8 +70,13 @@ class IdentityEndpoints:
         return json_response(201, record.to_dict(), etag=etag_of(record))
 
     async def list(self, request: Request) -> Response:
-        records = await self.manager.list_identities(Caller.of(request).workspace)
-        return json_response(200, {"items": [record.to_dict() for record in records]})
+        page = await self.manager.list_identities_page(
+            Caller.of(request).workspace,
+            limit=int_param(request, "limit", 100, 1, MAX_PAGE_SIZE),
+            cursor=text_param(request, "cursor", 1000),
+        )
+        items = [record.to_dict() for record in page.records]
+        return json_response(200, {"items": items, "next_cursor": page.next_cursor})
 
     async def get(self, request: Request) -> Response:
         record = await self.own(Caller.of(request), request.path_params["identity_id"])

@@ -82,23 +82,26 @@ def _components() -> dict[str, Any]:
         },
     }
     items = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}
-    page = {
-        "type": "object",
-        "required": ["items", "next_cursor"],
-        "properties": {
-            "items": {"type": "array", "items": _ref("Key")},
-            "next_cursor": {"type": ["string", "null"]},
-        },
-    }
+
+    def page(item: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "properties": {
+                "items": {"type": "array", "items": item},
+                "next_cursor": {"type": ["string", "null"]},
+            },
+        }
+
     return {
         "schemas": {
             "Key": KEY_RESPONSE,
             "CreatedKey": created,
-            "KeyPage": page,
+            "KeyPage": page(_ref("Key")),
             "Identity": _identity_schema(),
-            "Identities": items,
+            "IdentityPage": page(_ref("Identity")),
             "Usage": items,
-            "Audit": items,
+            "AuditPage": page({"type": "object"}),
             "Problem": _PROBLEM,
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},

@@ -152,12 +152,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "GET",
         "/audit",
         READ_SCOPE,
-        "The workspace's audit trail, newest last",
-        answer="Audit",
-        query=(
-            ("key_id", {"type": "string", "minLength": 1, "maxLength": 64}),
-            ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
-        ),
+        "A page of the audit trail of the caller's workspace and environment, newest last",
+        answer="AuditPage",
+        query=(("key_id", {"type": "string", "minLength": 1, "maxLength": 64}), *_PAGE[:2]),
     ),
     Operation(
         "create_identity",
@@ -176,7 +173,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "/identities",
         READ_SCOPE,
         "The workspace's identities",
-        answer="Identities",
+        answer="IdentityPage",
+        query=_PAGE[:2],
     ),
     Operation(
         "get_identity",
