@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import itertools
 import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -105,7 +107,9 @@ class Service:
         self.api.middleware.app = recorded(self.api.middleware.app)
         self.auth = auth
 
-    async def call(self, method: str, path: str, body: Any = None) -> Answer:
+    async def call(
+        self, method: str, path: str, body: Any = None, idempotency_key: str | None = None
+    ) -> Answer:
         """One request, as raw as the wire: status, header list, body bytes, store calls."""
         scope: dict[str, Any] = {
             "type": "http",
@@ -124,6 +128,8 @@ class Service:
             "client": ("127.0.0.1", 50000),
             "server": ("test", 80),
         }
+        if idempotency_key is not None:
+            scope["headers"].append((b"idempotency-key", idempotency_key.encode()))
         content = b"" if body is None else httpx.Request("POST", "/", json=body).read()
         sent: list[Message] = []
         delivered = False
@@ -230,22 +236,33 @@ async def test_an_id_of_another_workspace_or_environment_answers_and_works_as_an
             else [ids["identity"]]
         )
         body = BODIES.get(operation_id)
-        for other in hidden:
-            # In both orders, so that nothing the first call leaves behind is credited
-            # to the id.
-            first = await service.call(method, template.format(**{name: other}), body)
-            second = await service.call(method, template.format(**{name: unknown}), body)
-            third = await service.call(method, template.format(**{name: other}), body)
-            where = f"{operation_id} {other}"
+        # A POST also with an Idempotency-Key (a new one each time): kept, then let go.
+        for idempotent, other in itertools.product(
+            (False, True) if method == "POST" else (False,), hidden
+        ):
+            # Other, unknown, other: nothing the first call leaves behind is credited to
+            # the id.
+            answers = [
+                await service.call(
+                    method,
+                    template.format(**{name: one}),
+                    body,
+                    uuid.uuid4().hex if idempotent else None,
+                )
+                for one in (other, unknown, other)
+            ]
+            first = answers[0]
+            where = f"{operation_id} {other} {idempotent}"
             assert first.status in (200, 404), (where, first.status, first.body)
             assert first.calls, where
-            for answer in (second, third):
+            for answer in answers[1:]:
                 assert answer.status == first.status, where
                 assert answer.body == first.body, where
                 assert answer.headers == first.headers, where
                 assert answer.calls == first.calls, (where, first.calls, answer.calls)
             checked += 1
-    assert checked == 8 * 2 + 6
+    # 8 key operations (4 of them POSTs) by 2 ids; 6 identity ones (3 POSTs) by 1.
+    assert checked == (8 + 4) * 2 + 6 + 3
     for key_id, record in before.items():
         assert await service.manager.get(key_id) == record
     assert await service.manager.get_identity(ids["identity"]) == identity_before
