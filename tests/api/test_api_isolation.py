@@ -83,10 +83,10 @@ def recorded(app: Any) -> Any:
 
 
 def without_count(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """`headers` with the count of requests left (`RateLimit: …;r=N`) taken out: it goes
-    down with every call, whatever the id."""
+    """`headers` with the caller's requests left and seconds to the window's end taken out
+    of `RateLimit` (`;r=N;t=T`): they move with every call and the clock, whatever the id."""
     return [
-        (name, re.sub(rb";r=[0-9]+", b";r=N", value) if name == b"ratelimit" else value)
+        (name, re.sub(rb";([rt])=[0-9]+", rb";\1=N", value) if name == b"ratelimit" else value)
         for name, value in headers
     ]
 
