@@ -104,6 +104,15 @@ async def test_the_audit_trail_comes_in_pages_newest_first_without_gaps_or_repea
     assert [event for page in reversed(rest) for event in page] == trail
     newest = await client.get("/audit", params={"limit": 1}, headers=acme)
     assert newest.json()["items"][0]["action"] == "disabled"
+    # A cursor of globex's walk names a count; acme's events are all it shows.
+    globex = await auth(manager, "globex")
+    theirs = await client.get("/audit", params={"limit": 1}, headers=globex)
+    cursor = theirs.json()["next_cursor"]
+    assert cursor is not None
+    shown = await client.get("/audit", params={"cursor": cursor}, headers=acme)
+    assert shown.status_code == 200
+    assert shown.json()["items"]
+    assert {item["workspace"] for item in shown.json()["items"]} == {"acme"}
 
 
 async def test_the_audit_trail_of_a_caller_shows_its_environment_and_its_identities(
