@@ -226,3 +226,45 @@ async def test_if_an_identity_is_revoked_or_deleted_then_no_key_of_it_is_admitte
                 await manager.get_identity(identity)
         else:
             assert (await manager.get_identity(identity)).state == "revoked"
+
+
+async def refused_everywhere(urls: Sequence[str], tokens: Sequence[str], code: str) -> None:
+    """The next request with each token is refused with `code` by every process."""
+    async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+        for token in tokens:
+            for answer in await each(client, urls, token):
+                assert_problem(answer, 429, code)
+
+
+@pytest.mark.parametrize("writer", ["cli", "job"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_if_an_identitys_credits_are_lowered_then_the_next_request_of_each_key_sees_it(
+    pool: Pool, writer: str
+) -> None:
+    """An identity without credits (cached as unlimited by every process) is given none
+    left: once the writer returns, the next request with any of its keys, in any process,
+    is refused; nothing cached lets one through."""
+    identity, _, tokens = await identity_with_keys(pool.config)
+    await served(pool.urls, tokens)
+    if writer == "cli":
+        await by_cli(pool.config, "update", identity, "--credits", "0")
+    else:
+        async with job(pool.config) as manager:
+            await manager.update_identity(identity, credits=0)
+    await refused_everywhere(pool.urls, tokens, "credits_exhausted")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_if_a_key_is_moved_into_an_identity_then_the_next_request_is_charged_to_it(
+    pool: Pool,
+) -> None:
+    """A key every process caches on its own is moved into an identity with no credits left
+    by a job: its next request, in any process, is the identity's, and refused."""
+    identity, _, _ = await identity_with_keys(pool.config)
+    async with pool.config.manager() as manager:
+        await manager.update_identity(identity, credits=0)
+        alone = await manager.create(name="alone", workspace="mp", scopes=["contacts:read"])
+    await served(pool.urls, [alone.key])
+    async with job(pool.config) as manager:
+        await manager.update(alone.record.id, identity=identity)
+    await refused_everywhere(pool.urls, [alone.key], "credits_exhausted")

@@ -1,7 +1,8 @@
 """schemathesis against the management API on SQLite and PostgreSQL: from the OpenAPI
 document it serves, cases that follow the schemas and cases that break them, each answer
 held to schemathesis' default checks (no 500, the answer conforms to the document, its
-status is documented, data that breaks the schema is refused). Finds nothing.
+status is documented, data that breaks the schema is refused). The caller is an operator,
+so the webhook operations are called too. Finds nothing.
 
 The calls run in one event loop of the test's own (`asyncio.Runner`) through httpx's ASGI
 transport, so the store's connections stay on the loop they were made on."""
@@ -98,16 +99,31 @@ class Service:
 
     def __init__(self, runner: asyncio.Runner, url: str, options: dict[str, str]) -> None:
         self.runner = runner
-        self.manager = KeyManager(store_from_url(url, **options), hasher=Hasher(pepper=TEST_PEPPER))
-        self.api = ManagementAPI(self.manager, rate_limit="1000000/minute")
+        # The manager sends no webhooks: the endpoints the cases add have made-up URLs.
+        self.manager = KeyManager(
+            store_from_url(url, **options), hasher=Hasher(pepper=TEST_PEPPER), webhooks=False
+        )
+        self.api = ManagementAPI(self.manager, rate_limit="1000000/minute", operators=["acme"])
         transport = httpx.ASGITransport(app=self.api)
         self.client = httpx.AsyncClient(transport=transport, base_url="http://test")
         runner.run(self.manager.setup())
         created = runner.run(self.manager.create(name="caller", workspace="acme", full_access=True))
         self.auth = {"Authorization": f"Bearer {created.key}"}
+        # The webhook operations are called by an operator: a key of `acme` that names
+        # `apikeys:admin`, so that the cases reach them.
+        operator = runner.run(
+            self.manager.create(
+                name="operator", workspace="acme", scopes=["apikeys:read", "apikeys:admin"]
+            )
+        )
+        self.operator = {"Authorization": f"Bearer {operator.key}"}
+
+    def auth_for(self, case: Any) -> dict[str, str]:
+        """The caller's headers for `case`: the operator's for a webhook operation."""
+        return self.operator if case.operation.path.startswith("/webhooks") else self.auth
 
     def call(self, case: Any) -> httpx.Response:
-        kwargs = case.as_transport_kwargs(base_url="http://test", headers=self.auth)
+        kwargs = case.as_transport_kwargs(base_url="http://test", headers=self.auth_for(case))
         request: dict[str, Any] = {
             "method": kwargs["method"],
             "url": kwargs["url"],
@@ -166,7 +182,7 @@ def test_schemathesis_finds_nothing(service: Service) -> None:
         response = service.call(case)
         case.validate_response(
             response,
-            headers=service.auth,
+            headers=service.auth_for(case),
             transport_kwargs={"base_url": "http://test"},
         )
 

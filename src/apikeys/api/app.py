@@ -7,7 +7,8 @@ app = Starlette(routes=[Mount("/v1/api-keys", app=ManagementAPI(manager))])
 Every call but `GET /openapi.json` is authenticated by a key through the same request path
 as any call (`apikeys.gate`): its scopes, rate limits (with `RateLimit` headers), address
 allowlist and credits apply. The routes, the scope each needs and the OpenAPI document
-come from one table (`apikeys.api.operations`).
+come from one table (`apikeys.api.operations`). The webhook routes answer the operators
+only (`apikeys.api.webhooks`): to every other caller they are paths that are no operation.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from apikeys.api.identities import IdentityEndpoints
 from apikeys.api.keys import KeyEndpoints
 from apikeys.api.openapi import openapi_document
 from apikeys.api.operations import OPERATIONS, scope_rules
+from apikeys.api.webhooks import OperatorsOnly, WebhookEndpoints
 from apikeys.credentials import KeyReader
 from apikeys.errors import APIKeyError, ConfigurationError, MethodNotAllowed, ResourceNotFound
 from apikeys.fields import check_workspace_fields
@@ -70,6 +72,11 @@ class ManagementAPI:
       besides their own (`apikeys.fields`; the settings page's option of the same name).
     - `rate_limit`, `limiter_url`, `limiter`, `header`, `realm`, `trusted_proxies`: as
       `APIKeyMiddleware`'s, for the management calls themselves.
+    - `operators`: the workspaces whose callers are operators: a key of one of them that
+      names `apikeys:admin` among its scopes manages the webhooks of every workspace
+      (`apikeys.api.webhooks`). None by default: then the webhook routes answer nobody,
+      and the OpenAPI document does not list them. The store must keep webhooks
+      (`KeyStore.webhooks()`) when operators are named.
     - `title`: the OpenAPI document's title.
 
     The key store must keep one-time values (`KeyStore.put_once`; every store of apikeys
@@ -87,6 +94,7 @@ class ManagementAPI:
         header: str = "Authorization",
         realm: str = "apikeys",
         trusted_proxies: int = 0,
+        operators: Collection[str] = (),
         title: str = "API keys",
     ) -> None:
         store = manager.store
@@ -96,9 +104,17 @@ class ManagementAPI:
                 f"{type(store).__name__} does not keep one-time values atomically (put_once, "
                 "take_once, peek_once, put_once_if_absent and replace_once)"
             )
+        if isinstance(operators, str):
+            raise ConfigurationError("operators is a collection of workspaces, not one string")
+        hooks = store.webhooks()
+        if operators and hooks is None:
+            raise ConfigurationError(
+                f"operators manage webhooks: {type(store).__name__} keeps none here "
+                "(a shared SQL or Redis store does, and MemoryStore)"
+            )
         self.manager = manager
         self._reader = KeyReader(header)
-        self.document = openapi_document(title=title)
+        self.document = openapi_document(title=title, webhooks=bool(operators))
         """The OpenAPI 3.1 document served at `/openapi.json`."""
         keys = KeyEndpoints(manager, check_workspace_fields(workspace_fields))
         identities = IdentityEndpoints(manager)
@@ -118,8 +134,22 @@ class ManagementAPI:
         for action in ("disable", "enable", "revoke"):
             endpoints[f"{action}_key"] = keys.state_change(action)
             endpoints[f"{action}_identity"] = identities.state_change(action)
+        if operators and hooks is not None:
+            webhooks = WebhookEndpoints(manager, hooks)
+            endpoints.update(
+                list_webhook_deliveries=webhooks.deliveries,
+                get_webhook_delivery=webhooks.get_delivery,
+                replay_webhook_delivery=webhooks.replay,
+                create_webhook=webhooks.create,
+                list_webhooks=webhooks.list,
+                get_webhook=webhooks.get,
+                remove_webhook=webhooks.remove,
+                roll_webhook_secret=webhooks.roll,
+            )
         routes = [Route("/openapi.json", self._openapi, methods=["GET"])]
         for operation in OPERATIONS:
+            if operation.id not in endpoints:
+                continue  # an operators' operation, with no operators
             endpoint = answers(endpoints[operation.id], [name for name, _ in operation.query])
             if operation.method == "POST":
                 endpoint = self._idempotent(endpoint)
@@ -129,7 +159,7 @@ class ManagementAPI:
             exception_handlers={HTTPException: self._http_error},
         )
         self.middleware = APIKeyMiddleware(
-            router,
+            OperatorsOnly(router, operators),
             manager=manager,
             scopes=scope_rules(),
             protect="/",

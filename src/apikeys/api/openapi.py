@@ -7,7 +7,8 @@ Every operation lists every error it can answer, each an `application/problem+js
 `forbidden_field` for a change the caller may not make), 429 (rate limits), 400 for bad
 input, 404 for an id the caller cannot see, 409 for a state that forbids the change, 412
 for a stale `If-Match`, 413 and 415 for a body too large or not JSON, 422 for a reused
-`Idempotency-Key`.
+`Idempotency-Key`. The webhook operations, for operators only, are listed when the API has
+operators (`ManagementAPI(operators=…)`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Final
 
 from apikeys.api.idempotency import MAX_IDEMPOTENCY_KEY
 from apikeys.api.operations import ADMIN_SCOPE, OPERATIONS, READ_SCOPE, WRITE_SCOPE, Operation
-from apikeys.api.schemas import KEY_RESPONSE
+from apikeys.api.schemas import DELIVERY_RESPONSE, KEY_RESPONSE, WEBHOOK_RESPONSE
 from apikeys.identities import IDENTITY_FIELDS
 from apikeys.problems import PROBLEM_CONTENT_TYPE
 
@@ -70,6 +71,14 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def _list_of(name: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["items"],
+        "properties": {"items": {"type": "array", "items": _ref(name)}},
+    }
+
+
 def _components() -> dict[str, Any]:
     created = {
         "type": "object",
@@ -82,23 +91,42 @@ def _components() -> dict[str, Any]:
         },
     }
     items = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}
-    page = {
+
+    def page(item: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "properties": {
+                "items": {"type": "array", "items": item},
+                "next_cursor": {"type": ["string", "null"]},
+            },
+        }
+
+    created_webhook = {
         "type": "object",
-        "required": ["items", "next_cursor"],
+        "allOf": [_ref("Webhook")],
+        "required": ["secret"],
         "properties": {
-            "items": {"type": "array", "items": _ref("Key")},
-            "next_cursor": {"type": ["string", "null"]},
+            "secret": {
+                "type": "string",
+                "description": "the signing secret, `whsec_…`: shown here, and never again",
+            }
         },
     }
     return {
         "schemas": {
             "Key": KEY_RESPONSE,
             "CreatedKey": created,
-            "KeyPage": page,
+            "KeyPage": page(_ref("Key")),
             "Identity": _identity_schema(),
-            "Identities": items,
+            "IdentityPage": page(_ref("Identity")),
             "Usage": items,
-            "Audit": items,
+            "AuditPage": page({"type": "object"}),
+            "Webhook": WEBHOOK_RESPONSE,
+            "CreatedWebhook": created_webhook,
+            "Webhooks": _list_of("Webhook"),
+            "Delivery": DELIVERY_RESPONSE,
+            "Deliveries": _list_of("Delivery"),
             "Problem": _PROBLEM,
         },
         "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
@@ -107,7 +135,7 @@ def _components() -> dict[str, Any]:
 
 def _errors(operation: Operation) -> list[int]:
     codes = [400, 401, 403, 405, 429, 503]
-    if "{" in operation.path:
+    if "{" in operation.path or operation.operators_only:
         codes.append(404)
     if operation.method != "GET":
         codes += [409, 413, 415]
@@ -149,10 +177,17 @@ def _operation(operation: Operation) -> dict[str, Any]:
     }
     for code in _errors(operation):
         responses[str(code)] = {"description": _ERRORS[code], **problem}
+    needs = f"Needs the scope `{operation.scope}`."
+    if operation.operators_only:
+        needs = (
+            f"For operators only: a key of an operator workspace that names `{ADMIN_SCOPE}` "
+            f"among its scopes, and holds `{READ_SCOPE}`. Any other caller is answered 404, "
+            "as on a path that is no operation."
+        )
     document: dict[str, Any] = {
         "operationId": operation.id,
         "summary": operation.summary,
-        "description": f"Needs the scope `{operation.scope}`.",
+        "description": needs,
         "parameters": _parameters(operation),
         "responses": responses,
     }
@@ -164,11 +199,15 @@ def _operation(operation: Operation) -> dict[str, Any]:
     return document
 
 
-def openapi_document(*, title: str = "API keys", version: str = "1") -> dict[str, Any]:
+def openapi_document(
+    *, title: str = "API keys", version: str = "1", webhooks: bool = True
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the management API, its paths relative to where it is
-    mounted."""
+    mounted; with the operators' webhook operations unless `webhooks` is false."""
     paths: dict[str, dict[str, Any]] = {}
     for operation in OPERATIONS:
+        if operation.operators_only and not webhooks:
+            continue
         paths.setdefault(operation.path, {})[operation.method.lower()] = _operation(operation)
     return {
         "openapi": "3.1.0",
@@ -178,7 +217,7 @@ def openapi_document(*, title: str = "API keys", version: str = "1") -> dict[str
             "description": (
                 f"Manage a workspace's API keys. Scopes: `{READ_SCOPE}` reads, "
                 f"`{WRITE_SCOPE}` changes keys (never beyond the caller's own rights), "
-                f"`{ADMIN_SCOPE}` changes identities."
+                f"`{ADMIN_SCOPE}` changes identities (and, for an operator, webhooks)."
             ),
         },
         "security": [{"apiKey": []}],

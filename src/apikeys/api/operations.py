@@ -8,6 +8,11 @@ The three scopes:
 - `apikeys:write` creates, edits, rolls, disables, enables and revokes the workspace's keys,
   as a workspace user may (`apikeys.fields`);
 - `apikeys:admin` creates and changes the workspace's identities.
+
+The webhook operations (`/webhooks…`) are the operators' only: a caller of one of the
+workspaces `ManagementAPI(operators=…)` names, whose key names `apikeys:admin` among its
+scopes (`apikeys.api.webhooks`). To every other caller they answer as a path that is no
+operation does, so their route rule asks what such a path asks (`apikeys:read`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from apikeys.api.schemas import (
     KEY_UPDATE,
     NO_BODY,
     ROLL,
+    WEBHOOK_CREATE,
+    WEBHOOK_ROLL,
 )
 
 __all__ = ["ADMIN_SCOPE", "OPERATIONS", "READ_SCOPE", "WRITE_SCOPE", "Operation", "scope_rules"]
@@ -31,7 +38,7 @@ READ_SCOPE: Final = "apikeys:read"
 WRITE_SCOPE: Final = "apikeys:write"
 """Changes the workspace's keys, as a workspace user may."""
 ADMIN_SCOPE: Final = "apikeys:admin"
-"""Changes the workspace's identities."""
+"""Changes the workspace's identities; and, in an operator's workspace, every webhook."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,9 @@ class Operation:
     query: tuple[tuple[str, dict[str, Any]], ...] = ()
     versioned: bool = False
     """Takes `If-Match` and answers with an `ETag` of what it read."""
+    operators_only: bool = False
+    """Answers only an operator's caller (`apikeys.api.webhooks`); any other caller is
+    answered as on a path that is no operation."""
 
     @property
     def rule(self) -> str:
@@ -152,12 +162,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "GET",
         "/audit",
         READ_SCOPE,
-        "The workspace's audit trail, newest last",
-        answer="Audit",
-        query=(
-            ("key_id", {"type": "string", "minLength": 1, "maxLength": 64}),
-            ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
-        ),
+        "A page of the audit trail of the caller's workspace and environment, newest last",
+        answer="AuditPage",
+        query=(("key_id", {"type": "string", "minLength": 1, "maxLength": 64}), *_PAGE[:2]),
     ),
     Operation(
         "create_identity",
@@ -176,7 +183,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "/identities",
         READ_SCOPE,
         "The workspace's identities",
-        answer="Identities",
+        answer="IdentityPage",
+        query=_PAGE[:2],
     ),
     Operation(
         "get_identity",
@@ -201,6 +209,90 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     _identity_state("disable", "Turn an identity's keys off until it is enabled"),
     _identity_state("enable", "Turn a disabled identity on again"),
     _identity_state("revoke", "Turn an identity off for good"),
+    # Before `/webhooks/{webhook_id}`, which `/webhooks/deliveries` would match too.
+    Operation(
+        "list_webhook_deliveries",
+        "GET",
+        "/webhooks/deliveries",
+        ADMIN_SCOPE,
+        "Webhook deliveries of every workspace, newest first",
+        answer="Deliveries",
+        query=(
+            ("status", {"type": "string", "enum": ["pending", "delivered", "failed"]}),
+            ("workspace", {"type": "string", "minLength": 1, "maxLength": 200}),
+            ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+        ),
+        operators_only=True,
+    ),
+    Operation(
+        "get_webhook_delivery",
+        "GET",
+        "/webhooks/deliveries/{delivery_id}",
+        ADMIN_SCOPE,
+        "A webhook delivery",
+        answer="Delivery",
+        operators_only=True,
+    ),
+    Operation(
+        "replay_webhook_delivery",
+        "POST",
+        "/webhooks/deliveries/{delivery_id}/replay",
+        ADMIN_SCOPE,
+        "Send a delivery again (same id and body), after any earlier one for its key",
+        answer="Delivery",
+        body=NO_BODY,
+        operators_only=True,
+    ),
+    Operation(
+        "create_webhook",
+        "POST",
+        "/webhooks",
+        ADMIN_SCOPE,
+        "Add a webhook endpoint; the answer holds its signing secret, once",
+        status=201,
+        answer="CreatedWebhook",
+        body=WEBHOOK_CREATE,
+        body_required=True,
+        operators_only=True,
+    ),
+    Operation(
+        "list_webhooks",
+        "GET",
+        "/webhooks",
+        ADMIN_SCOPE,
+        "The webhook endpoints of every workspace, oldest first",
+        answer="Webhooks",
+        operators_only=True,
+    ),
+    Operation(
+        "get_webhook",
+        "GET",
+        "/webhooks/{webhook_id}",
+        ADMIN_SCOPE,
+        "A webhook endpoint",
+        answer="Webhook",
+        operators_only=True,
+    ),
+    Operation(
+        "remove_webhook",
+        "DELETE",
+        "/webhooks/{webhook_id}",
+        ADMIN_SCOPE,
+        "Remove a webhook endpoint and its deliveries",
+        answer="Webhook",
+        operators_only=True,
+    ),
+    Operation(
+        "roll_webhook_secret",
+        "POST",
+        "/webhooks/{webhook_id}/roll",
+        ADMIN_SCOPE,
+        "Give an endpoint a new signing secret, shown once; the old one signs too "
+        "through the overlap",
+        answer="CreatedWebhook",
+        body=WEBHOOK_ROLL,
+        operators_only=True,
+    ),
 )
 """Every operation, in the document's order."""
 
@@ -208,7 +300,11 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
 def scope_rules() -> dict[str, str]:
     """The route table of the scopes each operation needs (`APIKeyMiddleware(scopes=…)`),
     relative to where the API is mounted. A path or method that is no operation needs
-    `apikeys:read`, so that it answers 404 or 405 rather than 403 to a reader."""
-    rules = {operation.rule: operation.scope for operation in OPERATIONS}
+    `apikeys:read`, so that it answers 404 or 405 rather than 403 to a reader; so does an
+    operation for operators only (it has no rule of its own), which answers everyone else
+    as such a path does."""
+    rules = {
+        operation.rule: operation.scope for operation in OPERATIONS if not operation.operators_only
+    }
     rules["* /{rest:path}"] = READ_SCOPE
     return rules

@@ -24,7 +24,8 @@ from typing import Any, Final
 __all__ = ["main", "markdown_reference"]
 
 _METHODS: Final = ("get", "put", "post", "patch", "delete")
-_SCOPE: Final = re.compile(r"scope `([^`]+)`")
+# A scope, as the descriptions name them: `resource:action`.
+_SCOPE: Final = re.compile(r"`([a-z][\w.-]*:[\w.*-]+)`")
 _REF: Final = "#/components/schemas/"
 
 
@@ -127,9 +128,9 @@ def _answers(responses: Mapping[str, Any]) -> Iterator[str]:
 
 
 def _scope(operation: Mapping[str, Any]) -> str:
-    """The scope an operation needs, as its description names it."""
-    found = _SCOPE.search(str(operation.get("description", "")))
-    return f"`{found.group(1)}`" if found else "none"
+    """The scopes an operation's description names (what it needs)."""
+    found = dict.fromkeys(_SCOPE.findall(str(operation.get("description", ""))))
+    return " and ".join(f"`{scope}`" for scope in found) or "none"
 
 
 def _operations(document: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
@@ -142,7 +143,7 @@ def _operations(document: Mapping[str, Any]) -> Iterator[tuple[str, str, Mapping
 def _operation(method: str, path: str, operation: Mapping[str, Any]) -> Iterator[str]:
     yield f"### `{method} {path}` {{ #{operation['operationId']} }}"
     yield ""
-    yield f"{_cell(operation.get('summary', ''))}. Scope: {_scope(operation)}."
+    yield f"{_cell(operation.get('summary', ''))}. {_cell(operation.get('description', ''))}"
     parameters = operation.get("parameters", [])
     if parameters:
         yield ""
@@ -200,7 +201,7 @@ def markdown_reference(document: Mapping[str, Any]) -> str:
         "",
         "## Operations",
         "",
-        "| operation | scope | what it does |",
+        "| operation | scopes | what it does |",
         "|---|---|---|",
     ]
     for method, path, operation in operations:

@@ -9,6 +9,10 @@ type comes from its `Kind`, its longest text from its `size`. The OpenAPI docume
 ones, so what the document promises is what is checked: an unknown member, a value of the
 wrong type, a text too long is `InvalidPayload` (400) before anything else reads it.
 Whether a caller may set the field at all is `apikeys.fields.check_change`'s to say.
+
+A webhook endpoint's bodies hold what `apikeys.webhooks.admin.add_endpoint` and
+`roll_endpoint_secret` take; `WEBHOOK_RESPONSE` and `DELIVERY_RESPONSE` are
+`Endpoint.to_dict` and `Delivery.to_dict`.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ from typing import Any, Final
 
 from apikeys.errors import InvalidPayload
 from apikeys.fields import KEY_FIELDS
-from apikeys.identities import EDITABLE_FIELDS, MAX_IDENTITY_ID_LENGTH
+from apikeys.identities import EDITABLE_FIELDS
 from apikeys.policies import MAX_TEXT_LENGTH
 from apikeys.types import RECORD_FIELDS, KeyField, Kind
+from apikeys.webhooks.admin import MAX_URL_LENGTH
+from apikeys.webhooks.events import EVENT_TYPES
 
 __all__ = [
+    "DELIVERY_RESPONSE",
     "IDENTITY_CREATE",
     "IDENTITY_UPDATE",
     "KEY_CREATE",
@@ -34,6 +41,9 @@ __all__ = [
     "MAX_NAMES",
     "NO_BODY",
     "ROLL",
+    "WEBHOOK_CREATE",
+    "WEBHOOK_RESPONSE",
+    "WEBHOOK_ROLL",
     "check_body",
     "parse_time",
 ]
@@ -112,17 +122,10 @@ NO_BODY: Final[dict[str, Any]] = {
 }
 """The body of a state change: none, or an empty object."""
 
-_IDENTITY_ID: Final = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": MAX_IDENTITY_ID_LENGTH,
-    "pattern": "^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$",
-    "description": "the application's id for it",
-}
-IDENTITY_CREATE: Final[dict[str, Any]] = _object(
-    EDITABLE_FIELDS.values(), required=("id",), id=_IDENTITY_ID
-)
-"""An identity's create body: its `id` and the fields of `EDITABLE_FIELDS`."""
+IDENTITY_CREATE: Final[dict[str, Any]] = _object(EDITABLE_FIELDS.values())
+"""An identity's create body: the fields of `EDITABLE_FIELDS`. No `id`: the API draws one
+(`apikeys.api.identities.new_identity_id`), so that no caller learns which ids another
+workspace uses; a customer's own reference goes in `metadata`."""
 IDENTITY_UPDATE: Final[dict[str, Any]] = _object(EDITABLE_FIELDS.values())
 """An identity's update body."""
 
@@ -155,6 +158,97 @@ KEY_RESPONSE: Final[dict[str, Any]] = {
     "required": [name for field in RECORD_FIELDS if field.required for name in field.shown_as],
 }
 """A key as the API shows it (`KeyRecord.to_dict`), never its secret."""
+
+
+WEBHOOK_CREATE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "url": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_URL_LENGTH,
+            "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://[!-~]+$",
+            "description": "http:// or https:// with a host, printable ASCII without spaces",
+        },
+        "events": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(EVENT_TYPES)},
+            "maxItems": MAX_NAMES,
+            "description": "the events it is sent (default: every event)",
+        },
+        "workspace": {
+            "type": ["string", "null"],
+            "minLength": 1,
+            "maxLength": MAX_TEXT_LENGTH,
+            "description": "only events about this workspace's keys (default: every workspace)",
+        },
+    },
+    "required": ["url"],
+    "additionalProperties": False,
+}
+"""A webhook endpoint's create body."""
+WEBHOOK_ROLL: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "overlap_seconds": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_GRACE_SECONDS,
+            "description": "how long the old secret still signs beside the new one (default: "
+            "24 hours)",
+        }
+    },
+    "required": [],
+    "additionalProperties": False,
+}
+"""A webhook endpoint's secret roll body."""
+
+_TIME: Final = {"type": "string", "format": "date-time"}
+_MAYBE_TIME: Final = {"type": ["string", "null"], "format": "date-time"}
+WEBHOOK_RESPONSE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "url": {"type": "string"},
+        "events": {"type": "array", "items": {"type": "string"}},
+        "workspace": {"type": ["string", "null"]},
+        "created_at": _TIME,
+    },
+    "required": ["id", "url", "events", "workspace", "created_at"],
+}
+"""A webhook endpoint as the API shows it (`Endpoint.to_dict`), never its secret."""
+DELIVERY_RESPONSE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "webhook_id": {"type": "string"},
+        "key_id": {"type": "string", "description": "the key, or `i:<id>` for an identity"},
+        "workspace": {"type": ["string", "null"]},
+        "event": {"type": "string"},
+        "status": {"type": "string", "enum": ["pending", "delivered", "failed"]},
+        "attempts": {"type": "integer"},
+        "created_at": _TIME,
+        "next_attempt_at": _TIME,
+        "last_attempt_at": _MAYBE_TIME,
+        "last_status": {"type": ["integer", "null"]},
+        "last_error": {"type": ["string", "null"]},
+    },
+    "required": [
+        "id",
+        "webhook_id",
+        "key_id",
+        "workspace",
+        "event",
+        "status",
+        "attempts",
+        "created_at",
+        "next_attempt_at",
+        "last_attempt_at",
+        "last_status",
+        "last_error",
+    ],
+}
+"""A webhook delivery as the API shows it (`Delivery.to_dict`)."""
 
 
 def parse_time(value: str, name: str) -> datetime:

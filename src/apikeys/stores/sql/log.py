@@ -253,7 +253,8 @@ def _install_postgres_identities(
         return f"{quote.quote(schema)}.{quote.quote(name)}"
 
     name = f"{_PG_IDENTITIES}_{_digest(schema, identities.name)}"
-    body = _postgres_identity_body(
+    body = _postgres_log_body(
+        _IDENTITY_ROWS,
         qualified(log.name),
         qualified(changes.name),
         qualified(f"{keys.name}_webhooks"),
@@ -264,61 +265,6 @@ def _install_postgres_identities(
 
 
 _PG_IDENTITIES: Final = "apikeys_ilog_v1"
-
-
-def _postgres_identity_body(log_name: str, changes_name: str, hooks_name: str, channel: str) -> str:
-    """The source of the identities' log function: as the keys' (`_postgres_function_body`),
-    each changed row named `i:<id>`, with its `identity.*` event and record."""
-    return f"""
-DECLARE
-  s bigint;
-  k text;
-  ids text[];
-  ev text;
-  evkey text;
-  rec text;
-BEGIN
-  IF TG_OP = 'TRUNCATE' THEN
-    ids := ARRAY['*'];
-  ELSIF TG_OP = 'INSERT' THEN
-    ids := ARRAY['{IDENTITY_PREFIX}' || NEW.id::text];
-    ev := 'identity.created';
-  ELSIF TG_OP = 'DELETE' OR OLD.id = NEW.id THEN
-    ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text];
-  ELSE
-    ids := ARRAY['{IDENTITY_PREFIX}' || OLD.id::text, '{IDENTITY_PREFIX}' || NEW.id::text];
-  END IF;
-  -- An update reaches here only when the trigger's WHEN saw more than usage change.
-  IF TG_OP = 'UPDATE' AND OLD.id = NEW.id THEN
-    ev := CASE WHEN OLD.state IS NOT DISTINCT FROM NEW.state THEN 'identity.updated'
-      WHEN NEW.state = 'revoked' THEN 'identity.revoked'
-      WHEN NEW.state = 'disabled' THEN 'identity.disabled' ELSE 'identity.enabled' END;
-  END IF;
-  IF ev IS NOT NULL THEN
-    evkey := '{IDENTITY_PREFIX}' || NEW.id::text;
-    rec := jsonb_build_object('at', clock_timestamp(), 'identity', to_jsonb(NEW))::text;
-  END IF;
-  FOREACH k IN ARRAY ids LOOP
-    UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
-    IF s IS NULL THEN
-      INSERT INTO {log_name} (id, seq, identity)
-        SELECT 1, COALESCE(max(seq), 0) + 1, md5(random()::text || clock_timestamp()::text)
-        FROM {changes_name}
-        ON CONFLICT (id) DO UPDATE SET seq = {log_name}.seq + 1
-        RETURNING seq INTO s;
-    END IF;
-    INSERT INTO {changes_name} (seq, notice, event, data) VALUES (
-      s, '{STORE_WRITER}:' || s || ':' || k,
-      CASE WHEN k = evkey THEN ev END, CASE WHEN k = evkey THEN rec END);
-    IF s % 128 = 0 THEN
-      DELETE FROM {changes_name} WHERE seq <= LEAST(
-        s - {KEEP_CHANGES}, (SELECT min(taken) FROM {hooks_name}));
-    END IF;
-    PERFORM pg_notify('{channel}', '{STORE_WRITER}:' || s || ':' || k);
-  END LOOP;
-  RETURN NULL;
-END
-"""
 
 
 def check_change_log_sql(
@@ -472,8 +418,12 @@ def _install_postgres(
         )
     _ensure_storage(connection, qualified(changes.name))
     name = f"{_PG_BASE}_{_digest(schema, keys.name)}"
-    body = _postgres_function_body(
-        keys, qualified(log.name), qualified(changes.name), qualified(f"{keys.name}_webhooks")
+    body = _postgres_log_body(
+        _KEY_ROWS,
+        qualified(log.name),
+        qualified(changes.name),
+        qualified(f"{keys.name}_webhooks"),
+        notice_channel_name(keys.name),
     )
     function = _ensure_function(connection, schema, name, qualified(name), body)
     _ensure_triggers(connection, qualified(keys.name), qualified(name), function)
@@ -508,13 +458,58 @@ def notice_channel_name(table_name: str) -> str:
     return channel_base_name(table_name) + "_n"
 
 
-def _postgres_function_body(
-    keys: sa.Table, log_name: str, changes_name: str, hooks_name: str
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LoggedRows:
+    """What differs between the log functions of the keys and of the identities: how a
+    changed row is named, and which event and record its change writes."""
+
+    subject: str
+    """SQL naming a row's subject from `{row}.id` (`OLD` or `NEW`)."""
+    created: str
+    events: str
+    """PL/pgSQL setting `ev` for an update that keeps the row's id."""
+    record: str
+    """SQL of the changed row as the event's record."""
+
+    def name(self, row: str) -> str:
+        return self.subject.format(row=row)
+
+
+_HIDDEN: Final = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
+_SECRET: Final = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))
+
+_KEY_ROWS: Final = _LoggedRows(
+    subject="{row}.id::text",
+    created="key.created",
+    events=f"""    IF OLD.state IS DISTINCT FROM NEW.state THEN
+      ev := CASE NEW.state WHEN 'revoked' THEN 'key.revoked'
+        WHEN 'disabled' THEN 'key.disabled' ELSE 'key.enabled' END;
+    ELSIF OLD.replaced_by IS NULL AND NEW.replaced_by IS NOT NULL THEN
+      ev := 'key.rolled';
+    ELSIF (to_jsonb(OLD) - {_HIDDEN}) IS DISTINCT FROM (to_jsonb(NEW) - {_HIDDEN})
+        OR (OLD.credits IS NULL) <> (NEW.credits IS NULL) THEN
+      ev := 'key.updated';
+    END IF;""",
+    record=f"'key', to_jsonb(NEW) - {_SECRET}",
+)
+# An identity's update reaches its function only when the trigger's WHEN saw more than
+# usage change.
+_IDENTITY_ROWS: Final = _LoggedRows(
+    subject=f"'{IDENTITY_PREFIX}' || {{row}}.id::text",
+    created="identity.created",
+    events="""    ev := CASE WHEN OLD.state IS NOT DISTINCT FROM NEW.state THEN 'identity.updated'
+      WHEN NEW.state = 'revoked' THEN 'identity.revoked'
+      WHEN NEW.state = 'disabled' THEN 'identity.disabled' ELSE 'identity.enabled' END;""",
+    record="'identity', to_jsonb(NEW)",
+)
+
+
+def _postgres_log_body(
+    rows: _LoggedRows, log_name: str, changes_name: str, hooks_name: str, channel: str
 ) -> str:
-    """The source of the log's trigger function (`pg_proc.prosrc` once it is made)."""
-    hidden = " - ".join(f"'{name}'" for name in sorted(USAGE_COLUMNS | SECRET_COLUMNS))
-    secret = " - ".join(f"'{name}'" for name in sorted(SECRET_COLUMNS))
-    channel = notice_channel_name(keys.name)
+    """The source of a log's trigger function (`pg_proc.prosrc` once it is made): each
+    changed row of the keys (or identities) table gets a change, a notice, and its event."""
+    old, new = rows.name("OLD"), rows.name("NEW")
     return f"""
 DECLARE
   s bigint;
@@ -527,27 +522,19 @@ BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     ids := ARRAY['*'];
   ELSIF TG_OP = 'INSERT' THEN
-    ids := ARRAY[NEW.id::text];
-    ev := 'key.created';
+    ids := ARRAY[{new}];
+    ev := '{rows.created}';
   ELSIF TG_OP = 'DELETE' OR OLD.id = NEW.id THEN
-    ids := ARRAY[OLD.id::text];
+    ids := ARRAY[{old}];
   ELSE
-    ids := ARRAY[OLD.id::text, NEW.id::text];
+    ids := ARRAY[{old}, {new}];
   END IF;
   IF TG_OP = 'UPDATE' AND OLD.id = NEW.id THEN
-    IF OLD.state IS DISTINCT FROM NEW.state THEN
-      ev := CASE NEW.state WHEN 'revoked' THEN 'key.revoked'
-        WHEN 'disabled' THEN 'key.disabled' ELSE 'key.enabled' END;
-    ELSIF OLD.replaced_by IS NULL AND NEW.replaced_by IS NOT NULL THEN
-      ev := 'key.rolled';
-    ELSIF (to_jsonb(OLD) - {hidden}) IS DISTINCT FROM (to_jsonb(NEW) - {hidden})
-        OR (OLD.credits IS NULL) <> (NEW.credits IS NULL) THEN
-      ev := 'key.updated';
-    END IF;
+{rows.events}
   END IF;
   IF ev IS NOT NULL THEN
-    evkey := NEW.id::text;
-    rec := jsonb_build_object('at', clock_timestamp(), 'key', to_jsonb(NEW) - {secret})::text;
+    evkey := {new};
+    rec := jsonb_build_object('at', clock_timestamp(), {rows.record})::text;
   END IF;
   FOREACH k IN ARRAY ids LOOP
     UPDATE {log_name} SET seq = seq + 1 WHERE id = 1 RETURNING seq INTO s;
