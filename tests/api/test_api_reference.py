@@ -86,6 +86,7 @@ async def test_an_operation_added_to_the_document_shows_up_by_itself() -> None:
             "operationId": "list_hooks",
             "summary": "The webhook endpoints",
             "description": "Needs the scope `apikeys:admin`.",
+            "security": [{"apiKey": ["apikeys:admin"]}],
             "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer"}}],
             "responses": {"200": {"description": "The endpoints"}, "418": {"description": "No"}},
         }
@@ -95,3 +96,17 @@ async def test_an_operation_added_to_the_document_shows_up_by_itself() -> None:
     assert "| `limit` | query | no | integer |" in section
     assert "| `418` | No | none |" in section
     assert "[`GET /hooks`](#list_hooks) | `apikeys:admin` |" in markdown_reference(document)
+
+
+def test_each_operation_names_the_scope_its_route_rule_needs_in_its_security_requirement() -> None:
+    from apikeys.api.openapi import openapi_document
+    from apikeys.api.operations import ADMIN_SCOPE, OPERATIONS, READ_SCOPE, scope_rules
+
+    rules = scope_rules()
+    document = openapi_document()
+    for operation in OPERATIONS:
+        shown = document["paths"][operation.path][operation.method.lower()]["security"]
+        if operation.operators_only:
+            assert shown == [{"apiKey": [READ_SCOPE, ADMIN_SCOPE]}]
+        else:
+            assert shown == [{"apiKey": [rules[operation.rule]]}], operation.id

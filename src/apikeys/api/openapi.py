@@ -184,10 +184,14 @@ def _operation(operation: Operation) -> dict[str, Any]:
             f"among its scopes, and holds `{READ_SCOPE}`. Any other caller is answered 404, "
             "as on a path that is no operation."
         )
+    # The scopes the caller's key must hold, as the security requirement's roles (OpenAPI
+    # 3.1 lets a requirement of any scheme list them).
+    scopes = [READ_SCOPE, ADMIN_SCOPE] if operation.operators_only else [operation.scope]
     document: dict[str, Any] = {
         "operationId": operation.id,
         "summary": operation.summary,
         "description": needs,
+        "security": [{"apiKey": scopes}],
         "parameters": _parameters(operation),
         "responses": responses,
     }

@@ -24,8 +24,6 @@ from typing import Any, Final
 __all__ = ["main", "markdown_reference"]
 
 _METHODS: Final = ("get", "put", "post", "patch", "delete")
-# A scope, as the descriptions name them: `resource:action`.
-_SCOPE: Final = re.compile(r"`([a-z][\w.-]*:[\w.*-]+)`")
 _REF: Final = "#/components/schemas/"
 
 
@@ -128,8 +126,13 @@ def _answers(responses: Mapping[str, Any]) -> Iterator[str]:
 
 
 def _scope(operation: Mapping[str, Any]) -> str:
-    """The scopes an operation's description names (what it needs)."""
-    found = dict.fromkeys(_SCOPE.findall(str(operation.get("description", ""))))
+    """The scopes an operation's security requirement names (what the caller must hold)."""
+    found = dict.fromkeys(
+        str(scope)
+        for requirement in operation.get("security", ())
+        for scopes in requirement.values()
+        for scope in scopes
+    )
     return " and ".join(f"`{scope}`" for scope in found) or "none"
 
 
