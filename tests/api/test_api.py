@@ -404,6 +404,7 @@ def test_every_operation_needs_a_management_scope() -> None:
         "apikeys.api.identities",
         "apikeys.api.idempotency",
         "apikeys.api.keys",
+        "apikeys.api.merging",
         "apikeys.api.openapi",
         "apikeys.api.operations",
         "apikeys.api.reference",
