@@ -404,6 +404,7 @@ def test_every_operation_needs_a_management_scope() -> None:
         "apikeys.api.identities",
         "apikeys.api.idempotency",
         "apikeys.api.keys",
+        "apikeys.api.merging",
         "apikeys.api.openapi",
         "apikeys.api.operations",
         "apikeys.api.reference",
@@ -414,6 +415,22 @@ def test_every_operation_needs_a_management_scope() -> None:
 def test_the_public_names_of_the_api_are_exported_and_documented(module: str) -> None:
     assert_all_is_complete(module)
     assert_exports_are_documented(module)
+
+
+@pytest.mark.parametrize(
+    ("header", "scheme"),
+    [
+        ("Authorization", {"type": "http", "scheme": "bearer"}),
+        ("X-API-Key", {"type": "apiKey", "in": "header", "name": "X-API-Key"}),
+    ],
+)
+def test_the_openapi_document_shows_the_header_the_api_reads_the_key_from(
+    header: str, scheme: dict[str, str]
+) -> None:
+    document = ManagementAPI(KeyManager("memory://"), header=header).document
+    shown = document["components"]["securitySchemes"]["apiKey"]
+    assert {name: shown[name] for name in scheme} == scheme
+    assert shown["description"].startswith("A key of the workspace it manages")
 
 
 def test_the_openapi_document_documents_every_operation_and_its_errors() -> None:

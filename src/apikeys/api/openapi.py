@@ -79,7 +79,22 @@ def _list_of(name: str) -> dict[str, Any]:
     }
 
 
-def _components() -> dict[str, Any]:
+def _security_scheme(header: str) -> dict[str, Any]:
+    if header.lower() == "authorization":
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A key of the workspace it manages: `Authorization: Bearer ak_…`.",
+        }
+    return {
+        "type": "apiKey",
+        "in": "header",
+        "name": header,
+        "description": f"A key of the workspace it manages: `{header}: ak_…`.",
+    }
+
+
+def _components(header: str) -> dict[str, Any]:
     created = {
         "type": "object",
         "allOf": [_ref("Key")],
@@ -129,7 +144,7 @@ def _components() -> dict[str, Any]:
             "Deliveries": _list_of("Delivery"),
             "Problem": _PROBLEM,
         },
-        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {"apiKey": _security_scheme(header)},
     }
 
 
@@ -204,10 +219,15 @@ def _operation(operation: Operation) -> dict[str, Any]:
 
 
 def openapi_document(
-    *, title: str = "API keys", version: str = "1", webhooks: bool = True
+    *,
+    title: str = "API keys",
+    version: str = "1",
+    webhooks: bool = True,
+    header: str = "Authorization",
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the management API, its paths relative to where it is
-    mounted; with the operators' webhook operations unless `webhooks` is false."""
+    mounted; with the operators' webhook operations unless `webhooks` is false. The key
+    goes in `header`: as a Bearer token in Authorization, else bare."""
     paths: dict[str, dict[str, Any]] = {}
     for operation in OPERATIONS:
         if operation.operators_only and not webhooks:
@@ -226,5 +246,5 @@ def openapi_document(
         },
         "security": [{"apiKey": []}],
         "paths": paths,
-        "components": _components(),
+        "components": _components(header),
     }
