@@ -41,6 +41,7 @@ from pathlib import Path
 
 from apikeys import KeyManager
 from apikeys.hashing import PEPPER_ENV
+from examples.contacts_service.api import MANAGEMENT_PATH
 from examples.contacts_service.auth import ensure_user
 from examples.contacts_service.db import DEMO_CAMPAIGNS, Database
 from examples.contacts_service.payload import validate_contact
@@ -177,6 +178,12 @@ def main(argv: list[str] | None = None) -> None:
         "Try it:\n\n"
         f'    curl -H "Authorization: Bearer {key}" {base}/api/v1/contacts\n\n'
         f"The API's OpenAPI document: {base}/api/v1/openapi.json\n\n"
+        "The key holds apikeys:read and apikeys:write, so it also manages the workspace's "
+        f"keys through the management API at {base}{MANAGEMENT_PATH} (docs/management-api.md); "
+        "make a key that may only read contacts:\n\n"
+        f'    curl -H "Authorization: Bearer {key}" -H "Content-Type: application/json" '
+        f'-d \'{{"name": "zapier", "scopes": ["contacts:read"]}}\' '
+        f"{base}{MANAGEMENT_PATH}/keys\n\n"
         f"Manage keys in the browser: {base}{LIST_URL}\n"
         f"    e-mail:   {settings.admin_email}\n"
         + (

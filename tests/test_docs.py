@@ -9,6 +9,11 @@ Conventions for the Markdown pages:
   it is written to NAME in that directory instead of being run; later blocks import it.
 - `<!-- not-run: reason -->` on the line before a block: compiled but not run. Only for
   samples that need a live server or a package apikeys does not depend on.
+- `<!-- server: COMMAND -->` on the line before a shell block: the block talks to the app
+  COMMAND serves (`python -m uvicorn …`, which the block shows the reader too). The test
+  starts it, on a free port, in the page's directory (its files saved there, the repository
+  importable), then runs every line of the block, curl and `python file.py` included, in
+  one shell: `127.0.0.1:8000` in the block and in the page's files is that port.
 
 Shell blocks: every `apikeys …` command in them must parse with the real command line, and
 each page's `apikeys …` lines and variable assignments run, in page order, in one shell in a
@@ -29,6 +34,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +65,7 @@ PAGES = sorted(DOCS.rglob("*.md"))
 PEPPER = "A-fCCRkLiznK5jeQtf4uP3mlDGQQ8xKyS9-qOdLRQ-4"
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
-_DIRECTIVE = re.compile(r"^<!--\s*(file|not-run):\s*(.+?)\s*-->$")
+_DIRECTIVE = re.compile(r"^<!--\s*(file|not-run|server):\s*(.+?)\s*-->$")
 
 
 @dataclass(frozen=True)
@@ -228,15 +234,21 @@ def test_not_run_samples_are_rare() -> None:
 
 def test_file_samples_are_used_by_a_later_sample() -> None:
     for page in PAGES:
-        page_blocks = [block for block in blocks(page) if block.language == "python"]
+        page_blocks = blocks(page)
         for position, block in enumerate(page_blocks):
-            if block.directive != "file":
+            if block.language != "python" or block.directive != "file":
                 continue
             assert block.argument is not None
             module = block.argument.removesuffix(".py")
             later = "".join(b.code for b in page_blocks[position + 1 :])
-            # Imported by a later sample or file, or run by name (`pytest test_app.py`).
-            used = (f"from {module} import", f"import {module}", f'"{block.argument}"')
+            # Imported by a later sample or file, or run by name (`pytest test_app.py`,
+            # `python manage.py` in a served shell block).
+            used = (
+                f"from {module} import",
+                f"import {module}",
+                f'"{block.argument}"',
+                f"python {block.argument}",
+            )
             assert any(use in later for use in used), (
                 f"{block.where}: nothing on the page runs {block.argument}"
             )
@@ -315,7 +327,7 @@ def shell_script(page: Path) -> list[tuple[int, str]]:
     """The lines of `page`'s shell blocks the shell test runs, with their line numbers."""
     found: list[tuple[int, str]] = []
     for block in blocks(page):
-        if block.language not in _SHELL or block.directive == "not-run":
+        if block.language not in _SHELL or block.directive in ("not-run", "server"):
             continue
         lines = block.code.replace("\\\n", " ").splitlines()
         for offset, raw in enumerate(lines):
@@ -363,6 +375,84 @@ def test_shell_samples_left_to_the_reader_are_rare() -> None:
         if block.language in _SHELL and block.directive == "not-run"
     ]
     assert len(skipped) <= 3, skipped
+
+
+# -- shell samples against a served app ----------------------------------------------------------
+
+SERVED = [
+    block
+    for page in PAGES
+    for block in blocks(page)
+    if block.language in _SHELL and block.directive == "server"
+]
+_SAMPLE_ADDRESS = "127.0.0.1:8000"
+
+
+def _start_server(command: str, directory: Path, env: dict[str, str]) -> tuple[Any, str]:
+    """`command` (`python -m uvicorn …`) serving on a free port from `directory`: the
+    process and the address it answers at, once it answers."""
+    from tests.examples.conftest import free_port
+
+    port = free_port()
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "uvicorn"], command
+    log = (directory / "server.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, *words[1:], "--host", "127.0.0.1", "--port", str(port)],
+        cwd=directory,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    address = f"127.0.0.1:{port}"
+    for _ in range(300):
+        if process.poll() is not None:
+            break
+        try:
+            httpx.get(f"http://{address}/", timeout=1)
+        except httpx.TransportError:
+            time.sleep(0.1)
+            continue
+        return process, address
+    process.kill()
+    process.wait()
+    pytest.fail(f"{command} did not start:\n{(directory / 'server.log').read_text()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", SERVED, ids=lambda block: block.where)
+def test_a_served_shell_sample_runs_against_its_server(block: Block, tmp_path: Path) -> None:
+    command = block.argument
+    assert command is not None
+    # The reader is shown how to start it, in the block itself.
+    assert command in block.code, f"{block.where}: the block does not show `{command}`"
+    env = {**_clean_env(), "APIKEYS_PEPPER": PEPPER}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    process, address = _start_server(command, tmp_path, env)
+    try:
+        for earlier in blocks(block.page):
+            if earlier.directive == "file" and earlier.argument is not None:
+                code = earlier.code.replace(_SAMPLE_ADDRESS, address)
+                (tmp_path / earlier.argument).write_text(code)
+        script = block.code.replace(_SAMPLE_ADDRESS, address)
+        result = subprocess.run(
+            ["bash", "-c", "set -eo pipefail\n" + script],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+    log = (tmp_path / "server.log").read_text()
+    assert result.returncode == 0, f"{block.where}:\n{result.stdout}\n{result.stderr}\n{log}"
+    assert "Traceback" not in log, log
 
 
 # -- the HTTP error reference -------------------------------------------------------------------

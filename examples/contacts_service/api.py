@@ -25,7 +25,15 @@ from examples.contacts_service.db import Database, Page, campaign_json, contact_
 from examples.contacts_service.payload import read_json, validate_contact
 from examples.contacts_service.problems import Problem
 
-__all__ = ["OPENAPI_PATH", "OPERATIONS", "Operation", "protected_prefixes", "routes", "scope_rules"]
+__all__ = [
+    "MANAGEMENT_PATH",
+    "OPENAPI_PATH",
+    "OPERATIONS",
+    "Operation",
+    "protected_prefixes",
+    "routes",
+    "scope_rules",
+]
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -196,6 +204,11 @@ def scope_rules() -> dict[str, str]:
 
 OPENAPI_PATH = "/api/v1/openapi.json"
 """Served without a key under `/api/`, like GitHub's signed alerts (`leaks.PATH`)."""
+
+
+MANAGEMENT_PATH = "/v1/api-keys"
+"""Where the management API (`apikeys.api`) is mounted: outside `/api/`, since it
+authenticates its own calls, with the scopes `apikeys:read` and `apikeys:write`."""
 
 
 def protected_prefixes() -> list[str]:

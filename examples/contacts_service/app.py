@@ -12,6 +12,9 @@ prepares the key store and the service's tables (and the admin user, when
 shutdown. The settings UI (`web.py`) uses the same manager as the middleware, and so do
 the leak endpoints (`leaks.py`): `/api/v1/secret-scanning`, which revokes the keys GitHub
 finds in public, and `/api/v1/credentials/revoke`, where anyone can report leaked keys.
+The management API (`apikeys.api`) is mounted at `/v1/api-keys`: a workspace's scripts
+create, roll and revoke its keys there with a key holding `apikeys:write` (a full-access
+key holds it), its OpenAPI document at `/v1/api-keys/openapi.json`.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from apikeys import APIKeyMiddleware, KeyManager
+from apikeys.api import ManagementAPI
 from examples.contacts_service import api, leaks, web
 from examples.contacts_service.auth import (
     LoginThrottle,
@@ -79,6 +83,13 @@ def create_app(settings: Settings | None = None, manager: KeyManager | None = No
         # The settings UI: /login, /logout, and the library's keys page, mounted at
         # /settings/integrations/api-keys/ (its static files under it).
         *web.routes(web.keys_page(settings, manager, secret)),
+        # The management API checks its callers' keys itself, with the same manager.
+        Mount(
+            api.MANAGEMENT_PATH,
+            app=ManagementAPI(
+                manager, rate_limit=settings.rate_limit, limiter_url=settings.limiter_url
+            ),
+        ),
     ]
     app = Starlette(
         routes=routes,

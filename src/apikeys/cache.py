@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from apikeys.bounded import remember_recent
 from apikeys.errors import ChangeNotConfirmed
 from apikeys.stores.contract import STORE_WRITER, Channel, KeyStore, parse_notice
+from apikeys.tasks import started
 from apikeys.types import StoredKey, identity_subject
 
 if TYPE_CHECKING:
@@ -293,7 +294,8 @@ class KeyCache:
         if not self._connected:
             await timer
             return
-        acknowledged = asyncio.ensure_future(self.channel.delivered(notice))
+        # Left behind by the timer, it may yet fail (the notice forgotten meanwhile).
+        acknowledged = started(self.channel.delivered(notice))
         try:
             await asyncio.wait({timer, acknowledged}, return_when=asyncio.FIRST_COMPLETED)
             if acknowledged.done() and acknowledged.exception() is None:

@@ -49,6 +49,7 @@ from apikeys.errors import (
 )
 from apikeys.manager import KeyManager
 from apikeys.manager.credits import spends_identity
+from apikeys.outages import OutageLog
 from apikeys.policies import parse_refill
 from apikeys.problems import Headers
 from apikeys.ratelimit import (
@@ -456,6 +457,7 @@ class Gate:
             else None
         )
         self.reader = KeyReader(header, legacy_schemes)
+        self.outages = OutageLog()
         """Reads the key from a request's headers."""
         self.header = header
         self.header_name = self.reader.header_name
@@ -774,13 +776,15 @@ class Gate:
         A refusal of `REFUSED_AFTER_AUTHENTICATION` is counted in the key's usage history
         under its code (the key's request was counted when it was verified), and a rate
         limit or credits refusal in the limiter telemetry; other refusals (a bad key, 503)
-        are the key's to nobody. The error's detail names the key's header, and its
-        `headers` gain `rate_headers`.
+        are the key's to nobody; a 503 is logged (`apikeys.outages`). The error's detail
+        names the key's header, and its `headers` gain `rate_headers`.
         """
         if record is not None and exc.code in REFUSED_AFTER_AUTHENTICATION:
             self.manager.usage_buffer.refused(record.id, exc.code)
             if self.manager.telemetry.active and exc.code in _LIMITER_CODES:
                 self.manager.telemetry.limiter(record.id, exc.code)
+        if isinstance(exc, AuthUnavailable):
+            self.outages.refused(exc)  # the store or the limiter failed: logged
         exc = self.reader.error(exc)
         if rate_headers:
             exc.headers = (*exc.headers, *rate_headers)

@@ -16,8 +16,14 @@ What a walk through the pages guarantees (one filter, any page size):
 
 A cursor is the position only, base64url text: it holds a key's id (public, shown in every
 list) and a creation time, never a secret, and it is not tied to the filter it came with.
-Webhook deliveries are listed newest first, by a number their store keeps and their id
+Identities are listed the same way (`IdentityPage`, their `(created_at, id)`). Webhook
+deliveries are listed newest first, by a number their store keeps and their id
 (`DeliveryPosition`); their cursors are made and read by the same two functions.
+
+The audit trail is read a page at a time from its newest end (`AuditPage`): the first page
+holds the newest events, and each `next_cursor` the events before them. The trail only
+grows at its newest end, so an event's place counted from the oldest is fixed: a trail
+cursor (`encode_trail_cursor`) is that count, the number of older events still to read.
 """
 
 from __future__ import annotations
@@ -31,15 +37,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol, get_args
 
 from apikeys.errors import InvalidKeyParameters
-from apikeys.identities import check_identity_id
+from apikeys.identities import IdentityRecord, check_identity_id
 from apikeys.policies import check_owner, check_text
-from apikeys.types import ENVIRONMENTS, Environment, KeyRecord, Status
+from apikeys.types import ENVIRONMENTS, AuditEvent, Environment, KeyRecord, Status
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
     "STATUSES",
+    "AuditPage",
     "DeliveryPosition",
+    "IdentityPage",
     "KeyFilter",
     "KeyPage",
     "Position",
@@ -48,7 +56,9 @@ __all__ = [
     "check_page_size",
     "decode_cursor",
     "decode_delivery_cursor",
+    "decode_trail_cursor",
     "encode_cursor",
+    "encode_trail_cursor",
     "position",
 ]
 
@@ -85,6 +95,7 @@ _CURSOR: Final = re.compile(r"1\.(-?[0-9]{1,19})\.([!-~]{1,64})")
 _BAD_CURSOR: Final = "invalid cursor: pass the next_cursor of a previous page unchanged"
 # A delivery's order is a 64-bit integer in every store (a SQL BIGINT).
 _ORDERS: Final = range(-(2**63), 2**63)
+_TRAIL_CURSOR: Final = re.compile(r"t1\.([1-9][0-9]{0,17})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +154,24 @@ class KeyPage:
     (None on the last page)."""
 
     records: Sequence[KeyRecord]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityPage:
+    """One page of identities, oldest first, and the cursor of the next page (None on the
+    last page)."""
+
+    records: Sequence[IdentityRecord]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditPage:
+    """One page of the audit trail, oldest first (newest last), and the cursor of the page
+    of the events before it (None when there are none)."""
+
+    events: Sequence[AuditEvent]
     next_cursor: str | None
 
 
@@ -215,3 +244,24 @@ def check_page_size(limit: object) -> int:
             f"invalid page size {limit!r}: a whole number from 1 to {MAX_PAGE_SIZE}"
         )
     return limit
+
+
+def encode_trail_cursor(older: int) -> str:
+    """The opaque cursor of the audit page that ends before the `older`-th event of the
+    trail, counted from its oldest (`older` > 0)."""
+    return base64.urlsafe_b64encode(f"t1.{older}".encode()).decode().rstrip("=")
+
+
+def decode_trail_cursor(cursor: str) -> int:
+    """The count `cursor` names; `InvalidKeyParameters` for anything not made by
+    `encode_trail_cursor`."""
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= 40:
+        raise InvalidKeyParameters(_BAD_CURSOR)
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):
+        raise InvalidKeyParameters(_BAD_CURSOR) from None
+    found = _TRAIL_CURSOR.fullmatch(text)
+    if found is None:
+        raise InvalidKeyParameters(_BAD_CURSOR)
+    return int(found.group(1))

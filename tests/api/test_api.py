@@ -4,6 +4,7 @@ PostgreSQL: tests/api/test_schemathesis.py.)"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from apikeys.api import OPERATIONS, ManagementAPI
 from apikeys.api.idempotency import Idempotency
 from apikeys.errors import Conflict, IdempotencyKeyReused, InvalidPayload
 from apikeys.fields import KEY_FIELDS
+from apikeys.identities import check_identity_id
 from apikeys.types import utcnow
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
 
@@ -216,7 +218,7 @@ async def test_scopes_decide_who_reads_writes_and_administers(
     )
     assert refused.status_code == 403
     assert refused.json()["code"] == "insufficient_scope"
-    identity = await client.post("/identities", json={"id": "cust-1"}, headers=writer)
+    identity = await client.post("/identities", json={"name": "Cust"}, headers=writer)
     assert identity.status_code == 403
     assert identity.json()["code"] == "insufficient_scope"
     assert (await client.get("/keys")).status_code == 401
@@ -228,29 +230,33 @@ async def test_identities_are_managed_by_admins_of_their_workspace(
 ) -> None:
     admin = await caller(memory_manager, ["apikeys:read", "apikeys:admin"])
     made = await client.post(
-        "/identities", json={"id": "cust-1", "name": "Cust", "credits": 10}, headers=admin
+        "/identities",
+        json={"name": "Cust", "credits": 10, "metadata": {"customer": "cust-1"}},
+        headers=admin,
     )
     assert made.status_code == 201, made.text
     assert made.json()["workspace"] == "acme"
+    assert made.json()["metadata"] == {"customer": "cust-1"}
+    ident = made.json()["id"]
     assert [i["id"] for i in (await client.get("/identities", headers=admin)).json()["items"]] == [
-        "cust-1"
+        ident
     ]
-    got = await client.get("/identities/cust-1", headers=admin)
+    got = await client.get(f"/identities/{ident}", headers=admin)
     edited = await client.patch(
-        "/identities/cust-1",
+        f"/identities/{ident}",
         json={"name": "Customer"},
         headers={**admin, "If-Match": got.headers["etag"]},
     )
     assert edited.status_code == 200
     assert edited.json()["name"] == "Customer"
     stale = await client.patch(
-        "/identities/cust-1",
+        f"/identities/{ident}",
         json={"name": "Late"},
         headers={**admin, "If-Match": got.headers["etag"]},
     )
     assert stale.status_code == 412
     for action, status in (("disable", "disabled"), ("enable", "active"), ("revoke", "revoked")):
-        changed = await client.post(f"/identities/cust-1/{action}", headers=admin)
+        changed = await client.post(f"/identities/{ident}/{action}", headers=admin)
         assert changed.status_code == 200
         assert changed.json()["status"] == status
     await memory_manager.create_identity("other", workspace="globex")
@@ -258,6 +264,26 @@ async def test_identities_are_managed_by_admins_of_their_workspace(
     unknown = await client.get("/identities/nobody", headers=admin)
     assert mine.status_code == unknown.status_code == 404
     assert mine.json() == unknown.json()
+
+
+async def test_the_api_draws_identity_ids_so_a_create_tells_nothing_of_other_workspaces(
+    client: httpx.AsyncClient, memory_manager: KeyManager
+) -> None:
+    await memory_manager.create_identity("acme-corp", workspace="globex")
+    admin = await caller(memory_manager, ["apikeys:read", "apikeys:admin"])
+    named = await client.post("/identities", json={"id": "acme-corp"}, headers=admin)
+    assert named.status_code == 400
+    assert named.json()["errors"] == [{"field": "id", "message": "is not a field of this request"}]
+    ids = set()
+    for _ in range(20):
+        made = await client.post("/identities", json={"name": "n"}, headers=admin)
+        assert made.status_code == 201, made.text
+        ids.add(made.json()["id"])
+    assert len(ids) == 20
+    for ident in ids:
+        assert re.fullmatch(r"idn_[0-9A-Za-z]{22}", ident)
+        assert check_identity_id(ident) == ident
+        assert (await memory_manager.get_identity(ident)).workspace == "acme"
 
 
 async def test_if_match_refuses_a_stale_edit_and_changes_nothing(
@@ -378,8 +404,10 @@ def test_every_operation_needs_a_management_scope() -> None:
         "apikeys.api.identities",
         "apikeys.api.idempotency",
         "apikeys.api.keys",
+        "apikeys.api.merging",
         "apikeys.api.openapi",
         "apikeys.api.operations",
+        "apikeys.api.reference",
         "apikeys.api.schemas",
         "apikeys.api.webhooks",
     ],
@@ -387,6 +415,22 @@ def test_every_operation_needs_a_management_scope() -> None:
 def test_the_public_names_of_the_api_are_exported_and_documented(module: str) -> None:
     assert_all_is_complete(module)
     assert_exports_are_documented(module)
+
+
+@pytest.mark.parametrize(
+    ("header", "scheme"),
+    [
+        ("Authorization", {"type": "http", "scheme": "bearer"}),
+        ("X-API-Key", {"type": "apiKey", "in": "header", "name": "X-API-Key"}),
+    ],
+)
+def test_the_openapi_document_shows_the_header_the_api_reads_the_key_from(
+    header: str, scheme: dict[str, str]
+) -> None:
+    document = ManagementAPI(KeyManager("memory://"), header=header).document
+    shown = document["components"]["securitySchemes"]["apiKey"]
+    assert {name: shown[name] for name in scheme} == scheme
+    assert shown["description"].startswith("A key of the workspace it manages")
 
 
 def test_the_openapi_document_documents_every_operation_and_its_errors() -> None:

@@ -82,7 +82,7 @@ async def test_a_full_access_key_without_apikeys_admin_changes_no_identity(
     for verb in ("disable", "enable", "revoke"):
         answer = await client.post(f"/identities/cust_42/{verb}", headers=_auth(customer.key))
         assert answer.status_code == 403, verb
-    made = await client.post("/identities", json={"id": "cust_43"}, headers=_auth(customer.key))
+    made = await client.post("/identities", json={"name": "C43"}, headers=_auth(customer.key))
     assert made.status_code == 403
     identity = await memory_manager.get_identity("cust_42")
     assert (identity.rate_limit, identity.state) == ("1000/minute", "active")
@@ -153,6 +153,9 @@ async def test_a_test_key_reads_no_live_keys_audit_trail(
     theirs = await client.get(f"/audit?key_id={live.record.id}", headers=auth)
     unknown = await client.get("/audit?key_id=AAAAAAAAAAAA", headers=auth)
     assert theirs.status_code == unknown.status_code == 200
-    assert theirs.json() == unknown.json() == {"items": []}
+    assert theirs.json() == unknown.json() == {"items": [], "next_cursor": None}
     own = await client.get(f"/audit?key_id={tester.record.id}", headers=auth)
     assert [event["action"] for event in own.json()["items"]] == ["created"]
+    # Nor without key_id: the trail of its workspace shows its own environment's keys.
+    trail = await client.get("/audit", headers=auth)
+    assert {event["key_id"] for event in trail.json()["items"]} == {tester.record.id}

@@ -177,3 +177,58 @@ def test_a_roll_never_hands_the_caller_a_key_beyond_its_own(
     caller: dict[str, Any], target: dict[str, Any]
 ) -> None:
     asyncio.run(_roll(caller, target))
+
+
+identity_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.sampled_from(["cust", "globex-cust", "idn_" + "A" * 22]),
+        "name": st.sampled_from(["Cust", ""]),
+        "metadata": st.just({"customer": "cust"}),
+        "rate_limit": st.sampled_from(["5/second", "nonsense"]),
+        "credits": st.integers(-1, 10),
+        "credit_refill": st.just("10/day"),
+        "workspace": st.just("globex"),
+    },
+)
+
+
+async def _create_identity(caller_spec: dict[str, Any], admin: bool, body: dict[str, Any]) -> None:
+    async with KeyManager(MemoryStore(), hasher=Hasher(pepper=TEST_PEPPER)) as manager:
+        await manager.create_identity("globex-cust", workspace="globex")
+        scopes = ["apikeys:read", *(["apikeys:admin"] if admin else []), *caller_spec["scopes"]]
+        made = await manager.create(
+            name="caller",
+            workspace="acme",
+            full_access=caller_spec["full"],
+            scopes=() if caller_spec["full"] else scopes,
+        )
+        api = ManagementAPI(manager, rate_limit="100000/minute")
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answer = await client.post(
+                "/identities", json=body, headers={"Authorization": f"Bearer {made.key}"}
+            )
+        made_ones = [one for one in await manager.list_identities() if one.id != "globex-cust"]
+        if answer.status_code == 201:
+            # Only a caller whose scopes name apikeys:admin, in its own workspace, under an
+            # id the API drew: never one the body named.
+            assert admin
+            assert not caller_spec["full"]
+            assert "id" not in body
+            assert "workspace" not in body
+            assert [one.id for one in made_ones] == [answer.json()["id"]]
+            assert made_ones[0].id.startswith("idn_")
+            assert made_ones[0].workspace == "acme"
+        else:
+            assert answer.status_code in (400, 403), answer.text
+            assert made_ones == []
+        assert (await manager.get_identity("globex-cust")).workspace == "globex"
+
+
+@settings(max_examples=100)
+@given(caller=callers, admin=st.booleans(), body=identity_bodies)
+def test_an_identity_made_through_the_api_is_the_callers_workspaces_under_a_drawn_id(
+    caller: dict[str, Any], admin: bool, body: dict[str, Any]
+) -> None:
+    asyncio.run(_create_identity(caller, admin, body))

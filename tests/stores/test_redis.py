@@ -557,3 +557,37 @@ async def test_the_key_prefix_is_read_from_the_url_query() -> None:
         assert store.key_name("k") == "contacts:key:{k}"
     finally:
         await store.aclose()
+
+
+async def test_a_damaged_hash_is_refused_503_and_logged_once_a_second_naming_the_damage(
+    make_store: StoreFactory, admin: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The request path logs why it answers 503 (docs/deploying.md, "Failing closed"), in a
+    # line a second at most, the secret nowhere.
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from apikeys import APIKeyMiddleware, Hasher, KeyManager
+
+    store = make_store()
+    async with KeyManager(store, hasher=Hasher(), cache=False) as manager:
+        created = await manager.create(name="n", full_access=True)
+        await admin.hdel(store.key_name(created.record.id), "secret_hash")
+
+        async def ok(request: Any) -> PlainTextResponse:
+            return PlainTextResponse("ok")
+
+        app = APIKeyMiddleware(Starlette(routes=[Route("/", ok)]), manager=manager)
+        transport = httpx.ASGITransport(app=app)
+        headers = {"Authorization": f"Bearer {created.key}"}
+        with caplog.at_level("WARNING", logger="apikeys"):
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                answers = [(await client.get("/", headers=headers)).status_code for _ in range(5)]
+    assert answers == [503] * 5
+    lines = [r.getMessage() for r in caplog.records if "answering 503" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "damaged" in lines[0]
+    assert created.key not in caplog.text
+    assert created.key.split("_")[-1] not in caplog.text

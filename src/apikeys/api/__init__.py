@@ -19,8 +19,10 @@ the workspaces `ManagementAPI(manager, operators=…)` names whose keys name `ap
 to anyone else their paths answer as paths that are no operation. Its parts, one job each:
 `app` (the ASGI app), `operations` (the table of operations and scopes), `keys`,
 `identities` and `webhooks` (the endpoints), `schemas` (bodies from the field tables),
-`openapi` (the document), `idempotency` (`Idempotency-Key`), `http` (what every endpoint
-shares).
+`openapi` (the document), `merging` (its operations in another app's document, as
+mounted: `apikeys.integrations.fastapi.include_management_api`), `reference` (its
+reference page, in Markdown: `python -m apikeys.api.reference`), `idempotency`
+(`Idempotency-Key`), `http` (what every endpoint shares).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ class ManagementAPI:
             )
         self.manager = manager
         self._reader = KeyReader(header)
-        self.document = openapi_document(title=title, webhooks=bool(operators))
+        self.document = openapi_document(title=title, webhooks=bool(operators), header=header)
         """The OpenAPI 3.1 document served at `/openapi.json`."""
         keys = KeyEndpoints(manager, check_workspace_fields(workspace_fields))
         identities = IdentityEndpoints(manager)

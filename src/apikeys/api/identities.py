@@ -6,20 +6,41 @@ its writes need `apikeys:admin` (the route table of `apikeys.api.app`), named am
 caller's scopes: full access alone, which passes every other scope check, does not let a
 customer's key lift its own identity's limits or credits. Reads need `apikeys:read`.
 Another workspace's identity answers as an unknown one.
+
+An identity made here gets an id the API draws (`new_identity_id`), never one the caller
+names: identity ids are the store's, shared by every workspace, so a create that named one
+would answer "taken" for another workspace's id, telling the caller which ids exist there.
+A customer's own reference for it goes in `metadata`. The Python API and the command line
+(the operator's) keep ids the application chooses.
 """
 
 from __future__ import annotations
+
+import secrets
+from typing import Final
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.api.http import Caller, Endpoint, check_if_match, etag_of, json_response, read_json
+from apikeys.api.keys import int_param, text_param
 from apikeys.api.schemas import IDENTITY_CREATE, IDENTITY_UPDATE, NO_BODY, check_body
 from apikeys.errors import InvalidKeyParameters, KeyNotFound, ResourceNotFound
 from apikeys.identities import IdentityRecord
+from apikeys.keys import BASE62
+from apikeys.listing import MAX_PAGE_SIZE
 from apikeys.manager import KeyManager
 
-__all__ = ["IdentityEndpoints"]
+__all__ = ["IDENTITY_ID_PREFIX", "IdentityEndpoints", "new_identity_id"]
+
+IDENTITY_ID_PREFIX: Final = "idn_"
+"""How the ids of identities made through the API start."""
+
+
+def new_identity_id() -> str:
+    """A new identity id: `idn_` and 22 random base62 characters (131 bits, so no two are
+    ever drawn alike and none can be guessed), a valid `check_identity_id` id."""
+    return IDENTITY_ID_PREFIX + "".join(secrets.choice(BASE62) for _ in range(22))
 
 
 class IdentityEndpoints:
@@ -42,16 +63,20 @@ class IdentityEndpoints:
         caller = Caller.of(request)
         caller.check_admin()
         body = check_body(await read_json(request), IDENTITY_CREATE)
-        identity_id = body.pop("id")
         given = {name: value for name, value in body.items() if value is not None}
         record = await self.manager.create_identity(
-            identity_id, workspace=caller.workspace, actor=caller.actor, **given
+            new_identity_id(), workspace=caller.workspace, actor=caller.actor, **given
         )
         return json_response(201, record.to_dict(), etag=etag_of(record))
 
     async def list(self, request: Request) -> Response:
-        records = await self.manager.list_identities(Caller.of(request).workspace)
-        return json_response(200, {"items": [record.to_dict() for record in records]})
+        page = await self.manager.list_identities_page(
+            Caller.of(request).workspace,
+            limit=int_param(request, "limit", 100, 1, MAX_PAGE_SIZE),
+            cursor=text_param(request, "cursor", 1000),
+        )
+        items = [record.to_dict() for record in page.records]
+        return json_response(200, {"items": items, "next_cursor": page.next_cursor})
 
     async def get(self, request: Request) -> Response:
         record = await self.own(Caller.of(request), request.path_params["identity_id"])

@@ -33,7 +33,7 @@ from apikeys.fields import Role, check_change, workspace_roll_expiry
 from apikeys.lifecycle import refusal
 from apikeys.listing import MAX_PAGE_SIZE
 from apikeys.manager import KeyManager
-from apikeys.types import KeyRecord, utcnow
+from apikeys.types import Environment, KeyRecord, utcnow
 
 __all__ = ["KeyEndpoints", "choice_param", "int_param", "text_param"]
 
@@ -128,7 +128,9 @@ class KeyEndpoints:
         if len(key_id) > MAX_ID_LENGTH:
             raise ResourceNotFound()
         try:
-            record = await self.manager.get(key_id)
+            record = await self.manager.get(
+                key_id, workspace=caller.workspace, environment=caller.record.environment
+            )
         except KeyNotFound:
             raise ResourceNotFound() from None
         if not caller.sees_key(record):
@@ -247,16 +249,18 @@ class KeyEndpoints:
     async def audit(self, request: Request) -> Response:
         caller = Caller.of(request)
         key_id = text_param(request, "key_id", MAX_ID_LENGTH)
-        limit = int_param(request, "limit", 100, 1, 1000)
+        limit = int_param(request, "limit", 100, 1, MAX_PAGE_SIZE)
+        cursor = text_param(request, "cursor", 1000)
+        environment: Environment | None = caller.record.environment
         if key_id is not None:
             try:
                 await self.own(caller, key_id)  # of its workspace and environment
             except ResourceNotFound:
                 # Another's key shows what an unknown one shows: nothing.
-                return json_response(200, {"items": []})
-        events = await self.manager.audit(
-            workspace=caller.workspace,
-            key_id=key_id,
-            limit=limit,
+                return json_response(200, {"items": [], "next_cursor": None})
+            environment = None  # the key's, as just read
+        page = await self.manager.audit_page(
+            caller.workspace, key_id=key_id, environment=environment, limit=limit, cursor=cursor
         )
-        return json_response(200, {"items": [event.to_dict() for event in events]})
+        items = [event.to_dict() for event in page.events]
+        return json_response(200, {"items": items, "next_cursor": page.next_cursor})

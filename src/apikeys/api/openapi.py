@@ -79,19 +79,22 @@ def _list_of(name: str) -> dict[str, Any]:
     }
 
 
-def _page_of(name: str) -> dict[str, Any]:
-    """A page of `name`s and the cursor of the next page (null on the last)."""
+def _security_scheme(header: str) -> dict[str, Any]:
+    if header.lower() == "authorization":
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A key of the workspace it manages: `Authorization: Bearer ak_…`.",
+        }
     return {
-        "type": "object",
-        "required": ["items", "next_cursor"],
-        "properties": {
-            "items": {"type": "array", "items": _ref(name)},
-            "next_cursor": {"type": ["string", "null"]},
-        },
+        "type": "apiKey",
+        "in": "header",
+        "name": header,
+        "description": f"A key of the workspace it manages: `{header}: ak_…`.",
     }
 
 
-def _components() -> dict[str, Any]:
+def _components(header: str) -> dict[str, Any]:
     created = {
         "type": "object",
         "allOf": [_ref("Key")],
@@ -103,6 +106,17 @@ def _components() -> dict[str, Any]:
         },
     }
     items = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array"}}}
+
+    def page(item: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["items", "next_cursor"],
+            "properties": {
+                "items": {"type": "array", "items": item},
+                "next_cursor": {"type": ["string", "null"]},
+            },
+        }
+
     created_webhook = {
         "type": "object",
         "allOf": [_ref("Webhook")],
@@ -118,19 +132,19 @@ def _components() -> dict[str, Any]:
         "schemas": {
             "Key": KEY_RESPONSE,
             "CreatedKey": created,
-            "KeyPage": _page_of("Key"),
+            "KeyPage": page(_ref("Key")),
             "Identity": _identity_schema(),
-            "Identities": items,
+            "IdentityPage": page(_ref("Identity")),
             "Usage": items,
-            "Audit": items,
+            "AuditPage": page({"type": "object"}),
             "Webhook": WEBHOOK_RESPONSE,
             "CreatedWebhook": created_webhook,
             "Webhooks": _list_of("Webhook"),
             "Delivery": DELIVERY_RESPONSE,
-            "Deliveries": _page_of("Delivery"),
+            "DeliveryPage": page(_ref("Delivery")),
             "Problem": _PROBLEM,
         },
-        "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        "securitySchemes": {"apiKey": _security_scheme(header)},
     }
 
 
@@ -185,10 +199,14 @@ def _operation(operation: Operation) -> dict[str, Any]:
             f"among its scopes, and holds `{READ_SCOPE}`. Any other caller is answered 404, "
             "as on a path that is no operation."
         )
+    # The scopes the caller's key must hold, as the security requirement's roles (OpenAPI
+    # 3.1 lets a requirement of any scheme list them).
+    scopes = [READ_SCOPE, ADMIN_SCOPE] if operation.operators_only else [operation.scope]
     document: dict[str, Any] = {
         "operationId": operation.id,
         "summary": operation.summary,
         "description": needs,
+        "security": [{"apiKey": scopes}],
         "parameters": _parameters(operation),
         "responses": responses,
     }
@@ -201,10 +219,15 @@ def _operation(operation: Operation) -> dict[str, Any]:
 
 
 def openapi_document(
-    *, title: str = "API keys", version: str = "1", webhooks: bool = True
+    *,
+    title: str = "API keys",
+    version: str = "1",
+    webhooks: bool = True,
+    header: str = "Authorization",
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the management API, its paths relative to where it is
-    mounted; with the operators' webhook operations unless `webhooks` is false."""
+    mounted; with the operators' webhook operations unless `webhooks` is false. The key
+    goes in `header`: as a Bearer token in Authorization, else bare."""
     paths: dict[str, dict[str, Any]] = {}
     for operation in OPERATIONS:
         if operation.operators_only and not webhooks:
@@ -223,5 +246,5 @@ def openapi_document(
         },
         "security": [{"apiKey": []}],
         "paths": paths,
-        "components": _components(),
+        "components": _components(header),
     }

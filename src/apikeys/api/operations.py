@@ -162,12 +162,9 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "GET",
         "/audit",
         READ_SCOPE,
-        "The workspace's audit trail, newest last",
-        answer="Audit",
-        query=(
-            ("key_id", {"type": "string", "minLength": 1, "maxLength": 64}),
-            ("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
-        ),
+        "A page of the audit trail of the caller's workspace and environment, newest last",
+        answer="AuditPage",
+        query=(("key_id", {"type": "string", "minLength": 1, "maxLength": 64}), *_PAGE[:2]),
     ),
     Operation(
         "create_identity",
@@ -186,7 +183,8 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "/identities",
         READ_SCOPE,
         "The workspace's identities",
-        answer="Identities",
+        answer="IdentityPage",
+        query=_PAGE[:2],
     ),
     Operation(
         "get_identity",
@@ -218,7 +216,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "/webhooks/deliveries",
         ADMIN_SCOPE,
         "A page of the webhook deliveries of every workspace, newest first",
-        answer="Deliveries",
+        answer="DeliveryPage",
         query=(
             ("cursor", {"type": "string", "minLength": 1, "maxLength": 1000}),
             ("status", {"type": "string", "enum": ["pending", "delivered", "failed"]}),

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from apikeys.errors import InvalidPayload
 from apikeys.fields import KEY_FIELDS
-from apikeys.identities import EDITABLE_FIELDS, MAX_IDENTITY_ID_LENGTH
+from apikeys.identities import EDITABLE_FIELDS
 from apikeys.policies import MAX_TEXT_LENGTH
 from apikeys.types import RECORD_FIELDS, KeyField, Kind
 from apikeys.webhooks.admin import MAX_URL_LENGTH
@@ -122,17 +122,10 @@ NO_BODY: Final[dict[str, Any]] = {
 }
 """The body of a state change: none, or an empty object."""
 
-_IDENTITY_ID: Final = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": MAX_IDENTITY_ID_LENGTH,
-    "pattern": "^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$",
-    "description": "the application's id for it",
-}
-IDENTITY_CREATE: Final[dict[str, Any]] = _object(
-    EDITABLE_FIELDS.values(), required=("id",), id=_IDENTITY_ID
-)
-"""An identity's create body: its `id` and the fields of `EDITABLE_FIELDS`."""
+IDENTITY_CREATE: Final[dict[str, Any]] = _object(EDITABLE_FIELDS.values())
+"""An identity's create body: the fields of `EDITABLE_FIELDS`. No `id`: the API draws one
+(`apikeys.api.identities.new_identity_id`), so that no caller learns which ids another
+workspace uses; a customer's own reference goes in `metadata`."""
 IDENTITY_UPDATE: Final[dict[str, Any]] = _object(EDITABLE_FIELDS.values())
 """An identity's update body."""
 

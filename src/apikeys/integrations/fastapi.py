@@ -43,20 +43,32 @@ first request does.
 
 With `APIKeySecurity(manager, header="X-API-Key")` the key is read bare from that one header
 instead, never from Authorization, and OpenAPI shows an apiKey scheme in that header.
+
+`include_management_api(app, manager, path="/v1/api-keys")` mounts the management API
+(`apikeys.api.ManagementAPI`) in the app and lists its operations in the app's own OpenAPI
+document, and so in `/docs`: FastAPI's `include_router` keeps no mounted app, and FastAPI
+writes its document from its own routes only. The API stays one ASGI app, with its own
+`APIKeyMiddleware`, answering exactly as it does alone; its operations join the document
+under `path` (`apikeys.api.merging`), after the answers `install_error_handler` declares,
+whichever of the two is called first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.security import APIKeyHeader, HTTPBearer, SecurityScopes
+from starlette.routing import Mount
 
 from apikeys import errors
+from apikeys.api.app import ManagementAPI
+from apikeys.api.merging import merge_document, mount_prefix
 from apikeys.credentials import key_header
 from apikeys.gate import Gate, route_path
 from apikeys.manager import KeyManager
@@ -65,7 +77,13 @@ from apikeys.ratelimit import RateLimiter
 from apikeys.routes import check_routes
 from apikeys.types import KeyRecord
 
-__all__ = ["APIKeySecurity", "declare_problems", "install_error_handler", "problem_response"]
+__all__ = [
+    "APIKeySecurity",
+    "declare_problems",
+    "include_management_api",
+    "install_error_handler",
+    "problem_response",
+]
 
 # Every APIKeySecurity made: their scheme names mark the operations they guard in OpenAPI.
 _INSTANCES: weakref.WeakSet[APIKeySecurity] = weakref.WeakSet()
@@ -225,16 +243,84 @@ def install_error_handler(app: FastAPI) -> None:
     """Answer every apikeys refusal in `app` with its problem+json response, and declare
     those answers in `app.openapi()` for every operation that uses an `APIKeySecurity`."""
     app.add_exception_handler(errors.AuthenticationError, problem_response)
-    generate = app.openapi
+    _document_steps(app).append((0, declare_problems))
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = generate()
-        declare_problems(schema)
+
+def include_management_api(
+    app: FastAPI,
+    manager: KeyManager,
+    *,
+    path: str = "/v1/api-keys",
+    include_in_schema: bool = True,
+    **options: Any,
+) -> ManagementAPI:
+    """Mount the management API of `manager`'s keys in `app` at `path`, list its operations
+    in `app.openapi()` (and so in `/docs`) under `path`, and return it.
+
+    `options` are `ManagementAPI`'s (`operators`, `rate_limit`, `workspace_fields`, …).
+    In the app's document each operation is tagged with the API's `title`; its schemas and
+    security scheme join the app's, a name the app already uses renamed (`APIKeysProblem`)
+    and the references to it rewritten, so the app's own schemas stay as they were. With
+    `include_in_schema=False` the API is mounted but left out of the app's document (it
+    still serves its own at `{path}/openapi.json`). A route of the app at one of the API's
+    paths is a `ConfigurationError` when the document is made.
+    """
+    mount_prefix(path)
+    api = ManagementAPI(manager, **options)
+    app.router.routes.append(_WholePathMount(path, app=api))
+    if include_in_schema:
+        tags = [api.document["info"]["title"]]
+
+        def merge(schema: dict[str, Any]) -> None:
+            merge_document(schema, api.document, path, tags=tags)
+
+        _document_steps(app).append((1, merge))
+    return api
+
+
+class _WholePathMount(Mount):
+    """A `Mount` that hands the mounted app every path under its own, a path with a line
+    break in it too: Starlette's pattern for the rest of the path (`.*`) stops at one, so
+    the app around would answer such a path with its own 404 rather than the API's."""
+
+    def __init__(self, path: str, app: ManagementAPI) -> None:
+        super().__init__(path, app=app)
+        self.path_regex = re.compile(self.path_regex.pattern, re.DOTALL)
+
+
+class _Document:
+    """`app.openapi` with steps that complete the document FastAPI writes, in a fixed
+    order however they were added (the problem answers first, then mounted APIs)."""
+
+    def __init__(self, app: FastAPI, generate: Callable[[], dict[str, Any]]) -> None:
+        self.app = app
+        self.generate = generate
+        self.steps: list[tuple[int, Callable[[dict[str, Any]], None]]] = []
+
+    def append(self, step: tuple[int, Callable[[dict[str, Any]], None]]) -> None:
+        self.steps.append(step)
+        self.app.openapi_schema = None  # made again, with this step too
+
+    def __call__(self) -> dict[str, Any]:
+        if self.app.openapi_schema is not None:
+            return self.app.openapi_schema
+        try:
+            schema = self.generate()
+            for _, step in sorted(self.steps, key=lambda entry: entry[0]):
+                step(schema)
+        except BaseException:
+            self.app.openapi_schema = None  # never a document half made
+            raise
+        self.app.openapi_schema = schema
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+
+def _document_steps(app: FastAPI) -> _Document:
+    document = app.openapi
+    if not isinstance(document, _Document):
+        document = _Document(app, app.openapi)
+        app.openapi = document  # type: ignore[method-assign]
+    return document
 
 
 # What an operation guarded by the dependency may answer besides its own responses.

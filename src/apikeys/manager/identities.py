@@ -15,6 +15,14 @@ from apikeys.errors import (
 )
 from apikeys.identities import IdentityRecord, check_identity_id, identity_changes
 from apikeys.lifecycle import TRANSITIONS
+from apikeys.listing import (
+    DEFAULT_PAGE_SIZE,
+    IdentityPage,
+    check_page_size,
+    decode_cursor,
+    encode_cursor,
+    position,
+)
 from apikeys.manager.construction import ManagerBase
 from apikeys.policies import check_text
 from apikeys.stores.contract import IdentityStore
@@ -108,6 +116,27 @@ class IdentityManagement(ManagerBase):
             check_text(workspace, "workspace")
         self._use()
         return await self.identities.list(workspace)
+
+    async def list_identities_page(
+        self,
+        workspace: str | None = None,
+        *,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> IdentityPage:
+        """One page of the identities of `workspace` (or of all), oldest first (by
+        `created_at`, then id), as `list_page` pages keys: `limit` is 1 to `MAX_PAGE_SIZE`,
+        the page's `next_cursor` (None on the last one) passed as `cursor` gives the next
+        page, and a cursor not made here raises `InvalidKeyParameters`."""
+        if workspace is not None:
+            check_text(workspace, "workspace")
+        size = check_page_size(limit)
+        start = None if cursor is None else decode_cursor(cursor)
+        self._use()
+        found = await self.identities.list_page(workspace, start=start, limit=size + 1)
+        records = found[:size]
+        more = len(found) > size
+        return IdentityPage(records, encode_cursor(position(records[-1])) if more else None)
 
     async def update_identity(
         self,

@@ -7,6 +7,7 @@ import builtins
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Final
 
 from apikeys.errors import (
     IdentityNotFound,
@@ -16,11 +17,14 @@ from apikeys.errors import (
 from apikeys.identities import check_identity_id
 from apikeys.listing import (
     DEFAULT_PAGE_SIZE,
+    AuditPage,
     KeyFilter,
     KeyPage,
     check_page_size,
     decode_cursor,
+    decode_trail_cursor,
     encode_cursor,
+    encode_trail_cursor,
     position,
 )
 from apikeys.manager.construction import ManagerBase
@@ -38,16 +42,31 @@ from apikeys.types import (
 
 __all__ = ["KeyReading"]
 
+# As many events as any trail holds: a trail page counts its place from the oldest event.
+_WHOLE_TRAIL: Final = 2**62
+
 
 class KeyReading(ManagerBase):
     """The reads of a `KeyManager`: records as the store has them, with this process's
     unflushed usage and the balance a rolled key spends from."""
 
-    async def get(self, key_id: str) -> KeyRecord:
-        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`."""
+    async def get(
+        self,
+        key_id: str,
+        *,
+        workspace: str | None = None,
+        environment: Environment | None = None,
+    ) -> KeyRecord:
+        """The record of `key_id`, with this process's unflushed usage. Raises `KeyNotFound`,
+        also for a key of another `workspace` or `environment` when they are given: after
+        the same one read as for an unknown id, so that no count of work tells them apart."""
         self._use()
         stored = await self.store.get(key_id)
-        if stored is None:
+        if (
+            stored is None
+            or (workspace is not None and stored.record.workspace != workspace)
+            or (environment is not None and stored.record.environment != environment)
+        ):
             raise KeyNotFound(key_id)
         return self.usage_buffer.apply(await self._shared_credits(stored.record, {}))
 
@@ -226,3 +245,33 @@ class KeyReading(ManagerBase):
         if workspace is not None:
             check_text(workspace, "workspace")
         return await self.store.audit(workspace=workspace, key_id=key_id, since=since, limit=limit)
+
+    async def audit_page(
+        self,
+        workspace: str,
+        *,
+        key_id: str | None = None,
+        environment: Environment | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+        cursor: str | None = None,
+    ) -> AuditPage:
+        """One page of `workspace`'s audit trail (of the key `key_id` only, when given),
+        newest last: the newest `limit` events, and a `next_cursor` (None at the oldest
+        event) whose page holds the events before them. `environment` (`live` or `test`)
+        keeps the events about keys of that environment, and every identity's event (an
+        identity belongs to no environment). A cursor not made here raises
+        `InvalidKeyParameters`; one made for another filter names a place, nothing more.
+
+        Each page reads the trail of the workspace (or key) and, with `environment`, the
+        workspace's keys.
+        """
+        check_text(workspace, "workspace")
+        size = check_page_size(limit)
+        end = None if cursor is None else decode_trail_cursor(cursor)
+        events = await self.store.audit(workspace=workspace, key_id=key_id, limit=_WHOLE_TRAIL)
+        if environment is not None:
+            shown = {r.id for r in await self.store.list(workspace) if r.environment == environment}
+            events = [e for e in events if e.identity is not None or e.key_id in shown]
+        end = len(events) if end is None else min(end, len(events))
+        start = max(end - size, 0)
+        return AuditPage(events[start:end], encode_trail_cursor(start) if start else None)

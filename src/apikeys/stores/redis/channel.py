@@ -60,6 +60,7 @@ from apikeys.stores.contract import (
     parse_notice,
 )
 from apikeys.stores.redis.client import RedisTarget
+from apikeys.tasks import started
 from apikeys.types import identity_subject
 
 __all__ = ["RedisChannel", "RedisClusterChannel", "channel_for"]
@@ -191,7 +192,7 @@ class RedisChannel(Channel):
         self._on_master = on_master
         self._address: tuple[str, int] | None = None
         # Per sentinel client: its question still unanswered, if any.
-        self._asking: dict[int, asyncio.Task[Any]] = {}
+        self._asking: dict[int, asyncio.Future[Any]] = {}
 
     def __repr__(self) -> str:
         return f"RedisChannel(native={self.native})"
@@ -345,8 +346,7 @@ class RedisChannel(Channel):
         for sentinel in self._sentinel.sentinels:
             task = self._asking.get(id(sentinel))
             if task is None or task.done():
-                task = asyncio.ensure_future(sentinel.sentinel_master(self._service_name))
-                task.add_done_callback(_settled)
+                task = started(sentinel.sentinel_master(self._service_name))
                 self._asking[id(sentinel)] = task
             tasks.append(task)
         await asyncio.wait(tasks, timeout=_SENTINEL_ANSWER_WAIT)
@@ -447,12 +447,6 @@ class RedisChannel(Channel):
 _T = TypeVar("_T")
 
 
-def _settled(task: asyncio.Task[Any]) -> None:
-    """Mark a background task's outcome as seen (its caller may have gone)."""
-    if not task.cancelled():
-        task.exception()
-
-
 class _NodeChannel(RedisChannel):
     """The subscription on one master of a cluster, part of a `RedisClusterChannel`."""
 
@@ -498,7 +492,7 @@ class RedisClusterChannel(Channel):
         self._masters: frozenset[str] = frozenset()
         self._register_script: Any = None
         self._readers_script: Any = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
 
     def __repr__(self) -> str:
         return f"RedisClusterChannel(masters={len(self._parts)})"
@@ -522,9 +516,8 @@ class RedisClusterChannel(Channel):
         middle of learning the slot map or a command's routing, and the socket is left
         open; its commands are bounded by socket timeouts, so they are let finish instead.
         """
-        task = asyncio.ensure_future(work)
+        task = started(work)
         self._background.add(task)
-        task.add_done_callback(_settled)
         task.add_done_callback(self._background.discard)
         return await asyncio.shield(task)
 

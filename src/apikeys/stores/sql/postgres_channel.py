@@ -33,6 +33,7 @@ from apikeys.stores.sql.log import (
     combined_check_sql,
     trigger_seal_sql,
 )
+from apikeys.tasks import started
 
 __all__ = ["PostgresChannel"]
 
@@ -46,11 +47,6 @@ _UNLOGGED = (
     "the keys table's change log triggers are missing or disabled: the cache is not "
     "trusted until setup() makes them again"
 )
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class PostgresChannel(Channel):
@@ -211,9 +207,8 @@ class PostgresChannel(Channel):
             async with self._turn:
                 return await run(*args)
 
-        statement = asyncio.ensure_future(in_turn())
         # Its error is the caller's, if the caller still waits; otherwise nobody's.
-        statement.add_done_callback(_retrieved)
+        statement = started(in_turn())
         return await asyncio.shield(statement)
 
     async def probe(self) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from apikeys.cache import clock
 from apikeys.stores.contract import Channel, ChannelError
 from apikeys.stores.sql.log import KEEP_CHANGES, combined_check_sql
+from apikeys.tasks import started
 
 __all__ = ["SQLiteChannel"]
 
@@ -232,7 +233,8 @@ class SQLiteChannel(Channel):
             # A cancellation cannot stop the thread: the lock is held until the write ends,
             # so that neither another write nor `disconnect` (closing the connection) uses
             # the connection meanwhile, which can crash sqlite3.
-            write = asyncio.ensure_future(asyncio.to_thread(run))
+            # Its error is the caller's, if the caller still waits; otherwise nobody's.
+            write = started(asyncio.to_thread(run))
             try:
                 await asyncio.shield(write)
             except asyncio.CancelledError:
