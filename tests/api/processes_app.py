@@ -29,7 +29,13 @@ PID_HEADER = "x-worker-pid"
 async def health(request: Request) -> JSONResponse:
     """This process, and the answers its key cache gave (None: it caches no keys)."""
     cache = request.app.state.manager.cache
-    return JSONResponse({"pid": os.getpid(), "cache_hits": None if cache is None else cache.hits})
+    return JSONResponse(
+        {
+            "pid": os.getpid(),
+            "cache_hits": None if cache is None else cache.hits,
+            "cache_fresh": None if cache is None else cache.fresh,
+        }
+    )
 
 
 async def whoami(request: Request) -> JSONResponse:

@@ -98,7 +98,8 @@ def _spawn(store_url: str, log: Path) -> Server:
 
 
 def _worker_pids(server: Server) -> frozenset[int]:
-    """The pids of both workers, once each has answered `/health`."""
+    """The pids of both workers, once each has answered `/health` with its key cache proven
+    fresh (until then a worker reads the store at each request, and counts no hits)."""
     pids: set[int] = set()
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while len(pids) < 2 and time.monotonic() < deadline:
@@ -106,8 +107,10 @@ def _worker_pids(server: Server) -> frozenset[int]:
             pytest.fail(f"uvicorn exited:\n{server.log_tail()}")
         # A new connection each time: whichever worker accepts it answers.
         with suppress(httpx.TransportError), httpx.Client(trust_env=False, timeout=2) as client:
-            pids.add(int(client.get(server.url + "/health").json()["pid"]))
-            continue
+            state = client.get(server.url + "/health").json()
+            if state["cache_fresh"]:
+                pids.add(int(state["pid"]))
+                continue
         time.sleep(0.05)
     if len(pids) < 2:
         pytest.fail(f"both workers did not answer: {pids}\n{server.log_tail()}")
