@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from apikeys import APIKeyMiddleware, GrantedScopes, Hasher, KeyManager, MemoryStore
 from apikeys.errors import InvalidKeyParameters
+from apikeys.routes import ScopeTable
 from apikeys.scopes import FULL_ACCESS, grants_for, validate_scope, validate_scopes
 
 PEPPER = "lthtYTMrPW9U66EMlnNfvx6ueNSuzdgFFmTtK3dNRQs"
@@ -351,3 +352,36 @@ def test_a_rule_or_scope_of_the_wrong_kind_is_a_configuration_error_not_a_type_e
 
     with pytest.raises(ConfigurationError, match="rule"):
         ScopeTable(rules)
+
+
+def test_a_path_with_a_final_line_break_needs_what_its_route_needs() -> None:
+    # Starlette routes `/admin` and a line break (`%0A`) to `/admin` (`$` matches before
+    # it): the rules must ask that request for `/admin`'s scopes, not let it pass unruled.
+    table = ScopeTable({"GET /admin": "admin:read", "POST /items/{item_id}": "items:write"})
+    assert table.required("GET", "/admin\n") == ("admin:read",)
+    assert table.required("POST", "/items/7\n") == ("items:write",)
+    assert table.required("GET", "/admin\n\n") is None  # routed nowhere by Starlette either
+
+
+async def test_a_final_line_break_in_the_path_takes_no_key_past_its_routes_scopes() -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def admin(request: object) -> PlainTextResponse:
+        return PlainTextResponse("the admin page")
+
+    async with KeyManager(MemoryStore(), hasher=Hasher()) as manager:
+        reader = await manager.create(name="r", scopes=["contacts:read"])
+        app = APIKeyMiddleware(
+            Starlette(routes=[Route("/admin", admin)]),
+            manager=manager,
+            scopes={"GET /admin": "admin:read"},
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            headers = {"Authorization": f"Bearer {reader.key}"}
+            for path in ("/admin", "/admin%0A"):
+                answer = await client.get(path, headers=headers)
+                assert answer.status_code == 403, (path, answer.text)

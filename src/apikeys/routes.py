@@ -35,6 +35,7 @@ __all__ = [
     "check_routes",
     "is_preflight",
     "preflight_answerer",
+    "routed_as",
     "routes_of",
     "serves_cors",
 ]
@@ -156,8 +157,11 @@ class ScopeTable:
         """The scopes `method path` needs; None when no rule covers it.
 
         `method` is matched in upper case (ASCII only: a method with other characters matches
-        only `*` rules).
+        only `*` rules). `path` is matched as the application's router sees it
+        (`routed_as`): `/admin` followed by a line break needs what `/admin` needs.
         """
+        if path[-1:] == "\n":
+            path = routed_as(path)
         if not method.isupper():
             method = method.upper() if method.isascii() else "*"
         static = self._static
@@ -178,6 +182,15 @@ class ScopeTable:
 
 
 _RANK_PATH, _RANK_PLAIN, _RANK_TYPED, _RANK_LITERAL = 0, 2, 4, 6
+
+
+def routed_as(path: str) -> str:
+    """`path` as a router that matches `^…$` patterns sees it (Starlette's, so FastAPI's and
+    every app mounted in one): Python's `$` also matches before a final line break, so
+    `/admin` followed by `%0A` is routed to `/admin`. Rules are matched on this path, so
+    that a request never reaches a route under rules other than that route's."""
+    return path[:-1] if path[-1:] == "\n" else path
+
 
 # Django's and Flask's converters, in Starlette's spelling (None: a plain {name}).
 _FOREIGN_CONVERTERS = {"int": "int", "float": "float", "uuid": "uuid", "path": "path"}

@@ -328,6 +328,11 @@ REQUESTS = [
     ("GET", "/webhooks/deliveries/msg_0"),
     ("POST", "/webhooks/deliveries/msg_0/replay"),
     ("PATCH", "/webhooks/deliveries/msg_0/replay"),
+    # A final line break: Starlette's `^/webhooks$` routes these to the operations.
+    ("GET", "/webhooks%0A"),
+    ("POST", "/webhooks%0A"),
+    ("GET", "/webhooks/deliveries%0A"),
+    ("GET", "/webhooks/wh_0%0A"),
 ]
 NOT_OPERATORS = {
     "full access in the operators' workspace": (None, "ops"),
@@ -429,3 +434,32 @@ def test_only_a_key_of_an_operator_workspace_naming_apikeys_admin_reaches_webhoo
     workspace: str, scopes: list[str] | None, request: tuple[str, str]
 ) -> None:
     asyncio.run(_answers(workspace, scopes, *request))
+
+
+@pytest.mark.parametrize("mounted", ["alone", "fastapi"])
+async def test_a_final_line_break_takes_no_caller_past_the_operators_rule(
+    manager: KeyManager, mounted: str
+) -> None:
+    # Starlette's `^/webhooks$` routes `/webhooks` and a line break to the operation; served
+    # alone or in FastAPI (no Starlette Mount in front), a full-access key of a workspace
+    # that is no operator's listed and added endpoints that way.
+    from fastapi import FastAPI
+
+    from apikeys.integrations.fastapi import include_management_api
+
+    app: Any
+    if mounted == "alone":
+        app, prefix = ManagementAPI(manager, operators={"ops"}), ""
+    else:
+        app, prefix = FastAPI(), "/v1/api-keys"
+        include_management_api(app, manager, path=prefix, operators={"ops"})
+    headers = await auth(manager, None, "acme")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for method, path in [("GET", "/webhooks%0A"), ("POST", "/webhooks%0A")]:
+            answer = await client.request(
+                method, prefix + path, json={"url": "https://hooks.example.com/h"}, headers=headers
+            )
+            assert answer.status_code == 404, (method, path, answer.text)
+            assert answer.json()["code"] == "not_found"
+    assert await manager.store.webhooks().endpoints() == []  # type: ignore[union-attr]

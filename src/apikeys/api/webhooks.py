@@ -44,6 +44,7 @@ from apikeys.gate import route_path
 from apikeys.listing import MAX_PAGE_SIZE, decode_delivery_cursor, encode_cursor
 from apikeys.manager import KeyManager
 from apikeys.policies import check_text
+from apikeys.routes import routed_as
 from apikeys.stores.contract import WebhookStore
 from apikeys.types import ASGIApp, KeyRecord, Receive, Scope, Send, utcnow
 from apikeys.webhooks.admin import DEFAULT_OVERLAP, add_endpoint, roll_endpoint_secret
@@ -80,7 +81,7 @@ class OperatorsOnly:
         await self.app(scope, receive, send)
 
     def _refused(self, scope: Scope) -> bool:
-        path = route_path(scope)
+        path = routed_as(route_path(scope))  # `/webhooks` and a line break is routed there
         if path != WEBHOOKS_PATH and not path.startswith(WEBHOOKS_PATH + "/"):
             return False
         record = scope.get("apikey")
