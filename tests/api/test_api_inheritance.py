@@ -159,3 +159,74 @@ async def test_a_test_key_reads_no_live_keys_audit_trail(
     # Nor without key_id: the trail of its workspace shows its own environment's keys.
     trail = await client.get("/audit", headers=auth)
     assert {event["key_id"] for event in trail.json()["items"]} == {tester.record.id}
+
+
+@pytest.mark.parametrize("holds", ["full access", "apikeys:*"])
+async def test_only_a_key_that_names_apikeys_admin_grants_it(
+    client: httpx.AsyncClient, memory_manager: KeyManager, holds: str
+) -> None:
+    # Full access and `apikeys:*` pass every other scope's ceiling, and made keys naming
+    # `apikeys:admin`: the key made could then lift its own identity's limits.
+    if holds == "full access":
+        caller = await memory_manager.create(name="c", workspace="acme", full_access=True)
+    else:
+        caller = await memory_manager.create(name="c", workspace="acme", scopes=["apikeys:*"])
+    asked = {"name": "m", "scopes": ["apikeys:admin", "apikeys:read"]}
+    made = await client.post("/keys", json=asked, headers=_auth(caller.key))
+    assert made.status_code == 403, made.text
+    assert made.json()["code"] == "insufficient_scope"
+    plain = await memory_manager.create(name="p", workspace="acme", scopes=["apikeys:read"])
+    widened = await client.patch(
+        f"/keys/{plain.record.id}",
+        json={"scopes": ["apikeys:read", "apikeys:admin"]},
+        headers=_auth(caller.key),
+    )
+    assert widened.status_code == 403, widened.text
+    admin = await memory_manager.create(name="a", workspace="acme", scopes=["apikeys:admin"])
+    rolled = await client.post(f"/keys/{admin.record.id}/roll", headers=_auth(caller.key))
+    assert rolled.status_code == 403, rolled.text
+    assert [r.name for r in await memory_manager.list("acme")] == ["c", "p", "a"]
+    named = await memory_manager.create(
+        name="n", workspace="acme", scopes=["apikeys:admin", "apikeys:read", "apikeys:write"]
+    )
+    made = await client.post("/keys", json=asked, headers=_auth(named.key))
+    assert made.status_code == 201, made.text
+
+
+@pytest.mark.parametrize(
+    ("bound", "options"),
+    [
+        ("identity", {"identity": "small"}),
+        ("rate_limit", {"rate_limit": "3/minute"}),
+        ("allowed_ips", {"allowed_ips": ["127.0.0.0/8"]}),
+        ("credits", {"credits": 3}),
+    ],
+)
+async def test_a_bounded_caller_rolls_no_key_bounded_less_than_itself(
+    client: httpx.AsyncClient,
+    memory_manager: KeyManager,
+    bound: str,
+    options: dict[str, object],
+) -> None:
+    # A roll hands the caller the new secret: of a key without the caller's identity,
+    # limit, allowlist or credits, it was a way out of them.
+    await memory_manager.create_identity("small", workspace="acme", credits=5)
+    caller = await memory_manager.create(name="c", workspace="acme", scopes=WRITER, **options)  # type: ignore[arg-type]
+    free = await memory_manager.create(name="free", workspace="acme", scopes=["x:read"])
+    rolled = await client.post(f"/keys/{free.record.id}/roll", headers=_auth(caller.key))
+    assert rolled.status_code == 403, rolled.text
+    assert rolled.json()["code"] == "forbidden_field"
+    assert rolled.json()["field"] == bound
+    assert (await memory_manager.get(free.record.id)).replaced_by is None
+    # Itself, always: the new key is bounded as it is.
+    itself = await client.post(f"/keys/{caller.record.id}/roll", headers=_auth(caller.key))
+    assert itself.status_code == 201, itself.text
+    if bound != "credits":  # a key with credits of its own makes none
+        mine = await memory_manager.create(
+            name="mine",
+            workspace="acme",
+            scopes=["x:read"],
+            **options,  # type: ignore[arg-type]
+        )
+        again = await client.post(f"/keys/{mine.record.id}/roll", headers=_auth(caller.key))
+        assert again.status_code == 201, again.text

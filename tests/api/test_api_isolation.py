@@ -269,3 +269,32 @@ async def test_an_id_of_another_workspace_or_environment_answers_and_works_as_an
     for key_id, record in before.items():
         assert await service.manager.get(key_id) == record
     assert await service.manager.get_identity(ids["identity"]) == identity_before
+
+
+async def test_a_control_character_in_an_id_or_a_parameter_is_a_4xx_that_asks_no_store(
+    manager: KeyManager,
+) -> None:
+    # A NUL is an error to PostgreSQL, not an unknown id: it answered 500.
+    operator = await manager.create(
+        name="ops", workspace="ops", scopes=["apikeys:read", "apikeys:write", "apikeys:admin"]
+    )
+    api = ManagementAPI(manager, operators={"ops"})
+    headers = {"Authorization": f"Bearer {operator.key}"}
+    transport = httpx.ASGITransport(app=api)
+    cases = [
+        ("GET", "/keys/%00", 404),
+        ("GET", "/keys/a%00b", 404),
+        ("PATCH", "/keys/%00", 404),
+        ("GET", "/keys/%00/usage", 404),
+        ("POST", "/keys/%00/roll", 404),
+        ("GET", "/identities/%00", 404),
+        ("GET", "/webhooks/deliveries/%00", 404),
+        ("POST", "/webhooks/deliveries/%00/replay", 404),
+        ("GET", "/audit?key_id=%00", 400),
+        ("GET", "/keys?owner=%00", 400),
+        ("GET", "/webhooks/deliveries?workspace=%00", 400),
+    ]
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for method, path, status in cases:
+            answer = await client.request(method, path, json={"name": "n"}, headers=headers)
+            assert answer.status_code == status, (method, path, answer.text)

@@ -98,8 +98,7 @@ def _spawn(store_url: str, log: Path) -> Server:
 
 
 def _worker_pids(server: Server) -> frozenset[int]:
-    """The pids of both workers, once each has answered `/health` with its key cache proven
-    fresh (until then a worker reads the store at each request, and counts no hits)."""
+    """The pids of both workers, once each has answered `/health`."""
     pids: set[int] = set()
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while len(pids) < 2 and time.monotonic() < deadline:
@@ -107,10 +106,8 @@ def _worker_pids(server: Server) -> frozenset[int]:
             pytest.fail(f"uvicorn exited:\n{server.log_tail()}")
         # A new connection each time: whichever worker accepts it answers.
         with suppress(httpx.TransportError), httpx.Client(trust_env=False, timeout=2) as client:
-            state = client.get(server.url + "/health").json()
-            if state["cache_fresh"]:
-                pids.add(int(state["pid"]))
-                continue
+            pids.add(int(client.get(server.url + "/health").json()["pid"]))
+            continue
         time.sleep(0.05)
     if len(pids) < 2:
         pytest.fail(f"both workers did not answer: {pids}\n{server.log_tail()}")
@@ -206,6 +203,18 @@ async def pinned_clients(
         yield [client for clients in on.values() for client in clients[:per_worker]]
 
 
+async def caches_fresh(workers: Workers) -> None:
+    """Until both workers say their key cache is proven fresh: it starts with a worker's
+    first request with a key, and until then the worker reads the store at each request."""
+    async with pinned_clients(workers, 1) as clients:
+        for _ in range(2 * MAX_TRIES):  # 20 s at the most
+            states = [(await client.get("/health")).json() for client in clients]
+            if all(state["cache_fresh"] for state in states):
+                return
+            await asyncio.sleep(0.05)
+    pytest.fail(f"the key caches did not become fresh: {states}")
+
+
 def statuses(answers: Sequence[httpx.Response]) -> set[int]:
     return {answer.status_code for answer in answers}
 
@@ -237,6 +246,7 @@ async def test_a_key_created_rolled_and_revoked_through_the_api_is_refused_by_ev
     assert made.status_code == 201, made.text
     first = made.json()
     assert statuses(await each_worker(workers, first["key"])) == {200}
+    await caches_fresh(workers)
 
     rolled = await _send(api + f"/keys/{first['id']}/roll", "POST", caller, {"grace_seconds": 0})
     assert rolled.status_code == 201, rolled.text

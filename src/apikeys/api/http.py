@@ -174,6 +174,18 @@ def refusal_of(exc: APIKeyError) -> RequestRefused:
     return Conflict("It cannot be done now.")
 
 
+def _check_printable(request: Request) -> None:
+    """No id holds a control character (`ResourceNotFound`, before any store is asked: a NUL
+    is an error to PostgreSQL, not an unknown id), nor does a query parameter
+    (`InvalidPayload`)."""
+    for value in request.path_params.values():
+        if isinstance(value, str) and not value.isprintable():
+            raise ResourceNotFound()
+    for name, value in request.query_params.multi_items():
+        if not value.isprintable():
+            raise InvalidPayload([{"field": name[:50], "message": "holds a control character"}])
+
+
 def answers(endpoint: Endpoint, query: Collection[str] = ()) -> Endpoint:
     """`endpoint`, answering every apikeys error as problem+json; a query parameter other
     than those named in `query` is `InvalidPayload`, as an unknown field of a body is."""
@@ -188,6 +200,7 @@ def answers(endpoint: Endpoint, query: Collection[str] = ()) -> Endpoint:
                 raise InvalidPayload(
                     [{"field": name[:50], "message": message} for name in unknown[:10]]
                 )
+            _check_printable(request)
             return await endpoint(request)
         except APIKeyError as exc:
             return problem_response(refusal_of(exc))

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from apikeys.api.http import Caller, Endpoint, check_if_match, etag_of, json_response, read_json
+from apikeys.api.operations import ADMIN_SCOPE
 from apikeys.api.schemas import KEY_CREATE, KEY_UPDATE, NO_BODY, ROLL, check_body
 from apikeys.errors import (
     Conflict,
@@ -115,6 +116,29 @@ def _inherited(caller: KeyRecord, given: Mapping[str, Any]) -> dict[str, Any]:
     return {**kept, **given}
 
 
+def _check_roll_bounds(caller: KeyRecord, record: KeyRecord) -> None:
+    """`ForbiddenField` unless the key `record` is bounded as the `caller` key is: a roll
+    hands the caller a new secret of it, limits and all, so a caller bound by an identity,
+    a rate limit, an allowlist or credits of its own rolls only keys bound alike (those it
+    made inherit its bounds), and a key with credits of its own only itself."""
+    if record.id == caller.id:
+        return
+    bounds = (
+        ("credits", caller.credits is not None, "a key with credits of its own rolls no other"),
+        ("identity", caller.identity not in (None, record.identity), "it is not of yours"),
+        ("rate_limit", caller.rate_limit not in (None, record.rate_limit), "it differs"),
+        (
+            "allowed_ips",
+            bool(caller.allowed_ips)
+            and not (record.allowed_ips and set(record.allowed_ips) <= set(caller.allowed_ips)),
+            "it allows addresses yours does not",
+        ),
+    )
+    for field, exceeds, why in bounds:
+        if exceeds:
+            raise ForbiddenField(field, f"the key's {field} is beyond the caller's: {why}")
+
+
 class KeyEndpoints:
     """The key endpoints of one `ManagementAPI`, on `manager`."""
 
@@ -151,6 +175,11 @@ class KeyEndpoints:
             workspace_fields=self.workspace_fields,
             expiry_ceiling=caller.record.expires_at,
         )
+        scopes = asked.get("scopes")
+        if isinstance(scopes, (list, tuple)) and ADMIN_SCOPE in scopes:
+            # Full access and wildcards (`apikeys:*`) pass every other scope's ceiling, but
+            # never give `apikeys:admin`: only a key that names it grants it.
+            caller.check_admin()
 
     async def create(self, request: Request) -> Response:
         caller = Caller.of(request)
@@ -207,8 +236,10 @@ class KeyEndpoints:
         why = refusal(record, "roll")
         if why is not None:
             raise Conflict(f"The key cannot be rolled: {why}.")
-        # A roll hands the caller a new key with this one's grants: as if it asked for them.
+        # A roll hands the caller a new key with this one's grants: as if it asked for them,
+        # and bounded as the caller is.
         self.check(caller, {"access": record.access, "scopes": record.scopes}, None)
+        _check_roll_bounds(caller.record, record)
         # Never later than the key's own expiry (the operator's to move), nor the caller's.
         expires_at = workspace_roll_expiry(record, utcnow())
         ceiling = caller.record.expires_at
