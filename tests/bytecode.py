@@ -1,8 +1,8 @@
 """Compiled bytecode for the Python processes the suite starts, when the interpreter writes none.
 
-Hundreds of tests start Python processes of their own (the `apikeys` command line, uvicorn
-workers, writers in other hosts), and each imports apikeys, the tests' helpers and the
-examples. With `PYTHONDONTWRITEBYTECODE` set (as in many containers and CI images) nothing
+Many tests start Python processes of their own (the `apikeys` command line, uvicorn
+workers, writers in other hosts, pytest itself), and each imports apikeys, the tests' helpers
+and the examples. With `PYTHONDONTWRITEBYTECODE` set (as in many containers and CI images) nothing
 ever writes their bytecode, so every one of those processes compiles some 80,000 lines of
 source again before it does anything: about a tenth of a second of CPU each. `compiled()`
 compiles them once for the session and removes, at its end, the `__pycache__` folders it made
