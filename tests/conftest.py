@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+import apikeys
 from apikeys import Hasher, KeyManager, MemoryStore, store_from_url
 from apikeys.stores import KeyStore
 from tests import redis_servers, services
+from tests.bytecode import compiled
 from tests.pg_tables import PostgresTables
 from tests.pgbouncer import PgBouncer
 
@@ -103,6 +105,18 @@ def redis_sentinel() -> Iterator[redis_servers.LocalSentinel]:
         yield sentinel
     finally:
         sentinel.close()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bytecode_for_subprocesses() -> Iterator[None]:
+    """The processes tests start find apikeys, the tests' helpers and the examples compiled
+    (`tests/bytecode.py`), instead of each compiling them again."""
+    package = Path(apikeys.__file__).resolve().parent
+    with compiled([package, ROOT / "tests", ROOT / "examples", ROOT / "benchmarks"]):
+        yield
 
 
 # Every Redis key the suite writes carries this session's tag (`redis_prefix` makes the

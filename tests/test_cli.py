@@ -942,6 +942,31 @@ def test_the_apikeys_command_runs_through_the_entry_point(store_url: str) -> Non
     assert "No API keys." in result.stdout
 
 
+def test_a_command_on_sqlite_loads_neither_the_middleware_nor_starlette_nor_asyncpg(
+    tmp_path: Path,
+) -> None:
+    # `import apikeys` imports a name's module when it is first used: a command starts
+    # without the request path's modules.
+    code = (
+        "import runpy, sys\n"
+        "try:\n"
+        "    runpy.run_module('apikeys', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print(sorted({'apikeys.middleware', 'apikeys.gate', 'starlette', 'asyncpg'}"
+        " & set(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--store", f"sqlite:///{tmp_path / 'keys.db'}", "list"],
+        env={**os.environ, "APIKEYS_PEPPER": PEPPER},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["No API keys.", "[]"]
+
+
 def test_update_edits_a_key_and_refuses_a_revoked_one(store_url: str) -> None:
     created = create_key(store_url)
     updated = json.loads(

@@ -200,3 +200,31 @@ def test_writes_a_key_and_forgets_it():
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*the suite left 1 Redis keys in*(deleted now)*-leak-*"])
+
+
+# -- the processes tests start find the project compiled ----------------------------------------
+
+
+def test_the_session_compiles_the_project_once_and_removes_only_the_bytecode_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.bytecode import compiled
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text("VALUE = 1\n")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "old.py").write_text("VALUE = 2\n")
+    (tmp_path / "kept" / "__pycache__").mkdir()  # there before: someone else's
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    with compiled([tmp_path, tmp_path / "missing"]):
+        written = sorted(path.name for path in (tmp_path / "pkg" / "__pycache__").iterdir())
+        assert [name.split(".")[0] for name in written] == ["__init__", "mod"]
+        assert list((tmp_path / "kept" / "__pycache__").iterdir())
+    assert not (tmp_path / "pkg" / "__pycache__").exists()
+    assert (tmp_path / "kept" / "__pycache__").is_dir()
+
+    # An interpreter that writes bytecode itself needs none compiled ahead.
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    with compiled([tmp_path]):
+        assert not (tmp_path / "pkg" / "__pycache__").exists()

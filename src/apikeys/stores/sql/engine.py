@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import sys
 from typing import Any, Final, NoReturn
 
 import sqlalchemy as sa
@@ -261,15 +262,13 @@ _UNAVAILABLE_SQLSTATE_CLASSES: Final = ("08", "53", "57", "58")
 _PREPARED_STATEMENT_SQLSTATES: Final = ("26000", "42P05")
 
 
-def _asyncpg_unavailable_types() -> tuple[type[BaseException], ...]:
-    try:
-        import asyncpg
-    except ImportError:  # pragma: no cover - the postgres extra is not installed
-        return ()
-    return (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
-
-
-_ASYNCPG_UNAVAILABLE: Final = _asyncpg_unavailable_types()
+def _asyncpg_unavailable(exc: BaseException) -> bool:
+    # An asyncpg error exists only once asyncpg was imported: looked up, never imported here,
+    # so a SQLite store (and each `apikeys` command on one) does not load it.
+    asyncpg = sys.modules.get("asyncpg")
+    return asyncpg is not None and isinstance(
+        exc, (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
+    )
 
 
 def _sqlstate(exc: BaseException | None) -> str | None:
@@ -306,7 +305,7 @@ def is_unavailable(exc: BaseException) -> bool:
             | sqlite3.OperationalError  # "database is locked", "unable to open database file"
             | sqlite3.InterfaceError,
         )
-        or (bool(_ASYNCPG_UNAVAILABLE) and isinstance(exc, _ASYNCPG_UNAVAILABLE))
+        or _asyncpg_unavailable(exc)
         or _unavailable_sqlstate(exc)  # asyncpg's own errors, on the direct read path
     )
 
