@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from apikeys.bounded import remember
 from apikeys.errors import AuthUnavailable
 
 __all__ = ["OutageLog"]
@@ -39,8 +40,6 @@ class OutageLog:
         if now - last < _EVERY:
             self._causes[cause] = (last, since + 1)
             return
-        if len(self._causes) >= _CAUSES:
-            self._causes.clear()
-        self._causes[cause] = (now, 0)
+        remember(self._causes, cause, (now, 0), _CAUSES)
         more = f" ({since} more since the last line)" if since else ""
         logger.warning("apikeys: answering 503: %s%s", cause, more)

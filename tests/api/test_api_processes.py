@@ -277,10 +277,13 @@ async def test_a_key_created_rolled_and_revoked_through_the_api_is_refused_by_ev
     new_key = next(e for e in events if e["data"]["key"]["id"] == second["id"])
     assert new_key["data"]["key"]["replaces"] == first["id"]
 
-    # Both workers answered from their key caches: each refusal above came through the
-    # store's change channel, not from a read of the store at each request.
+    # Both workers serve keys from their key caches (fresh since before the roll): the
+    # refusals above came through the store's change channel to caches that held the keys.
     async with pinned_clients(workers, 1) as clients:
         for client in clients:
+            for _ in range(2):  # a key's first request in a worker loads it; then it hits
+                answer = await client.get(PROTECTED, headers=caller)
+                assert answer.status_code == 200, answer.text
             assert (await client.get("/health")).json()["cache_hits"] > 0
 
 
