@@ -188,7 +188,7 @@ class TcpProxy:
         if loop is None or thread is None:
             return
         with contextlib.suppress(Exception):
-            self._call(self._sever())
+            self._call(self._shut_down())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         if not loop.is_running():
@@ -387,6 +387,19 @@ class TcpProxy:
         if server is not None:
             await server.wait_closed()
 
+    async def _shut_down(self) -> None:
+        """Sever, then let the connections accepted meanwhile finish: each one still
+        connecting upstream closes both its ends once it sees the proxy severed. A loop
+        stopped under them would leave their sockets to the garbage collector (a
+        `ResourceWarning` in whichever test runs then)."""
+        await self._sever()
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            _, late = await asyncio.wait(others, timeout=5.0)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
     async def _restore(self) -> None:
         await self._set_flowing("both", True)
         await self._set_notices(flowing=True, cut=False)
@@ -401,6 +414,9 @@ class TcpProxy:
         except OSError:
             writer.transport.abort()
             return
+        except asyncio.CancelledError:  # the proxy shut down while this one connected
+            writer.transport.abort()
+            raise
         if server is None or server is not self._server:
             # Severed while connecting upstream: this connection belongs to the old server.
             writer.transport.abort()
