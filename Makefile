@@ -19,8 +19,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
+# The suite runs in one process per core (pytest-xdist), each test file in one of them, so
+# that a file's module fixtures start once; `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= auto
+
 test: lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.demo $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -110,13 +111,25 @@ def redis_sentinel() -> Iterator[redis_servers.LocalSentinel]:
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session", autouse=True)
-def bytecode_for_subprocesses() -> Iterator[None]:
+_BYTECODE = pytest.StashKey[contextlib.ExitStack]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
     """The processes tests start find apikeys, the tests' helpers and the examples compiled
-    (`tests/bytecode.py`), instead of each compiling them again."""
+    (`tests/bytecode.py`), instead of each compiling them again: compiled once by the process
+    that runs the session (with `-n`, the one that starts the workers), before any test."""
+    if hasattr(config, "workerinput"):  # a worker of `pytest -n`: its controller compiled
+        return
     package = Path(apikeys.__file__).resolve().parent
-    with compiled([package, ROOT / "tests", ROOT / "examples", ROOT / "benchmarks"]):
-        yield
+    stack = contextlib.ExitStack()
+    stack.enter_context(compiled([package, ROOT / "tests", ROOT / "examples", ROOT / "benchmarks"]))
+    config.stash[_BYTECODE] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_BYTECODE, None)
+    if stack is not None:
+        stack.close()
 
 
 # Every Redis key the suite writes carries this session's tag (`redis_prefix` makes the

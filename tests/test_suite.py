@@ -228,3 +228,14 @@ def test_the_session_compiles_the_project_once_and_removes_only_the_bytecode_it_
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     with compiled([tmp_path]):
         assert not (tmp_path / "pkg" / "__pycache__").exists()
+
+
+# -- make test runs the suite in one process per core ---------------------------------------
+
+
+def test_make_test_runs_one_process_per_core_each_file_in_one_of_them() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "PYTEST_WORKERS ?= auto\n" in makefile
+    assert "pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" in makefile
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "in one process per core (pytest-xdist; `make test PYTEST_WORKERS=0`" in readme
