@@ -19,7 +19,8 @@ from apikeys.stores import KeyStore
 from tests import redis_servers, services
 from tests.bytecode import compiled
 from tests.pg_tables import PostgresTables
-from tests.pgbouncer import PgBouncer
+from tests.pgbouncer import PgBouncer, free_port
+from tests.webhooks.receiver import Receiver
 
 # A property test is about inputs, not speed: no deadline, so a loaded machine (CI, two
 # cores shared by several runs) cannot fail a test that is right. `ci` is the default;
@@ -398,3 +399,14 @@ def pgbouncer_session() -> Iterator[PgBouncer]:
     services.require(services.POSTGRES_URL, "PostgreSQL", "APIKEYS_TEST_POSTGRES_URL")
     with PgBouncer(pool_mode="session") as bouncer:
         yield bouncer
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    """A webhook receiver listening on a free local port, stopped when the test ends."""
+    started = Receiver(free_port())
+    await started.start()
+    try:
+        yield started
+    finally:
+        await started.stop()

@@ -154,16 +154,6 @@ def workers(
             asyncio.run(_drop_database(services.POSTGRES_URL, database))
 
 
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    started = Receiver(free_port())
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
-
-
 async def _send(url: str, method: str, headers: dict[str, str], json: Any = None) -> httpx.Response:
     """One request on a connection of its own, which either worker may accept."""
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:

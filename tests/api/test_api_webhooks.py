@@ -26,7 +26,6 @@ from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.targets import ALLOW_PRIVATE_ENV
 from tests.conftest import TEST_PEPPER
-from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
 BASE = "http://test/v1/api-keys"
@@ -60,16 +59,6 @@ async def client(manager: KeyManager) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def allow_private(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ALLOW_PRIVATE_ENV, "1")
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    started = Receiver(free_port())
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
 
 
 async def auth(

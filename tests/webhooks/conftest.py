@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from apikeys.webhooks.targets import ALLOW_PRIVATE_ENV
-from tests.pgbouncer import free_port
-from tests.webhooks.receiver import Receiver
 
 
 @pytest.fixture(autouse=True)
@@ -17,14 +13,3 @@ def allow_private_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     to by default: these tests opt in, as an operator would (tests/webhooks/test_targets.py
     overrides this fixture to show the default)."""
     monkeypatch.setenv(ALLOW_PRIVATE_ENV, "1")
-
-
-@pytest.fixture
-async def receiver() -> AsyncIterator[Receiver]:
-    """A webhook receiver listening on a free local port, stopped when the test ends."""
-    started = Receiver(free_port())
-    await started.start()
-    try:
-        yield started
-    finally:
-        await started.stop()
