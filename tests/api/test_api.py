@@ -18,7 +18,7 @@ from apikeys import KeyManager, MemoryStore
 from apikeys.api import OPERATIONS, ManagementAPI
 from apikeys.api.idempotency import Idempotency
 from apikeys.errors import Conflict, IdempotencyKeyReused, InvalidPayload
-from apikeys.fields import KEY_FIELDS
+from apikeys.fields import KEY_FIELDS, OPERATOR_ONLY
 from apikeys.identities import check_identity_id
 from apikeys.types import utcnow
 from tests.public_surface import assert_all_is_complete, assert_exports_are_documented
@@ -472,3 +472,48 @@ async def test_a_retry_while_running_conflicts_and_only_the_callers_key_opens_th
         await guard("ak_live_token", b'{"name": "other"}').begin()
     with pytest.raises(InvalidPayload):
         Idempotency(store, caller_id="abc", caller_token="t", idempotency_key="é", request=b"")
+
+
+# A value of every field a key's create or update body may set (`KEY_FIELDS`): a field added
+# to the table needs one here, and then reaches the manager through the API with no more code.
+EVERY_FIELD: dict[str, tuple[Any, Any]] = {
+    "name": ("Zapier", "Zapier 2"),
+    "access": ("restricted", "restricted"),
+    "scopes": (["contacts:read"], ["contacts:write"]),
+    "rate_limit": ("5/second", "6/second"),
+    "expires_at": ("2999-01-01T00:00:00+00:00", "2998-01-01T00:00:00+00:00"),
+    "owner": ("ann", "bob"),
+    "metadata": ({"a": 1}, {"b": 2}),
+    "allowed_ips": (["10.0.0.0/8"], ["192.168.0.0/16"]),
+    "credits": (5, 6),
+    "credit_refill": ("100/day", "200/day"),
+    "identity": ("cust", "cust2"),
+}
+
+
+async def test_every_field_a_body_may_set_is_stored_on_create_and_update(
+    memory_manager: KeyManager,
+) -> None:
+    assert set(EVERY_FIELD) == set(KEY_FIELDS)
+    # Every field the operator may hand to workspace users handed to them; a key's identity
+    # is never theirs to set (`OPERATOR_ONLY`): the API refuses it.
+    handed = {name for name in KEY_FIELDS if name not in OPERATOR_ONLY}
+    api = ManagementAPI(memory_manager, rate_limit="100000/minute", workspace_fields=handed)
+    app = Starlette(routes=[Mount("/v1/api-keys", app=api)])
+    auth = await caller(memory_manager)
+    fields = {name: values for name, values in EVERY_FIELD.items() if name in handed}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        made = await c.post("/keys", json={n: v[0] for n, v in fields.items()}, headers=auth)
+        assert made.status_code == 201, made.text
+        before = (await memory_manager.get(made.json()["id"])).to_dict()
+        path = f"/keys/{before['id']}"
+        updated = await c.patch(path, json={n: v[1] for n, v in fields.items()}, headers=auth)
+        assert updated.status_code == 200, updated.text
+        after = (await memory_manager.get(before["id"])).to_dict()
+        for name in OPERATOR_ONLY:
+            refused = await c.patch(path, json={name: EVERY_FIELD[name][1]}, headers=auth)
+            assert refused.status_code == 403
+            assert refused.json()["field"] == name
+    for name in fields:
+        if name != "access":  # restricted before and after: the scopes show it
+            assert before[name] != after[name], name

@@ -30,7 +30,7 @@ from apikeys.errors import (
     KeyNotFound,
     ResourceNotFound,
 )
-from apikeys.fields import Role, check_change, workspace_roll_expiry
+from apikeys.fields import KEY_FIELDS, Role, check_change, workspace_roll_expiry
 from apikeys.lifecycle import refusal
 from apikeys.listing import MAX_PAGE_SIZE
 from apikeys.manager import KeyManager
@@ -41,18 +41,10 @@ __all__ = ["KeyEndpoints", "choice_param", "int_param", "text_param"]
 MAX_ID_LENGTH: Final = 64
 _STATES: Final = ("active", "disabled", "expired", "revoked")
 _ENVIRONMENTS: Final = ("live", "test")
-# The fields a body passes on to the manager as they are (None clears them on update).
-_PLAIN: Final = (
-    "name",
-    "rate_limit",
-    "expires_at",
-    "owner",
-    "metadata",
-    "allowed_ips",
-    "credits",
-    "credit_refill",
-    "identity",
-)
+# The fields a body passes on to the manager as they are (None clears them on update):
+# every field of the table a create or update may set, but the access, which `_access` reads.
+_ACCESS_FIELDS: Final = ("access", "scopes")
+_PLAIN: Final = tuple(name for name in KEY_FIELDS if name not in _ACCESS_FIELDS)
 
 
 def _bad_param(name: str, message: str) -> InvalidPayload:
