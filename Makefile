@@ -19,11 +19,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict src
 
-# The suite runs in one process more than there are cores (pytest-xdist): much of a test's
-# time is spent waiting on the servers and processes it started, and the extra process keeps
-# the cores busy meanwhile. Each test file runs in one of them, so that its module fixtures
-# start once; `make test PYTEST_WORKERS=0` runs the suite in one process.
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# The suite runs in one process per core (pytest-xdist), each test file in one of them, so
+# that its module fixtures start once; `make test PYTEST_WORKERS=0` runs it in one process.
+# More processes than cores finished sooner on a 2-core machine, but starved the servers the
+# tests start (a Redis Cluster test's first calls failed under that load).
+PYTEST_WORKERS ?= $(shell nproc)
 
 test: lint typecheck
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

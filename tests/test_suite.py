@@ -233,7 +233,7 @@ def test_the_session_compiles_the_project_once_and_removes_only_the_bytecode_it_
 # -- make test runs the suite in one process per core ---------------------------------------
 
 
-def test_make_test_runs_one_process_more_than_cores_each_file_in_one_of_them() -> None:
+def test_make_test_runs_one_process_per_core_each_file_in_one_of_them() -> None:
     workers = subprocess.run(
         ["make", "-s", "-f", "-", "show"],
         input=(ROOT / "Makefile").read_text() + "\nshow:\n\t@echo $(PYTEST_WORKERS)\n",
@@ -242,11 +242,11 @@ def test_make_test_runs_one_process_more_than_cores_each_file_in_one_of_them() -
         text=True,
         check=True,
     ).stdout.strip()
-    assert workers == str(_nproc() + 1)
+    assert workers == str(_nproc())
     makefile = (ROOT / "Makefile").read_text()
     assert "pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)" in makefile
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "in one process more than the machine has cores (pytest-xdist;" in readme
+    assert "in one process per core of the machine (pytest-xdist;" in readme
     assert "`make test PYTEST_WORKERS=0` runs the suite in one process" in readme
 
 
