@@ -393,12 +393,21 @@ class TcpProxy:
         stopped under them would leave their sockets to the garbage collector (a
         `ResourceWarning` in whichever test runs then)."""
         await self._sever()
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        if others:
-            _, late = await asyncio.wait(others, timeout=5.0)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        # Until none is left: a connection the listener took just before it closed becomes
+        # a task (`_accept`) only once its transport is made, after the first look.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while True:
+            await asyncio.sleep(0)
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            if not others:
+                return
+            if loop.time() >= deadline:
+                for task in others:
+                    task.cancel()
+                await asyncio.gather(*others, return_exceptions=True)
+                return
+            await asyncio.wait(others, timeout=deadline - loop.time())
 
     async def _restore(self) -> None:
         await self._set_flowing("both", True)
@@ -409,6 +418,9 @@ class TcpProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         server = self._server
+        if server is None:  # taken by a listener closed since: never linked
+            writer.transport.abort()
+            return
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -417,7 +429,7 @@ class TcpProxy:
         except asyncio.CancelledError:  # the proxy shut down while this one connected
             writer.transport.abort()
             raise
-        if server is None or server is not self._server:
+        if server is not self._server:
             # Severed while connecting upstream: this connection belongs to the old server.
             writer.transport.abort()
             upstream_writer.transport.abort()

@@ -202,7 +202,11 @@ async def test_on_a_cluster_the_first_calls_of_a_new_process_all_succeed_however
                     for n in range(60)
                 ]
                 answers = await asyncio.gather(*settings, *leases, return_exceptions=True)
-                failed = [type(one).__name__ for one in answers if isinstance(one, BaseException)]
+                failed = [
+                    f"{type(one).__name__} ({one.__cause__!r})"
+                    for one in answers
+                    if isinstance(one, BaseException)
+                ]
                 assert failed == []
             finally:
                 await store.aclose()

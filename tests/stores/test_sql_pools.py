@@ -114,6 +114,18 @@ async def test_if_the_url_gives_pool_sizes_then_the_pools_hold_no_more(
             async with most_connections(admin, name) as most:
                 await asyncio.gather(*(store.get(key.record.id) for key in keys * 20))
             assert 4 < most[0] <= 4 + 3
+    finally:
+        await store.aclose()
+    assert await connections_of(admin, name) == 0
+    # Under load, the same sizes with the default pool_timeout (0.5 s is for the refusal
+    # above: on a busy machine a write could wait that long for its turn, and be refused).
+    store = store_from_url(
+        f"{postgres_url}?pool_size=3&max_overflow=1",
+        table_name=unique_table(),
+        application_name=name,
+    )
+    try:
+        await store.setup()
         async with most_connections(admin, name) as most:
             await busy(store)
         assert most[0] <= 2 * 3 + 1
