@@ -234,10 +234,14 @@ def test_the_session_compiles_the_project_once_and_removes_only_the_bytecode_it_
 
 
 def test_make_test_runs_one_process_per_core_each_file_in_one_of_them() -> None:
+    # The default: not what this run was given (`make test PYTEST_WORKERS=3` reaches this
+    # process as the variable and, through make, in MAKEFLAGS).
+    unset = {"PYTEST_WORKERS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
     workers = subprocess.run(
         ["make", "-s", "-f", "-", "show"],
         input=(ROOT / "Makefile").read_text() + "\nshow:\n\t@echo $(PYTEST_WORKERS)\n",
         cwd=ROOT,
+        env={name: value for name, value in os.environ.items() if name not in unset},
         capture_output=True,
         text=True,
         check=True,
