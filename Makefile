@@ -21,8 +21,8 @@ typecheck: $(STAMP)
 
 # The suite runs in one process per core (pytest-xdist), each test file in one of them, so
 # that its module fixtures start once; `make test PYTEST_WORKERS=0` runs it in one process.
-# More processes than cores finished sooner on a 2-core machine, but starved the servers the
-# tests start (a Redis Cluster test's first calls failed under that load).
+# One process more than cores finished sooner on a 2-core machine, but in one of its runs a
+# Redis Cluster test's first calls failed (cause not found): one per core is the default.
 PYTEST_WORKERS ?= $(shell nproc)
 
 test: lint typecheck
