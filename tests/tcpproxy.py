@@ -43,6 +43,8 @@ from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from tests.listeners import close_server
+
 __all__ = ["NOTIFICATIONS", "TcpProxy", "rewrite_url"]
 
 _T = TypeVar("_T")
@@ -376,7 +378,8 @@ class TcpProxy:
     async def _sever(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.close()
+            # Connections it accepts meanwhile see `_server` is None and are dropped.
+            await close_server(server)
         links, self._links = self._links, set()
         tasks = [task for link in links for task in link.tasks]
         for link in links:
@@ -384,8 +387,6 @@ class TcpProxy:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.wait_closed()
 
     async def _shut_down(self) -> None:
         """Sever, then let the connections accepted meanwhile finish: each one still

@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from tests.listeners import close_server
+
 
 @dataclass
 class Received:
@@ -34,8 +36,7 @@ class Receiver:
     async def stop(self) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.close()
-            await server.wait_closed()
+            await close_server(server)
 
     async def wait_for(self, count: int) -> None:
         """Return once `count` requests arrived (the caller bounds the wait)."""

@@ -17,6 +17,7 @@ from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
 from apikeys.webhooks.model import Delivery
 from tests.conftest import STORES
+from tests.listeners import close_server
 from tests.pgbouncer import free_port
 
 # A second to answer; a lease far longer, as by default (10 s and 60 s).
@@ -69,23 +70,26 @@ class HostileReceiver:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
-        self._server.close()
+        await close_server(self._server)
         for writer in self._writers:
             writer.close()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            await reader.readexactly(length)
-            self.requests += 1
-            await self._answer(writer)
+        try:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                await self._answer(writer)
+        finally:
+            # Also when cancelled: a connection accepted as the receiver closed is closed here.
+            writer.close()
 
 
 async def _headers_then_silence(writer: asyncio.StreamWriter) -> None:

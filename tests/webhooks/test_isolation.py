@@ -24,6 +24,7 @@ from apikeys.types import utcnow
 from apikeys.webhooks import Deliverer, DeliveryOptions
 from apikeys.webhooks.admin import add_endpoint
 from tests.conftest import STORES
+from tests.listeners import close_server
 from tests.pgbouncer import free_port
 from tests.webhooks.receiver import Receiver
 
@@ -75,8 +76,7 @@ class HeldReceiver:
         self.release.set()
         server, self._server = self._server, None
         if server is not None:
-            server.close()
-            await server.wait_closed()
+            await close_server(server)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
