@@ -23,6 +23,7 @@ from apikeys.keys import (
 )
 from apikeys.lifecycle import TRANSITIONS, refusal
 from apikeys.manager.construction import logger
+from apikeys.manager.credits import refill_window
 from apikeys.manager.identities import IdentityManagement
 from apikeys.manager.reading import KeyReading
 from apikeys.policies import POLICY_PARSERS, check_text, parse_refill, policy_fields
@@ -699,8 +700,6 @@ class KeyChanges(KeyReading, IdentityManagement):
         (unlimited) is not for this method. A rolled key spends its successor's balance,
         which the pair shares (see `roll`).
         """
-        if not record.credit_refill:
-            return await self.store.spend_credits(record.id, cost)
-        refill = parse_refill(record.credit_refill)
-        window = None if refill is None else (refill.amount, refill.period_start(utcnow()))
-        return await self.store.spend_credits(record.id, cost, refill=window)
+        return await self.store.spend_credits(
+            record.id, cost, refill=refill_window(record.credit_refill)
+        )
