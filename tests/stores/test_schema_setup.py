@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from apikeys.cli import main
-from apikeys.stores.sql.schema import store_tables
+from apikeys.stores.sql.schema import SCHEMA_LOCK, store_tables
 from apikeys.stores.sql.store import SQLStore
 from tests import services
 
@@ -243,3 +243,58 @@ async def test_setup_makes_the_identities_table_of_a_store_made_before_it(tmp_pa
             row[0] for row in connection.execute('SELECT notice FROM "apikeys_keys_changes"')
         ]
     assert "store:0:i:acme" in notices
+
+
+@pytest.mark.postgres
+def test_a_setup_waits_its_turn_at_the_schema_longer_than_the_command_timeout(
+    impatient_database: str,
+) -> None:
+    # Workers started together take turns at the schema: the last waits for all the others,
+    # longer than one statement may last (`command_timeout`) or wait for a lock (this
+    # database's `lock_timeout`). Here another process holds the turn for a second.
+    import psycopg
+
+    table = f"turn_keys_{uuid.uuid4().hex[:8]}"
+
+    async def setup_while_held(holder: psycopg.Connection[Any]) -> None:
+        store = SQLStore(impatient_database, table_name=table, command_timeout=0.3)
+        setup = asyncio.create_task(store.setup())
+        try:
+            await asyncio.sleep(1.0)  # more than three command timeouts
+            assert not setup.done()
+            holder.commit()
+            await setup
+        finally:
+            setup.cancel()
+            await asyncio.gather(setup, return_exceptions=True)
+            await store.aclose()
+
+    with psycopg.connect(impatient_database) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK])
+        asyncio.run(setup_while_held(holder))
+    assert {row[1] for row in _catalog(impatient_database, table)} >= set(_tables(table))
+
+
+@pytest.mark.postgres
+def test_a_setup_whose_turn_never_comes_fails_as_unavailable(
+    impatient_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    from apikeys.errors import StoreUnavailable
+    from apikeys.stores.sql import schema
+
+    monkeypatch.setattr(schema, "SCHEMA_TURN_WAIT", 0.5)
+
+    async def setup() -> None:
+        store = SQLStore(impatient_database, table_name=f"never_{uuid.uuid4().hex[:8]}")
+        try:
+            await store.setup()
+        finally:
+            await store.aclose()
+
+    with psycopg.connect(impatient_database) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK])
+        with pytest.raises(StoreUnavailable) as raised:
+            asyncio.run(setup())
+    assert "schema's lock" in str(raised.value)

@@ -20,15 +20,17 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from apikeys.errors import ConfigurationError
+from apikeys.errors import ConfigurationError, StoreUnavailable
 from apikeys.identities import IDENTITY_FIELDS
 from apikeys.policies import dump_metadata, load_metadata
 from apikeys.types import RECORD_FIELDS, KeyField, Kind
 
 __all__ = [
     "DEFAULT_TABLE_NAME",
+    "SCHEMA_LOCK",
+    "SCHEMA_TURN_WAIT",
     "UTCDateTime",
     "changes_table",
     "create_concurrently",
@@ -566,8 +568,14 @@ def _check_columns(connection: sa.Connection, table: sa.Table) -> None:
         )
 
 
-# Serialises schema creation between processes on PostgreSQL (an advisory lock id).
-_SCHEMA_LOCK: Final = 0x61706B6579
+SCHEMA_LOCK: Final = 0x61706B6579
+"""The PostgreSQL advisory lock (transaction-scoped) that `setup()` holds while it makes or
+checks the schema: processes take turns. Take it around your own changes to these tables
+to keep a starting process from running into them."""
+SCHEMA_TURN_WAIT: Final = 60.0
+"""Seconds `setup()` waits for its turn at `SCHEMA_LOCK`, looking again and again: each
+look is one quick statement, so neither a short `command_timeout` nor the database's
+`lock_timeout` ends the wait of the last of many workers started together."""
 
 
 def _already_exists(exc: BaseException) -> bool:
@@ -596,15 +604,33 @@ async def create_concurrently(engine: AsyncEngine, create: Callable[[sa.Connecti
         try:
             async with engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
-                    await conn.execute(
-                        sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _SCHEMA_LOCK}
-                    )
+                    await _take_schema_turn(conn)
                 await conn.run_sync(create)
             return
         except sa_exc.DBAPIError as exc:
             if attempt == attempts - 1 or not _already_exists(exc):
                 raise
             await asyncio.sleep(0.02 * (attempt + 1))
+
+
+async def _take_schema_turn(conn: AsyncConnection) -> None:
+    """Take the schema's advisory lock for `conn`'s transaction, looking again until the
+    process that holds it commits (`pg_advisory_xact_lock` would wait in one statement,
+    which `command_timeout` or `lock_timeout` cuts short); `StoreUnavailable` after
+    `SCHEMA_TURN_WAIT` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SCHEMA_TURN_WAIT
+    pause = 0.01
+    take = sa.text("SELECT pg_try_advisory_xact_lock(:id)")
+    while not (await conn.execute(take, {"id": SCHEMA_LOCK})).scalar():
+        if loop.time() >= deadline:
+            raise StoreUnavailable(
+                TimeoutError(),
+                hint=f"another session held the schema's lock (SCHEMA_LOCK, an advisory lock) "
+                f"for {SCHEMA_TURN_WAIT:.0f} s: look for it in pg_locks",
+            )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 async def create_tables_with(engine: AsyncEngine, tables: Sequence[sa.Table]) -> None:
