@@ -130,6 +130,7 @@ async def test_every_redis_key_of_the_store_starts_with_its_prefix(
     assert names == {
         f"{redis_key_prefix}key:{{k1}}",
         f"{redis_key_prefix}key:{{k2}}",
+        f"{redis_key_prefix}used:{{k1}}",
         f"{redis_key_prefix}ws:a",
         f"{redis_key_prefix}ws:b",
         f"{redis_key_prefix}all",

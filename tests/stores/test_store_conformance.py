@@ -20,7 +20,7 @@ from apikeys.errors import DuplicateKeyId, KeyNotFound
 from apikeys.keys import generate_id
 from apikeys.listing import KeyFilter, Position, position
 from apikeys.stores import KeyStore, MemoryStore
-from apikeys.stores.contract import USAGE_BATCH_RETENTION
+from apikeys.stores.contract import USAGE_BATCH_RETENTION, parse_notice
 from apikeys.types import KeyRecord, StoredKey, StoredState, UsageDelta
 from tests.conftest import SCALE_OUT_STORES, STORES
 
@@ -695,6 +695,32 @@ class TestAddUsage:
             after = await record_of(store, record.id)
             assert after.request_count == sum(delta.count for delta in deltas)
             assert after.last_used_at == max(delta.last_used_at for delta in deltas)
+
+    async def test_counting_requests_is_no_change_a_key_cache_hears_of(
+        self, store: KeyStore
+    ) -> None:
+        # A key cache drops a key on every notice of it, and every process writes its counts
+        # each second: were counting a change, no key in use would stay cached.
+        channel = store.channel()
+        if channel is None:
+            pytest.skip("the memory store has no channel: nothing to hear")
+        heard: list[str] = []
+        channel.bind()
+        await channel.connect("reader", lambda notice: heard.append(parse_notice(notice)[1]))
+        try:
+            record = await inserted(store)
+            await channel.probe()  # every committed change has arrived
+            heard.clear()
+            await store.add_usage({record.id: UsageDelta(3, T0)}, batch_id=new_batch_id())
+            await channel.probe()
+            assert heard == []
+            assert (await record_of(store, record.id)).request_count == 3
+            # A change of the key itself is heard, whoever makes it.
+            await store.set_state(record.id, "disabled", allowed_from=("active",), at=T0)
+            await channel.probe()
+            assert record.id in heard
+        finally:
+            await channel.disconnect()
 
 
 class TestAddUsageBatchIds:

@@ -7,6 +7,10 @@ key carries its id as a hash tag, `{<id>}`, so all of them live in one Redis Clu
 and every script names keys of that slot only:
 
 - `apikeys:key:{<id>}`: a hash per key.
+- `apikeys:used:{<id>}`: the key's requests counted since it was written (`request_count`,
+  `last_used_at`; a hash). Apart from the key's hash so that counting is no change of the
+  key: key caches hear of every write to the key's hash (see `channel.py`). A read adds the
+  two (`decode`); the key's hash holds the counts it was made or imported with.
 - `apikeys:audit:{<id>}`: the key's audit events, oldest first (a list), each one as the
   server's time in microseconds, a space, and the event's JSON.
 - `apikeys:events:{<id>}`: the key's webhook events not taken yet (a list; see
@@ -179,15 +183,31 @@ def encode(stored: StoredKey) -> list[str]:
     return [*flat, "secret_hash", stored.secret_hash]
 
 
-def decode(fields: Mapping[str, str]) -> StoredKey:
-    """A key's hash as the store wrote it. A hash that another client damaged (a field
-    deleted or overwritten by hand) fails closed: `StoreUnavailable`, never another error."""
+def decode(fields: Mapping[str, str], used: Mapping[str, str] | None = None) -> StoredKey:
+    """A key's hash as the store wrote it, with its use hash's counts (`used`) added to the
+    hash's own (those it was imported with): `request_count` the sum, `last_used_at` the
+    later. A hash that another client damaged (a field deleted or overwritten by hand)
+    fails closed: `StoreUnavailable`, never another error."""
     try:
+        if used:
+            fields = _with_use(fields, used)
         return _decode_fields(fields)
     except (KeyError, ValueError, TypeError, AssertionError) as exc:
         raise StoreUnavailable(
             exc, hint="a key's hash in Redis is damaged: a field is missing or malformed"
         ) from None
+
+
+def _with_use(fields: Mapping[str, str], used: Mapping[str, str]) -> dict[str, str]:
+    merged = dict(fields)
+    count = used.get("request_count")
+    if count is not None:
+        merged["request_count"] = str(int(fields.get("request_count") or 0) + int(count))
+    last = used.get("last_used_at")
+    if last is not None:
+        own = fields.get("last_used_at")
+        merged["last_used_at"] = last if not own or int(last) > int(own) else own
+    return merged
 
 
 def _decode_fields(fields: Mapping[str, str]) -> StoredKey:

@@ -120,11 +120,12 @@ class RedisIdentities(IdentityStore):
         return f"{self._prefix}iws:{workspace}"
 
     def _keys(self, identity_id: str) -> list[str]:
-        # A change script's KEYS: the hash, its audit list and webhook outbox, in one slot,
-        # and, but on a cluster, the index of outboxes to take (as a key's).
+        # A change script's KEYS: the hash, its audit list and webhook outbox, the hash again
+        # (an identity has no use hash), in one slot, and, but on a cluster, the index of
+        # outboxes to take (as a key's).
         store, subject = self._store, identity_subject(identity_id)
-        names = [self.hash_name(identity_id), store.audit_list_name(subject)]
-        names.append(store.outbox_name(subject))
+        own = self.hash_name(identity_id)
+        names = [own, store.audit_list_name(subject), store.outbox_name(subject), own]
         return names if store.deployment == "cluster" else [*names, store.outbox_index_name]
 
     def _tail(self, event: AuditEvent | None, notice: str | None) -> list[str]:
@@ -170,7 +171,7 @@ class RedisIdentities(IdentityStore):
         expiry would be announced late, as `RedisStore.get_to_cache` explains)."""
         store = self._store
         async with store.calls():
-            fields, ttl = await self._get_to_cache(keys=[self.hash_name(identity_id)])
+            fields, ttl, _ = await self._get_to_cache(keys=[self.hash_name(identity_id)])
         if not fields:
             return None, True
         flat = cast("builtins.list[str]", fields)
@@ -211,7 +212,7 @@ class RedisIdentities(IdentityStore):
     async def _changed(self, identity_id: str, reply: Any) -> IdentityRecord:
         if not reply:
             raise IdentityNotFound(identity_id)
-        flat = cast("builtins.list[str]", reply)
+        flat = cast("builtins.list[builtins.list[str]]", reply)[0]  # (no use hash)
         return decode_identity(dict(zip(flat[::2], flat[1::2], strict=True)))
 
     async def update(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -304,6 +304,12 @@ class RedisStore(KeyStore):
         """The Redis key of the hash that holds key `key_id`."""
         return f"{self._prefix}key:{{{key_id}}}"
 
+    def use_name(self, key_id: str) -> str:
+        """The hash that counts key `key_id`'s requests (`request_count`, `last_used_at`):
+        apart from the key's hash, so that counting a request is not a change of the key
+        that every process's key cache would hear of and drop the key for."""
+        return f"{self._prefix}used:{{{key_id}}}"
+
     def audit_list_name(self, key_id: str) -> str:
         """The Redis key of the list of key `key_id`'s audit events."""
         return f"{self._prefix}audit:{{{key_id}}}"
@@ -503,12 +509,14 @@ class RedisStore(KeyStore):
             raise DuplicateKeyId(record.id)
 
     async def get(self, key_id: str) -> StoredKey | None:
-        async with self.calls():
-            # The hot path: one HGETALL, one round trip.
-            fields = cast("dict[str, str]", await self._client.hgetall(self.key_name(key_id)))
+        async with self.calls(), self._client.pipeline(transaction=False) as pipe:
+            # Without a cache, the hot path: two HGETALLs in one round trip.
+            pipe.hgetall(self.key_name(key_id))
+            pipe.hgetall(self.use_name(key_id))
+            fields, used = await pipe.execute()
         if not fields:
             return None
-        return decode(fields)
+        return decode(fields, used)
 
     async def get_to_cache(self, key_id: str) -> tuple[StoredKey | None, bool]:
         """`get`, and whether a key cache may keep what it read: not a hash with a TTL.
@@ -521,11 +529,12 @@ class RedisStore(KeyStore):
         announce: a cached record drops at once, and is read again with its TTL.
         """
         async with self.calls():
-            fields, ttl = await self._get_to_cache(keys=[self.key_name(key_id)])
+            fields, ttl, used = await self._get_to_cache(
+                keys=[self.key_name(key_id), self.use_name(key_id)]
+            )
         if not fields:
             return None, True
-        it = iter(cast("builtins.list[str]", fields))
-        return decode(dict(zip(it, it, strict=True))), int(ttl) == -1
+        return decode(pairs(fields), pairs(used)), int(ttl) == -1
 
     async def _ids(self, workspace: str | None) -> builtins.list[str]:
         index = self._all_index if workspace is None else self.workspace_index_name(workspace)
@@ -536,16 +545,13 @@ class RedisStore(KeyStore):
             ids = await self._ids(workspace)
             if not ids:
                 return []
-            async with self._client.pipeline(transaction=False) as pipe:
-                for key_id in ids:
-                    pipe.hgetall(self.key_name(key_id))
-                replies: list[dict[str, str]] = await pipe.execute()
+            replies = await self.read_hashes(ids)
         records = []
-        for fields in replies:
+        for fields, used in replies:
             # Skip index entries left by a failed insert or a refused duplicate.
             if not fields or (workspace is not None and fields.get("workspace") != workspace):
                 continue
-            records.append(decode(fields).record)
+            records.append(decode(fields, used).record)
         records.sort(key=lambda record: (record.created_at, record.id))
         return records
 
@@ -575,16 +581,12 @@ class RedisStore(KeyStore):
                 if not ids:
                     break
                 rank += len(ids)
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for key_id in ids:
-                        pipe.hgetall(self.key_name(key_id))
-                    replies: builtins.list[dict[str, str]] = await pipe.execute()
-                for fields in replies:
+                for fields, used in await self.read_hashes(ids):
                     if not fields or (
                         where.workspace is not None and fields.get("workspace") != where.workspace
                     ):
                         continue  # an index entry left by a failed insert (see above)
-                    record = decode(fields).record
+                    record = decode(fields, used).record
                     if after(record, start) and where.matches(record, now):
                         records.append(record)
                         if len(records) == limit:
@@ -592,6 +594,18 @@ class RedisStore(KeyStore):
                 if len(ids) < batch:
                     break
         return records
+
+    async def read_hashes(
+        self, ids: Sequence[str]
+    ) -> builtins.list[tuple[dict[str, str], dict[str, str]]]:
+        """The hash and the use hash of each of `ids`, in one round trip (empty for a
+        missing key): what `decode` reads."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for key_id in ids:
+                pipe.hgetall(self.key_name(key_id))
+                pipe.hgetall(self.use_name(key_id))
+            replies: builtins.list[dict[str, str]] = await pipe.execute()
+        return list(zip(replies[::2], replies[1::2], strict=True))
 
     async def _rank_after(self, index: str, start: Position) -> int:
         """The rank in `index` of the first entry after `start`, or close before it."""
@@ -611,12 +625,18 @@ class RedisStore(KeyStore):
     def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
         if not reply:
             raise KeyNotFound(key_id)
-        return decode(pairs(cast("list[str]", reply))).record
+        fields, used = cast("list[list[str]]", reply)
+        return decode(pairs(fields), pairs(used)).record
 
     def _keys(self, key_id: str) -> builtins.list[str]:
-        """KEYS of a change script: the key's hash, audit list and webhook outbox (one
-        slot), and, but on a cluster, the index of keys with events to take."""
-        names = [self.key_name(key_id), self.audit_list_name(key_id), self.outbox_name(key_id)]
+        """KEYS of a change script: the key's hash, audit list, webhook outbox and use hash
+        (one slot), and, but on a cluster, the index of keys with events to take."""
+        names = [
+            self.key_name(key_id),
+            self.audit_list_name(key_id),
+            self.outbox_name(key_id),
+            self.use_name(key_id),
+        ]
         return names if self._cluster else [*names, self.outbox_index_name]
 
     async def set_state(

@@ -70,7 +70,7 @@ class RedisUsage:
         async with self._store.client.pipeline(transaction=not self._store.usage_per_key) as pipe:
             for key_id, delta in batch:
                 days = sorted({day for day, _ in delta.daily})
-                slots = {day: index for index, day in enumerate(days, start=3)}
+                slots = {day: index for index, day in enumerate(days, start=4)}
                 triples = [
                     item
                     for (day, outcome), count in sorted(delta.daily.items())
@@ -79,9 +79,10 @@ class RedisUsage:
                 pipe.execute_command(
                     "EVALSHA",
                     sha,
-                    2 + len(days),
+                    3 + len(days),
                     self._store.key_name(key_id),
                     self._store.usage_batch_name(batch_id, key_id),
+                    self._store.use_name(key_id),
                     *(self._store.daily_usage_name(key_id, day) for day in days),
                     str(delta.count),
                     encode_time(delta.last_used_at),

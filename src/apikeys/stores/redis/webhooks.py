@@ -80,11 +80,12 @@ __all__ = ["RedisWebhooks"]
 _IDENTITY = identity_subject("")
 
 
-def _outboxed(event: str, fields: dict[str, str]) -> Subject:
-    """The record of an outbox entry: an identity's for its `identity.*` events."""
+def _outboxed(event: str, fields: dict[str, str], used: dict[str, str]) -> Subject:
+    """The record of an outbox entry (the hash's fields, then the use hash's): an
+    identity's for its `identity.*` events."""
     if event.startswith("identity."):
         return decode_identity(fields)
-    return decode({**fields, "secret_hash": ""}).record
+    return decode({**fields, "secret_hash": ""}, used).record
 
 
 CLAIM_SCAN = 1000
@@ -273,8 +274,8 @@ class RedisWebhooks(WebhookStore):
         values: list[str] = []
         for entries in outboxes:
             for entry in entries:
-                stamp, event, fields = json.loads(entry)
-                record = _outboxed(event, fields)
+                stamp, event, fields, used = json.loads(entry)
+                record = _outboxed(event, fields, used)
                 subject = subject_of(record)
                 at = _time(stamp)
                 assert at is not None
@@ -397,15 +398,12 @@ class RedisWebhooks(WebhookStore):
                 )
                 if not entries:
                     break
-                async with client.pipeline(transaction=False) as pipe:
-                    for key_id, _ in entries:
-                        pipe.hgetall(store.key_name(key_id))
-                    hashes: list[dict[str, str]] = await pipe.execute()
+                hashes = await store.read_hashes([key_id for key_id, _ in entries])
                 chunks.append(
                     (
                         [key_id for key_id, _ in entries],
                         [score for _, score in entries],
-                        [decode(fields).record if fields else None for fields in hashes],
+                        [decode(*pair).record if pair[0] else None for pair in hashes],
                     )
                 )
                 if not whole or len(entries) < LOOK_LIMIT:

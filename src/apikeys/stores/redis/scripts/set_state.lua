@@ -1,6 +1,7 @@
 -- KEYS[1] = the key's hash, KEYS[2] = its audit list; ARGV[1] = new state, ARGV[2] = `at`
 -- (microseconds), ARGV[3..] = allowed states, then the common tail.
--- Returns the hash afterwards (flat HGETALL), or nil when the key does not exist.
+-- Returns the hash and the use hash afterwards (`hashes_now()`), or nil when the key does
+-- not exist.
 local current = redis.call('HGET', KEYS[1], 'state')
 if not current then
   return false
@@ -19,4 +20,4 @@ if current ~= ARGV[1] then
   end
 end
 publish()
-return redis.call('HGETALL', KEYS[1])
+return hashes_now()

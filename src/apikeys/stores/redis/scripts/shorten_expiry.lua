@@ -2,7 +2,8 @@
 -- ARGV[2] = replaced_by ('' to leave it), then the common tail. Changes a key that exists
 -- and whose state `EDITABLE` holds (not revoked), and with a replaced_by only one that no other key replaces already
 -- (two rolls at once: one wins); publishes the notice (also when nothing changed).
--- Returns the hash afterwards, or nil when the key does not exist.
+-- Returns the hash and the use hash afterwards (`hashes_now()`), or nil when the key does
+-- not exist.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return false
@@ -28,4 +29,4 @@ if editable then
   end
 end
 publish()
-return redis.call('HGETALL', KEYS[1])
+return hashes_now()

@@ -1,7 +1,8 @@
 -- KEYS[1] = the key's hash, KEYS[2] = its audit list; ARGV[1] = how many fields to set,
 -- then field, value pairs to set, then fields to delete, then the common tail. Changes a
 -- key that exists and whose state `EDITABLE` holds (not revoked); publishes the notice (also when nothing changed).
--- Returns the hash afterwards, or nil when the key does not exist.
+-- Returns the hash and the use hash afterwards (`hashes_now()`), or nil when the key does
+-- not exist.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return false
@@ -17,4 +18,4 @@ if EDITABLE[state] then
   record()
 end
 publish()
-return redis.call('HGETALL', KEYS[1])
+return hashes_now()
