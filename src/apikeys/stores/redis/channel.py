@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -93,6 +94,12 @@ _LINK_FLAGS = frozenset({"s_down", "disconnected"})
 # that has not answered by then is skipped, and not asked again before its answer (or its
 # socket timeout) comes.
 _SENTINEL_ANSWER_WAIT = 0.3
+
+logger = logging.getLogger("apikeys")
+
+# How long leaving the registry may take when a channel closes (the rest of the close is
+# local): a server that does not answer then does not hold the close up.
+_LEAVE_TIMEOUT = 1.0
 
 _OPTIONS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
@@ -420,31 +427,58 @@ class RedisChannel(Channel):
         await self._command_client().publish(self._notices, notice)
 
     async def disconnect(self) -> None:
-        asking, self._asking = list(self._asking.values()), {}
-        for task in asking:
-            task.cancel()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await reader
+        # Everything is taken before the first await, and each step runs whatever happened
+        # to the one before: a disconnect cut short (the cache bounds it with a timeout)
+        # still closes every connection, instead of leaving sockets to the garbage collector.
+        tasks = list(self._asking.values())
+        self._asking = {}
+        if self._reader is not None:
+            tasks.append(self._reader)
+        self._reader = None
         pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
         subscriber, self._subscriber = self._subscriber, None
-        if subscriber is not None:
-            with contextlib.suppress(Exception):
-                await subscriber.aclose()
         client, self._client = self._client, None
+        for task in tasks:
+            task.cancel()
+        steps: list[Callable[[], Awaitable[object]]] = []
+        if tasks:
+            steps.append(lambda: asyncio.wait(tasks))
+        if pubsub is not None:
+            steps.append(pubsub.aclose)
+        if subscriber is not None:
+            steps.append(subscriber.aclose)
         if client is not None:
-            with contextlib.suppress(Exception):
-                await client.zrem(self._registry, self.ident)
-            with contextlib.suppress(Exception):
-                await client.aclose()
+            steps += [lambda: self._leave(client), client.aclose]
+        await every_step(steps)
+
+    async def _leave(self, client: Redis) -> None:
+        async with asyncio.timeout(_LEAVE_TIMEOUT):
+            await client.zrem(self._registry, self.ident)
 
 
 _T = TypeVar("_T")
+
+
+async def every_step(steps: Sequence[Callable[[], Awaitable[object]]]) -> None:
+    """Run each of `steps` (closes, mostly) to its end, one after another, whatever the ones
+    before did: one that fails is passed over, and a cancellation waits for the step it
+    came in (redis-py's `aclose`, cancelled, leaves the connections it had not reached
+    open) and is raised again once every step has run. Each step is bounded by timeouts
+    of its own."""
+    cancelled: asyncio.CancelledError | None = None
+    for step in steps:
+        task = started(step())
+        while not task.done():
+            try:
+                await asyncio.wait({task})  # cancelled, it leaves the step running
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug(
+                "apikeys: a channel's close step failed: %s", type(task.exception()).__name__
+            )
+    if cancelled is not None:
+        raise cancelled
 
 
 class _NodeChannel(RedisChannel):
