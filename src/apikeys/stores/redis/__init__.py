@@ -5,7 +5,8 @@
 - `checks`: what the store needs of its servers (`maxmemory-policy`, persistence), checked
   at `setup()`.
 - `store`: `RedisStore`, its changes as Lua scripts (`scripts/*.lua`); `codec`: its key
-  layout and hash fields; `usage`: usage batches applied exactly once.
+  layout and hash fields; `listing`: its listings and pages; `usage`: usage batches applied
+  exactly once.
 - `webhooks`: `RedisWebhooks`, endpoints and deliveries; `channel`: the change channel
   (pub/sub and client tracking).
 """

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager, suppress
 from datetime import date, datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -58,7 +58,7 @@ from apikeys.errors import (
     KeyNotFound,
     StoreUnavailable,
 )
-from apikeys.listing import KeyFilter, Position, after
+from apikeys.listing import KeyFilter, Position
 from apikeys.stores.contract import MAX_ROLL_HOPS, KeyStore
 from apikeys.stores.redis.channel import (
     RedisChannel,
@@ -86,6 +86,7 @@ from apikeys.stores.redis.codec import (
     pairs,
     script,
 )
+from apikeys.stores.redis.listing import key_ids, list_keys, page_of_keys
 from apikeys.stores.redis.once import OneTimeValues
 from apikeys.stores.redis.usage import RedisUsage
 from apikeys.stores.shared import select_events
@@ -536,91 +537,13 @@ class RedisStore(KeyStore):
             return None, True
         return decode(pairs(fields), pairs(used)), int(ttl) == -1
 
-    async def _ids(self, workspace: str | None) -> builtins.list[str]:
-        index = self._all_index if workspace is None else self.workspace_index_name(workspace)
-        return cast("builtins.list[str]", await self._client.zrange(index, 0, -1))
-
     async def list(self, workspace: str | None = None) -> builtins.list[KeyRecord]:
-        async with self.calls():
-            ids = await self._ids(workspace)
-            if not ids:
-                return []
-            replies = await self.read_hashes(ids)
-        records = []
-        for fields, used in replies:
-            # Skip index entries left by a failed insert or a refused duplicate.
-            if not fields or (workspace is not None and fields.get("workspace") != workspace):
-                continue
-            records.append(decode(fields, used).record)
-        records.sort(key=lambda record: (record.created_at, record.id))
-        return records
+        return await list_keys(self, workspace)
 
     async def list_page(
         self, where: KeyFilter, *, start: Position | None, limit: int, now: datetime
     ) -> builtins.list[KeyRecord]:
-        # The index is sorted as `list` is: by score (created_at), then by id. It is read
-        # by rank from just after the cursor's own entry (ZRANK), however many keys share
-        # its creation time; `after` drops anything the cursor has passed (an entry added
-        # before it meanwhile shifts the ranks by one). Only the hashes of the ids read are
-        # fetched: a page costs about its own size, more when `owner`, `status` or
-        # `environment` leave keys out.
-        index = (
-            self._all_index
-            if where.workspace is None
-            else self.workspace_index_name(where.workspace)
-        )
-        # Room for the cursor's own entry; with a narrowing filter, for keys left out.
-        batch = min(max(limit * 2, 64), 1000) if where.narrowed else limit + 1
-        records: builtins.list[KeyRecord] = []
-        async with self.calls():
-            rank = 0 if start is None else await self._rank_after(index, start)
-            while len(records) < limit:
-                ids = cast(
-                    "builtins.list[str]", await self._client.zrange(index, rank, rank + batch - 1)
-                )
-                if not ids:
-                    break
-                rank += len(ids)
-                for fields, used in await self.read_hashes(ids):
-                    if not fields or (
-                        where.workspace is not None and fields.get("workspace") != where.workspace
-                    ):
-                        continue  # an index entry left by a failed insert (see above)
-                    record = decode(fields, used).record
-                    if after(record, start) and where.matches(record, now):
-                        records.append(record)
-                        if len(records) == limit:
-                            break
-                if len(ids) < batch:
-                    break
-        return records
-
-    async def read_hashes(
-        self, ids: Sequence[str]
-    ) -> builtins.list[tuple[dict[str, str], dict[str, str]]]:
-        """The hash and the use hash of each of `ids`, in one round trip (empty for a
-        missing key): what `decode` reads."""
-        async with self._client.pipeline(transaction=False) as pipe:
-            for key_id in ids:
-                pipe.hgetall(self.key_name(key_id))
-                pipe.hgetall(self.use_name(key_id))
-            replies: builtins.list[dict[str, str]] = await pipe.execute()
-        return list(zip(replies[::2], replies[1::2], strict=True))
-
-    async def _rank_after(self, index: str, start: Position) -> int:
-        """The rank in `index` of the first entry after `start`, or close before it."""
-        created_at, key_id = start
-        score = int(encode_time(created_at))
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.zscore(index, key_id)
-            pipe.zrank(index, key_id)
-            pipe.zcount(index, "-inf", f"({score}")
-            found, rank, below = await pipe.execute()
-        if found is not None and rank is not None and int(found) == score:
-            return int(rank) + 1
-        # The cursor's key is not in this index (a cursor of another listing, or an entry
-        # deleted by hand): start at its creation time, and let `after` skip ties before it.
-        return int(below)
+        return await page_of_keys(self, where, start=start, limit=limit, now=now)
 
     def _record_from_reply(self, key_id: str, reply: Any) -> KeyRecord:
         if not reply:
@@ -717,7 +640,7 @@ class RedisStore(KeyStore):
         limit: int = 1000,
     ) -> builtins.list[AuditEvent]:
         async with self.calls():
-            ids = [key_id] if key_id is not None else await self._ids(workspace)
+            ids = [key_id] if key_id is not None else await key_ids(self, workspace)
             if key_id is None:  # and the identities' events (their lists: `audit:{i:<id>}`)
                 ids += await self.identities().subjects(workspace)
             async with self._client.pipeline(transaction=False) as pipe:

@@ -51,6 +51,7 @@ from apikeys.listing import DeliveryPosition
 from apikeys.stores.contract import WebhookStore
 from apikeys.stores.redis.codec import decode, decode_time, encode_time, script
 from apikeys.stores.redis.identities import decode_identity
+from apikeys.stores.redis.listing import read_hashes
 from apikeys.types import KeyRecord, identity_subject
 from apikeys.webhooks.events import (
     EXPIRING_NOTICES,
@@ -398,7 +399,7 @@ class RedisWebhooks(WebhookStore):
                 )
                 if not entries:
                     break
-                hashes = await store.read_hashes([key_id for key_id, _ in entries])
+                hashes = await read_hashes(store, [key_id for key_id, _ in entries])
                 chunks.append(
                     (
                         [key_id for key_id, _ in entries],
