@@ -1122,3 +1122,34 @@ class TestSharedLimiter:
     def test_if_the_limiter_url_is_unknown_then_refused_when_built(self) -> None:
         with pytest.raises(ConfigurationError, match="unknown limiter storage"):
             KeyManager(MemoryStore(), limiter="mongodb://nowhere")
+
+
+async def test_writing_usage_counts_keeps_the_keys_in_use_in_the_key_cache(
+    manager: KeyManager,
+) -> None:
+    # Each process writes its counts about every second: were that a change a key cache
+    # drops a key for, every key in use would be read from the store again each second.
+    cache = manager.cache
+    if cache is None:
+        pytest.skip("a store without a key cache")
+    made = [
+        await manager.create(name=f"n{i}", workspace="w", scopes=["contacts:read"])
+        for i in range(3)
+    ]
+    await manager.verify(made[0].key)  # starts the cache
+    for _ in range(3000):  # a bound on a hang (30 s), not a timing
+        if cache.fresh:
+            break
+        await asyncio.sleep(0.01)
+    assert cache.fresh
+    for created in made:
+        await manager.verify(created.key)
+    assert len(cache) == len(made)
+    await manager.usage_buffer.flush()
+    await cache.channel.probe()  # what the store announced before this has arrived
+    assert len(cache) == len(made)
+    assert [(await manager.get(c.record.id)).request_count for c in made] == [2, 1, 1]
+    # A change of one of them still drops it.
+    await manager.disable(made[0].record.id)
+    await cache.channel.probe()
+    assert len(cache) == len(made) - 1
