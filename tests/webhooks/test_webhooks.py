@@ -770,3 +770,37 @@ async def test_deliveries_waiting_behind_one_keys_retries_never_hold_up_another_
     (following,) = await hooks.claim("test", later, later + timedelta(minutes=1), 10)
     body = json.loads(following.body)
     assert (body["type"], body["data"]["key"]["name"]) == ("key.updated", "busy0")
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_if_closed_as_its_wait_ends_then_the_delivery_task_ends_with_aclose(
+    turns: int,
+) -> None:
+    # On Python 3.11 `wait_for` swallows a cancellation that comes as its wait ends (here a
+    # send landing, which wakes the task): the task went on with rounds after `aclose`, on
+    # a store being closed, and opened connections nobody closed.
+    hooks = hooks_of(MemoryStore())
+    rounds = asyncio.Event()
+    endpoints = hooks.endpoints
+
+    async def counted() -> Any:
+        rounds.set()
+        return await endpoints()
+
+    hooks.endpoints = counted  # type: ignore[method-assign]
+    deliverer = Deliverer(hooks, DeliveryOptions(poll_interval=0.05))
+    deliverer.start()
+    try:
+        await rounds.wait()  # a round ran: the task now waits for the next
+        await asyncio.sleep(0)
+        assert deliverer._wake is not None
+        deliverer._wake.set()  # as a send that lands does
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await deliverer.aclose()
+        left = [t for t in asyncio.all_tasks() if t.get_name() == "apikeys-webhooks"]
+        assert [t for t in left if not t.done()] == []
+    finally:
+        for task in asyncio.all_tasks():
+            if task.get_name() == "apikeys-webhooks":
+                task.cancel()

@@ -200,7 +200,12 @@ class Deliverer:
         # that issues a key and ends) is gone before it would touch the store.
         await asyncio.sleep(self.options.poll_interval)
         wake = self._wake or asyncio.Event()
-        while True:
+        # Which task is this process's is checked as well as the cancellation `aclose`
+        # sends: on Python 3.11 a cancellation can be swallowed (by a client library, in a
+        # command answered as it is cancelled), and a round after `aclose` would open
+        # connections on a store being closed, left open.
+        this = asyncio.current_task()
+        while self._task is this:
             wake.clear()
             try:
                 started = len(await self._round())
@@ -218,8 +223,11 @@ class Deliverer:
                 if failures:
                     await asyncio.sleep(pause)
                 else:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+                    # cancellation that arrives as the wait ends (a send landing).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), pause)
+                        async with asyncio.timeout(pause):
+                            await wake.wait()
 
     async def run_once(self) -> int:
         """One round (take new events, lease what is due, send it), and wait for the sends
