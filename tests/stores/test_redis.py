@@ -28,6 +28,7 @@ from apikeys.errors import ConfigurationError, DuplicateKeyId, KeyNotFound, Stor
 from apikeys.stores import MemoryStore, store_from_url
 from apikeys.stores.redis import RedisStore
 from apikeys.types import AuditEvent, KeyRecord, StoredKey, StoredState, UsageDelta
+from tests.redis_servers import LocalCluster
 from tests.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.redis
@@ -293,14 +294,9 @@ async def test_a_key_cache_keeps_a_hash_only_while_it_has_no_ttl(
     assert await store.get_to_cache("missing") == (None, True)
 
 
-async def test_a_channel_disconnect_cut_short_still_closes_every_connection(
-    make_store: StoreFactory,
-) -> None:
-    # A key cache bounds its channel's disconnect with a timeout. Cut short at any point
-    # (here after 1 to 40 turns of the loop), it must still close every connection: one
-    # left open is found by the garbage collector, later, as a ResourceWarning in whatever
-    # runs then (redis-py's `aclose`, cancelled, leaves the connections it has not reached).
-    store = make_store()
+async def cut_disconnects_short(store: RedisStore) -> list[str]:
+    """Connect `store`'s channel and cancel its disconnect after 1 to 40 turns of the loop,
+    each time; the ResourceWarnings of connections left open meanwhile."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for turns in range(1, 41):
@@ -317,8 +313,29 @@ async def test_a_channel_disconnect_cut_short_still_closes_every_connection(
             with contextlib.suppress(asyncio.CancelledError):
                 await closing
         gc.collect()
-    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
-    assert unclosed == []
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def test_a_channel_disconnect_cut_short_still_closes_every_connection(
+    make_store: StoreFactory,
+) -> None:
+    # A key cache bounds its channel's disconnect with a timeout. Cut short at any point,
+    # it must still close every connection: one left open is found by the garbage
+    # collector, later, as a ResourceWarning in whatever runs then (redis-py's `aclose`,
+    # cancelled, leaves the connections it has not reached).
+    assert await cut_disconnects_short(make_store()) == []
+
+
+async def test_a_cluster_channel_disconnect_cut_short_still_closes_every_connection(
+    redis_cluster: LocalCluster, redis_key_prefix: str
+) -> None:
+    # The same on a cluster: one subscription per master, then the command client.
+    store = store_from_url(redis_cluster.url, key_prefix=redis_key_prefix)
+    assert isinstance(store, RedisStore)
+    try:
+        assert await cut_disconnects_short(store) == []
+    finally:
+        await store.aclose()
 
 
 @pytest.mark.parametrize("damage", ["hdel", "garble"])

@@ -449,7 +449,7 @@ class RedisChannel(Channel):
             steps.append(subscriber.aclose)
         if client is not None:
             steps += [lambda: self._leave(client), client.aclose]
-        await every_step(steps)
+        await _every_step(steps)
 
     async def _leave(self, client: Redis) -> None:
         async with asyncio.timeout(_LEAVE_TIMEOUT):
@@ -459,7 +459,7 @@ class RedisChannel(Channel):
 _T = TypeVar("_T")
 
 
-async def every_step(steps: Sequence[Callable[[], Awaitable[object]]]) -> None:
+async def _every_step(steps: Sequence[Callable[[], Awaitable[object]]]) -> None:
     """Run each of `steps` (closes, mostly) to its end, one after another, whatever the ones
     before did: one that fails is passed over, and a cancellation waits for the step it
     came in (redis-py's `aclose`, cancelled, leaves the connections it had not reached
@@ -617,13 +617,14 @@ class RedisClusterChannel(Channel):
         )
 
     async def disconnect(self) -> None:
+        # As `RedisChannel.disconnect`: cut short, it still closes every master's
+        # subscription and the command client.
         parts, self._parts = self._parts, []
-        for part in parts:
-            with contextlib.suppress(Exception):
-                await part.disconnect()
         client, self._client = self._client, None
+        steps: list[Callable[[], Awaitable[object]]] = [part.disconnect for part in parts]
         if client is not None:
-            await self._shielded(self._leave(client))
+            steps.append(lambda: self._leave(client))
+        await _every_step(steps)
 
     async def _leave(self, client: RedisCluster) -> None:
         # Wait for what is still running on the client, then leave the registry and close.
