@@ -378,6 +378,40 @@ async def test_a_hash_damaged_by_another_client_fails_closed_as_store_unavailabl
     assert field in (free_text if damage == "garble" else optional)
 
 
+@pytest.mark.parametrize("hash_of", ["key", "counts"])
+@pytest.mark.parametrize("value", ["99999999999999999999", "-99999999999999999999", "x"])
+async def test_a_time_damaged_by_another_client_fails_closed_as_store_unavailable(
+    make_store: StoreFactory, admin: Redis, hash_of: str, value: str
+) -> None:
+    # A time out of datetime's range is damage like any other: 503, never an OverflowError.
+    store = make_store()
+    await store.insert(make_key("k"))
+    name = store.key_name("k")
+    if hash_of == "counts":
+        await store.add_usage({"k": UsageDelta(1, T0)}, batch_id=uuid.uuid4().hex)
+        name = store.use_name("k")
+    await admin.hset(name, "last_used_at", value)
+    with pytest.raises(StoreUnavailable):
+        await store.get("k")
+    with pytest.raises(StoreUnavailable):
+        await store.list()
+
+
+async def test_an_insert_starts_from_its_own_counts_whatever_a_deleted_key_left(
+    make_store: StoreFactory, admin: Redis
+) -> None:
+    # A key's hash deleted by hand leaves its counts: a key inserted again under that id
+    # does not take them over.
+    store = make_store()
+    await store.insert(make_key("k"))
+    await store.add_usage({"k": UsageDelta(3, T0)}, batch_id=uuid.uuid4().hex)
+    await admin.delete(store.key_name("k"))
+    await store.insert(make_key("k"))
+    stored = await store.get("k")
+    assert stored is not None
+    assert (stored.record.request_count, stored.record.last_used_at) == (0, None)
+
+
 async def test_scripts_survive_script_flush(make_store: StoreFactory, admin: Redis) -> None:
     store = make_store()
     await store.setup()

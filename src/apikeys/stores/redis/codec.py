@@ -186,13 +186,13 @@ def encode(stored: StoredKey) -> list[str]:
 def decode(fields: Mapping[str, str], used: Mapping[str, str] | None = None) -> StoredKey:
     """A key's hash as the store wrote it, with its use hash's counts (`used`) added to the
     hash's own (those it was imported with): `request_count` the sum, `last_used_at` the
-    later. A hash that another client damaged (a field deleted or overwritten by hand)
-    fails closed: `StoreUnavailable`, never another error."""
+    later. A hash that another client damaged (a field deleted or overwritten by hand, a
+    time out of range) fails closed: `StoreUnavailable`, never another error."""
     try:
         if used:
             fields = _with_use(fields, used)
         return _decode_fields(fields)
-    except (KeyError, ValueError, TypeError, AssertionError) as exc:
+    except (KeyError, ValueError, TypeError, AssertionError, OverflowError) as exc:
         raise StoreUnavailable(
             exc, hint="a key's hash in Redis is damaged: a field is missing or malformed"
         ) from None

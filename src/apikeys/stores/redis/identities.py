@@ -81,7 +81,7 @@ def decode_identity(fields: Mapping[str, str]) -> IdentityRecord:
                 raise ValueError(f"{field.name} is empty")
             values[field.name] = value
         return IdentityRecord(**values)
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, OverflowError) as exc:
         raise StoreUnavailable(
             exc, hint="an identity's hash in Redis is damaged: a field is missing or malformed"
         ) from None
