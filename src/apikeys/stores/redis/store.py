@@ -510,14 +510,9 @@ class RedisStore(KeyStore):
             raise DuplicateKeyId(record.id)
 
     async def get(self, key_id: str) -> StoredKey | None:
-        async with self.calls(), self._client.pipeline(transaction=False) as pipe:
-            # Without a cache, the hot path: two HGETALLs in one round trip.
-            pipe.hgetall(self.key_name(key_id))
-            pipe.hgetall(self.use_name(key_id))
-            fields, used = await pipe.execute()
-        if not fields:
-            return None
-        return decode(fields, used)
+        # Without a cache, the hot path: one script reads the key's hash and its counts.
+        stored, _ = await self.get_to_cache(key_id)
+        return stored
 
     async def get_to_cache(self, key_id: str) -> tuple[StoredKey | None, bool]:
         """`get`, and whether a key cache may keep what it read: not a hash with a TTL.
